@@ -1,0 +1,62 @@
+"""The per-client charges of Eq. 5 for one run: which curve each client's device uses."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from emulator.errors import InputError
+
+from .profiles import DeviceProfile
+
+TRAINING = "training"
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Eq. 5: a client i of group g pays, per group round, O_g(|g|) + E·H_i(n_i).
+
+    ``profiles`` maps a device type (as carried by topology nodes) to its measured profile;
+    ``operations`` are the group operations charged together (e.g. secagg + backdoor-distance),
+    each its own ledger component.
+    """
+
+    profiles: dict[str, DeviceProfile]
+    training_method: str = "sgd"
+    operations: tuple[str, ...] = ("secagg",)
+
+    def __post_init__(self):
+        for device, prof in self.profiles.items():
+            if self.training_method not in prof.training:
+                raise InputError(
+                    f"cost.training: profile {prof.name} (device {device}) has no training curve "
+                    f"{self.training_method!r}; choose one of {sorted(prof.training)}")
+            for op in self.operations:
+                if op not in prof.group_overhead:
+                    raise InputError(
+                        f"cost.group_operations: profile {prof.name} (device {device}) has no curve "
+                        f"{op!r}; choose from {sorted(prof.group_overhead)}")
+
+    @property
+    def components(self) -> tuple[str, ...]:
+        return (TRAINING, *self.operations)
+
+    def training_cost(self, devices: Sequence[str], n_samples: np.ndarray, epochs: int) -> np.ndarray:
+        """E·H_i(n_i) for each client."""
+        n_samples = np.asarray(n_samples, dtype=float)
+        out = np.empty(len(devices))
+        for d in set(devices):
+            idx = [i for i, dev in enumerate(devices) if dev == d]
+            out[idx] = epochs * self.profiles[d].training[self.training_method](n_samples[idx])
+        return out
+
+    def overhead(self, devices: Sequence[str], group_size: int) -> dict[str, np.ndarray]:
+        """O_g(|g|) for each client and each group operation."""
+        return {op: np.array([float(self.profiles[d].group_overhead[op](group_size)) for d in devices])
+                for op in self.operations}
+
+    def group_round(self, devices: Sequence[str], n_samples: np.ndarray, epochs: int) -> dict[str, np.ndarray]:
+        """Every component a group's members pay in one group round, per client."""
+        return {TRAINING: self.training_cost(devices, n_samples, epochs),
+                **self.overhead(devices, len(devices))}

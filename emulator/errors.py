@@ -1,0 +1,9 @@
+"""Errors a user can act on. The CLI prints their message on one line (no traceback)."""
+
+
+class InputError(ValueError):
+    """Bad input (config, CSV, flag): the message names the field and the fix. Exit code 2."""
+
+
+class DivergenceError(RuntimeError):
+    """Training produced a non-finite or exploding model; the message names the cause. Exit code 1."""

@@ -1,0 +1,120 @@
+"""SimPy processes for the cloud, the edge servers and the clients: one global round of Alg. 1.
+
+Simulated time: a client downloads the group model (client link), trains for E·H_i(n_i),
+performs the group operations for Σ O_g(|g|), and uploads (client link); a group round ends when
+its slowest member is done; an edge receives x_t from the cloud (edge link), runs its sampled
+groups in parallel, and sends their models back (edge link); the cloud waits for its slowest edge.
+The torch compute happens at the start of each group round, outside simulated time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+import torch
+
+from cost_models import CostModel
+from topologies import Topology
+
+from .ledger import CostLedger
+from .training import TrainingEngine
+
+
+@dataclass(frozen=True)
+class Group:
+    edge: int
+    clients: np.ndarray   # global client ids
+    n_samples: np.ndarray  # per member
+    cov: float
+
+    @property
+    def size(self) -> int:
+        return len(self.clients)
+
+    @property
+    def total_samples(self) -> int:
+        return int(self.n_samples.sum())
+
+
+def client_seed(seed: int, t: int, k: int, client: int) -> int:
+    """Per-event seeds make a resumed run draw exactly what an uninterrupted one draws."""
+    return int(np.random.SeedSequence((seed, 2, t, k, client)).generate_state(1)[0])
+
+
+@dataclass
+class RoundContext:
+    """Everything one global round's processes share."""
+
+    env: simpy.Environment
+    engine: TrainingEngine
+    cost: CostModel
+    ledger: CostLedger
+    topology: Topology
+    seed: int
+    group_rounds: int
+    local_epochs: int
+
+
+class Federation:
+    """Runs global rounds as SimPy processes over a topology."""
+
+    def __init__(self, ctx: RoundContext):
+        self.ctx = ctx
+
+    def global_round(self, t: int, x_t: torch.Tensor, sampled: list[tuple[int, Group]]):
+        """The cloud's process for round t; its value is {group id: group model x^g_{t,K}}."""
+        env, topo = self.ctx.env, self.ctx.topology
+        by_edge: dict[int, list[tuple[int, Group]]] = {}
+        for gid, g in sampled:
+            by_edge.setdefault(g.edge, []).append((gid, g))
+        edges = [env.process(self._edge(t, j, groups, x_t)) for j, groups in sorted(by_edge.items())]
+        results = yield env.all_of(edges)
+        models: dict[int, torch.Tensor] = {}
+        for value in results.values():
+            models.update(value)
+        return models
+
+    def _edge(self, t, j, groups, x_t):
+        env, link = self.ctx.env, self.ctx.topology.edge_link(j)
+        nbytes = self.ctx.engine.model_bytes
+        yield env.timeout(link.transfer_time(nbytes))                    # cloud -> edge: x_t
+        procs = {gid: env.process(self._group(t, j, gid, g, x_t)) for gid, g in groups}
+        yield env.all_of(list(procs.values()))
+        yield env.timeout(link.transfer_time(nbytes * len(groups)))     # edge -> cloud: x^g
+        return {gid: p.value for gid, p in procs.items()}
+
+    def _group(self, t, j, gid, g: Group, x_t):
+        """K group rounds (Alg. 1, Lines 8-14) for one sampled group."""
+        ctx, env = self.ctx, self.ctx.env
+        devices = [ctx.topology.client_device[c] for c in g.clients]
+        charges = ctx.cost.group_round(devices, g.n_samples, ctx.local_epochs)
+        weights = torch.as_tensor(g.n_samples / g.n_samples.sum(), dtype=x_t.dtype)
+        x_g = x_t
+        for k in range(ctx.group_rounds):
+            seeds = [client_seed(ctx.seed, t, k, int(c)) for c in g.clients]
+            local = ctx.engine.train(x_g, [int(c) for c in g.clients], ctx.local_epochs, seeds)
+            start = env.now
+            members = [env.process(self._client(int(c), i, charges)) for i, c in enumerate(g.clients)]
+            yield env.all_of(members)                                    # wait for the slowest member
+            spans = np.array([p.value for p in members])                 # (member, component, [start,end])
+            for ci, comp in enumerate(charges):
+                ctx.ledger.charge(round=t, edge=j, group=gid, group_round=k, clients=g.clients,
+                                  devices=devices, component=comp, amounts=charges[comp],
+                                  start=start + spans[:, ci, 0], end=start + spans[:, ci, 1])
+            x_g = weights @ local                                        # Line 14: Σ n_i/n_g x^i
+        return x_g
+
+    def _client(self, client: int, member: int, charges: dict[str, np.ndarray]):
+        """One client's group round; returns each component's (start, end) offset in the round."""
+        env, link = self.ctx.env, self.ctx.topology.client_link(client)
+        nbytes = self.ctx.engine.model_bytes
+        t0 = env.now
+        yield env.timeout(link.transfer_time(nbytes))                    # edge -> client
+        spans = []
+        for amounts in charges.values():                                 # E·H_i(n_i), then each O_g
+            begin = env.now - t0
+            yield env.timeout(float(amounts[member]))
+            spans.append((begin, env.now - t0))
+        yield env.timeout(link.transfer_time(nbytes))                    # client -> edge
+        return spans

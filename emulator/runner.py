@@ -1,0 +1,233 @@
+"""The run loop of one arm (Alg. 1): grouping, sampling, SimPy global rounds, evaluation,
+checkpoints, and the arm's result files.
+
+Randomness is drawn from seeds derived from (seed, purpose, round, ...) rather than from one
+running generator, so a run resumed from a checkpoint draws exactly what an uninterrupted run
+draws and the result tables match.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import simpy
+import torch
+
+from cost_models import TRAINING
+from policies import (AggregationRule, EdgeView, GroupingPolicy, SamplingPolicy, aggregations,
+                      groupings, groups_per_round, sample_without_replacement, samplings)
+from policies.cov import cov_of_counts
+
+from .config import ArmConfig
+from .errors import DivergenceError, InputError
+from .federation import Federation, Group, RoundContext
+from .io import atomic_write, write_json
+from .ledger import CostLedger
+from .world import World
+
+CHECKPOINT = "checkpoint.pt"
+
+
+@dataclass
+class ArmPlan:
+    arm: ArmConfig
+    grouping: GroupingPolicy
+    sampling: SamplingPolicy
+    aggregation: AggregationRule
+
+
+def plan_arm(world: World, index: int) -> ArmPlan:
+    """Validate one arm's policies against the world (before anything is written)."""
+    arm = world.config.arms[index]
+    where = f"arms[{index}]"
+    params = dict(arm.grouping)
+    name = params.pop("policy", None)
+    if name is None:
+        raise InputError(f"{where}.grouping.policy: required; e.g. policy = \"covg\"")
+    grouping = groupings.make(name, params, f"{where}.grouping")
+    for j in range(world.topology.n_edges):
+        n = len(world.topology.clients_of(j))
+        if grouping.min_group_size > n:
+            raise InputError(f"{where}.grouping.min_group_size: {grouping.min_group_size} exceeds the {n} "
+                             f"clients of edge {j}; lower it or raise topology.clients_per_edge")
+    s = arm.sampling.model_dump(exclude={"policy", "groups_per_round", "data_fraction"})
+    sampling = samplings.make(arm.sampling.policy, s, f"{where}.sampling")
+    aggregation = aggregations.make(arm.aggregation, None, f"{where}.aggregation")
+    return ArmPlan(arm, grouping, sampling, aggregation)
+
+
+@dataclass
+class GroupingResult:
+    groups: list[Group]
+    dropped: int
+    leftover_clients: int
+
+    def summary(self) -> dict:
+        sizes = np.array([g.size for g in self.groups])
+        covs = np.array([g.cov for g in self.groups])
+        return {"n_groups": len(self.groups), "size_min": int(sizes.min()), "size_max": int(sizes.max()),
+                "size_mean": float(sizes.mean()), "cov_mean": float(covs.mean()),
+                "clients_dropped": self.dropped, "clients_touched_by_leftover_rule": self.leftover_clients,
+                "groups": [{"edge": g.edge, "clients": g.clients.tolist(), "size": g.size,
+                            "samples": g.total_samples, "cov": g.cov} for g in self.groups]}
+
+
+def form_groups(world: World, plan: ArmPlan, epoch: int) -> GroupingResult:
+    """Each edge groups its own clients (Alg. 1, Lines 2-3); groups never cross edges."""
+    topo, groups, dropped, touched = world.topology, [], 0, 0
+    norm = getattr(plan.grouping, "normalization", "std")
+    for j in range(topo.n_edges):
+        members = topo.clients_of(j)
+        labels = topo.label_counts[members]
+        result = plan.grouping.group(EdgeView(labels), np.random.default_rng((world.config.seed, 3, epoch, j)))
+        dropped += len(result.dropped)
+        touched += result.leftover_clients
+        for local in result.groups:
+            clients = members[np.sort(local)]
+            groups.append(Group(j, clients, topo.n_samples[clients],
+                                float(cov_of_counts(topo.label_counts[clients].sum(axis=0), norm))))
+    return GroupingResult(groups, dropped, touched)
+
+
+@dataclass
+class ArmState:
+    t: int = 0
+    weights: torch.Tensor | None = None
+    sim_time: float = 0.0
+    ledger: CostLedger = field(default_factory=CostLedger)
+    rows: list[dict] = field(default_factory=list)
+
+
+def _versions() -> dict:
+    out = {"python": platform.python_version()}
+    for pkg in ("groupfel", "torch", "numpy", "simpy", "pandas", "networkx"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def _save_checkpoint(path: Path, state: ArmState) -> None:
+    blob = {"t": state.t, "weights": state.weights, "sim_time": state.sim_time,
+            "ledger": state.ledger.state(), "rows": state.rows}
+    atomic_write(path, lambda p: torch.save(blob, p))
+
+
+def _load_checkpoint(path: Path) -> ArmState:
+    blob = torch.load(path, weights_only=False)
+    return ArmState(blob["t"], blob["weights"], blob["sim_time"], CostLedger.from_state(blob["ledger"]), blob["rows"])
+
+
+def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
+            on_round: Callable[[int, float, float | None], None] | None = None) -> pd.DataFrame:
+    """Run (or resume) one arm; write results.{csv,parquet}, ledger.parquet and manifest.json."""
+    cfg, arm, topo = world.config, plan.arm, world.topology
+    tc = cfg.train
+    arm_dir.mkdir(parents=True, exist_ok=True)
+    ckpt = arm_dir / CHECKPOINT
+    wall0 = time.perf_counter()
+    state = _load_checkpoint(ckpt) if ckpt.exists() else ArmState()
+
+    regroup = arm.regroup_every
+    epoch = (state.t // regroup) * regroup if regroup else 0
+    grouping = form_groups(world, plan, epoch)
+    initial_grouping = form_groups(world, plan, 0) if epoch else grouping
+    n_total = float(sum(g.total_samples for g in grouping.groups))
+
+    if state.weights is None:
+        state.weights = world.engine.initial_weights(cfg.seed)
+        _evaluate(world, plan, state, grouping, sampled=[])
+    env = simpy.Environment(initial_time=state.sim_time)
+    fed = Federation(RoundContext(env, world.engine, world.cost, state.ledger, topo, cfg.seed,
+                                  tc.group_rounds, tc.local_epochs))
+
+    def cost_table(groups: list[Group]) -> np.ndarray:
+        """Eq. 5's inner term per group: K Σ_{i∈g} (Σ_ops O_g(|g|) + E·H_i(n_i))."""
+        return np.array([tc.group_rounds * sum(v.sum() for v in world.cost.group_round(
+            [topo.client_device[c] for c in g.clients], g.n_samples, tc.local_epochs).values())
+            for g in groups])
+
+    group_cost = cost_table(grouping.groups)
+    log_p = plan.sampling.log_probabilities(np.array([g.cov for g in grouping.groups]))
+    stop_reason, S = "rounds", None
+    while tc.rounds is None or state.t < tc.rounds:
+        t = state.t
+        if regroup and t > 0 and t % regroup == 0 and t != epoch:   # Sec. 5.2
+            epoch = t
+            grouping = form_groups(world, plan, epoch)
+            group_cost = cost_table(grouping.groups)
+            log_p = plan.sampling.log_probabilities(np.array([g.cov for g in grouping.groups]))
+            n_total = float(sum(g.total_samples for g in grouping.groups))
+        S = groups_per_round(len(grouping.groups), np.array([g.total_samples for g in grouping.groups]),
+                             groups=arm.sampling.groups_per_round, data_fraction=arm.sampling.data_fraction)
+        chosen = sample_without_replacement(log_p, S, np.random.default_rng((cfg.seed, 1, t)))
+        if tc.budget is not None and state.ledger.total + group_cost[chosen].sum() > tc.budget:
+            stop_reason = "budget"
+            break
+        weights = plan.aggregation.weights(np.array([grouping.groups[g].total_samples for g in chosen]),
+                                           log_p[chosen], n_total)
+        if not np.all(np.isfinite(weights)):
+            raise DivergenceError(
+                f"round {t}: {plan.aggregation.name} aggregation weight 1/(p_g·S) overflowed (smallest sampled "
+                f"p_g = {np.exp(log_p[chosen].min()):.3g}); use aggregation = \"stabilized\" (Eq. 39) or a "
+                f"flatter sampling policy")
+        proc = env.process(fed.global_round(t, state.weights, [(int(g), grouping.groups[g]) for g in chosen]))
+        env.run(until=proc)
+        models = proc.value
+        x = sum(float(w) * models[int(g)] for w, g in zip(weights, chosen))   # Line 15 / Eq. 4 / Eq. 39
+        if not torch.all(torch.isfinite(x)):
+            raise DivergenceError(f"round {t}: the global model became non-finite under {plan.aggregation.name} "
+                                  f"aggregation with lr = {tc.lr}; lower train.lr or use aggregation = \"stabilized\"")
+        state.weights, state.t, state.sim_time = x, t + 1, float(env.now)
+        acc = None
+        if state.t % tc.eval_every == 0:
+            acc = _evaluate(world, plan, state, grouping, chosen)
+            _save_checkpoint(ckpt, state)
+            _write_results(arm_dir, state)
+        if on_round:
+            on_round(state.t, state.ledger.total, acc)
+    if state.rows[-1]["round"] != state.t:
+        _evaluate(world, plan, state, grouping, [])
+    df = _write_results(arm_dir, state)
+    atomic_write(arm_dir / "ledger.parquet", lambda p: state.ledger.frame().to_parquet(p, index=False))
+    write_json(arm_dir / "manifest.json", {
+        "arm": arm.name, "seed": cfg.seed, "complete": True, "stop_reason": stop_reason,
+        "rounds_run": state.t, "total_cost_eq5": state.ledger.total, "sim_time_s": state.sim_time,
+        "aggregation": plan.aggregation.description, "grouping_policy": plan.grouping.name,
+        "sampling_policy": plan.sampling.name, "groups_per_round": S,
+        "grouping": initial_grouping.summary(), "regroupings": (state.t - 1) // regroup if regroup and state.t else 0,
+        "model_parameters": world.engine.n_params, "wall_seconds_last_session": time.perf_counter() - wall0,
+        "versions": _versions(), "config": json.loads(cfg.model_dump_json())})
+    ckpt.unlink(missing_ok=True)
+    return df
+
+
+def _evaluate(world: World, plan: ArmPlan, state: ArmState, grouping: GroupingResult, sampled) -> float:
+    acc, loss = world.engine.evaluate(state.weights)
+    if not np.isfinite(loss):
+        raise DivergenceError(f"round {state.t}: test loss is {loss} under {plan.aggregation.name} aggregation; "
+                              f"lower train.lr or use aggregation = \"stabilized\"")
+    led = state.ledger
+    training = led.by_component.get(TRAINING, 0.0)
+    state.rows.append({
+        "arm": plan.arm.name, "round": state.t, "cost": led.total, "training_cost": training,
+        "overhead_cost": led.total - training, "sim_time_s": state.sim_time, "accuracy": acc, "loss": loss,
+        "groups_sampled": len(sampled),
+        "clients_sampled": int(sum(grouping.groups[g].size for g in sampled)),
+        "avg_sampled_cov": float(np.mean([grouping.groups[g].cov for g in sampled])) if len(sampled) else np.nan})
+    return acc
+
+
+def _write_results(arm_dir: Path, state: ArmState) -> pd.DataFrame:
+    df = pd.DataFrame(state.rows)
+    atomic_write(arm_dir / "results.csv", lambda p: df.to_csv(p, index=False))
+    atomic_write(arm_dir / "results.parquet", lambda p: df.to_parquet(p, index=False))
+    return df

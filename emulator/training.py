@@ -1,0 +1,103 @@
+"""Real torch training behind a small engine interface.
+
+The SimPy processes model *time*; an engine does the *compute*: it takes a start model (a flat
+parameter vector) and a set of clients and returns each client's model after E local epochs of
+SGD (Alg. 1, Lines 10-13). One call trains a whole group, so a batched or GPU engine can replace
+:class:`TorchEngine` without touching the processes.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from topologies import Dataset
+
+
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    c, h, w = input_shape
+    if name == "mlp":
+        return nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, 64), nn.ReLU(), nn.Linear(64, num_classes))
+    if name == "cnn":
+        return nn.Sequential(
+            nn.Conv2d(c, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(32 * (h // 4) * (w // 4), 64), nn.ReLU(), nn.Linear(64, num_classes))
+    raise ValueError(f"unknown model {name!r}")
+
+
+class TrainingEngine(Protocol):
+    n_params: int
+
+    def initial_weights(self, seed: int) -> torch.Tensor: ...
+
+    def train(self, start: torch.Tensor, clients: Sequence[int], epochs: int,
+              seeds: Sequence[int]) -> torch.Tensor:
+        """Each client's flat weights after ``epochs`` local epochs from ``start``: (len(clients), P)."""
+
+    def evaluate(self, weights: torch.Tensor) -> tuple[float, float]:
+        """(accuracy, mean cross-entropy loss) on the held-out test set."""
+
+
+class TorchEngine:
+    """Plain per-client minibatch SGD on the CPU (or ``device``), one client after another."""
+
+    def __init__(self, dataset: Dataset, client_samples: Sequence[np.ndarray], model: str,
+                 lr: float, batch_size: int, device: str = "cpu"):
+        self.device = torch.device(device)
+        self.model = build_model(model, dataset.input_shape, dataset.num_classes).to(self.device)
+        self.n_params = sum(p.numel() for p in self.model.parameters())
+        self.lr, self.batch_size = lr, batch_size
+        self.x = torch.from_numpy(dataset.x_train).to(self.device)
+        self.y = torch.from_numpy(dataset.y_train).to(self.device)
+        self.x_test = torch.from_numpy(dataset.x_test).to(self.device)
+        self.y_test = torch.from_numpy(dataset.y_test).to(self.device)
+        self.client_samples = [torch.as_tensor(s, dtype=torch.long, device=self.device) for s in client_samples]
+        self.loss = nn.CrossEntropyLoss()
+
+    @property
+    def model_bytes(self) -> int:
+        return 4 * self.n_params  # float32 parameters on the wire
+
+    def initial_weights(self, seed: int) -> torch.Tensor:
+        torch.manual_seed(seed)
+        for layer in self.model.modules():
+            if hasattr(layer, "reset_parameters"):
+                layer.reset_parameters()
+        return parameters_to_vector(self.model.parameters()).detach().clone()
+
+    def train(self, start, clients, epochs, seeds):
+        out = torch.empty(len(clients), self.n_params, device=self.device)
+        params = list(self.model.parameters())
+        opt = torch.optim.SGD(params, lr=self.lr)
+        self.model.train()
+        for row, (client, seed) in enumerate(zip(clients, seeds)):
+            vector_to_parameters(start, params)
+            idx = self.client_samples[client]
+            gen = torch.Generator().manual_seed(int(seed))
+            for _ in range(epochs):
+                order = idx[torch.randperm(len(idx), generator=gen).to(self.device)]
+                for b in range(0, len(order), self.batch_size):
+                    batch = order[b:b + self.batch_size]
+                    opt.zero_grad(set_to_none=True)
+                    self.loss(self.model(self.x[batch]), self.y[batch]).backward()
+                    opt.step()
+            out[row] = parameters_to_vector(params).detach()
+        return out
+
+    @torch.no_grad()
+    def evaluate(self, weights):
+        vector_to_parameters(weights, self.model.parameters())
+        self.model.eval()
+        correct, total_loss = 0, 0.0
+        for b in range(0, len(self.y_test), 2048):
+            logits = self.model(self.x_test[b:b + 2048])
+            y = self.y_test[b:b + 2048]
+            total_loss += float(nn.functional.cross_entropy(logits, y, reduction="sum"))
+            correct += int((logits.argmax(1) == y).sum())
+        n = len(self.y_test)
+        return correct / n, total_loss / n

@@ -1,0 +1,1 @@
+"""Configs, runners, sweeps and plots on top of the emulator; the ``groupfel`` CLI."""

@@ -1,0 +1,65 @@
+"""The ``groupfel`` command line."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from emulator.errors import DivergenceError, InputError
+
+
+def _cmd_run(args) -> int:
+    from .runner import config_from_run_dir, default_config, load_config, run_experiment
+
+    if args.resume and args.config:
+        raise InputError("run: give a CONFIG or --resume RUN_DIR, not both")
+    if args.resume:
+        config, run_dir = config_from_run_dir(Path(args.resume)), Path(args.resume)
+    else:
+        config = load_config(args.config) if args.config else default_config()
+        run_dir = Path(args.output) if args.output else None
+    summary = run_experiment(config, run_dir, force=args.force, progress=not args.quiet)
+    run_dir = run_dir or Path(config.output_dir) / config.name
+    with_cols = ["arm", "groups", "group_size", "avg_cov", "rounds", "cost", "sim_time_s", "final_acc",
+                 "acc_at_common_cost", "stop"]
+    print(summary[with_cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(f"\ncommon cost for comparison: {summary.attrs.get('common_cost'):.6g}")
+    print(f"results: {run_dir}/  (summary.csv, <arm>/results.csv, <arm>/ledger.parquet)")
+    print(f"plot:    {run_dir / 'accuracy_vs_cost.png'}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="groupfel", description="Group-based hierarchical FL emulator "
+                                     "with cost accounting (Group-FEL).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run an experiment (the embedded default without CONFIG)")
+    run.add_argument("config", nargs="?", help="experiment TOML (default: the embedded digits demo)")
+    run.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its directory")
+    run.add_argument("--output", metavar="RUN_DIR", help="run directory (default: output_dir/name)")
+    run.add_argument("--force", action="store_true", help="replace a run of a different config in RUN_DIR")
+    run.add_argument("--quiet", action="store_true", help="no progress bars")
+    run.set_defaults(func=_cmd_run)
+    return parser
+
+
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except InputError as exc:
+        print(f"groupfel: error: {exc}", file=sys.stderr)
+        return 2
+    except DivergenceError as exc:
+        print(f"groupfel: training diverged: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("groupfel: interrupted; continue with 'groupfel run --resume RUN_DIR'", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,13 @@
+"""Pluggable policies: grouping at the edge, sampling and aggregation at the cloud.
+
+Each kind has a registry (``groupings``, ``samplings``, ``aggregations``) mapping the name used
+in configs to a dataclass; ``registry.make(name, params)`` validates the parameters.
+"""
+from .aggregation import AggregationRule, aggregations
+from .cov import NORMALIZATIONS, cov_of_counts, group_cov
+from .grouping import EdgeGrouping, EdgeView, GroupingPolicy, groupings, resolve_leftover
+from .sampling import SamplingPolicy, groups_per_round, sample_without_replacement, samplings
+
+__all__ = ["AggregationRule", "aggregations", "NORMALIZATIONS", "cov_of_counts", "group_cov",
+           "EdgeGrouping", "EdgeView", "GroupingPolicy", "groupings", "resolve_leftover",
+           "SamplingPolicy", "groups_per_round", "sample_without_replacement", "samplings"]

@@ -1,0 +1,154 @@
+"""Grouping policies: how an edge server partitions its clients into groups (Alg. 1, Lines 2-3).
+
+A policy sees only what an edge server may see (:class:`EdgeView`: label counts and sample
+sizes) and returns groups of row indices into that view. Groups never cross edges because a
+policy is called once per edge.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+import numpy as np
+
+from .cov import NORMALIZATIONS, Normalization, cov_of_counts
+from .registry import Registry
+
+LeftoverRule = Literal["merge", "drop", "keep"]
+LEFTOVER_RULES = ("merge", "drop", "keep")
+
+groupings = Registry("grouping")
+
+
+@dataclass(frozen=True)
+class EdgeView:
+    """What an edge server knows about its clients: a clients × labels count matrix."""
+
+    label_counts: np.ndarray
+
+    @property
+    def n_clients(self) -> int:
+        return int(self.label_counts.shape[0])
+
+
+@dataclass
+class EdgeGrouping:
+    """A partition of an edge's clients (row indices), plus what the leftover rule did."""
+
+    groups: list[np.ndarray]
+    dropped: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=int))
+    leftover_clients: int = 0  # clients the leftover rule touched (merged, dropped or kept short)
+
+
+class GroupingPolicy(ABC):
+    """Partition one edge's clients. Subclasses are dataclasses whose fields are the config keys."""
+
+    name: ClassVar[str]
+    min_group_size: int
+
+    @abstractmethod
+    def group(self, view: EdgeView, rng: np.random.Generator) -> EdgeGrouping: ...
+
+
+def _check_common(min_group_size: int, leftover: str) -> None:
+    if not isinstance(min_group_size, int) or min_group_size < 1:
+        raise ValueError(f"min_group_size must be an integer >= 1, got {min_group_size!r}")
+    if leftover not in LEFTOVER_RULES:
+        raise ValueError(f"leftover must be one of {LEFTOVER_RULES}, got {leftover!r}")
+
+
+def resolve_leftover(groups: list[list[int]], short: list[int], rule: LeftoverRule,
+                     label_counts: np.ndarray, normalization: Normalization = "std") -> EdgeGrouping:
+    """Handle clients left in a final group smaller than MinGS (Alg. 2 may produce one, DESIGN §5).
+
+    * ``merge`` (default): each leftover client joins the group whose CoV it raises least; if
+      there is no complete group, the short group is kept.
+    * ``drop``: the clients are excluded from training (the authors' code); reported as dropped.
+    * ``keep``: the short group stays, violating constraint (35).
+    """
+    short = list(short)
+    if not short:
+        return EdgeGrouping([np.array(g, dtype=int) for g in groups])
+    if rule == "drop" and groups:
+        return EdgeGrouping([np.array(g, dtype=int) for g in groups], np.array(short, dtype=int), len(short))
+    if rule == "keep" or not groups:
+        return EdgeGrouping([np.array(g, dtype=int) for g in groups + [short]], leftover_clients=len(short))
+    counts = np.stack([label_counts[g].sum(axis=0) for g in groups]).astype(float)
+    base = cov_of_counts(counts, normalization)
+    for c in short:
+        new = cov_of_counts(counts + label_counts[c], normalization)
+        best = int(np.argmin(new - base))
+        groups[best].append(c)
+        counts[best] += label_counts[c]
+        base[best] = new[best]
+    return EdgeGrouping([np.array(g, dtype=int) for g in groups], leftover_clients=len(short))
+
+
+@groupings.register("covg")
+@dataclass(frozen=True)
+class CoVGrouping(GroupingPolicy):
+    """CoV-Grouping, Alg. 2: grow each group from a random client by the CoV-minimising client.
+
+    One greedy step (Alg. 2, Line 5) scores every remaining candidate at once from the group's
+    running label counts, so a step costs O(|K|·|Y|) and the whole run O(|K|²·|Y|) instead of
+    the printed O(|K|³·|Y|). Ties go to the lowest row index.
+    """
+
+    min_group_size: int = 5
+    max_cov: float = 0.5
+    normalization: Normalization = "std"
+    leftover: LeftoverRule = "merge"
+
+    def __post_init__(self):
+        _check_common(self.min_group_size, self.leftover)
+        if not self.max_cov >= 0:
+            raise ValueError(f"max_cov must be >= 0, got {self.max_cov!r}")
+        if self.normalization not in NORMALIZATIONS:
+            raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}")
+
+    def group(self, view: EdgeView, rng: np.random.Generator) -> EdgeGrouping:
+        L = np.asarray(view.label_counts, dtype=float)
+        available = np.ones(len(L), dtype=bool)
+        groups: list[list[int]] = []
+        norm = self.normalization
+        while available.any():
+            first = int(rng.choice(np.flatnonzero(available)))           # Line 3
+            available[first] = False
+            members, counts = [first], L[first].copy()
+            current = float(cov_of_counts(counts, norm))
+            while (current > self.max_cov or len(members) < self.min_group_size) and available.any():
+                cand = np.flatnonzero(available)                          # Line 4
+                scores = cov_of_counts(counts + L[cand], norm)
+                best = int(np.argmin(scores))                             # Line 5
+                if scores[best] < current or len(members) < self.min_group_size:  # Line 6
+                    c = int(cand[best])
+                    members.append(c)                                     # Line 7
+                    available[c] = False
+                    counts += L[c]
+                    current = float(scores[best])
+                else:
+                    break                                                 # Line 9
+            groups.append(members)                                        # Line 10
+        short = groups.pop() if len(groups[-1]) < self.min_group_size else []
+        return resolve_leftover(groups, short, self.leftover, L, norm)
+
+
+@groupings.register("rg")
+@dataclass(frozen=True)
+class RandomGrouping(GroupingPolicy):
+    """RG: a random permutation cut into groups of MinGS; the remainder goes to the leftover rule."""
+
+    min_group_size: int = 5
+    leftover: LeftoverRule = "merge"
+
+    def __post_init__(self):
+        _check_common(self.min_group_size, self.leftover)
+
+    def group(self, view: EdgeView, rng: np.random.Generator) -> EdgeGrouping:
+        order = rng.permutation(view.n_clients)
+        s = self.min_group_size
+        full = len(order) // s * s
+        groups = [list(map(int, order[i:i + s])) for i in range(0, full, s)]
+        return resolve_leftover(groups, list(map(int, order[full:])), self.leftover,
+                                np.asarray(view.label_counts, dtype=float))

@@ -1,0 +1,140 @@
+"""Real datasets, each with a held-out test set, as float32 arrays (N, C, H, W) + int64 labels.
+
+* ``digits``: scikit-learn's embedded 8×8 handwritten digits (no download; the default).
+* ``fashion-mnist``: idx files of Debian's ``dataset-fashion-mnist`` package
+  (/usr/share/datasets/fashion-mnist), or the directory in ``path`` / $GROUPFEL_FASHION_MNIST.
+* ``fsdd``: Free Spoken Digit Dataset WAV recordings, as log-mel spectrograms (1×32×32).
+"""
+from __future__ import annotations
+
+import gzip
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from emulator.errors import InputError
+
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+DATASETS = ("digits", "fashion-mnist", "fsdd")
+
+
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    num_classes: int
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x_train.shape[1:])
+
+
+def load_dataset(name: str, path: str | None = None) -> Dataset:
+    if name == "digits":
+        return _digits()
+    if name == "fashion-mnist":
+        return _fashion_mnist(path or os.environ.get("GROUPFEL_FASHION_MNIST") or FASHION_MNIST_DIR)
+    if name == "fsdd":
+        if not path:
+            raise InputError("data.path: the fsdd dataset needs the directory of its recordings "
+                             "(e.g. path = \"../shared/data/fsdd\")")
+        return _fsdd(Path(path))
+    raise InputError(f"data.dataset: unknown dataset {name!r}; choose one of {list(DATASETS)}")
+
+
+def _standardize(x_train: np.ndarray, x_test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    mean, std = float(x_train.mean()), float(x_train.std()) or 1.0
+    return ((x_train - mean) / std).astype(np.float32), ((x_test - mean) / std).astype(np.float32)
+
+
+def _digits() -> Dataset:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    d = load_digits()
+    x = d.images.astype(np.float32)[:, None] / 16.0
+    # A fixed split: the test set must not change with the run's seed.
+    x_tr, x_te, y_tr, y_te = train_test_split(x, d.target, test_size=0.25, random_state=0, stratify=d.target)
+    x_tr, x_te = _standardize(x_tr, x_te)
+    return Dataset("digits", x_tr, y_tr.astype(np.int64), x_te, y_te.astype(np.int64), 10)
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read an idx file (optionally gzipped): the MNIST/Fashion-MNIST on-disk format."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as fh:
+        data = fh.read()
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
+        raise InputError(f"{path}: not an unsigned-byte idx file (bad magic number)")
+    ndim = data[3]
+    dims = np.frombuffer(data, dtype=">u4", count=ndim, offset=4).astype(int)
+    body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
+    if body.size != int(np.prod(dims)):
+        raise InputError(f"{path}: idx header says {tuple(dims)} but holds {body.size} bytes; the file is truncated")
+    return body.reshape(dims)
+
+
+def _find(directory: Path, stem: str) -> Path:
+    for candidate in (directory / f"{stem}.gz", directory / stem):
+        if candidate.exists():
+            return candidate
+    raise InputError(
+        f"data.dataset: Fashion-MNIST file {stem}[.gz] not found in {directory}; install it with "
+        f"'apt-get install dataset-fashion-mnist' or set data.path / GROUPFEL_FASHION_MNIST to its directory")
+
+
+def _fashion_mnist(directory: str) -> Dataset:
+    d = Path(directory)
+    x_tr = read_idx(_find(d, "train-images-idx3-ubyte")).astype(np.float32)[:, None] / 255.0
+    y_tr = read_idx(_find(d, "train-labels-idx1-ubyte")).astype(np.int64)
+    x_te = read_idx(_find(d, "t10k-images-idx3-ubyte")).astype(np.float32)[:, None] / 255.0
+    y_te = read_idx(_find(d, "t10k-labels-idx1-ubyte")).astype(np.int64)
+    x_tr, x_te = _standardize(x_tr, x_te)
+    return Dataset("fashion-mnist", x_tr, y_tr, x_te, y_te, 10)
+
+
+def _log_mel(signal: np.ndarray, rate: int, n_mels: int = 32, frames: int = 32) -> np.ndarray:
+    from scipy.signal import stft
+
+    n_fft = 256
+    _, _, z = stft(signal, fs=rate, nperseg=n_fft, noverlap=n_fft // 2, boundary=None)
+    power = np.abs(z) ** 2                                     # (freq, time)
+    mel = lambda f: 2595.0 * np.log10(1.0 + f / 700.0)         # noqa: E731
+    edges = 700.0 * (10 ** (np.linspace(0, mel(rate / 2), n_mels + 2) / 2595.0) - 1.0)
+    freqs = np.linspace(0, rate / 2, power.shape[0])
+    lo, mid, hi = edges[:-2, None], edges[1:-1, None], edges[2:, None]
+    bank = np.clip(np.minimum((freqs - lo) / (mid - lo), (hi - freqs) / (hi - mid)), 0.0, None)
+    spec = np.log(bank @ power + 1e-6)
+    out = np.full((n_mels, frames), spec.min() if spec.size else 0.0, dtype=np.float32)
+    t = min(frames, spec.shape[1])
+    out[:, :t] = spec[:, :t]
+    return out
+
+
+def _fsdd(directory: Path) -> Dataset:
+    from scipy.io import wavfile
+
+    rec = directory / "recordings" if (directory / "recordings").is_dir() else directory
+    files = sorted(rec.glob("*.wav"))
+    if not files:
+        raise InputError(f"data.path: no FSDD recordings (*.wav) in {rec}; point it at the fsdd directory")
+    xs, ys, test = [], [], []
+    for f in files:
+        parts = f.stem.split("_")
+        if len(parts) != 3 or not parts[0].isdigit() or not parts[2].isdigit():
+            raise InputError(f"{f}: FSDD file names are {{digit}}_{{speaker}}_{{index}}.wav")
+        rate, sig = wavfile.read(f)
+        sig = sig.astype(np.float32)
+        if sig.ndim > 1:
+            sig = sig.mean(axis=1)
+        xs.append(_log_mel(sig / (np.abs(sig).max() or 1.0), rate))
+        ys.append(int(parts[0]))
+        test.append(int(parts[2]) < 5)  # the conventional split: index 0-4 is the test set
+    x, y, test = np.stack(xs)[:, None], np.array(ys, dtype=np.int64), np.array(test)
+    x_tr, x_te = _standardize(x[~test], x[test])
+    return Dataset("fsdd", x_tr, y[~test], x_te, y[test], 10)
