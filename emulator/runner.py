@@ -33,6 +33,8 @@ from .ledger import CostLedger
 from .world import World
 
 CHECKPOINT = "checkpoint.pt"
+# A global model whose norm grows this much in one round has diverged (Sec. 5.3).
+DIVERGENCE_GROWTH = 100.0
 
 
 @dataclass
@@ -183,9 +185,12 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
         env.run(until=proc)
         models = proc.value
         x = sum(float(w) * models[int(g)] for w, g in zip(weights, chosen))   # Line 15 / Eq. 4 / Eq. 39
-        if not torch.all(torch.isfinite(x)):
-            raise DivergenceError(f"round {t}: the global model became non-finite under {plan.aggregation.name} "
-                                  f"aggregation with lr = {tc.lr}; lower train.lr or use aggregation = \"stabilized\"")
+        growth = float(torch.linalg.vector_norm(x) / torch.linalg.vector_norm(state.weights))
+        if not (np.isfinite(growth) and growth < DIVERGENCE_GROWTH):
+            raise DivergenceError(
+                f"round {t}: the global model's norm grew {growth:.3g}x in one round under {plan.aggregation.name} "
+                f"aggregation (largest weight {weights.max():.3g}, sum {weights.sum():.3g}); use aggregation = "
+                f"\"stabilized\" (Eq. 39), a flatter sampling policy, or a lower train.lr")
         state.weights, state.t, state.sim_time = x, t + 1, float(env.now)
         acc = None
         if state.t % tc.eval_every == 0:

@@ -78,7 +78,9 @@ def resolve_leftover(groups: list[list[int]], short: list[int], rule: LeftoverRu
     base = cov_of_counts(counts, normalization)
     for c in short:
         new = cov_of_counts(counts + label_counts[c], normalization)
-        best = int(np.argmin(new - base))
+        with np.errstate(invalid="ignore"):  # inf - inf: groups without samples stay as bad
+            harm = np.where(np.isinf(new) & np.isinf(base), 0.0, new - base)
+        best = int(np.argmin(harm))
         groups[best].append(c)
         counts[best] += label_counts[c]
         base[best] = new[best]

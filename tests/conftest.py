@@ -1,0 +1,31 @@
+import copy
+
+import pytest
+
+from emulator.config import parse_config
+
+TINY = {
+    "name": "tiny",
+    "seed": 3,
+    "data": {"dataset": "digits", "alpha": 0.3, "min_samples": 8, "max_samples": 20},
+    "topology": {"edges": 2, "clients_per_edge": 6},
+    "cost": {"task": "cifar10-resnet", "training": "sgd", "group_operations": ["secagg"]},
+    "train": {"model": "mlp", "lr": 0.05, "batch_size": 8, "group_rounds": 2, "local_epochs": 1,
+              "rounds": 6, "eval_every": 1},
+    "arms": [
+        {"name": "covg-esrcov", "grouping": {"policy": "covg", "min_group_size": 3, "max_cov": 0.5},
+         "sampling": {"policy": "esrcov", "groups_per_round": 2}},
+        {"name": "rg-random", "grouping": {"policy": "rg", "min_group_size": 3},
+         "sampling": {"policy": "random", "groups_per_round": 2}},
+    ],
+}
+
+
+@pytest.fixture
+def tiny_dict():
+    return copy.deepcopy(TINY)
+
+
+@pytest.fixture
+def tiny_config(tiny_dict):
+    return parse_config(tiny_dict)
