@@ -13,7 +13,7 @@ from typing import Protocol
 import numpy as np
 import torch
 from torch import nn
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.nn.utils import parameters_to_vector
 
 from topologies import Dataset
 
@@ -28,6 +28,16 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
             nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
             nn.Flatten(), nn.Linear(32 * (h // 4) * (w // 4), 64), nn.ReLU(), nn.Linear(64, num_classes))
     raise ValueError(f"unknown model {name!r}")
+
+
+@torch.no_grad()
+def load_flat(params: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
+    """Copy a flat vector into parameters (``vector_to_parameters`` would alias it, and SGD's
+    in-place steps would then overwrite the caller's start model)."""
+    offset = 0
+    for p in params:
+        p.copy_(flat[offset:offset + p.numel()].view_as(p))
+        offset += p.numel()
 
 
 class TrainingEngine(Protocol):
@@ -76,7 +86,7 @@ class TorchEngine:
         opt = torch.optim.SGD(params, lr=self.lr)
         self.model.train()
         for row, (client, seed) in enumerate(zip(clients, seeds)):
-            vector_to_parameters(start, params)
+            load_flat(params, start)
             idx = self.client_samples[client]
             gen = torch.Generator().manual_seed(int(seed))
             for _ in range(epochs):
@@ -91,7 +101,7 @@ class TorchEngine:
 
     @torch.no_grad()
     def evaluate(self, weights):
-        vector_to_parameters(weights, self.model.parameters())
+        load_flat(list(self.model.parameters()), weights)
         self.model.eval()
         correct, total_loss = 0, 0.0
         for b in range(0, len(self.y_test), 2048):
