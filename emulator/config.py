@@ -67,6 +67,8 @@ class CostConfig(_Strict):
 
 class TrainConfig(_Strict):
     model: Literal["mlp", "cnn"] = "cnn"
+    engine: Literal["sequential", "fused"] = "sequential"  # fused: all of a group's clients in one network
+    device: str = "cpu"                                    # a torch device, e.g. "cuda"
     lr: float = Field(0.05, gt=0)
     batch_size: int = Field(32, ge=1)
     group_rounds: int = Field(5, ge=1)     # K

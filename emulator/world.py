@@ -7,13 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from cost_models import CostModel, get_profile, read_profiles
 from topologies import (Dataset, Link, Topology, assign_devices, build_topology, client_sizes,
                         dirichlet_partition, label_matrix, load_dataset)
 
 from .config import RunConfig
-from .training import TorchEngine
+from .errors import InputError
+from .training import ENGINES, TorchEngine
 
 
 @dataclass
@@ -53,5 +55,10 @@ def build_world(config: RunConfig) -> World:
     dataset = load_dataset(config.data.dataset, config.data.path)
     topology = build_topology_from_config(config, dataset)
     t = config.train
-    engine = TorchEngine(dataset, topology.client_samples, t.model, t.lr, t.batch_size)
+    try:
+        torch.empty(0, device=t.device)
+    except (RuntimeError, AssertionError) as exc:
+        raise InputError(f"train.device: {t.device!r} is not usable here ({str(exc).splitlines()[0]}); "
+                         f"use \"cpu\"") from None
+    engine = ENGINES[t.engine](dataset, topology.client_samples, t.model, t.lr, t.batch_size, t.device)
     return World(config, dataset, topology, cost, engine)

@@ -28,3 +28,18 @@ def test_training_reduces_the_clients_loss():
     acc0, loss0 = engine.evaluate(start)
     acc1, loss1 = engine.evaluate(trained)
     assert loss1 < loss0 and acc1 > acc0 + 0.2
+
+
+def test_fused_engine_matches_sequential():
+    from emulator.training import FusedEngine
+    data = load_dataset("digits")
+    rng = np.random.default_rng(0)
+    parts = [np.sort(rng.choice(len(data.y_train), size=n, replace=False)) for n in (5, 17, 30, 9)]
+    for model in ("cnn", "mlp"):
+        seq = TorchEngine(data, parts, model, lr=0.05, batch_size=8)
+        fused = FusedEngine(data, parts, model, lr=0.05, batch_size=8)
+        start = seq.initial_weights(3)
+        a = seq.train(start, [0, 1, 2, 3], epochs=2, seeds=[1, 2, 3, 4])
+        b = fused.train(start, [0, 1, 2, 3], epochs=2, seeds=[1, 2, 3, 4])
+        assert torch.allclose(a, b, atol=1e-5), float((a - b).abs().max())
+        assert not torch.allclose(a[0], a[1], atol=1e-3)
