@@ -76,6 +76,7 @@ class TrainConfig(_Strict):
     rounds: int | None = Field(100, ge=1)  # T; None = until the budget is spent
     budget: float | None = Field(None, gt=0)  # Eq. 5 cost budget (the paper: 1e6)
     eval_every: int = Field(1, ge=1)
+    target_accuracy: float | None = Field(None, gt=0, le=1)  # summary: cost to first reach it
 
     @model_validator(mode="after")
     def _stop(self):

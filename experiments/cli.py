@@ -22,8 +22,12 @@ def _cmd_run(args) -> int:
     run_dir = run_dir or Path(config.output_dir) / config.name
     with_cols = ["arm", "groups", "group_size", "avg_cov", "rounds", "cost", "sim_time_s", "final_acc",
                  "acc_at_common_cost", "stop"]
+    if "cost_to_target" in summary:
+        with_cols.insert(-1, "cost_to_target")
     print(summary[with_cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    print(f"\ncommon cost for comparison: {summary.attrs.get('common_cost'):.6g}")
+    if "cost_to_target" in summary:
+        print(f"\ncost_to_target: Eq. 5 cost when test accuracy first reached {config.train.target_accuracy:g}")
+    print(f"acc_at_common_cost: accuracy at cost {summary.attrs.get('common_cost'):.6g}, the smallest final cost of any arm")
     print(f"results: {run_dir}/  (summary.csv, <arm>/results.csv, <arm>/ledger.parquet)")
     print(f"plot:    {run_dir / 'accuracy_vs_cost.png'}")
     return 0

@@ -79,14 +79,15 @@ def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: boo
         finally:
             bar.close()
     results = pd.concat(frames, ignore_index=True)
-    summary = summarize(results, run_dir)
+    summary = summarize(results, run_dir, config.train.target_accuracy)
     atomic_write(run_dir / "summary.csv", lambda p: summary.to_csv(p, index=False))
     plot_curves(results, run_dir / "accuracy_vs_cost.png", title=config.name)
     return summary
 
 
-def summarize(results: pd.DataFrame, run_dir: Path) -> pd.DataFrame:
-    """One row per arm; ``acc_at_common_cost`` compares arms at the smallest final cost of any arm."""
+def summarize(results: pd.DataFrame, run_dir: Path, target: float | None = None) -> pd.DataFrame:
+    """One row per arm; ``acc_at_common_cost`` compares arms at the smallest final cost of any arm,
+    ``cost_to_target`` is the cost at the first evaluation reaching ``target`` accuracy (NaN: never)."""
     common = results.groupby("arm", sort=False)["cost"].max().min()
     rows = []
     for arm, df in results.groupby("arm", sort=False):
@@ -101,6 +102,9 @@ def summarize(results: pd.DataFrame, run_dir: Path) -> pd.DataFrame:
             "best_acc": float(df["accuracy"].max()),
             "acc_at_common_cost": float(df.loc[df["cost"] <= common + 1e-9, "accuracy"].iloc[-1]),
             "stop": manifest["stop_reason"]})
+        if target is not None:
+            hit = df.loc[df["accuracy"] >= target, "cost"]
+            rows[-1]["cost_to_target"] = float(hit.iloc[0]) if len(hit) else float("nan")
     out = pd.DataFrame(rows)
     out.attrs["common_cost"] = float(common) if np.isfinite(common) else None
     return out
