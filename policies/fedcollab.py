@@ -44,18 +44,25 @@ def objective(assign: np.ndarray, sizes: np.ndarray, D: np.ndarray, capacity: fl
 
 
 def fedcollab_optimize(sizes: np.ndarray, D: np.ndarray, capacity: float, rng: np.random.Generator,
-                       restarts: int = 5, max_sweeps: int = 100) -> np.ndarray:
+                       restarts: int = 3, max_sweeps: int = 100) -> np.ndarray:
     """FedCollab Alg. 2, re-run ``restarts`` times with random client orders; the assignment of
-    lowest Eq. 10 wins. Starts from local training (p(i) = i, Line 1); a client moves (Lines
-    4-5) only when that strictly lowers Eq. 10, so each run converges."""
+    lowest Eq. 10 wins. The first run starts from local training (p(i) = i, Line 1), later ones
+    from random coalitions. A client moves (Lines 4-5) only when that strictly lowers Eq. 10,
+    so each run converges."""
     n = len(sizes)
     sizes = sizes.astype(float)
     best, best_obj = np.arange(n), np.inf
     Dn = D * sizes[None, :]
-    for _ in range(restarts):
-        p = np.arange(n)
-        cnt, ntot, W = np.ones(n), sizes.copy(), np.zeros(n)  # W: Σ_{i,j∈C} n_j D_ij per label
-        f = capacity / np.sqrt(sizes)                           # f(C) per label; an empty label costs 0
+    for run in range(restarts):
+        # Run 0 starts from local training (Line 1). Single-client moves cannot split or swap
+        # whole coalitions, so later runs start from random coalitions to leave local optima.
+        p = np.arange(n) if run == 0 else rng.integers(int(np.sqrt(n)) + 1, size=n)
+        cnt = np.bincount(p, minlength=n).astype(float)
+        ntot = np.bincount(p, weights=sizes, minlength=n)
+        same = p[:, None] == p[None, :]
+        W = np.bincount(p, weights=(Dn * same).sum(axis=1), minlength=n)  # Σ_{i,j∈C} n_j D_ij per label
+        with np.errstate(divide="ignore", invalid="ignore"):     # an empty label costs 0
+            f = np.where(cnt > 0, cnt * capacity / np.sqrt(ntot) + W / ntot, 0.0)
         for _ in range(max_sweeps):
             moved = False
             for k in rng.permutation(n):                                          # Line 3
@@ -98,7 +105,7 @@ class FedCollabGrouping(GroupingPolicy):
 
     min_group_size: int = 1
     capacity: float = 10.0
-    restarts: int = 5
+    restarts: int = 3
 
     def __post_init__(self):
         if not isinstance(self.min_group_size, int) or self.min_group_size < 1:
