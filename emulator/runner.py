@@ -70,6 +70,7 @@ class GroupingResult:
     groups: list[Group]
     dropped: int
     leftover_clients: int
+    probe_cost: float = 0.0  # Eq. 5 training cost of the gradient probe (not in the ledger)
 
     def summary(self) -> dict:
         sizes = np.array([g.size for g in self.groups])
@@ -77,25 +78,60 @@ class GroupingResult:
         return {"n_groups": len(self.groups), "size_min": int(sizes.min()), "size_max": int(sizes.max()),
                 "size_mean": float(sizes.mean()), "cov_mean": float(covs.mean()),
                 "clients_dropped": self.dropped, "clients_touched_by_leftover_rule": self.leftover_clients,
+                "gradient_probe_training_cost": self.probe_cost,
                 "groups": [{"edge": g.edge, "clients": g.clients.tolist(), "size": g.size,
                             "samples": g.total_samples, "cov": g.cov} for g in self.groups]}
 
 
+def _layer_slices(engine) -> tuple[slice, ...] | None:
+    """Parameter ranges of each layer (weight and bias of one module) in the flat weight vector."""
+    model = getattr(engine, "model", None)
+    if model is None:
+        return None
+    bounds: dict[str, list[int]] = {}
+    offset = 0
+    for name, p in model.named_parameters():
+        span = bounds.setdefault(name.rsplit(".", 1)[0], [offset, offset])
+        offset += p.numel()
+        span[1] = offset
+    return tuple(slice(a, b) for a, b in bounds.values())
+
+
+def _probe_gradients(world: World, members: np.ndarray, edge: int) -> np.ndarray:
+    """Gradients for HCCT (HCCT Alg. 1, t = 0): one local epoch of every client from the initial
+    model; gradient ≈ start − trained. Regrouping probes from the initial model again."""
+    start = world.engine.initial_weights(world.config.seed)
+    seeds = [int(s) for s in np.random.default_rng((world.config.seed, 5, edge)).integers(2**31, size=len(members))]
+    trained = world.engine.train(start, [int(c) for c in members], 1, seeds)
+    return (start[None, :] - trained).cpu().numpy().astype(np.float64)
+
+
 def form_groups(world: World, plan: ArmPlan, epoch: int) -> GroupingResult:
-    """Each edge groups its own clients (Alg. 1, Lines 2-3); groups never cross edges."""
-    topo, groups, dropped, touched = world.topology, [], 0, 0
+    """Each edge groups its own clients (Alg. 1, Lines 2-3); groups never cross edges.
+
+    A policy with ``needs_gradients`` (HCCT) gets each client's gradient from a probe epoch. The
+    probe's Eq. 5 training cost is reported as ``probe_cost`` (manifest: grouping.
+    gradient_probe_training_cost) but not charged to the ledger, which holds Alg. 1's rounds only.
+    """
+    topo, groups, dropped, touched, probe_cost = world.topology, [], 0, 0, 0.0
     norm = getattr(plan.grouping, "normalization", "std")
+    probe = getattr(plan.grouping, "needs_gradients", False)
     for j in range(topo.n_edges):
         members = topo.clients_of(j)
         labels = topo.label_counts[members]
-        result = plan.grouping.group(EdgeView(labels), np.random.default_rng((world.config.seed, 3, epoch, j)))
+        view = EdgeView(labels)
+        if probe:
+            view = EdgeView(labels, _probe_gradients(world, members, j), _layer_slices(world.engine))
+            probe_cost += float(world.cost.training_cost([topo.client_device[c] for c in members],
+                                                         topo.n_samples[members], 1).sum())
+        result = plan.grouping.group(view, np.random.default_rng((world.config.seed, 3, epoch, j)))
         dropped += len(result.dropped)
         touched += result.leftover_clients
         for local in result.groups:
             clients = members[np.sort(local)]
             groups.append(Group(j, clients, topo.n_samples[clients],
                                 float(cov_of_counts(topo.label_counts[clients].sum(axis=0), norm))))
-    return GroupingResult(groups, dropped, touched)
+    return GroupingResult(groups, dropped, touched, probe_cost)
 
 
 @dataclass

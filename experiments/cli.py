@@ -44,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--force", action="store_true", help="replace a run of a different config in RUN_DIR")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.set_defaults(func=_cmd_run)
+    from .group_cli import add_group_parser
+    from .grouping_studies import add_study_parser
+    add_group_parser(sub)
+    add_study_parser(sub)
     return parser
 
 

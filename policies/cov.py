@@ -19,19 +19,29 @@ Normalization = Literal["std", "eq31"]
 NORMALIZATIONS = ("std", "eq31")
 
 
-def cov_of_counts(counts: np.ndarray, normalization: Normalization = "std") -> np.ndarray:
-    """CoV of label-count vectors along the last axis: shape (..., m) -> (...)."""
-    counts = np.asarray(counts, dtype=float)
-    m = counts.shape[-1]
-    mean = counts.mean(axis=-1)
-    std = counts.std(axis=-1)
+def cov_from_moments(total: np.ndarray, sumsq: np.ndarray, m: int,
+                     normalization: Normalization = "std") -> np.ndarray:
+    """CoV from a count vector's sum and sum of squares: σ/μ = sqrt(m·Σx²/(Σx)² − 1).
+
+    Computing CoV from these two moments makes it a function of exact integers when the counts
+    are integers, so the fast CoV-Grouping (which updates the moments of every candidate with a
+    single matrix-vector product) and the straightforward one get bit-identical values.
+    """
+    total = np.asarray(total, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
-        out = np.where(mean > 0, std / np.where(mean > 0, mean, 1.0), np.inf)
+        ratio = m * np.asarray(sumsq, dtype=float) / np.where(total > 0, total, 1.0) ** 2 - 1.0
+        out = np.where(total > 0, np.sqrt(np.maximum(ratio, 0.0)), np.inf)
     if normalization == "eq31":
         out = out / np.sqrt(m)
     elif normalization != "std":
         raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
     return out
+
+
+def cov_of_counts(counts: np.ndarray, normalization: Normalization = "std") -> np.ndarray:
+    """CoV of label-count vectors along the last axis: shape (..., m) -> (...)."""
+    counts = np.asarray(counts, dtype=float)
+    return cov_from_moments(counts.sum(axis=-1), (counts ** 2).sum(axis=-1), counts.shape[-1], normalization)
 
 
 def group_cov(label_matrix: np.ndarray, members, normalization: Normalization = "std") -> float:

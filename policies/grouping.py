@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import ClassVar, Literal
 
 import numpy as np
 
-from .cov import NORMALIZATIONS, Normalization, cov_of_counts
+from .cov import NORMALIZATIONS, Normalization, cov_from_moments, cov_of_counts
 from .registry import Registry
 
 LeftoverRule = Literal["merge", "drop", "keep"]
@@ -23,9 +24,17 @@ groupings = Registry("grouping")
 
 @dataclass(frozen=True)
 class EdgeView:
-    """What an edge server knows about its clients: a clients × labels count matrix."""
+    """What an edge server knows about its clients: a clients × labels count matrix and, for
+    policies that set ``needs_gradients`` (HCCT), the gradients its clients sent after a probe
+    step (clients × parameters) with the parameter range of each model layer."""
 
     label_counts: np.ndarray
+    gradients: np.ndarray | None = None
+    layer_slices: tuple[slice, ...] | None = None
+
+    @property
+    def n_samples(self) -> np.ndarray:
+        return np.asarray(self.label_counts).sum(axis=1)
 
     @property
     def n_clients(self) -> int:
@@ -45,6 +54,7 @@ class GroupingPolicy(ABC):
     """Partition one edge's clients. Subclasses are dataclasses whose fields are the config keys."""
 
     name: ClassVar[str]
+    needs_gradients: ClassVar[bool] = False  # the runner then fills EdgeView.gradients by a probe step
     min_group_size: int
 
     @abstractmethod
@@ -87,14 +97,40 @@ def resolve_leftover(groups: list[list[int]], short: list[int], rule: LeftoverRu
     return EdgeGrouping([np.array(g, dtype=int) for g in groups], leftover_clients=len(short))
 
 
+def enforce_min_size(groups: list[list[int]], min_size: int,
+                     cost: Callable[[list[int]], float]) -> tuple[list[list[int]], int]:
+    """Merge groups smaller than ``min_size`` into the group they hurt least (for policies that
+    choose their own number of groups: HCCT, FedCollab).
+
+    ``cost(members)`` is the policy's objective of one group, to be minimised, additive over
+    groups. The smallest short group merges into the group ``b`` minimising
+    cost(a ∪ b) − cost(a) − cost(b); repeat until every group reaches ``min_size`` or one group
+    is left. Returns the groups and how many clients sat in merged short groups.
+    """
+    groups = [list(g) for g in groups]
+    touched = 0
+    while len(groups) > 1:
+        sizes = np.array([len(g) for g in groups])
+        a = int(np.argmin(sizes))
+        if sizes[a] >= min_size:
+            break
+        short = groups.pop(a)
+        touched += len(short)
+        deltas = [cost(short + g) - cost(short) - cost(g) for g in groups]
+        groups[int(np.argmin(deltas))].extend(short)
+    return groups, touched
+
+
 @groupings.register("covg")
 @dataclass(frozen=True)
 class CoVGrouping(GroupingPolicy):
     """CoV-Grouping, Alg. 2: grow each group from a random client by the CoV-minimising client.
 
     One greedy step (Alg. 2, Line 5) scores every remaining candidate at once from the group's
-    running label counts, so a step costs O(|K|·|Y|) and the whole run O(|K|²·|Y|) instead of
-    the printed O(|K|³·|Y|). Ties go to the lowest row index.
+    running label counts (one matrix-vector product gives every candidate's sum of squares), so
+    a step costs O(|K|·|Y|) and the whole run O(|K|²·|Y|) instead of the printed O(|K|³·|Y|)
+    of :func:`policies.reference.covg_reference`, which yields the same groups. Ties go to the
+    lowest row index.
     """
 
     min_group_size: int = 5
@@ -111,23 +147,26 @@ class CoVGrouping(GroupingPolicy):
 
     def group(self, view: EdgeView, rng: np.random.Generator) -> EdgeGrouping:
         L = np.asarray(view.label_counts, dtype=float)
-        available = np.ones(len(L), dtype=bool)
+        m, norm = L.shape[1], self.normalization
+        rows, sq = L.sum(axis=1), (L ** 2).sum(axis=1)
+        available, taken = np.ones(len(L), dtype=bool), np.zeros(len(L))
         groups: list[list[int]] = []
-        norm = self.normalization
         while available.any():
             first = int(rng.choice(np.flatnonzero(available)))           # Line 3
-            available[first] = False
+            available[first], taken[first] = False, np.inf
             members, counts = [first], L[first].copy()
             current = float(cov_of_counts(counts, norm))
             while (current > self.max_cov or len(members) < self.min_group_size) and available.any():
-                cand = np.flatnonzero(available)                          # Line 4
-                scores = cov_of_counts(counts + L[cand], norm)
-                best = int(np.argmin(scores))                             # Line 5
+                # Lines 4-5 for every client at once: Σ(c+x)² = Σc² + 2 x·c + Σx², all exact integers.
+                scores = cov_from_moments(counts.sum() + rows, (counts ** 2).sum() + 2 * (L @ counts) + sq, m, norm)
+                scores += taken  # +inf for clients already grouped
+                best = int(np.argmin(scores))
+                if not available[best]:  # every candidate has CoV = inf: take the first one
+                    best = int(np.flatnonzero(available)[0])
                 if scores[best] < current or len(members) < self.min_group_size:  # Line 6
-                    c = int(cand[best])
-                    members.append(c)                                     # Line 7
-                    available[c] = False
-                    counts += L[c]
+                    members.append(best)                                  # Line 7
+                    available[best], taken[best] = False, np.inf
+                    counts += L[best]
                     current = float(scores[best])
                 else:
                     break                                                 # Line 9

@@ -1,0 +1,133 @@
+"""``groupfel group``: run one grouping policy on a clients × labels count matrix from a CSV.
+
+The CSV has a header and one row per client; every column is a label's sample count except an
+optional ``edge`` column, which assigns clients to edges (groups never cross edges). Client ids
+in the output are the 0-based data-row index of the input.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from emulator.errors import InputError
+from policies import EdgeView, groupings
+from policies.cov import cov_of_counts
+
+
+def read_label_matrix(path: str | Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """(counts clients × labels, edge of each client, label names); InputError on a bad file."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"--label-matrix: no such file {str(path)!r}; give a CSV of clients × label counts")
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False, skip_blank_lines=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise InputError(f"--label-matrix {path}: not a readable CSV ({str(exc).splitlines()[0]}); "
+                         f"write a header line and one row of label counts per client") from None
+    if df.empty:
+        raise InputError(f"--label-matrix {path}: no client rows; write one row of label counts per client")
+    edge_col = next((c for c in df.columns if c.strip().lower() == "edge"), None)
+    labels = [c for c in df.columns if c != edge_col]
+    if not labels:
+        raise InputError(f"--label-matrix {path}: no label columns; add one count column per label")
+    for name in [*labels, *([edge_col] if edge_col else [])]:
+        values = pd.to_numeric(df[name].str.strip(), errors="coerce")
+        bad = np.flatnonzero(values.isna().to_numpy() | (values.to_numpy() < 0)
+                             | (values.to_numpy() != np.round(values.to_numpy())))
+        if len(bad):
+            r = int(bad[0])
+            raise InputError(f"--label-matrix {path}: row {r} column {name!r} is {df[name].iloc[r]!r}; "
+                             f"every cell must be a non-negative integer (empty cells are not allowed)")
+        df[name] = values.astype(np.int64)
+    counts = df[labels].to_numpy(dtype=np.int64)
+    empty = np.flatnonzero(counts.sum(axis=1) == 0)
+    if len(empty):
+        raise InputError(f"--label-matrix {path}: client row {int(empty[0])} has no samples (all counts 0); "
+                         f"remove it or give it its label counts")
+    edges = df[edge_col].to_numpy(dtype=np.int64) if edge_col else np.zeros(len(df), dtype=np.int64)
+    return counts, edges, [str(c) for c in labels]
+
+
+def make_policy(name: str, min_group_size: int | None, max_cov: float | None):
+    if name not in groupings:
+        raise InputError(f"--policy: unknown grouping policy {name!r}; choose one of {sorted(groupings)}")
+    if groupings[name].needs_gradients:
+        raise InputError(f"--policy {name}: needs client gradients, which a label matrix does not hold; "
+                         f"use it in 'groupfel run' or choose one of "
+                         f"{sorted(n for n, c in groupings.items() if not c.needs_gradients)}")
+    params = {k: v for k, v in (("min_group_size", min_group_size), ("max_cov", max_cov)) if v is not None}
+    flag = {"min_group_size": "--min-group-size", "max_cov": "--max-cov"}
+    try:
+        return groupings.make(name, params, "group")
+    except InputError as exc:
+        msg = str(exc)
+        for key, opt in flag.items():
+            msg = msg.replace(f"group.{key}", opt)
+        raise InputError(msg) from None
+
+
+def run_grouping(counts: np.ndarray, edges: np.ndarray, policy, seed: int) -> dict:
+    """Group each edge's clients; the JSON-able result (groups and summary)."""
+    norm = getattr(policy, "normalization", "std")
+    groups, dropped, touched = [], [], 0
+    for e in np.unique(edges):
+        members = np.flatnonzero(edges == e)
+        if policy.min_group_size > len(members):
+            raise InputError(f"--min-group-size: {policy.min_group_size} exceeds the {len(members)} clients "
+                             f"of edge {int(e)}; lower it")
+        result = policy.group(EdgeView(counts[members]), np.random.default_rng((seed, int(e))))
+        dropped += members[result.dropped].tolist()
+        touched += result.leftover_clients
+        for local in result.groups:
+            clients = members[np.sort(local)]
+            label_counts = counts[clients].sum(axis=0)
+            groups.append({"edge": int(e), "clients": clients.tolist(), "size": len(clients),
+                           "samples": int(label_counts.sum()), "label_counts": label_counts.tolist(),
+                           "cov": float(cov_of_counts(label_counts, norm))})
+    sizes = np.array([g["size"] for g in groups])
+    summary = {"policy": policy.name, "n_clients": len(counts), "n_edges": len(np.unique(edges)),
+               "n_groups": len(groups), "size_min": int(sizes.min()), "size_max": int(sizes.max()),
+               "size_mean": float(sizes.mean()), "cov_mean": float(np.mean([g["cov"] for g in groups])),
+               "cov_normalization": norm, "clients_dropped": sorted(dropped),
+               "clients_touched_by_leftover_rule": touched}
+    return {"groups": groups, "summary": summary}
+
+
+def format_table(result: dict, label_names: list[str]) -> str:
+    rows = [{"edge": g["edge"], "group": i, "size": g["size"], "samples": g["samples"], "cov": g["cov"],
+             **dict(zip(label_names, g["label_counts"])), "clients": " ".join(map(str, g["clients"]))}
+            for i, g in enumerate(result["groups"])]
+    table = pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.4f}")
+    s = result["summary"]
+    lines = [table, "", f"policy {s['policy']}: {s['n_groups']} groups of {s['n_clients']} clients on "
+             f"{s['n_edges']} edge(s); size min {s['size_min']} / mean {s['size_mean']:.2f} / max {s['size_max']}; "
+             f"mean CoV {s['cov_mean']:.4f} ({s['cov_normalization']})"]
+    if s["clients_dropped"] or s["clients_touched_by_leftover_rule"]:
+        lines.append(f"clients dropped: {s['clients_dropped'] or 'none'}; clients touched by the leftover rule: "
+                     f"{s['clients_touched_by_leftover_rule']}")
+    return "\n".join(lines)
+
+
+def _cmd_group(args) -> int:
+    counts, edges, names = read_label_matrix(args.label_matrix)
+    policy = make_policy(args.policy, args.min_group_size, args.max_cov)
+    result = run_grouping(counts, edges, policy, args.seed)
+    print(json.dumps(result, indent=2) if args.format == "json" else format_table(result, names))
+    return 0
+
+
+def add_group_parser(sub) -> None:
+    p = sub.add_parser("group", help="partition clients of a label-count CSV with a grouping policy",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--policy", required=True, help=f"grouping policy: {', '.join(sorted(groupings))}")
+    p.add_argument("--label-matrix", required=True, metavar="FILE.csv",
+                   help="clients × labels counts with a header; optional 'edge' column")
+    p.add_argument("--min-group-size", type=int, default=None, help="MinGS (default: the policy's)")
+    p.add_argument("--max-cov", type=float, default=None, help="MaxCoV, covg only (default: the policy's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.set_defaults(func=_cmd_group)

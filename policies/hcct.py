@@ -1,0 +1,141 @@
+"""HCCT and HCCT-E (paper ``000``): agglomerative merging of groups by client utility.
+
+The utility of client i in group G is U_i = −α/D_G + cos(g_i, g_G) + β (HCCT Eq. 9, with the
+cosine similarity of Eq. 8), where g_G = Σ_{i∈G} (D_i/D_G) g_i is the group gradient (HCCT
+Eq. 13). Starting from singletons (Eq. 12), the pair of groups with the largest merge benefit
+B = Û_{k'} − Û_{k1} − Û_{k2} (Eqs. 14-15) merges (Eq. 16) until no merge has a positive benefit
+or one group is left (Eq. 17; HCCT Alg. 2). β cancels out of every benefit, so it is omitted.
+
+Speed: Σ_{i∈G} cos(g_i, g_G) = ⟨Σ_{i∈G} ĝ_i, G_G⟩ / ‖G_G‖ with ĝ_i = g_i/‖g_i‖ and
+G_G = Σ_{i∈G} D_i g_i, so every benefit follows from two K×K Gram matrices (A = ⟨G_a, G_b⟩,
+B = ⟨N_a, G_b⟩ with N = Σ ĝ) that a merge updates by adding rows and columns. The gradients
+are touched once (O(N²·M)); the merging is O(N³) numpy work, not O(N³·M).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from .grouping import EdgeGrouping, EdgeView, GroupingPolicy, enforce_min_size, groupings
+
+_EPS = 1e-12
+
+
+def group_utility(grads: np.ndarray, sizes: np.ndarray, members, alpha: float) -> float:
+    """Σ_{i∈G} (−α/D_G + cos(g_i, g_G)) for one group (HCCT Eqs. 9, 13, 14; β omitted)."""
+    members = np.asarray(members, dtype=int)
+    g, d = grads[members], sizes[members].astype(float)
+    D = d.sum()
+    gG = (d[:, None] * g).sum(axis=0) / D                                           # Eq. 13
+    cos = g @ gG / np.maximum(np.linalg.norm(g, axis=1) * np.linalg.norm(gG), _EPS)  # Eq. 8
+    return float(len(members) * (-alpha / D) + cos.sum())
+
+
+def relative_variance_layer(grads: np.ndarray, layer_slices: tuple[slice, ...]) -> int:
+    """HCCT Eq. 19: the layer whose gradients vary most across clients, relative to their size.
+
+    Var is the across-client variance of each parameter averaged over the layer; Mean is the
+    mean |across-client mean| of the layer's parameters (gradients are signed, so a plain mean
+    could be ~0 or negative and make the ratio meaningless).
+    """
+    ratios = [grads[:, s].var(axis=0).mean() / max(np.abs(grads[:, s].mean(axis=0)).mean(), _EPS)
+              for s in layer_slices]
+    return int(np.argmax(ratios))
+
+
+def hcct_partition(grads: np.ndarray, sizes: np.ndarray, alpha: float) -> list[list[int]]:
+    """HCCT Alg. 2 on gradient rows ``grads`` (clients × M) of clients holding ``sizes`` samples."""
+    n = len(grads)
+    d = sizes.astype(float)
+    norms = np.maximum(np.linalg.norm(grads, axis=1), _EPS)
+    G = d[:, None] * grads                      # D_i g_i: sums to D_G g_G (Eq. 13)
+    N = grads / norms[:, None]                  # unit gradients: Σ cos = ⟨Σ ĝ_i, g_G⟩/‖g_G‖
+    A, B = G @ G.T, N @ G.T
+    D, count = d.copy(), np.ones(n)
+    members = [[i] for i in range(n)]
+    alive = np.ones(n, dtype=bool)
+
+    def utility_after_merge() -> np.ndarray:
+        """Û of every pair (a, b) merged: Eq. 14 for the group a ∪ b."""
+        dot = np.diag(B)[:, None] + np.diag(B)[None, :] + B + B.T
+        sq = np.diag(A)[:, None] + np.diag(A)[None, :] + 2 * A
+        return -alpha * (count[:, None] + count[None, :]) / (D[:, None] + D[None, :]) + dot / np.sqrt(np.maximum(sq, _EPS**2))
+
+    own = -alpha * count / D + np.diag(B) / np.sqrt(np.maximum(np.diag(A), _EPS**2))  # Eq. 12
+    benefit = utility_after_merge() - own[:, None] - own[None, :]                     # Eq. 15
+    np.fill_diagonal(benefit, -np.inf)
+    while alive.sum() > 1:
+        flat = int(np.argmax(benefit))                                                 # Eq. 16
+        a, b = divmod(flat, n)
+        if not benefit[a, b] > 0:                                                      # Eq. 17
+            break
+        a, b = min(a, b), max(a, b)
+        members[a] += members[b]
+        alive[b] = False
+        for M in (A, B):  # group a becomes a ∪ b: its sums gain b's sums
+            M[a, :] += M[b, :]
+            M[:, a] += M[:, b]
+        D[a] += D[b]
+        count[a] += count[b]
+        own[a] = -alpha * count[a] / D[a] + B[a, a] / np.sqrt(max(A[a, a], _EPS**2))
+        # Only pairs involving a changed; recompute that row/column.
+        dot = B[a, a] + np.diag(B) + B[a, :] + B[:, a]
+        sq = A[a, a] + np.diag(A) + 2 * A[a, :]
+        row = -alpha * (count[a] + count) / (D[a] + D) + dot / np.sqrt(np.maximum(sq, _EPS**2)) - own[a] - own
+        row[~alive] = -np.inf
+        row[a] = -np.inf
+        benefit[a, :], benefit[:, a] = row, row
+        benefit[b, :], benefit[:, b] = -np.inf, -np.inf
+    return [members[k] for k in np.flatnonzero(alive)]
+
+
+@groupings.register("hcct")
+@dataclass(frozen=True)
+class HCCTGrouping(GroupingPolicy):
+    """HCCT (HCCT Alg. 2, Eqs. 9, 13-17) on the clients' full probe gradients.
+
+    The number of groups is HCCT's own choice. With ``min_group_size`` > 1, groups smaller than
+    MinGS are then merged, smallest first, into the group whose summed utility (Eq. 14) drops
+    least (:func:`policies.grouping.enforce_min_size`); 1 (default) keeps HCCT's partition.
+    ``alpha`` is Eq. 9's trade-off between data volume and gradient similarity, in samples.
+    The random generator is not used: HCCT is deterministic given the gradients.
+    """
+
+    needs_gradients: ClassVar[bool] = True
+    min_group_size: int = 1
+    alpha: float = 10.0
+
+    def __post_init__(self):
+        if not isinstance(self.min_group_size, int) or self.min_group_size < 1:
+            raise ValueError(f"min_group_size must be an integer >= 1, got {self.min_group_size!r}")
+        if not self.alpha > 0:
+            raise ValueError(f"alpha must be > 0 (HCCT Eq. 9), got {self.alpha!r}")
+
+    def _gradients(self, view: EdgeView) -> np.ndarray:
+        if view.gradients is None:
+            raise ValueError(f"grouping policy {self.name!r} needs the clients' gradients (EdgeView.gradients)")
+        return np.asarray(view.gradients, dtype=float)
+
+    def group(self, view: EdgeView, rng: np.random.Generator) -> EdgeGrouping:
+        grads, sizes = self._gradients(view), view.n_samples
+        groups = hcct_partition(grads, sizes, self.alpha)
+        touched = 0
+        if self.min_group_size > 1:
+            groups, touched = enforce_min_size(
+                groups, self.min_group_size, lambda m: -group_utility(grads, sizes, m, self.alpha))
+        return EdgeGrouping([np.array(g, dtype=int) for g in groups], leftover_clients=touched)
+
+
+@groupings.register("hcct-e")
+@dataclass(frozen=True)
+class HCCTEGrouping(HCCTGrouping):
+    """HCCT-E (HCCT Sec. 5.2): HCCT on the single layer l* of HCCT Eq. 19 (largest relative
+    gradient variance across clients), with the similarity of HCCT Eq. 20."""
+
+    def _gradients(self, view: EdgeView) -> np.ndarray:
+        grads = super()._gradients(view)
+        if not view.layer_slices:
+            return grads
+        return grads[:, view.layer_slices[relative_variance_layer(grads, view.layer_slices)]]

@@ -1,0 +1,98 @@
+"""FedCollab: the closed-form objective equals Eq. 10 with Eq. 9's A, and Alg. 2 with restarts
+finds the brute-force optimum on small cases."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from policies import EdgeView, groupings
+from policies.fedcollab import coalition_cost, fedcollab_optimize, objective, tv_distance
+
+
+def eq10_literal(assign: np.ndarray, sizes: np.ndarray, D: np.ndarray, C: float) -> float:
+    """FedCollab Eq. 10 from the collaboration matrix A of Eq. 9, β_j = n_j / m."""
+    m = sizes.sum()
+    beta = sizes / m
+    same = assign[:, None] == assign[None, :]
+    A = np.where(same, beta[None, :] / (same * beta[None, :]).sum(axis=1, keepdims=True), 0.0)
+    return float((C / np.sqrt(m) * np.sqrt((A ** 2 / beta[None, :]).sum(axis=1)) + (A * D).sum(axis=1)).sum())
+
+
+def set_partitions(n: int):
+    """Every partition of range(n) as a label vector (restricted growth strings)."""
+    def rec(i, labels, k):
+        if i == n:
+            yield np.array(labels)
+            return
+        for c in range(k + 1):
+            yield from rec(i + 1, labels + [c], max(k, c + 1))
+    yield from rec(1, [0], 1)
+
+
+def brute_force(sizes, D, C):
+    return min(objective(p, sizes, D, C) for p in set_partitions(len(sizes)))
+
+
+def random_case(n: int, rng: np.random.Generator):
+    centers = rng.dirichlet(np.full(5, 0.3), size=3)
+    P = np.stack([rng.dirichlet(50 * centers[rng.integers(3)] + 0.05) for _ in range(n)])
+    sizes = rng.integers(20, 300, size=n).astype(float)
+    return sizes, tv_distance(np.round(P * sizes[:, None] * 10))
+
+
+def test_closed_form_objective_is_eq10():
+    rng = np.random.default_rng(0)
+    sizes, D = random_case(7, rng)
+    for p in list(set_partitions(7))[::97]:
+        assert objective(p, sizes, D, 4.0) == pytest.approx(eq10_literal(p, sizes, D, 4.0), rel=1e-12)
+
+
+def test_hand_case_four_clients():
+    # Clients 0,1 share one distribution, 2,3 another (D = 0 inside, 1 across), 100 samples each.
+    # Eq. 10 with C = 10: local 4.0, {01}{23} 2·2·10/√200 ≈ 2.83, all together 2 + 2 = 4.0.
+    D = np.array([[0, 0, 1, 1], [0, 0, 1, 1], [1, 1, 0, 0], [1, 1, 0, 0]], dtype=float)
+    sizes = np.full(4, 100.0)
+    pol = groupings.make("fedcollab", {"capacity": 10.0})
+    res = pol.group_with_distance(sizes, D, np.random.default_rng(0))
+    assert sorted(tuple(g.tolist()) for g in res.groups) == [(0, 1), (2, 3)]
+    p = np.array([0, 0, 1, 1])
+    assert objective(p, sizes, D, 10.0) == pytest.approx(4 * 10 / np.sqrt(200)) == brute_force(sizes, D, 10.0)
+
+
+@pytest.mark.parametrize("n,seed", [(5, 0), (6, 1), (7, 2), (8, 3), (8, 4)])
+def test_alg2_with_restarts_reaches_the_brute_force_optimum(n, seed):
+    rng = np.random.default_rng(seed)
+    sizes, D = random_case(n, rng)
+    for C in (0.5, 3.0, 10.0):
+        p = fedcollab_optimize(sizes, D, C, np.random.default_rng(seed), restarts=10)
+        assert objective(p, sizes, D, C) == pytest.approx(brute_force(sizes, D, C), rel=1e-9)
+
+
+def test_capacity_moves_from_local_to_global_training():
+    rng = np.random.default_rng(5)
+    sizes, D = random_case(8, rng)
+    local = fedcollab_optimize(sizes, D, 0.0, rng)
+    assert len(np.unique(local)) == 8            # C = 0: nothing to gain from data
+    glob = fedcollab_optimize(sizes, D, 1e6, rng)
+    assert len(np.unique(glob)) == 1             # C → ∞: quantity dominates
+
+
+def test_min_group_size_merges_where_eq10_rises_least():
+    D = np.array([[0, 0, .9, .9, .6], [0, 0, .9, .9, .6], [.9, .9, 0, 0, .8],
+                  [.9, .9, 0, 0, .8], [.6, .6, .8, .8, 0]])
+    sizes = np.array([100.0, 100, 100, 100, 3000])   # client 4 is big enough to stay alone
+    free = groupings.make("fedcollab", {"capacity": 10.0}).group_with_distance(sizes, D, np.random.default_rng(0))
+    assert any(g.tolist() == [4] for g in free.groups)
+    res = groupings.make("fedcollab", {"capacity": 10.0, "min_group_size": 2}).group_with_distance(
+        sizes, D, np.random.default_rng(0))
+    assert sorted(tuple(g.tolist()) for g in res.groups) == [(0, 1, 4), (2, 3)]  # D(4, ·) smallest to 0, 1
+    assert res.leftover_clients == 1
+    costs = {g: coalition_cost(list(g), sizes, D, 10.0) for g in [(0, 1, 4), (2, 3, 4)]}
+    assert costs[(0, 1, 4)] < costs[(2, 3, 4)]
+
+
+def test_label_view_uses_total_variation():
+    L = np.array([[10, 0, 0], [0, 10, 0], [5, 5, 0]])
+    assert np.allclose(tv_distance(L), [[0, 1, .5], [1, 0, .5], [.5, .5, 0]])
+    with pytest.raises(ValueError, match="sample"):
+        groupings.make("fedcollab", {}).group(EdgeView(np.array([[1, 0], [0, 0]])), np.random.default_rng(0))

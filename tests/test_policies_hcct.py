@@ -1,0 +1,123 @@
+"""HCCT / HCCT-E: Alg. 2 with the Gram-matrix speed-up equals the literal merging, and the
+partition degenerates as HCCT Sec. 5.1 says."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits
+
+from policies import EdgeView, groupings
+from policies.hcct import group_utility, hcct_partition, relative_variance_layer
+
+
+def literal_hcct(grads: np.ndarray, sizes: np.ndarray, alpha: float) -> list[list[int]]:
+    """HCCT Alg. 2 straight from Eqs. 13-17: recompute every pair's benefit from the gradients."""
+    groups = [[i] for i in range(len(grads))]
+    while len(groups) > 1:
+        best, pair = -np.inf, None
+        for a, b in itertools.combinations(range(len(groups)), 2):
+            gain = (group_utility(grads, sizes, groups[a] + groups[b], alpha)
+                    - group_utility(grads, sizes, groups[a], alpha) - group_utility(grads, sizes, groups[b], alpha))
+            if gain > best:
+                best, pair = gain, (a, b)
+        if best <= 0:
+            break
+        a, b = pair
+        groups[a] += groups.pop(b)
+    return groups
+
+
+def _canon(groups) -> list[tuple[int, ...]]:
+    return sorted(tuple(sorted(map(int, g))) for g in groups)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fast_hcct_equals_literal_alg2(seed):
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(3, 20))
+    grads = centers[rng.integers(3, size=9)] + 0.6 * rng.normal(size=(9, 20))
+    sizes = rng.integers(5, 200, size=9)
+    alpha = float(rng.choice([1.0, 20.0, 200.0]))
+    assert _canon(hcct_partition(grads, sizes, alpha)) == _canon(literal_hcct(grads, sizes, alpha))
+
+
+def softmax_regression_gradients(x: np.ndarray, y: np.ndarray, parts: list[np.ndarray]) -> np.ndarray:
+    """Each client's cross-entropy gradient of a zero-initialised softmax regression (real data)."""
+    out = []
+    for idx in parts:
+        p = np.full((len(idx), 10), 0.1)           # softmax of zero logits
+        onehot = np.eye(10)[y[idx]]
+        out.append(((p - onehot).T @ x[idx] / len(idx)).ravel())
+    return np.stack(out)
+
+
+@pytest.fixture(scope="module")
+def digits():
+    d = load_digits()
+    return d.data / 16.0, d.target
+
+
+def test_identical_data_and_tiny_datasets_merge_into_one_group(digits):
+    x, y = digits
+    rng = np.random.default_rng(0)
+    base = rng.choice(len(y), size=4, replace=False)
+    parts = [base] * 8                                 # every client holds the same 4 samples
+    grads = softmax_regression_gradients(x, y, parts)
+    L = np.stack([np.bincount(y[p], minlength=10) for p in parts])
+    res = groupings.make("hcct", {"alpha": 10.0}).group(EdgeView(L, grads), None)
+    assert len(res.groups) == 1 and len(res.groups[0]) == 8   # global training
+
+
+def test_disjoint_labels_and_large_datasets_stay_alone(digits):
+    x, y = digits
+    parts = [np.flatnonzero(y == c) for c in range(8)]  # ~180 samples each, one label per client
+    grads = softmax_regression_gradients(x, y, parts)
+    L = np.stack([np.bincount(y[p], minlength=10) for p in parts])
+    res = groupings.make("hcct", {"alpha": 10.0}).group(EdgeView(L, grads), None)
+    assert len(res.groups) == 8                         # independent training
+
+
+def test_similar_clients_group_together(digits):
+    x, y = digits
+    rng = np.random.default_rng(1)
+    pools = [np.flatnonzero(np.isin(y, labs)) for labs in ([0, 1], [5, 6])]
+    parts = [rng.choice(pools[i % 2], size=30, replace=False) for i in range(8)]
+    grads = softmax_regression_gradients(x, y, parts)
+    L = np.stack([np.bincount(y[p], minlength=10) for p in parts])
+    res = groupings.make("hcct", {"alpha": 10.0}).group(EdgeView(L, grads), None)
+    assert _canon(res.groups) == [(0, 2, 4, 6), (1, 3, 5, 7)]
+
+
+def test_hcct_e_uses_the_layer_of_largest_relative_variance():
+    rng = np.random.default_rng(2)
+    n = 8
+    # Layer 0: the same large gradient for everyone plus noise (low relative variance).
+    # Layer 1: two clearly different client types (high relative variance).
+    layer0 = 5.0 + 0.01 * rng.normal(size=(n, 6))
+    types = np.array([0, 1] * 4)
+    layer1 = np.where(types[:, None] == 0, 1.0, -1.0) * np.array([1, 0, 1, 0]) + 0.05 * rng.normal(size=(n, 4))
+    grads = np.hstack([layer0, layer1])
+    slices = (slice(0, 6), slice(6, 10))
+    assert relative_variance_layer(grads, slices) == 1
+    view = EdgeView(np.full((n, 10), 100), grads, slices)
+    e = groupings.make("hcct-e", {"alpha": 100.0}).group(view, None)
+    assert _canon(e.groups) == [(0, 2, 4, 6), (1, 3, 5, 7)]
+    full = groupings.make("hcct", {"alpha": 100.0}).group(view, None)
+    assert len(full.groups) == 1                        # the shared layer 0 dominates the full gradient
+
+
+def test_min_group_size_merges_short_groups_where_utility_drops_least(digits):
+    x, y = digits
+    parts = [np.flatnonzero(y == c) for c in range(8)]
+    grads = softmax_regression_gradients(x, y, parts)
+    L = np.stack([np.bincount(y[p], minlength=10) for p in parts])
+    res = groupings.make("hcct", {"alpha": 10.0, "min_group_size": 3}).group(EdgeView(L, grads), None)
+    assert all(len(g) >= 3 for g in res.groups) and sum(map(len, res.groups)) == 8
+    assert res.leftover_clients > 0
+
+
+def test_needs_gradients():
+    with pytest.raises(ValueError, match="gradients"):
+        groupings.make("hcct", {}).group(EdgeView(np.ones((3, 2))), None)
