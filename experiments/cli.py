@@ -7,6 +7,8 @@ from pathlib import Path
 
 from emulator.errors import DivergenceError, InputError
 
+from . import cost_cli
+
 
 def _cmd_run(args) -> int:
     from .runner import config_from_run_dir, default_config, load_config, run_experiment
@@ -40,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--force", action="store_true", help="replace a run of a different config in RUN_DIR")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.set_defaults(func=_cmd_run)
+    cost_cli.register(sub)
     return parser
 
 
