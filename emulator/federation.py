@@ -122,8 +122,9 @@ class Federation:
             # a dropped client trained, then left before the group operations (Eq. 5 charges
             # what it spent); survivors pay the secure-aggregation recovery for it
             charges = {c: np.where(alive, v, 0.0) if c != TRAINING else v for c, v in nominal.items()}
-            charges.update({c: np.where(alive, v, 0.0) for c, v in
-                            ctx.cost.recovery(devices, g.size, int(dropped.sum())).items()})
+            if alive.any():
+                charges.update({c: np.where(alive, v, 0.0) for c, v in
+                                ctx.cost.recovery(devices, g.size, int(dropped.sum())).items()})
             start = env.now
             members = [env.process(self._client(int(c), i, charges, slow[i], bool(dropped[i])))
                        for i, c in enumerate(g.clients)]
