@@ -210,12 +210,6 @@ def secure_sum(q: np.ndarray, dropped: Sequence[int] = (), threshold: int | None
     return total, tm
 
 
-def secure_mean_check(updates: np.ndarray, scale: float = 2.0**16, dropped: Sequence[int] = ()) -> np.ndarray:
-    """Float updates in, float sum of the survivors out (quantised to 1/scale)."""
-    total, _ = secure_sum(quantize(updates, scale), dropped)
-    return dequantize(total, scale)
-
-
 def time_secagg(n: int, m: int, dropped: int = 0, seed: int = 0) -> tuple[float, float]:
     """One client's share of a group's SecAgg, in seconds: (mean client-side time of a survivor
     + the aggregator's time / survivors, recovery time / survivors per dropped client).
