@@ -1,9 +1,26 @@
-"""Cost curves: polynomials in group size (O_g) or sample count (H), as the paper fits them."""
+"""Cost curves: group size → per-client O_g, or sample count → one-epoch H (Eq. 5).
+
+Every curve is a callable ``curve(x) -> float | array`` so :class:`~cost_models.model.CostModel`
+does not care which form a profile uses:
+
+- :class:`Polynomial` — the paper's fitted forms (quadratic O_g, linear H).
+- :class:`PiecewiseLinear` — linear interpolation of a measured table.
+- :class:`MeasuredCurve` — a measured table inside its range, a fitted polynomial outside it,
+  with a warning when asked far outside what was measured.
+"""
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+Curve = Callable[[float | np.ndarray], float | np.ndarray]
+
+
+class ExtrapolationWarning(UserWarning):
+    """A cost curve was evaluated far outside its measured range."""
 
 
 @dataclass(frozen=True)
@@ -32,3 +49,68 @@ def quadratic(a: float, b: float, c: float) -> Polynomial:
 def linear(a: float, b: float) -> Polynomial:
     """One local epoch over n samples, H(n) = a·n + b (Eq. 5)."""
     return Polynomial((float(a), float(b)))
+
+
+def _table(x, y) -> tuple[np.ndarray, np.ndarray]:
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if x.ndim != 1 or x.shape != y.shape or len(x) < 2:
+        raise ValueError("a measured table needs at least two (x, y) points of equal length")
+    if np.any(np.diff(np.sort(x)) == 0):
+        raise ValueError("a measured table needs distinct x values (average repeats first)")
+    order = np.argsort(x)
+    return x[order], y[order]
+
+
+@dataclass(frozen=True, init=False)
+class PiecewiseLinear:
+    """Linear interpolation of measured points; beyond the ends it continues the end segments
+    (a flat clamp would make a group of 100 cost what a group of 30 did)."""
+
+    x: tuple[float, ...]
+    y: tuple[float, ...]
+
+    def __init__(self, x, y):
+        xs, ys = _table(x, y)
+        object.__setattr__(self, "x", tuple(xs))
+        object.__setattr__(self, "y", tuple(ys))
+
+    def __call__(self, q):
+        x, y = np.asarray(self.x), np.asarray(self.y)
+        q = np.asarray(q, dtype=float)
+        inside = np.interp(q, x, y)
+        lo = y[0] + (q - x[0]) * (y[1] - y[0]) / (x[1] - x[0])
+        hi = y[-1] + (q - x[-1]) * (y[-1] - y[-2]) / (x[-1] - x[-2])
+        return np.maximum(np.where(q < x[0], lo, np.where(q > x[-1], hi, inside)), 0.0)
+
+
+@dataclass(frozen=True, init=False)
+class MeasuredCurve:
+    """A measured table, interpolated inside its range and extrapolated by ``fit`` outside it.
+
+    ``far`` sets what "far outside" means: beyond ``far`` × the measured span past either end,
+    the call warns (:class:`ExtrapolationWarning`) because a fitted quadratic is only an
+    assumption there (Sec. 2.3 assumes O_g quadratic, H linear).
+    """
+
+    table: PiecewiseLinear
+    fit: Polynomial
+    far: float = 0.5
+
+    def __init__(self, x, y, fit: Polynomial, far: float = 0.5):
+        object.__setattr__(self, "table", PiecewiseLinear(x, y))
+        object.__setattr__(self, "fit", fit)
+        object.__setattr__(self, "far", float(far))
+
+    @property
+    def range(self) -> tuple[float, float]:
+        return self.table.x[0], self.table.x[-1]
+
+    def __call__(self, q):
+        lo, hi = self.range
+        q = np.asarray(q, dtype=float)
+        slack = self.far * (hi - lo)
+        if np.any(q < lo - slack) or np.any(q > hi + slack):
+            warnings.warn(f"cost curve evaluated at {np.min(q):g}..{np.max(q):g}, far outside its measured "
+                          f"range [{lo:g}, {hi:g}]; the fitted curve is extrapolating", ExtrapolationWarning,
+                          stacklevel=2)
+        return np.where((q >= lo) & (q <= hi), self.table(q), self.fit(q))

@@ -25,6 +25,7 @@ class CostModel:
     profiles: dict[str, DeviceProfile]
     training_method: str = "sgd"
     operations: tuple[str, ...] = ("secagg",)
+    recovery_multiple: float = 1.0
 
     def __post_init__(self):
         for device, prof in self.profiles.items():
@@ -55,6 +56,25 @@ class CostModel:
         """O_g(|g|) for each client and each group operation."""
         return {op: np.array([float(self.profiles[d].group_overhead[op](group_size)) for d in devices])
                 for op in self.operations}
+
+    def recovery(self, devices: Sequence[str], group_size: int, n_dropped: int) -> dict[str, np.ndarray]:
+        """Dropout recovery each survivor pays for the secure-aggregation operations (component
+        ``<op>-recovery``), per dropped member: the profile's ``<op>-recovery`` curve where it has
+        one (``measure secagg`` records it), else ``recovery_multiple`` × O_op(|g|) / |g| — the
+        aggregator regenerates the dropped member's |g| − 1 pairwise masks, about one member's
+        masking work, and the survivors share it."""
+        out = {}
+        for op in self.operations:
+            if "secagg" not in op or not n_dropped:
+                continue
+            per = []
+            for d in devices:
+                curves = self.profiles[d].group_overhead
+                rec = curves.get(f"{op}-recovery")
+                per.append(float(rec(group_size)) if rec is not None else
+                           self.recovery_multiple * float(curves[op](group_size)) / group_size)
+            out[f"{op}-recovery"] = n_dropped * np.array(per)
+        return out
 
     def group_round(self, devices: Sequence[str], n_samples: np.ndarray, epochs: int) -> dict[str, np.ndarray]:
         """Every component a group's members pay in one group round, per client."""

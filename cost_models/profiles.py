@@ -3,20 +3,43 @@
 A profile is addressed as ``device/task`` (e.g. ``raspberry-pi-4/cifar10-resnet``); one of its
 curves as ``device/task/method`` (e.g. ``raspberry-pi-4/cifar10-resnet/secagg``). The shipped
 profiles are the authors' Raspberry Pi 4 and GPU-server fits (``profiles/reference.csv``).
+
+Two hand-writable formats, chosen by the file's suffix:
+
+* CSV (any suffix but ``.toml``): columns device, task, operation, method, a, b, c — polynomial
+  coefficients, highest power first (``c`` empty for training). Lines starting with ``#`` are
+  comments. This is what ``calibrate`` writes.
+* TOML: one ``[[curves]]`` table per curve::
+
+      [[curves]]
+      device = "raspberry-pi-4"
+      task = "cifar10-resnet"
+      operation = "group_overhead"        # or "training"
+      method = "secagg"
+      units = "ms"                        # "s" (default) or "ms"
+      coefficients = [16.3, -23.7, 554.4] # a polynomial, highest power first, or
+      # points = [[2, 600], [10, 2100], [30, 15000]]   # a measured table (interpolated)
+      # extrapolate = "quadratic"        # with points: fit this form for outside the table
 """
 from __future__ import annotations
 
 import csv
+import tomllib
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from emulator.errors import InputError
 
-from .curves import Polynomial, linear, quadratic
+from .curves import Curve, MeasuredCurve, PiecewiseLinear, Polynomial, linear, quadratic
 
 SHIPPED = "reference.csv"
+OPERATIONS = ("training", "group_overhead")
 
 
 @dataclass(frozen=True)
@@ -25,12 +48,17 @@ class DeviceProfile:
 
     device: str
     task: str
-    training: dict[str, Polynomial] = field(default_factory=dict)
-    group_overhead: dict[str, Polynomial] = field(default_factory=dict)
+    training: dict[str, Curve] = field(default_factory=dict)
+    group_overhead: dict[str, Curve] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         return f"{self.device}/{self.task}"
+
+    def add(self, operation: str, method: str, curve: Curve, where: str) -> None:
+        if operation not in OPERATIONS:
+            raise InputError(f"{where}: operation must be 'training' or 'group_overhead', got {operation!r}")
+        getattr(self, operation)[method] = curve
 
 
 def _number(row: dict, key: str, where: str) -> float:
@@ -40,34 +68,103 @@ def _number(row: dict, key: str, where: str) -> float:
         raise InputError(f"{where}: column '{key}' must be a number, got {row.get(key)!r}") from None
 
 
+def uncommented(lines) -> list[str]:
+    """CSV lines without ``#`` comment lines (measurement files record the machine there)."""
+    return [ln for ln in lines if not ln.lstrip().startswith("#")]
+
+
 def read_profiles(path: str | Path) -> dict[str, DeviceProfile]:
-    """Read a coefficient CSV (columns device, task, operation, method, a, b, c)."""
+    """Read a profile file: TOML (``.toml``) or coefficient CSV (columns device, task, operation,
+    method, a, b, c)."""
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as exc:
         raise InputError(f"cost profile file {path}: cannot read ({exc.strerror}); check the path") from None
+    if path.suffix.lower() == ".toml":
+        return _parse_toml(text, str(path))
     return _parse(text.splitlines(), str(path))
 
 
 def _parse(lines, source: str) -> dict[str, DeviceProfile]:
-    reader = csv.DictReader(lines)
+    reader = csv.DictReader(uncommented(lines))
     need = {"device", "task", "operation", "method", "a", "b"}
     missing = need - set(reader.fieldnames or ())
     if missing:
         raise InputError(f"{source}: missing column(s) {sorted(missing)}; the header needs {sorted(need)}")
     profiles: dict[str, DeviceProfile] = {}
     for lineno, row in enumerate(reader, start=2):
-        where = f"{source} line {lineno}"
-        key = f"{row['device']}/{row['task']}"
-        prof = profiles.setdefault(key, DeviceProfile(row["device"], row["task"]))
+        where = f"{source} row {lineno - 1}"
+        prof = profiles.setdefault(f"{row['device']}/{row['task']}", DeviceProfile(row["device"], row["task"]))
         a, b = _number(row, "a", where), _number(row, "b", where)
-        if row["operation"] == "training":
-            prof.training[row["method"]] = linear(a, b)
-        elif row["operation"] == "group_overhead":
-            prof.group_overhead[row["method"]] = quadratic(a, b, _number(row, "c", where))
-        else:
-            raise InputError(f"{where}: operation must be 'training' or 'group_overhead', got {row['operation']!r}")
+        curve = linear(a, b) if row["operation"] == "training" else quadratic(a, b, _number(row, "c", where))
+        prof.add(row["operation"], row["method"], curve, where)
+    return profiles
+
+
+UNITS = {"s": 1.0, "ms": 1e-3}
+
+
+class _CurveSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    device: str
+    task: str
+    operation: Literal["training", "group_overhead"]
+    method: str
+    units: Literal["s", "ms"] = "s"
+    coefficients: list[float] | None = None
+    points: list[tuple[float, float]] | None = None
+    extrapolate: Literal["linear", "quadratic"] | None = None
+
+    @model_validator(mode="after")
+    def _one(self):
+        if (self.coefficients is None) == (self.points is None):
+            raise ValueError("give exactly one of coefficients or points")
+        if self.extrapolate and self.points is None:
+            raise ValueError("extrapolate needs points (it fits a curve to them)")
+        if self.points is not None and len(self.points) < 2:
+            raise ValueError("points needs at least two [x, seconds] pairs")
+        return self
+
+    def curve(self) -> Curve:
+        scale = UNITS[self.units]
+        if self.coefficients is not None:
+            return Polynomial(tuple(scale * c for c in self.coefficients))
+        x, y = np.array(self.points).T
+        y = scale * y
+        if self.extrapolate is None:
+            return PiecewiseLinear(x, y)
+        degree = {"linear": 1, "quadratic": 2}[self.extrapolate]
+        if len(np.unique(x)) <= degree:
+            raise ValueError(f"extrapolate = {self.extrapolate!r} needs more than {degree} distinct points")
+        return MeasuredCurve(x, y, Polynomial(tuple(np.polyfit(x, y, degree))))
+
+
+def _parse_toml(text: str, source: str) -> dict[str, DeviceProfile]:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{source}: not valid TOML ({exc})") from None
+    specs = data.get("curves")
+    if not isinstance(specs, list) or not specs or set(data) - {"curves"}:
+        raise InputError(f"{source}: expected only [[curves]] tables (device, task, operation, method, "
+                         f"coefficients or points, units)")
+    profiles: dict[str, DeviceProfile] = {}
+    for i, raw in enumerate(specs):
+        where = f"{source} curves[{i}]"
+        try:
+            spec = _CurveSpec.model_validate(raw)
+            curve = spec.curve()
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = ".".join(str(p) for p in err["loc"])
+            msg = "unknown key; remove it or check its spelling" if err["type"] == "extra_forbidden" else \
+                err["msg"].removeprefix("Value error, ")
+            raise InputError(f"{where}{'.' + loc if loc else ''}: {msg}") from None
+        except ValueError as exc:
+            raise InputError(f"{where}: {exc}") from None
+        prof = profiles.setdefault(f"{spec.device}/{spec.task}", DeviceProfile(spec.device, spec.task))
+        prof.add(spec.operation, spec.method, curve, where)
     return profiles
 
 
@@ -83,3 +180,16 @@ def get_profile(name: str, extra: dict[str, DeviceProfile] | None = None) -> Dev
     if name not in known:
         raise InputError(f"cost profile {name!r} is unknown; choose one of {sorted(known)}")
     return known[name]
+
+
+def get_curve(name: str, extra: dict[str, DeviceProfile] | None = None) -> tuple[DeviceProfile, str, Curve]:
+    """Look up ``device/task/method``: a group-operation curve, or a training curve by its method."""
+    prof_name, _, method = name.rpartition("/")
+    if not prof_name:
+        raise InputError(f"--profile {name!r}: expected device/task/method, e.g. raspberry-pi-4/cifar10-resnet/secagg")
+    prof = get_profile(prof_name, extra)
+    for kind in ("group_overhead", "training"):
+        if method in getattr(prof, kind):
+            return prof, kind, getattr(prof, kind)[method]
+    raise InputError(f"--profile {name!r}: {prof_name} has no curve {method!r}; choose one of "
+                     f"{sorted(prof.group_overhead) + sorted(prof.training)}")

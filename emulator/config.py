@@ -105,6 +105,24 @@ class ArmConfig(_Strict):
     regroup_every: int | None = Field(None, ge=1)  # Sec. 5.2
 
 
+class StragglerConfig(_Strict):
+    """Compute slowdown factor (≥ 1) of a client in one group round: ``lognormal`` draws
+    max(1, exp(N(0, sigma²))) (half the clients at nominal speed, the rest slower); ``pareto``
+    draws 1 + Lomax(shape) (a heavy tail: a few clients very slow)."""
+
+    distribution: Literal["lognormal", "pareto"] = "lognormal"
+    sigma: float = Field(0.5, gt=0)
+    shape: float = Field(3.0, gt=0)
+
+
+class FaultsConfig(_Strict):
+    dropout: float = Field(0.0, ge=0, le=1)          # probability a client drops per group round
+    straggler: StragglerConfig | None = None
+    # recovery per dropped member when a profile has no "<op>-recovery" curve:
+    # recovery_multiple × O_op(|g|) / |g| per survivor (see cost_models.model.CostModel.recovery)
+    recovery_multiple: float = Field(1.0, ge=0)
+
+
 class RunConfig(_Strict):
     name: str = Field("run", pattern=r"^[A-Za-z0-9_.+-]+$")
     seed: int = 0
@@ -113,6 +131,7 @@ class RunConfig(_Strict):
     topology: TopologyConfig = TopologyConfig()
     cost: CostConfig = CostConfig()
     train: TrainConfig = TrainConfig()
+    faults: FaultsConfig = FaultsConfig()
     arms: list[ArmConfig] = Field(min_length=1)
 
     @model_validator(mode="after")

@@ -5,6 +5,12 @@ performs the group operations for Σ O_g(|g|), and uploads (client link); a grou
 its slowest member is done; an edge receives x_t from the cloud (edge link), runs its sampled
 groups in parallel, and sends their models back (edge link); the cloud waits for its slowest edge.
 The torch compute happens at the start of each group round, outside simulated time.
+
+Faults (``[faults]``): each client, in each group round, may drop out after training (it pays
+its training, not the group operations; its update is left out of the group aggregate and the
+survivors pay the secure-aggregation dropout recovery) and may straggle (its compute takes a
+drawn factor ≥ 1 longer in simulated time; the Eq. 5 charge stays the curve's value, which is
+the device's work, not its waiting).
 """
 from __future__ import annotations
 
@@ -14,8 +20,10 @@ import numpy as np
 import simpy
 import torch
 
-from cost_models import CostModel
+from cost_models import TRAINING, CostModel
 from topologies import Topology
+
+from .config import FaultsConfig
 
 from .ledger import CostLedger
 from .training import TrainingEngine
@@ -42,6 +50,23 @@ def client_seed(seed: int, t: int, k: int, client: int) -> int:
     return int(np.random.SeedSequence((seed, 2, t, k, client)).generate_state(1)[0])
 
 
+def draw_faults(faults: FaultsConfig | None, seed: int, t: int, k: int, clients: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(dropped, slowdown) per client of one group round, each from its own (seed, t, k, client)
+    stream so a resumed run draws the same faults."""
+    n = len(clients)
+    if faults is None:
+        return np.zeros(n, dtype=bool), np.ones(n)
+    dropped, slow = np.zeros(n, dtype=bool), np.ones(n)
+    st = faults.straggler
+    for i, c in enumerate(clients):
+        rng = np.random.default_rng((seed, 6, t, k, int(c)))
+        dropped[i] = rng.random() < faults.dropout
+        if st is not None:
+            slow[i] = max(1.0, rng.lognormal(0.0, st.sigma)) if st.distribution == "lognormal" \
+                else 1.0 + rng.pareto(st.shape)
+    return dropped, slow
+
+
 @dataclass
 class RoundContext:
     """Everything one global round's processes share."""
@@ -54,6 +79,7 @@ class RoundContext:
     seed: int
     group_rounds: int
     local_epochs: int
+    faults: FaultsConfig | None = None
 
 
 class Federation:
@@ -88,33 +114,47 @@ class Federation:
         """K group rounds (Alg. 1, Lines 8-14) for one sampled group."""
         ctx, env = self.ctx, self.ctx.env
         devices = [ctx.topology.client_device[c] for c in g.clients]
-        charges = ctx.cost.group_round(devices, g.n_samples, ctx.local_epochs)
-        weights = torch.as_tensor(g.n_samples / g.n_samples.sum(), dtype=x_t.dtype)
+        nominal = ctx.cost.group_round(devices, g.n_samples, ctx.local_epochs)
         x_g = x_t
         for k in range(ctx.group_rounds):
-            seeds = [client_seed(ctx.seed, t, k, int(c)) for c in g.clients]
-            local = ctx.engine.train(x_g, [int(c) for c in g.clients], ctx.local_epochs, seeds)
+            dropped, slow = draw_faults(ctx.faults, ctx.seed, t, k, g.clients)
+            alive = ~dropped
+            # a dropped client trained, then left before the group operations (Eq. 5 charges
+            # what it spent); survivors pay the secure-aggregation recovery for it
+            charges = {c: np.where(alive, v, 0.0) if c != TRAINING else v for c, v in nominal.items()}
+            if alive.any():
+                charges.update({c: np.where(alive, v, 0.0) for c, v in
+                                ctx.cost.recovery(devices, g.size, int(dropped.sum())).items()})
             start = env.now
-            members = [env.process(self._client(int(c), i, charges)) for i, c in enumerate(g.clients)]
+            members = [env.process(self._client(int(c), i, charges, slow[i], bool(dropped[i])))
+                       for i, c in enumerate(g.clients)]
             yield env.all_of(members)                                    # wait for the slowest member
             spans = np.array([p.value for p in members])                 # (member, component, [start,end])
             for ci, comp in enumerate(charges):
                 ctx.ledger.charge(round=t, edge=j, group=gid, group_round=k, clients=g.clients,
                                   devices=devices, component=comp, amounts=charges[comp],
                                   start=start + spans[:, ci, 0], end=start + spans[:, ci, 1])
-            x_g = weights @ local                                        # Line 14: Σ n_i/n_g x^i
+            if alive.any():                                              # else the group keeps x_g
+                seeds = [client_seed(ctx.seed, t, k, int(c)) for c in g.clients[alive]]
+                local = ctx.engine.train(x_g, [int(c) for c in g.clients[alive]], ctx.local_epochs, seeds)
+                n = g.n_samples[alive]
+                x_g = torch.as_tensor(n / n.sum(), dtype=x_t.dtype) @ local  # Line 14 over survivors
         return x_g
 
-    def _client(self, client: int, member: int, charges: dict[str, np.ndarray]):
-        """One client's group round; returns each component's (start, end) offset in the round."""
+    def _client(self, client: int, member: int, charges: dict[str, np.ndarray], slow: float = 1.0,
+                dropped: bool = False):
+        """One client's group round; returns each component's (start, end) offset in the round.
+        A dropped client stops after training: its later components are empty spans."""
         env, link = self.ctx.env, self.ctx.topology.client_link(client)
         nbytes = self.ctx.engine.model_bytes
         t0 = env.now
         yield env.timeout(link.transfer_time(nbytes))                    # edge -> client
         spans = []
-        for amounts in charges.values():                                 # E·H_i(n_i), then each O_g
+        for comp, amounts in charges.items():                            # E·H_i(n_i), each O_g, recovery
             begin = env.now - t0
-            yield env.timeout(float(amounts[member]))
+            if not (dropped and comp != TRAINING):
+                yield env.timeout(slow * float(amounts[member]))
             spans.append((begin, env.now - t0))
-        yield env.timeout(link.transfer_time(nbytes))                    # client -> edge
+        if not dropped:
+            yield env.timeout(link.transfer_time(nbytes))                # client -> edge
         return spans

@@ -139,6 +139,7 @@ class ArmState:
     t: int = 0
     weights: torch.Tensor | None = None
     sim_time: float = 0.0
+    round_time: float = 0.0   # simulated duration of the last global round
     ledger: CostLedger = field(default_factory=CostLedger)
     rows: list[dict] = field(default_factory=list)
 
@@ -154,14 +155,15 @@ def _versions() -> dict:
 
 
 def _save_checkpoint(path: Path, state: ArmState) -> None:
-    blob = {"t": state.t, "weights": state.weights, "sim_time": state.sim_time,
+    blob = {"t": state.t, "weights": state.weights, "sim_time": state.sim_time, "round_time": state.round_time,
             "ledger": state.ledger.state(), "rows": state.rows}
     atomic_write(path, lambda p: torch.save(blob, p))
 
 
 def _load_checkpoint(path: Path) -> ArmState:
     blob = torch.load(path, weights_only=False)
-    return ArmState(blob["t"], blob["weights"], blob["sim_time"], CostLedger.from_state(blob["ledger"]), blob["rows"])
+    return ArmState(blob["t"], blob["weights"], blob["sim_time"], blob.get("round_time", 0.0),
+                    CostLedger.from_state(blob["ledger"]), blob["rows"])
 
 
 def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
@@ -185,7 +187,7 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
         _evaluate(world, plan, state, grouping, sampled=[])
     env = simpy.Environment(initial_time=state.sim_time)
     fed = Federation(RoundContext(env, world.engine, world.cost, state.ledger, topo, cfg.seed,
-                                  tc.group_rounds, tc.local_epochs))
+                                  tc.group_rounds, tc.local_epochs, cfg.faults))
 
     def cost_table(groups: list[Group]) -> np.ndarray:
         """Eq. 5's inner term per group: K Σ_{i∈g} (Σ_ops O_g(|g|) + E·H_i(n_i))."""
@@ -227,6 +229,7 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
                 f"round {t}: the global model's norm grew {growth:.3g}x in one round under {plan.aggregation.name} "
                 f"aggregation (largest weight {weights.max():.3g}, sum {weights.sum():.3g}); use aggregation = "
                 f"\"stabilized\" (Eq. 39), a flatter sampling policy, or a lower train.lr")
+        state.round_time = float(env.now) - state.sim_time
         state.weights, state.t, state.sim_time = x, t + 1, float(env.now)
         acc = None
         if state.t % tc.eval_every == 0:
@@ -260,7 +263,8 @@ def _evaluate(world: World, plan: ArmPlan, state: ArmState, grouping: GroupingRe
     training = led.by_component.get(TRAINING, 0.0)
     state.rows.append({
         "arm": plan.arm.name, "round": state.t, "cost": led.total, "training_cost": training,
-        "overhead_cost": led.total - training, "sim_time_s": state.sim_time, "accuracy": acc, "loss": loss,
+        "overhead_cost": led.total - training, "sim_time_s": state.sim_time,
+        "round_time_s": state.round_time, "accuracy": acc, "loss": loss,
         "groups_sampled": len(sampled),
         "clients_sampled": int(sum(grouping.groups[g].size for g in sampled)),
         "avg_sampled_cov": float(np.mean([grouping.groups[g].cov for g in sampled])) if len(sampled) else np.nan})

@@ -47,7 +47,7 @@ def build_cost_model(config: RunConfig) -> CostModel:
     c = config.cost
     extra = read_profiles(c.profiles_file) if c.profiles_file else None
     profiles = {dev: get_profile(f"{dev}/{c.task}", extra) for dev in config.topology.devices}
-    return CostModel(profiles, c.training, tuple(c.group_operations))
+    return CostModel(profiles, c.training, tuple(c.group_operations), config.faults.recovery_multiple)
 
 
 def build_world(config: RunConfig) -> World:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from emulator.errors import DivergenceError, InputError
 
+from . import cost_cli, group_cli, grouping_studies
+
 
 def _cmd_run(args) -> int:
     from .runner import config_from_run_dir, default_config, load_config, run_experiment
@@ -44,13 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--force", action="store_true", help="replace a run of a different config in RUN_DIR")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.set_defaults(func=_cmd_run)
-    from .group_cli import add_group_parser
-    from .grouping_studies import add_study_parser
-    add_group_parser(sub)
-    add_study_parser(sub)
+    group_cli.add_group_parser(sub)
+    grouping_studies.add_study_parser(sub)
+    cost_cli.register(sub)
     return parser
-
-
 
 
 def main(argv: list[str] | None = None) -> int:

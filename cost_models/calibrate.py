@@ -1,0 +1,198 @@
+"""Calibration: fit cost curves to measured timings and write a profile ready to plug in.
+
+Group operations get O_g(s) = a·s² + b·s + c, training H(n) = a·n + b (Sec. 2.3, Eq. 5), by
+ordinary least squares with 95 % confidence intervals, R² and RMSE. A robust fit (soft-L1 loss,
+scale from the median absolute deviation) is also made; when points lie far from the OLS fit it
+is reported and written to the profile instead, because one preempted run should not bend a
+cost curve used for thousands of simulated rounds.
+"""
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import optimize, stats
+
+from emulator.errors import InputError
+
+from .profiles import uncommented
+
+X_COLUMNS = {"group_size": ("group_overhead", 2), "n_samples": ("training", 1)}
+OUTLIER_Z = 3.5   # robust z-score (residual / (1.4826·MAD)) beyond which a point is an outlier
+
+
+@dataclass(frozen=True)
+class Fit:
+    """One fitted curve; coefficients highest power first (numpy.polyval order)."""
+
+    device: str
+    operation: str          # profile operation: "group_overhead" or "training"
+    method: str
+    x_name: str
+    x: np.ndarray
+    y: np.ndarray
+    coef: np.ndarray
+    ci: np.ndarray          # half-width of the 95 % confidence interval per coefficient (nan: no dof)
+    r2: float
+    rmse: float
+    robust: np.ndarray
+    outliers: np.ndarray    # boolean mask over the points
+
+    @property
+    def has_outliers(self) -> bool:
+        return bool(self.outliers.any())
+
+    @property
+    def chosen(self) -> np.ndarray:
+        return self.robust if self.has_outliers else self.coef
+
+
+def read_measurements(paths: list[str | Path]) -> pd.DataFrame:
+    """Measurement CSVs (``#`` comment lines skipped) → one validated frame."""
+    frames = []
+    for path in map(Path, paths):
+        try:
+            lines = uncommented(path.read_text().splitlines())
+        except OSError as exc:
+            raise InputError(f"measurements {path}: cannot read ({exc.strerror}); check the path") from None
+        rows = list(csv.DictReader(lines))
+        cols = set(rows[0]) if rows else set(next(csv.reader(lines), []))
+        for need in ("operation", "seconds"):
+            if need not in cols:
+                raise InputError(f"{path}: missing column '{need}'; the header needs operation, "
+                                 f"group_size or n_samples, seconds")
+        if not cols & set(X_COLUMNS):
+            raise InputError(f"{path}: missing column 'group_size' or 'n_samples' (the x of the fit)")
+        if not rows:
+            raise InputError(f"{path}: no measurements below the header")
+        df = pd.DataFrame(rows).reindex(columns=["operation", "method", "device", *X_COLUMNS, "seconds"])
+        df["row"] = [f"{path} row {i}" for i in range(1, len(df) + 1)]
+        frames.append(df)
+    df = pd.concat(frames, ignore_index=True).replace("", np.nan)
+    for col in ("seconds", *X_COLUMNS):
+        num = pd.to_numeric(df[col], errors="coerce")
+        bad = df[col].notna() & num.isna() | (col == "seconds") & num.isna()
+        if bad.any():
+            i = bad.idxmax()
+            raise InputError(f"{df.at[i, 'row']}: column '{col}' must be a number, got {df.at[i, col]!r}")
+        df[col] = num
+    if (df["seconds"] < 0).any():
+        i = (df["seconds"] < 0).idxmax()
+        raise InputError(f"{df.at[i, 'row']}: seconds must be >= 0, got {df.at[i, 'seconds']}")
+    both = df["group_size"].notna() == df["n_samples"].notna()
+    if both.any():
+        raise InputError(f"{df.at[both.idxmax(), 'row']}: fill exactly one of group_size (group operations) "
+                         f"or n_samples (training)")
+    if df["operation"].isna().any():
+        raise InputError(f"{df.at[df['operation'].isna().idxmax(), 'row']}: column 'operation' is empty")
+    df["device"] = df["device"].astype(object).fillna("local")
+    df["method"] = df["method"].astype(object).fillna(df["operation"].where(df["operation"] != "training", "sgd"))
+    return df
+
+
+def fit_curve(x: np.ndarray, y: np.ndarray, degree: int, where: str) -> tuple[np.ndarray, np.ndarray, float,
+                                                                                float, np.ndarray, np.ndarray]:
+    """OLS polynomial fit with 95 % CIs, R², RMSE, plus a soft-L1 robust fit and outlier mask."""
+    p = degree + 1
+    if len(x) < p:
+        raise InputError(f"{where}: {len(x)} point(s) cannot fit {p} parameters; measure at least {p} points")
+    if len(np.unique(x)) < p:
+        raise InputError(f"{where}: {len(np.unique(x))} distinct x value(s) cannot fit {p} parameters; "
+                         f"measure at least {p} different sizes")
+    X = np.vander(x, p)
+    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+    resid = y - X @ coef
+    dof = len(x) - p
+    sse = float(resid @ resid)
+    rmse = float(np.sqrt(sse / len(x)))
+    sst = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - sse / sst if sst > 0 else 1.0
+    if dof > 0:
+        cov = sse / dof * np.linalg.inv(X.T @ X)
+        ci = stats.t.ppf(0.975, dof) * np.sqrt(np.diag(cov))
+    else:
+        ci = np.full(p, np.nan)
+    scale = 1.4826 * float(np.median(np.abs(resid - np.median(resid))))
+    scale = scale if scale > 0 else max(rmse, 1e-12)
+    robust = optimize.least_squares(lambda c: X @ c - y, coef, loss="soft_l1", f_scale=scale).x
+    outliers = np.abs(y - X @ robust) / scale > OUTLIER_Z
+    return coef, ci, r2, rmse, robust, outliers
+
+
+def calibrate(df: pd.DataFrame) -> list[Fit]:
+    """One fit per (device, operation, method) in the measurements."""
+    fits = []
+    for x_name, (operation, degree) in X_COLUMNS.items():
+        part = df[df[x_name].notna()]
+        for (device, method), g in part.groupby(["device", "method"], sort=True):
+            x, y = g[x_name].to_numpy(float), g["seconds"].to_numpy(float)
+            coef, ci, r2, rmse, robust, outliers = fit_curve(x, y, degree, f"{device}/{method} ({x_name})")
+            fits.append(Fit(device, operation, method, x_name, x, y, coef, ci, r2, rmse, robust, outliers))
+    return fits
+
+
+def report(fits: list[Fit]) -> str:
+    lines = []
+    for f in fits:
+        names = "abc"[: len(f.coef)]
+        form = "a·s² + b·s + c" if f.operation == "group_overhead" else "a·n + b"
+        lines.append(f"{f.device}/{f.method}: {f.operation} = {form}  ({len(f.x)} points, "
+                     f"R² = {f.r2:.4f}, RMSE = {f.rmse:.4g} s)")
+        for name, c, h in zip(names, f.coef, f.ci):
+            lines.append(f"  {name} = {c: .6g}  ± {h:.3g} (95% CI)" if np.isfinite(h) else
+                         f"  {name} = {c: .6g}  (no CI: as many points as parameters)")
+        if f.has_outliers:
+            rob = ", ".join(f"{n} = {c:.6g}" for n, c in zip(names, f.robust))
+            lines.append(f"  {int(f.outliers.sum())} outlier(s) at {f.x_name} = "
+                         f"{sorted(set(f.x[f.outliers].astype(int).tolist()))}; robust (soft-L1) fit: {rob}  "
+                         f"<- written to the profile")
+    return "\n".join(lines)
+
+
+def write_profile(fits: list[Fit], path: Path, task: str) -> Path:
+    """The CSV ``read_profiles`` reads (usable as ``cost.profiles_file`` in a run config)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["device", "task", "operation", "method", "a", "b", "c", "note"])
+        for f in fits:
+            c = [f"{v:.9g}" for v in f.chosen] + ([""] if f.operation == "training" else [])
+            note = (f"{'robust soft-L1' if f.has_outliers else 'least-squares'} fit of {len(f.x)} points, "
+                    f"{f.x_name} {f.x.min():g}..{f.x.max():g}, R2 {f.r2:.4f}")
+            w.writerow([f.device, task, f.operation, f.method, *c, note])
+    return path
+
+
+def plot_fit(f: Fit, path: Path) -> Path:
+    """Points, fitted curve (and robust fit when it differs) and residuals."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, res) = plt.subplots(2, 1, figsize=(6.4, 5.6), dpi=110, sharex=True,
+                                  gridspec_kw={"height_ratios": [3, 1.3]})
+    grid = np.linspace(f.x.min(), f.x.max(), 200)
+    ax.scatter(f.x[~f.outliers], f.y[~f.outliers], s=12, label="measured")
+    if f.has_outliers:
+        ax.scatter(f.x[f.outliers], f.y[f.outliers], s=24, marker="x", color="tab:red", label="outlier")
+        ax.plot(grid, np.polyval(f.robust, grid), "--", color="tab:green", label="robust fit")
+    ax.plot(grid, np.polyval(f.coef, grid), color="tab:orange", label=f"least squares (R² {f.r2:.3f})")
+    ax.set_ylabel("seconds")
+    ax.set_title(f"{f.device} / {f.method}")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    res.axhline(0, color="grey", linewidth=0.8)
+    res.scatter(f.x, f.y - np.polyval(f.coef, f.x), s=10)
+    res.set_xlabel(f.x_name.replace("_", " "))
+    res.set_ylabel("residual (s)")
+    res.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

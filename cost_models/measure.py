@@ -1,0 +1,181 @@
+"""Measurement harness: time real group operations and training on this machine.
+
+Writes the CSV that :mod:`cost_models.calibrate` reads: columns operation, method, device,
+group_size, n_samples, seconds (one row per repeat), after ``#`` comment lines that record the
+machine. Needs only numpy, torch and ``cryptography`` (runs on a Raspberry Pi; no GPU).
+"""
+from __future__ import annotations
+
+import csv
+import os
+import platform
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import astuple, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from emulator.errors import InputError
+from emulator.training import build_model
+
+from .secagg import time_secagg
+
+INPUT_SHAPE, NUM_CLASSES = (1, 8, 8), 10   # scikit-learn digits, the default emulation task
+
+
+@dataclass(frozen=True)
+class Measurement:
+    operation: str
+    method: str
+    device: str
+    group_size: int | None
+    n_samples: int | None
+    seconds: float
+
+
+def parse_sizes(text: str, where: str = "--sizes") -> list[int]:
+    """``2..30`` (inclusive), ``2..30:4`` (step 4) or ``2,5,10``."""
+    m = re.fullmatch(r"\s*(\d+)\s*\.\.\s*(\d+)\s*(?::\s*(\d+))?\s*", text)
+    try:
+        sizes = list(range(int(m[1]), int(m[2]) + 1, int(m[3] or 1))) if m else [int(s) for s in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise InputError(f"{where} {text!r}: give positive integers as LO..HI, LO..HI:STEP or A,B,C (e.g. 2..30)")
+    return sizes
+
+
+def machine_info() -> dict[str, str]:
+    """CPU model, cores, OS and library versions for the measurement file's header."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Model", "Hardware"):   # x86 / Raspberry Pi
+                cpu = value.strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": str(os.cpu_count()), "machine": platform.machine(),
+            "os": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+            "torch_threads": str(torch.get_num_threads()), "numpy": np.__version__}
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def default_params(model: str) -> int:
+    return sum(p.numel() for p in build_model(model, INPUT_SHAPE, NUM_CLASSES).parameters())
+
+
+def _sweep(sizes: list[int], repeats: int, work: Callable[[int], float]) -> Iterator[tuple[int, float]]:
+    """(size, seconds) for every repeat of every size. One untimed pass first, because the
+    first calls pay one-off costs (allocator, oneDNN kernel selection) that would bend the fit;
+    repeats go round all sizes so slow drift (other load, clock scaling) hits every size alike."""
+    for n in sizes:
+        work(n)
+    for _ in range(repeats):
+        for n in sizes:
+            yield n, work(n)
+
+
+def measure_secagg(sizes: list[int], params: int, repeats: int, device: str) -> Iterator[Measurement]:
+    """Per-client SecAgg time by group size, and the dropout-recovery time per survivor per
+    dropped client (``secagg-recovery``; needs a group of 3 or more so one can drop)."""
+    if min(sizes) < 2:
+        raise InputError(f"--sizes: secure aggregation needs groups of 2 or more, got {min(sizes)}")
+    recovery: dict[int, list[float]] = {}
+
+    def work(n: int) -> float:
+        per_client, rec = time_secagg(n, params, dropped=1 if n >= 3 else 0)
+        recovery.setdefault(n, []).append(rec)
+        return per_client
+
+    for n, seconds in _sweep(sizes, repeats, work):
+        yield Measurement("secagg", "secagg", device, n, None, seconds)
+        if n >= 3:
+            yield Measurement("secagg-recovery", "secagg-recovery", device, n, None, recovery[n][-1])
+
+
+def pairwise_distances(models: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cosine and euclidean distance matrices of a group's flat models (backdoor screening)."""
+    unit = nn.functional.normalize(models, dim=1)
+    return 1.0 - unit @ unit.T, torch.cdist(models, models)
+
+
+def measure_backdoor(sizes: list[int], params: int, repeats: int, device: str) -> Iterator[Measurement]:
+    """Each member screens the whole group: the full n × n distance matrices, O(n²·m)."""
+    gen = torch.Generator().manual_seed(0)
+    models = {n: torch.randn(n, params, generator=gen) for n in sizes}
+    for n, seconds in _sweep(sizes, repeats, lambda n: _timed(lambda: pairwise_distances(models[n]))):
+        yield Measurement("backdoor-distance", "backdoor-distance", device, n, None, seconds)
+
+
+def measure_training(sizes: list[int], model: str, repeats: int, device: str,
+                     batch_size: int = 32, lr: float = 0.05) -> Iterator[Measurement]:
+    """One local epoch of minibatch SGD over n samples (H(n), Eq. 5), on digits-shaped data."""
+    gen = torch.Generator().manual_seed(0)
+    net = build_model(model, INPUT_SHAPE, NUM_CLASSES)
+    opt = torch.optim.SGD(net.parameters(), lr=lr)
+    loss = nn.CrossEntropyLoss()
+    data = {n: (torch.randn(n, *INPUT_SHAPE, generator=gen), torch.randint(0, NUM_CLASSES, (n,), generator=gen))
+            for n in sizes}
+
+    def epoch(n: int) -> None:
+        x, y = data[n]
+        for b in range(0, n, batch_size):
+            opt.zero_grad(set_to_none=True)
+            loss(net(x[b:b + batch_size]), y[b:b + batch_size]).backward()
+            opt.step()
+
+    for n, seconds in _sweep(sizes, repeats, lambda n: _timed(lambda: epoch(n))):
+        yield Measurement("training", "sgd", device, None, n, seconds)
+
+
+def write_measurements(path: Path, rows: list[Measurement], header: dict[str, str]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        for key, value in header.items():
+            f.write(f"# {key}: {value}\n")
+        w = csv.writer(f)
+        w.writerow([fl.name for fl in fields(Measurement)])
+        w.writerows(["" if v is None else (f"{v:.9g}" if isinstance(v, float) else v) for v in astuple(r)]
+                    for r in rows)
+    return path
+
+
+def measure(kind: str, sizes: list[int], *, repeats: int = 3, params: int | None = None, model: str = "cnn",
+            device: str = "local", threads: int = 1) -> tuple[list[Measurement], dict[str, str]]:
+    """Run one harness; returns its rows and the header describing the machine and settings.
+
+    ``threads`` caps torch's intra-op threads (default 1): a client's work is timed on one core,
+    which is reproducible; on a shared machine torch's thread pool otherwise spins and timings
+    scatter by 10×.
+    """
+    if repeats < 1 or threads < 1:
+        raise InputError("--repeats and --threads must be >= 1")
+    harness = {"secagg": lambda: measure_secagg(sizes, params, repeats, device),
+               "backdoor": lambda: measure_backdoor(sizes, params, repeats, device),
+               "training": lambda: measure_training(sizes, model, repeats, device)}
+    if kind not in harness:
+        raise InputError(f"measure: unknown operation {kind!r}; choose secagg, backdoor or training")
+    params = params or default_params(model)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        rows = list(harness[kind]())
+        info = machine_info()
+    finally:
+        torch.set_num_threads(before)
+    header = {"groupfel measure": kind, **info, "model": model,
+              "params": str(params) if kind != "training" else str(default_params(model)),
+              "repeats": str(repeats)}
+    return rows, header

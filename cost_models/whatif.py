@@ -1,0 +1,108 @@
+"""What-if: Eq. 5's cost per global round across group sizes, without training or SimPy.
+
+For each group size s, N clients (sample counts n_i drawn once) are split at random into groups
+of s (the N mod s left over join groups, making some of size s + 1); each global round samples S
+groups uniformly without replacement, and a sampled group g costs K Σ_{i∈g} (O_g(|g|) + E·H(n_i))
+(Eq. 5), split into training and group operations — the table behind the paper's Fig. 2(a).
+All per-group sums are vectorised; only the T per-round draws loop (numpy's Floyd sampling).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from emulator.errors import InputError
+
+from .curves import Curve
+
+
+@dataclass(frozen=True)
+class Scenario:
+    clients: int = 100_000
+    samples_mean: float = 50.0
+    samples_std: float | None = None      # default: Poisson spread around the mean
+    rounds: int = 1000                    # T
+    group_rounds: int = 5                 # K
+    local_epochs: int = 2                 # E
+    groups_per_round: int | None = None   # S; default: enough groups for `participation` of clients
+    participation: float = 0.1
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("clients", "rounds", "group_rounds", "local_epochs"):
+            if getattr(self, name) < 1:
+                raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.samples_mean <= 0 or not 0 < self.participation <= 1:
+            raise InputError("--samples-mean must be > 0 and participation in (0, 1]")
+        if self.groups_per_round is not None and self.groups_per_round < 1:
+            raise InputError(f"--groups-per-round must be >= 1, got {self.groups_per_round}")
+
+    def sample_counts(self) -> np.ndarray:
+        rng = np.random.default_rng((self.seed, 0))
+        n = (rng.poisson(self.samples_mean, self.clients) if self.samples_std is None
+             else np.round(rng.normal(self.samples_mean, self.samples_std, self.clients)))
+        return np.maximum(n, 1).astype(float)
+
+
+def group_costs(s: int, n: np.ndarray, overhead: Curve, training: Curve, sc: Scenario,
+                rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sizes, training cost, operation cost) of each group for one round of the Eq. 5 sum."""
+    n_groups = len(n) // s
+    sizes = np.full(n_groups, s) + (np.arange(n_groups) < len(n) - n_groups * s)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    h = training(rng.permutation(n))
+    train = sc.group_rounds * sc.local_epochs * np.add.reduceat(h, starts)
+    ops = sc.group_rounds * sizes * overhead(sizes)
+    return sizes, train, ops
+
+
+def sweep(group_sizes: list[int], overhead: Curve, training: Curve, sc: Scenario) -> pd.DataFrame:
+    """One row per group size: mean (and std over rounds) cost per global round, and its split."""
+    n = sc.sample_counts()
+    rows = []
+    for s in group_sizes:
+        if not 1 <= s <= sc.clients:
+            raise InputError(f"--group-sizes: {s} must be in 1..{sc.clients} (the number of clients)")
+        rng = np.random.default_rng((sc.seed, 1, s))
+        sizes, train, ops = group_costs(s, n, overhead, training, sc, rng)
+        n_groups = len(sizes)
+        S = sc.groups_per_round or max(1, round(sc.participation * sc.clients / s))
+        S = min(S, n_groups)
+        picks = np.stack([rng.choice(n_groups, S, replace=False) for _ in range(sc.rounds)])
+        t_round, o_round = train[picks].sum(axis=1), ops[picks].sum(axis=1)
+        total = t_round + o_round
+        rows.append({"group_size": s, "groups": n_groups, "groups_per_round": S,
+                     "clients_per_round": float(sizes[picks].sum(axis=1).mean()),
+                     "per_client_overhead": float(overhead(s)),
+                     "training_per_round": float(t_round.mean()), "operations_per_round": float(o_round.mean()),
+                     "total_per_round": float(total.mean()), "total_per_round_std": float(total.std()),
+                     "operations_share": float(o_round.sum() / total.sum()),
+                     "total_all_rounds": float(total.sum())})
+    return pd.DataFrame(rows)
+
+
+def plot_sweep(df: pd.DataFrame, path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
+    s = df["group_size"]
+    ax.plot(s, df["total_per_round"], marker="o", ms=3, label="total")
+    ax.plot(s, df["training_per_round"], marker="o", ms=3, label="training (E·H)")
+    ax.plot(s, df["operations_per_round"], marker="o", ms=3, label="group operations (O_g)")
+    ax.set_xlabel("group size |g|")
+    ax.set_ylabel("cost per global round, Eq. 5 (device s)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    ax.set_title(title, fontsize=9)
+    ax2.plot(s, df["per_client_overhead"], marker="o", ms=3, color="tab:green")
+    ax2.set_xlabel("group size |g|")
+    ax2.set_ylabel("per-client overhead O_g(|g|) (s)")
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -1,0 +1,144 @@
+"""Cost subcommands: ``measure``, ``calibrate``, ``whatif`` and ``timeline``.
+
+:func:`register` adds them to the main parser; each handler imports its work lazily so the
+other subcommands start fast.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _cmd_measure(args) -> int:
+    from cost_models.measure import measure, parse_sizes, write_measurements
+
+    default = "16..256:16" if args.operation == "training" else "2..30"
+    sizes = parse_sizes(args.sizes or default)
+    rows, header = measure(args.operation, sizes, repeats=args.repeats, params=args.params, model=args.model,
+                           device=args.device, threads=args.threads)
+    out = write_measurements(Path(args.out or f"measurements-{args.operation}.csv"), rows, header)
+    by_size: dict[tuple[str, int], list[float]] = {}
+    for r in rows:
+        by_size.setdefault((r.operation, r.group_size or r.n_samples), []).append(r.seconds)
+    x_name = "n_samples" if args.operation == "training" else "group_size"
+    print(f"{'operation':<18}{x_name:>11}{'median s':>12}{'min s':>12}")
+    for (op, x), secs in by_size.items():
+        print(f"{op:<18}{x:>11}{sorted(secs)[len(secs) // 2]:>12.4g}{min(secs):>12.4g}")
+    print(f"\nmachine: {header['cpu']}, {header['cores']} cores, torch {header['torch']}")
+    print(f"wrote {out}; fit it with: python -m experiments.cli calibrate {out}")
+    return 0
+
+
+def _cmd_calibrate(args) -> int:
+    from cost_models.calibrate import calibrate, plot_fit, read_measurements, report, write_profile
+
+    fits = calibrate(read_measurements(args.measurements))
+    out = Path(args.out)
+    print(report(fits))
+    profile = write_profile(fits, out / "profile.csv", args.task)
+    plots = [plot_fit(f, out / f"fit-{f.device}-{f.method}.png") for f in fits]
+    print(f"\nprofile: {profile}  (use it as cost.profiles_file with cost.task = \"{args.task}\" and "
+          f"topology.devices naming {sorted({f.device for f in fits})})")
+    print("plots:   " + ", ".join(str(p) for p in plots))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    m = sub.add_parser("measure", help="time real group operations or training on this machine")
+    m.add_argument("operation", choices=["secagg", "backdoor", "training"])
+    m.add_argument("--sizes", help="group sizes (or sample counts for training): LO..HI[:STEP] or A,B,C "
+                                   "(default 2..30; training 16..256:16)")
+    m.add_argument("--repeats", type=int, default=3, help="measurements per size (default 3)")
+    m.add_argument("--params", type=int, help="model parameters for secagg/backdoor (default: --model's)")
+    m.add_argument("--model", default="cnn", choices=["cnn", "mlp"], help="model (emulator.training.build_model)")
+    m.add_argument("--threads", type=int, default=1, help="torch threads while timing (default 1: one core)")
+    m.add_argument("--device", default="local", help="device name written to the CSV (default local)")
+    m.add_argument("--out", metavar="FILE.csv", help="output (default measurements-OPERATION.csv)")
+    m.set_defaults(func=_cmd_measure)
+
+    c = sub.add_parser("calibrate", help="fit cost curves to measurements; write a profile and plots")
+    c.add_argument("measurements", nargs="+", metavar="MEASUREMENTS.csv",
+                   help="columns operation, group_size or n_samples, seconds [, method, device]")
+    c.add_argument("--out", default="calibration", metavar="DIR", help="output directory (default calibration)")
+    c.add_argument("--task", default="measured", help="task name of the written profile (default measured)")
+    c.set_defaults(func=_cmd_calibrate)
+    register_whatif(sub)
+    register_timeline(sub)
+
+
+def _cmd_whatif(args) -> int:
+    import time
+
+    from cost_models import get_curve, get_profile, read_profiles
+    from cost_models.measure import parse_sizes
+    from cost_models.whatif import Scenario, plot_sweep, sweep
+    from emulator.errors import InputError
+
+    extra = read_profiles(args.profiles_file) if args.profiles_file else None
+    prof, kind, overhead = get_curve(args.profile, extra)
+    if kind != "group_overhead":
+        raise InputError(f"--profile {args.profile!r}: name a group operation (e.g. .../secagg), not a training curve")
+    if args.training not in prof.training:
+        raise InputError(f"--training: {prof.name} has no training curve {args.training!r}; "
+                         f"choose one of {sorted(prof.training)}")
+    sc = Scenario(clients=args.clients, samples_mean=args.samples_mean, rounds=args.rounds,
+                  group_rounds=args.group_rounds, local_epochs=args.local_epochs,
+                  groups_per_round=args.groups_per_round, participation=args.participation, seed=args.seed)
+    t0 = time.perf_counter()
+    df = sweep(parse_sizes(args.group_sizes, "--group-sizes"), overhead, prof.training[args.training], sc)
+    elapsed = time.perf_counter() - t0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / "whatif.csv", index=False)
+    title = (f"{args.profile} + {args.training}; {sc.clients} clients, T={sc.rounds}, K={sc.group_rounds}, "
+             f"E={sc.local_epochs}")
+    plot_sweep(df, out / "whatif.png", title)
+    cols = ["group_size", "groups_per_round", "clients_per_round", "training_per_round", "operations_per_round",
+            "total_per_round", "operations_share"]
+    print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    best = df.loc[df["total_per_round"].idxmin()]
+    print(f"\ncheapest per round: group size {int(best.group_size)} ({best.total_per_round:.4g} device s/round)")
+    print(f"swept {len(df)} group sizes × {sc.rounds} rounds × {sc.clients} clients in {elapsed:.2f} s")
+    print(f"table: {out / 'whatif.csv'}\nplot:  {out / 'whatif.png'}")
+    return 0
+
+
+def register_whatif(sub: argparse._SubParsersAction) -> None:
+    w = sub.add_parser("whatif", help="Eq. 5 cost per global round across group sizes (no training)")
+    w.add_argument("--group-sizes", default="2..40", help="LO..HI[:STEP] or A,B,C (default 2..40)")
+    w.add_argument("--profile", default="raspberry-pi-4/cifar10-resnet/secagg",
+                   help="device/task/operation curve for O_g (default raspberry-pi-4/cifar10-resnet/secagg)")
+    w.add_argument("--profiles-file", help="extra profile file (CSV or TOML) to look --profile up in")
+    w.add_argument("--training", default="sgd", help="training method of the profile for H (default sgd)")
+    w.add_argument("--clients", type=int, default=10_000)
+    w.add_argument("--samples-mean", type=float, default=50.0, help="mean samples per client (Poisson)")
+    w.add_argument("--rounds", type=int, default=100, help="global rounds T")
+    w.add_argument("--group-rounds", type=int, default=5, help="K")
+    w.add_argument("--local-epochs", type=int, default=2, help="E")
+    w.add_argument("--groups-per-round", type=int, help="S (default: groups holding --participation of clients)")
+    w.add_argument("--participation", type=float, default=0.1, help="share of clients per round when S is unset")
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--out", default="whatif", metavar="DIR", help="output directory (default whatif)")
+    w.set_defaults(func=_cmd_whatif)
+
+
+def _cmd_timeline(args) -> int:
+    from .timeline import load_round, plot_timeline, summary
+
+    arm_dir = Path(args.arm_dir)
+    rows = load_round(arm_dir, args.round)
+    out = Path(args.out or arm_dir / f"timeline-round{args.round}.png")
+    plot_timeline(rows, out, f"{arm_dir.name}: global round {args.round}")
+    print(summary(rows).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(f"\nround {args.round}: charged work spans {rows['start'].min():.4g}..{rows['end'].max():.4g} s "
+          f"(simulated); Eq. 5 cost {rows['amount'].sum():.6g}")
+    print(f"plot: {out}")
+    return 0
+
+
+def register_timeline(sub: argparse._SubParsersAction) -> None:
+    t = sub.add_parser("timeline", help="Gantt chart of one global round from RUN_DIR/ARM/ledger.parquet")
+    t.add_argument("arm_dir", metavar="RUN_DIR/ARM")
+    t.add_argument("--round", type=int, default=0, help="global round (default 0)")
+    t.add_argument("--out", metavar="FILE.png", help="default RUN_DIR/ARM/timeline-roundN.png")
+    t.set_defaults(func=_cmd_timeline)

@@ -1,0 +1,56 @@
+"""Gantt-like timeline of one global round from an arm's ledger (start/end of every charge)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from emulator.errors import InputError
+
+
+def load_round(arm_dir: Path, round_: int) -> pd.DataFrame:
+    path = Path(arm_dir) / "ledger.parquet"
+    if not path.exists():
+        raise InputError(f"timeline: no ledger.parquet in {arm_dir}; give RUN_DIR/ARM of a finished run")
+    led = pd.read_parquet(path)
+    rows = led[led["round"] == round_]
+    if rows.empty:
+        have = sorted(led["round"].unique().tolist())
+        raise InputError(f"--round {round_}: not in the ledger; rounds run: {have[0]}..{have[-1]}" if have else
+                         "timeline: the ledger is empty (no rounds were run)")
+    return rows.astype({"component": str, "device": str})
+
+
+def plot_timeline(rows: pd.DataFrame, path: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    order = rows[["edge", "group", "client"]].drop_duplicates().sort_values(["edge", "group", "client"])
+    ypos = {c: i for i, c in enumerate(order["client"])}
+    comps = sorted(rows["component"].unique(), key=lambda c: (c != "training", c))
+    colors = dict(zip(comps, plt.get_cmap("tab10").colors))
+    fig, ax = plt.subplots(figsize=(10, max(2.5, 0.22 * len(ypos) + 1.2)), dpi=110)
+    live = rows[rows["end"] > rows["start"]]
+    for comp, part in live.groupby("component"):
+        ax.barh([ypos[c] for c in part["client"]], part["end"] - part["start"], left=part["start"], height=0.7,
+                color=colors[comp], label=comp)
+    ax.set_yticks(range(len(ypos)))
+    ax.set_yticklabels([f"e{e} g{g} c{c}" for e, g, c in order.itertuples(index=False)], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("simulated time (s)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path)
+
+
+def summary(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per group round of each group: members, busy span, and the Eq. 5 charge."""
+    g = rows.groupby(["edge", "group", "group_round"])
+    return pd.DataFrame({"members": g["client"].nunique(), "start": g["start"].min(), "end": g["end"].max(),
+                         "cost": g["amount"].sum()}).reset_index()

@@ -1,0 +1,85 @@
+"""Calibration: recovers known curves from noisy points, flags outliers, refuses bad files."""
+import numpy as np
+import pytest
+
+from cost_models import read_profiles
+from cost_models.calibrate import calibrate, fit_curve, read_measurements, write_profile
+from cost_models.measure import parse_sizes
+from emulator.errors import InputError
+from experiments.cli import main
+
+
+def _write(path, text):
+    path.write_text(text)
+    return path
+
+
+def _synthetic(tmp_path, outlier=False):
+    rng = np.random.default_rng(0)
+    sizes = np.repeat(np.arange(2, 31, 2), 3)
+    secs = 0.016 * sizes**2 - 0.02 * sizes + 0.55 + rng.normal(0, 0.05, len(sizes))
+    if outlier:
+        secs[5] += 5.0
+    n = np.repeat(np.arange(20, 201, 20), 2)
+    train = 0.07 * n + 0.3 + rng.normal(0, 0.1, len(n))
+    lines = ["# cpu: test", "operation,device,group_size,n_samples,seconds"]
+    lines += [f"secagg,pi,{s},,{t}" for s, t in zip(sizes, secs)]
+    lines += [f"training,pi,,{k},{t}" for k, t in zip(n, train)]
+    return _write(tmp_path / "m.csv", "\n".join(lines) + "\n")
+
+
+def test_fit_recovers_known_coefficients(tmp_path):
+    fits = {f.method: f for f in calibrate(read_measurements([_synthetic(tmp_path)]))}
+    sa, sgd = fits["secagg"], fits["sgd"]
+    assert np.all(np.abs(sa.coef - np.array([0.016, -0.02, 0.55])) <= [0.002, 0.06, 0.15])
+    assert np.all(np.abs(sa.coef - [0.016, -0.02, 0.55]) <= sa.ci * 1.5)   # truth inside (a widened) CI
+    assert np.all(np.abs(sgd.coef - np.array([0.07, 0.3])) <= [0.002, 0.2])
+    assert sa.r2 > 0.99 and sgd.r2 > 0.99 and not sa.has_outliers
+    assert sgd.operation == "training" and sa.operation == "group_overhead"
+
+
+def test_outlier_triggers_robust_fit_that_ignores_it(tmp_path):
+    sa = next(f for f in calibrate(read_measurements([_synthetic(tmp_path, outlier=True)])) if f.method == "secagg")
+    assert sa.has_outliers and sa.outliers.sum() == 1
+    assert abs(sa.robust[2] - 0.55) < abs(sa.coef[2] - 0.55)   # OLS intercept is pulled, robust is not
+    assert np.all(np.abs(sa.robust - np.array([0.016, -0.02, 0.55])) <= [0.002, 0.06, 0.15])
+
+
+def test_written_profile_reads_back(tmp_path):
+    fits = calibrate(read_measurements([_synthetic(tmp_path)]))
+    prof = read_profiles(write_profile(fits, tmp_path / "profile.csv", "mytask"))["pi/mytask"]
+    sa = next(f for f in fits if f.method == "secagg")
+    assert prof.group_overhead["secagg"](10) == pytest.approx(np.polyval(sa.coef, 10))
+    assert "sgd" in prof.training
+
+
+@pytest.mark.parametrize("text, match", [
+    ("operation,group_size\nsecagg,3\n", "missing column 'seconds'"),
+    ("operation,seconds\nsecagg,3\n", "group_size' or 'n_samples"),
+    ("group_size,seconds\n3,1\n", "missing column 'operation'"),
+    ("operation,group_size,seconds\nsecagg,3,fast\n", "row 1: column 'seconds' must be a number, got 'fast'"),
+    ("operation,group_size,seconds\nsecagg,3,1\nsecagg,4,-0.5\n", "row 2: seconds must be >= 0"),
+    ("operation,group_size,seconds\nsecagg,3,1\nsecagg,4,2\n", "2 point\\(s\\) cannot fit 3 parameters"),
+    ("operation,group_size,seconds\nsecagg,3,1\nsecagg,3,2\nsecagg,3,2\n", "1 distinct x value"),
+    ("operation,group_size,n_samples,seconds\nsecagg,3,5,1\n", "exactly one of group_size"),
+])
+def test_bad_measurements_refused_with_one_line(tmp_path, text, match, capsys):
+    path = _write(tmp_path / "bad.csv", text)
+    with pytest.raises(InputError, match=match):
+        calibrate(read_measurements([path]))
+    assert main(["calibrate", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error:" in err
+
+
+def test_no_ci_when_points_equal_parameters():
+    _, ci, *_ = fit_curve(np.array([1.0, 2.0]), np.array([1.0, 3.0]), 1, "x")
+    assert np.all(np.isnan(ci))
+
+
+def test_parse_sizes():
+    assert parse_sizes("2..6") == [2, 3, 4, 5, 6]
+    assert parse_sizes("2..10:4") == [2, 6, 10]
+    assert parse_sizes("3,5") == [3, 5]
+    with pytest.raises(InputError):
+        parse_sizes("two..five")
