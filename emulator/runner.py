@@ -197,7 +197,7 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
 
     group_cost = cost_table(grouping.groups)
     log_p = plan.sampling.log_probabilities(np.array([g.cov for g in grouping.groups]))
-    stop_reason, S = "rounds", None
+    stop_reason, S, ran = "rounds", None, []   # ran: the groups of the last round run
     while tc.rounds is None or state.t < tc.rounds:
         t = state.t
         if regroup and t > 0 and t % regroup == 0 and t != epoch:   # Sec. 5.2
@@ -230,7 +230,7 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
                 f"aggregation (largest weight {weights.max():.3g}, sum {weights.sum():.3g}); use aggregation = "
                 f"\"stabilized\" (Eq. 39), a flatter sampling policy, or a lower train.lr")
         state.round_time = float(env.now) - state.sim_time
-        state.weights, state.t, state.sim_time = x, t + 1, float(env.now)
+        state.weights, state.t, state.sim_time, ran = x, t + 1, float(env.now), chosen
         acc = None
         if state.t % tc.eval_every == 0:
             acc = _evaluate(world, plan, state, grouping, chosen)
@@ -239,7 +239,7 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
         if on_round:
             on_round(state.t, state.ledger.total, acc)
     if state.rows[-1]["round"] != state.t:
-        _evaluate(world, plan, state, grouping, [])
+        _evaluate(world, plan, state, grouping, ran)
     df = _write_results(arm_dir, state)
     atomic_write(arm_dir / "ledger.parquet", lambda p: state.ledger.frame().to_parquet(p, index=False))
     write_json(arm_dir / "manifest.json", {
