@@ -15,7 +15,7 @@ class _Strict(BaseModel):
 
 
 class DataConfig(_Strict):
-    dataset: Literal["digits", "fashion-mnist", "fsdd"] = "digits"
+    dataset: Literal["digits", "fashion-mnist", "fsdd", "cifar10", "speech-commands"] = "digits"
     path: str | None = None
     partition: Literal["dirichlet"] = "dirichlet"
     alpha: float = Field(0.1, gt=0)

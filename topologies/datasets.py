@@ -4,6 +4,10 @@
 * ``fashion-mnist``: idx files of Debian's ``dataset-fashion-mnist`` package
   (/usr/share/datasets/fashion-mnist), or the directory in ``path`` / $GROUPFEL_FASHION_MNIST.
 * ``fsdd``: Free Spoken Digit Dataset WAV recordings, as log-mel spectrograms (1×32×32).
+* ``cifar10``: the python-pickle batches of CIFAR-10 (``data_batch_1..5``, ``test_batch``) in ``path``.
+* ``speech-commands``: Speech Commands' layout in ``path`` (one folder of 16 kHz WAVs per label,
+  ``testing_list.txt`` and ``validation_list.txt``), as log-mel spectrograms (1×32×32); the test set
+  is the testing list, training is everything else but the validation list.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import numpy as np
 from emulator.errors import InputError
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
-DATASETS = ("digits", "fashion-mnist", "fsdd")
+DATASETS = ("digits", "fashion-mnist", "fsdd", "cifar10", "speech-commands")
 
 
 @dataclass(frozen=True)
@@ -39,11 +43,13 @@ def load_dataset(name: str, path: str | None = None) -> Dataset:
         return _digits()
     if name == "fashion-mnist":
         return _fashion_mnist(path or os.environ.get("GROUPFEL_FASHION_MNIST") or FASHION_MNIST_DIR)
-    if name == "fsdd":
+    if name in ("fsdd", "cifar10", "speech-commands"):
         if not path:
-            raise InputError("data.path: the fsdd dataset needs the directory of its recordings "
-                             "(e.g. path = \"../shared/data/fsdd\")")
-        return _fsdd(Path(path))
+            raise InputError(f"data.path: the {name} dataset needs its directory (e.g. path = \"data/{name}\")")
+        directory = Path(path)
+        if not directory.is_dir():
+            raise InputError(f"data.path: {directory} is not a directory; point it at the {name} files")
+        return {"fsdd": _fsdd, "cifar10": _cifar10, "speech-commands": _speech_commands}[name](directory)
     raise InputError(f"data.dataset: unknown dataset {name!r}; choose one of {list(DATASETS)}")
 
 
@@ -98,11 +104,11 @@ def _fashion_mnist(directory: str) -> Dataset:
     return Dataset("fashion-mnist", x_tr, y_tr, x_te, y_te, 10)
 
 
-def _log_mel(signal: np.ndarray, rate: int, n_mels: int = 32, frames: int = 32) -> np.ndarray:
+def _log_mel(signal: np.ndarray, rate: int, n_mels: int = 32, frames: int = 32, n_fft: int = 256,
+             hop: int = 128) -> np.ndarray:
     from scipy.signal import stft
 
-    n_fft = 256
-    _, _, z = stft(signal, fs=rate, nperseg=n_fft, noverlap=n_fft // 2, boundary=None)
+    _, _, z = stft(signal, fs=rate, nperseg=n_fft, noverlap=n_fft - hop, boundary=None)
     power = np.abs(z) ** 2                                     # (freq, time)
     mel = lambda f: 2595.0 * np.log10(1.0 + f / 700.0)         # noqa: E731
     edges = 700.0 * (10 ** (np.linspace(0, mel(rate / 2), n_mels + 2) / 2595.0) - 1.0)
@@ -117,8 +123,6 @@ def _log_mel(signal: np.ndarray, rate: int, n_mels: int = 32, frames: int = 32) 
 
 
 def _fsdd(directory: Path) -> Dataset:
-    from scipy.io import wavfile
-
     rec = directory / "recordings" if (directory / "recordings").is_dir() else directory
     files = sorted(rec.glob("*.wav"))
     if not files:
@@ -128,13 +132,72 @@ def _fsdd(directory: Path) -> Dataset:
         parts = f.stem.split("_")
         if len(parts) != 3 or not parts[0].isdigit() or not parts[2].isdigit():
             raise InputError(f"{f}: FSDD file names are {{digit}}_{{speaker}}_{{index}}.wav")
-        rate, sig = wavfile.read(f)
-        sig = sig.astype(np.float32)
-        if sig.ndim > 1:
-            sig = sig.mean(axis=1)
-        xs.append(_log_mel(sig / (np.abs(sig).max() or 1.0), rate))
+        rate, sig = _read_wav(f)
+        xs.append(_log_mel(sig, rate))
         ys.append(int(parts[0]))
         test.append(int(parts[2]) < 5)  # the conventional split: index 0-4 is the test set
     x, y, test = np.stack(xs)[:, None], np.array(ys, dtype=np.int64), np.array(test)
     x_tr, x_te = _standardize(x[~test], x[test])
     return Dataset("fsdd", x_tr, y[~test], x_te, y[test], 10)
+
+
+def _read_wav(path: Path) -> tuple[int, np.ndarray]:
+    from scipy.io import wavfile
+
+    try:
+        rate, sig = wavfile.read(path)
+    except ValueError as exc:
+        raise InputError(f"{path}: not a readable WAV file ({exc})") from None
+    sig = sig.astype(np.float32)
+    if sig.ndim > 1:
+        sig = sig.mean(axis=1)
+    return rate, sig / (np.abs(sig).max() or 1.0)
+
+
+def _cifar10(directory: Path) -> Dataset:
+    import pickle
+
+    d = directory / "cifar-10-batches-py" if (directory / "cifar-10-batches-py").is_dir() else directory
+
+    def batch(name: str) -> tuple[np.ndarray, np.ndarray]:
+        f = d / name
+        if not f.exists():
+            raise InputError(f"data.path: CIFAR-10 batch {name} not found in {d}; give the directory of the "
+                             f"python version (data_batch_1..5, test_batch)")
+        with open(f, "rb") as fh:
+            raw = pickle.load(fh, encoding="bytes")
+        x = np.asarray(raw[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32).astype(np.float32) / 255.0
+        return x, np.asarray(raw[b"labels"], dtype=np.int64)
+
+    parts = [batch(f"data_batch_{i}") for i in range(1, 6)]
+    x_te, y_te = batch("test_batch")
+    x_tr, x_te = _standardize(np.concatenate([p[0] for p in parts]), x_te)
+    return Dataset("cifar10", x_tr, np.concatenate([p[1] for p in parts]), x_te, y_te, 10)
+
+
+def _speech_commands(directory: Path) -> Dataset:
+    labels = sorted(p.name for p in directory.iterdir() if p.is_dir() and not p.name.startswith("_"))
+    if not labels:
+        raise InputError(f"data.path: no label folders in {directory}; give the Speech Commands directory")
+
+    def listed(name: str) -> set[str]:
+        f = directory / name
+        return set(f.read_text().split()) if f.exists() else set()
+
+    test, valid = listed("testing_list.txt"), listed("validation_list.txt")
+    xs, ys, is_test = [], [], []
+    for y, label in enumerate(labels):
+        for f in sorted((directory / label).glob("*.wav")):
+            rel = f"{label}/{f.name}"
+            if rel in valid:
+                continue
+            rate, sig = _read_wav(f)
+            # ~32 frames for a one-second clip
+            xs.append(_log_mel(sig, rate, n_fft=512, hop=max(1, rate // 32)))
+            ys.append(y)
+            is_test.append(rel in test)
+    x, y, is_test = np.stack(xs)[:, None], np.array(ys, dtype=np.int64), np.array(is_test)
+    if not is_test.any() or is_test.all():
+        raise InputError(f"data.path: {directory}/testing_list.txt must name some, not all, of the recordings")
+    x_tr, x_te = _standardize(x[~is_test], x[is_test])
+    return Dataset("speech-commands", x_tr, y[~is_test], x_te, y[is_test], len(labels))
