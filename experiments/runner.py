@@ -66,12 +66,18 @@ def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: boo
         if manifest.exists() and json.loads(manifest.read_text()).get("complete"):
             frames.append(pd.read_csv(arm_dir / "results.csv"))
             continue
-        bar = tqdm(total=config.train.rounds, desc=plan.arm.name, unit="round", disable=not progress,
-                   leave=True, dynamic_ncols=True)
+        # A budgeted run is tracked by the budget spent, since its number of rounds is unknown.
+        by_cost = config.train.budget is not None
+        bar = tqdm(total=config.train.budget if by_cost else config.train.rounds, desc=plan.arm.name,
+                   unit="cost" if by_cost else "round", disable=not progress, leave=True, dynamic_ncols=True,
+                   bar_format="{l_bar}{bar}| {n:.4g}/{total:.4g} {unit} [{elapsed}<{remaining}{postfix}]")
+        last_acc = [float("nan")]
 
         def tick(t, cost, acc, bar=bar):
-            bar.n = t
-            bar.set_postfix(cost=f"{cost:.4g}", acc="" if acc is None else f"{acc:.3f}", refresh=False)
+            bar.n = cost if by_cost else t
+            if acc is not None:
+                last_acc[0] = acc
+            bar.set_postfix(round=t, acc=f"{last_acc[0]:.3f}", refresh=False)
             bar.refresh()
 
         try:
