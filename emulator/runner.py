@@ -70,7 +70,12 @@ class GroupingResult:
     groups: list[Group]
     dropped: int
     leftover_clients: int
-    probe_cost: float = 0.0  # Eq. 5 training cost of the gradient probe (not in the ledger)
+    # (edge, clients, E=1 training cost of each) of the gradient probe, for policies that need one
+    probe: list[tuple[int, np.ndarray, np.ndarray]] = field(default_factory=list)
+
+    @property
+    def probe_cost(self) -> float:
+        return float(sum(amounts.sum() for _, _, amounts in self.probe))
 
     def summary(self) -> dict:
         sizes = np.array([g.size for g in self.groups])
@@ -109,21 +114,19 @@ def _probe_gradients(world: World, members: np.ndarray, edge: int) -> np.ndarray
 def form_groups(world: World, plan: ArmPlan, epoch: int) -> GroupingResult:
     """Each edge groups its own clients (Alg. 1, Lines 2-3); groups never cross edges.
 
-    A policy with ``needs_gradients`` (HCCT) gets each client's gradient from a probe epoch. The
-    probe's Eq. 5 training cost is reported as ``probe_cost`` (manifest: grouping.
-    gradient_probe_training_cost) but not charged to the ledger, which holds Alg. 1's rounds only.
+    A policy with ``needs_gradients`` (HCCT) gets each client's gradient from a probe epoch, whose
+    training cost :func:`run_arm` charges to the ledger (group and group_round -1).
     """
-    topo, groups, dropped, touched, probe_cost = world.topology, [], 0, 0, 0.0
+    topo, groups, dropped, touched, probe = world.topology, [], 0, 0, []
     norm = getattr(plan.grouping, "normalization", "std")
-    probe = getattr(plan.grouping, "needs_gradients", False)
     for j in range(topo.n_edges):
         members = topo.clients_of(j)
         labels = topo.label_counts[members]
         view = EdgeView(labels)
-        if probe:
+        if getattr(plan.grouping, "needs_gradients", False):
             view = EdgeView(labels, _probe_gradients(world, members, j), _layer_slices(world.engine))
-            probe_cost += float(world.cost.training_cost([topo.client_device[c] for c in members],
-                                                         topo.n_samples[members], 1).sum())
+            probe.append((j, members, world.cost.training_cost([topo.client_device[c] for c in members],
+                                                               topo.n_samples[members], 1)))
         result = plan.grouping.group(view, np.random.default_rng((world.config.seed, 3, epoch, j)))
         dropped += len(result.dropped)
         touched += result.leftover_clients
@@ -131,7 +134,7 @@ def form_groups(world: World, plan: ArmPlan, epoch: int) -> GroupingResult:
             clients = members[np.sort(local)]
             groups.append(Group(j, clients, topo.n_samples[clients],
                                 float(cov_of_counts(topo.label_counts[clients].sum(axis=0), norm))))
-    return GroupingResult(groups, dropped, touched, probe_cost)
+    return GroupingResult(groups, dropped, touched, probe)
 
 
 @dataclass
@@ -182,12 +185,27 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
     initial_grouping = form_groups(world, plan, 0) if epoch else grouping
     n_total = float(sum(g.total_samples for g in grouping.groups))
 
-    if state.weights is None:
+    fresh = state.weights is None
+    if fresh:
         state.weights = world.engine.initial_weights(cfg.seed)
-        _evaluate(world, plan, state, grouping, sampled=[])
     env = simpy.Environment(initial_time=state.sim_time)
     fed = Federation(RoundContext(env, world.engine, world.cost, state.ledger, topo, cfg.seed,
                                   tc.group_rounds, tc.local_epochs, cfg.faults))
+
+    def charge_probe(t: int, grouping: GroupingResult) -> None:
+        """A gradient probe (HCCT) is training: charge it, and let the clients run it in parallel."""
+        for j, members, amounts in grouping.probe:
+            state.ledger.charge(round=t, edge=j, group=-1, group_round=-1, clients=members,
+                                devices=[topo.client_device[c] for c in members], component=TRAINING,
+                                amounts=amounts, start=np.full(len(members), env.now), end=env.now + amounts)
+        if grouping.probe:
+            env.run(until=env.now + max(float(a.max()) for _, _, a in grouping.probe))
+
+    if epoch == state.t:        # a fresh start, or a resume just before a regrouping
+        charge_probe(state.t, grouping)
+    if fresh:
+        state.sim_time = float(env.now)
+        _evaluate(world, plan, state, grouping, sampled=[])
 
     def cost_table(groups: list[Group]) -> np.ndarray:
         """Eq. 5's inner term per group: K Σ_{i∈g} (Σ_ops O_g(|g|) + E·H_i(n_i))."""
@@ -203,6 +221,7 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
         if regroup and t > 0 and t % regroup == 0 and t != epoch:   # Sec. 5.2
             epoch = t
             grouping = form_groups(world, plan, epoch)
+            charge_probe(t, grouping)
             group_cost = cost_table(grouping.groups)
             log_p = plan.sampling.log_probabilities(np.array([g.cov for g in grouping.groups]))
             n_total = float(sum(g.total_samples for g in grouping.groups))

@@ -176,3 +176,29 @@ def test_unbiased_aggregation_with_esrcov_stops_with_a_clear_message(tiny_dict, 
                           "sampling": {"policy": "esrcov", "groups_per_round": 30}, "aggregation": "unbiased"}]
     with pytest.raises(DivergenceError, match="stabilized"):
         run_experiment(parse_config(tiny_dict), tmp_path / "run", progress=False)
+
+
+def test_gradient_probe_is_charged_as_training_and_resumes_identically(tiny_dict, tmp_path):
+    tiny_dict["train"]["eval_every"] = 2
+    tiny_dict["arms"] = [{"name": "hcct", "grouping": {"policy": "hcct", "min_group_size": 3},
+                          "sampling": {"policy": "random", "groups_per_round": 2}, "regroup_every": 2}]
+    config = parse_config(tiny_dict)
+    world = build_world(config)
+    full = run_arm(world, plan_arm(world, 0), tmp_path / "full")
+    ledger = pd.read_parquet(tmp_path / "full" / "ledger.parquet")
+    probe = ledger[ledger.group == -1]
+    assert sorted(probe["round"].unique().tolist()) == [0, 2, 4]          # start + each regrouping
+    h = world.cost.profiles["raspberry-pi-4"].training["sgd"]
+    first = probe[probe["round"] == 0].sort_values("client")
+    assert first["client"].tolist() == list(range(12)) and (first["component"] == "training").all()
+    assert first["amount"].to_numpy() == pytest.approx(h(world.topology.n_samples))   # one epoch each
+    assert full["cost"].iloc[0] == pytest.approx(first["amount"].sum())
+    assert full["sim_time_s"].iloc[0] == pytest.approx(first["amount"].max())
+
+    def kill(t, cost, acc):
+        if t == 4:
+            raise Killed
+    with pytest.raises(Killed):
+        run_arm(world, plan_arm(world, 0), tmp_path / "killed", kill)
+    resumed = run_arm(world, plan_arm(world, 0), tmp_path / "killed")
+    pd.testing.assert_frame_equal(full, resumed, check_exact=True)
