@@ -114,17 +114,10 @@ class Federation:
         """K group rounds (Alg. 1, Lines 8-14) for one sampled group."""
         ctx, env = self.ctx, self.ctx.env
         devices = [ctx.topology.client_device[c] for c in g.clients]
-        nominal = ctx.cost.group_round(devices, g.n_samples, ctx.local_epochs)
         x_g = x_t
         for k in range(ctx.group_rounds):
-            dropped, slow = draw_faults(ctx.faults, ctx.seed, t, k, g.clients)
+            charges, dropped, slow = self.charges(t, k, g)
             alive = ~dropped
-            # a dropped client trained, then left before the group operations (Eq. 5 charges
-            # what it spent); survivors pay the secure-aggregation recovery for it
-            charges = {c: np.where(alive, v, 0.0) if c != TRAINING else v for c, v in nominal.items()}
-            if alive.any():
-                charges.update({c: np.where(alive, v, 0.0) for c, v in
-                                ctx.cost.recovery(devices, g.size, int(dropped.sum())).items()})
             start = env.now
             members = [env.process(self._client(int(c), i, charges, slow[i], bool(dropped[i])))
                        for i, c in enumerate(g.clients)]
@@ -140,6 +133,27 @@ class Federation:
                 n = g.n_samples[alive]
                 x_g = torch.as_tensor(n / n.sum(), dtype=x_t.dtype) @ local  # Line 14 over survivors
         return x_g
+
+    def charges(self, t: int, k: int, g: Group) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """Group round k of round t: each member's Eq. 5 charge per component, who drops, and
+        each member's straggler slowdown. Deterministic, so the cloud can price a round first."""
+        ctx = self.ctx
+        devices = [ctx.topology.client_device[c] for c in g.clients]
+        nominal = ctx.cost.group_round(devices, g.n_samples, ctx.local_epochs)
+        dropped, slow = draw_faults(ctx.faults, ctx.seed, t, k, g.clients)
+        alive = ~dropped
+        # a dropped client trained, then left before the group operations (Eq. 5 charges what it
+        # spent); survivors pay the secure-aggregation recovery for it
+        charges = {c: np.where(alive, v, 0.0) if c != TRAINING else v for c, v in nominal.items()}
+        if alive.any():
+            charges.update({c: np.where(alive, v, 0.0) for c, v in
+                            ctx.cost.recovery(devices, g.size, int(dropped.sum())).items()})
+        return charges, dropped, slow
+
+    def round_cost(self, t: int, groups: list[Group]) -> float:
+        """What round t will charge to the ledger (Eq. 5 plus any dropout recovery)."""
+        return float(sum(sum(v.sum() for v in self.charges(t, k, g)[0].values())
+                         for g in groups for k in range(self.ctx.group_rounds)))
 
     def _client(self, client: int, member: int, charges: dict[str, np.ndarray], slow: float = 1.0,
                 dropped: bool = False):

@@ -207,13 +207,6 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
         state.sim_time = float(env.now)
         _evaluate(world, plan, state, grouping, sampled=[])
 
-    def cost_table(groups: list[Group]) -> np.ndarray:
-        """Eq. 5's inner term per group: K Σ_{i∈g} (Σ_ops O_g(|g|) + E·H_i(n_i))."""
-        return np.array([tc.group_rounds * sum(v.sum() for v in world.cost.group_round(
-            [topo.client_device[c] for c in g.clients], g.n_samples, tc.local_epochs).values())
-            for g in groups])
-
-    group_cost = cost_table(grouping.groups)
     log_p = plan.sampling.log_probabilities(np.array([g.cov for g in grouping.groups]))
     stop_reason, S, ran = "rounds", None, []   # ran: the groups of the last round run
     while tc.rounds is None or state.t < tc.rounds:
@@ -222,13 +215,13 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
             epoch = t
             grouping = form_groups(world, plan, epoch)
             charge_probe(t, grouping)
-            group_cost = cost_table(grouping.groups)
             log_p = plan.sampling.log_probabilities(np.array([g.cov for g in grouping.groups]))
             n_total = float(sum(g.total_samples for g in grouping.groups))
         S = groups_per_round(len(grouping.groups), np.array([g.total_samples for g in grouping.groups]),
                              groups=arm.sampling.groups_per_round, data_fraction=arm.sampling.data_fraction)
         chosen = sample_without_replacement(log_p, S, np.random.default_rng((cfg.seed, 1, t)))
-        if tc.budget is not None and state.ledger.total + group_cost[chosen].sum() > tc.budget:
+        if tc.budget is not None and (state.ledger.total + fed.round_cost(t, [grouping.groups[g] for g in chosen])
+                                      > tc.budget):
             stop_reason = "budget"
             break
         weights = plan.aggregation.weights(np.array([grouping.groups[g].total_samples for g in chosen]),

@@ -110,6 +110,15 @@ def test_budget_stops_before_exceeding(tiny_dict, tmp_path):
     assert (summary["cost"] > 250.0).all()  # one more round would have crossed the budget
 
 
+def test_budget_holds_with_dropouts_and_recovery(tiny_dict, tmp_path):
+    tiny_dict["train"].update(rounds=None, budget=400.0)
+    tiny_dict["faults"] = {"dropout": 0.3}
+    summary = run_experiment(parse_config(tiny_dict), tmp_path / "run", progress=False)
+    assert (summary["cost"] <= 400.0).all() and (summary["stop"] == "budget").all()
+    ledger = pd.read_parquet(tmp_path / "run" / "rg-random" / "ledger.parquet")
+    assert (ledger["component"] == "secagg-recovery").any()
+
+
 def _write_toml(path, text):
     path.write_text(text)
     return str(path)
