@@ -35,6 +35,25 @@ def _cmd_run(args) -> int:
     return 0
 
 
+def _cmd_plot(args) -> int:
+    import pandas as pd
+
+    from .plots import AXES, plot_curves
+
+    run_dir = Path(args.run_dir)
+    files = sorted(run_dir.glob("*/results.csv")) or sorted(run_dir.glob("results.csv"))
+    if not files:
+        raise InputError(f"plot: no results.csv under {run_dir}; give a run directory (or one arm's)")
+    results = pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
+    for flag, col in (("--x", args.x), ("--y", args.y)):
+        if col not in results:
+            raise InputError(f"plot {flag}: no column {col!r}; choose one of {sorted(AXES)} or another results column")
+    out = Path(args.out) if args.out else run_dir / f"{args.y}_vs_{args.x}.png"
+    plot_curves(results, out, x=args.x, y=args.y, title=run_dir.name)
+    print(f"plot: {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="groupfel", description="Group-based hierarchical FL emulator "
                                      "with cost accounting (Group-FEL).")
@@ -46,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--force", action="store_true", help="replace a run of a different config in RUN_DIR")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.set_defaults(func=_cmd_run)
+    plot = sub.add_parser("plot", help="plot result columns of a run, one line per arm")
+    plot.add_argument("run_dir", metavar="RUN_DIR")
+    plot.add_argument("--x", default="cost", help="x column: cost, sim_time_s, round, ... (default cost)")
+    plot.add_argument("--y", default="accuracy", help="y column: accuracy, loss, ... (default accuracy)")
+    plot.add_argument("--out", metavar="FILE.png", help="default RUN_DIR/<y>_vs_<x>.png")
+    plot.set_defaults(func=_cmd_plot)
     group_cli.add_group_parser(sub)
     grouping_studies.add_study_parser(sub)
     cost_cli.register(sub)

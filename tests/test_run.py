@@ -211,3 +211,12 @@ def test_gradient_probe_is_charged_as_training_and_resumes_identically(tiny_dict
         run_arm(world, plan_arm(world, 0), tmp_path / "killed", kill)
     resumed = run_arm(world, plan_arm(world, 0), tmp_path / "killed")
     pd.testing.assert_frame_equal(full, resumed, check_exact=True)
+
+
+def test_cli_plot_of_a_run(tiny_config, tmp_path, capsys):
+    run_experiment(tiny_config, tmp_path / "run", progress=False)
+    assert main(["plot", str(tmp_path / "run"), "--x", "sim_time_s", "--y", "loss"]) == 0
+    assert (tmp_path / "run" / "loss_vs_sim_time_s.png").stat().st_size > 5000
+    assert main(["plot", str(tmp_path / "run"), "--y", "nope"]) == 2
+    assert "--y" in capsys.readouterr().err
+    assert main(["plot", str(tmp_path / "empty")]) == 2
