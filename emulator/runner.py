@@ -26,6 +26,7 @@ from policies import (AggregationRule, EdgeView, GroupingPolicy, SamplingPolicy,
 from policies.cov import cov_of_counts
 
 from .config import ArmConfig
+from .discriminator import DiscriminatorSpec, discriminator_distances, discriminator_features
 from .errors import DivergenceError, InputError
 from .federation import Federation, Group, RoundContext
 from .io import atomic_write, write_json
@@ -70,7 +71,7 @@ class GroupingResult:
     groups: list[Group]
     dropped: int
     leftover_clients: int
-    # (edge, clients, E=1 training cost of each) of the gradient probe, for policies that need one
+    # (edge, clients, cost of each) of client work a policy needs: HCCT probe, FedCollab discriminators
     probe: list[tuple[int, np.ndarray, np.ndarray]] = field(default_factory=list)
 
     @property
@@ -114,8 +115,10 @@ def _probe_gradients(world: World, members: np.ndarray, edge: int) -> np.ndarray
 def form_groups(world: World, plan: ArmPlan, epoch: int) -> GroupingResult:
     """Each edge groups its own clients (Alg. 1, Lines 2-3); groups never cross edges.
 
-    A policy with ``needs_gradients`` (HCCT) gets each client's gradient from a probe epoch, whose
-    training cost :func:`run_arm` charges to the ledger (group and group_round -1).
+    A policy with ``needs_gradients`` (HCCT) gets each client's gradient from a probe epoch; one
+    with ``needs_distances`` (FedCollab, discriminator distances) gets the distances of the clients'
+    discriminators (FedCollab Alg. 1). :func:`run_arm` charges that client work to the ledger as
+    training (group and group_round -1).
     """
     topo, groups, dropped, touched, probe = world.topology, [], 0, 0, []
     norm = getattr(plan.grouping, "normalization", "std")
@@ -123,10 +126,21 @@ def form_groups(world: World, plan: ArmPlan, epoch: int) -> GroupingResult:
         members = topo.clients_of(j)
         labels = topo.label_counts[members]
         view = EdgeView(labels)
+        devices = [topo.client_device[c] for c in members]
         if getattr(plan.grouping, "needs_gradients", False):
             view = EdgeView(labels, _probe_gradients(world, members, j), _layer_slices(world.engine))
-            probe.append((j, members, world.cost.training_cost([topo.client_device[c] for c in members],
-                                                               topo.n_samples[members], 1)))
+            probe.append((j, members, world.cost.training_cost(devices, topo.n_samples[members], 1)))
+        if getattr(plan.grouping, "needs_distances", False):
+            spec = DiscriminatorSpec(rounds=plan.grouping.discriminator_rounds)
+            features = discriminator_features(world.dataset.x_train, world.dataset.y_train, world.dataset.num_classes)
+            D, m = discriminator_distances(features, [topo.client_samples[c] for c in members],
+                                           (world.config.seed, epoch, j), spec)
+            view = EdgeView(labels, distances=D)
+            # Each client trains |edge| − 1 discriminators: rounds × local_steps passes over m
+            # samples, priced by its training curve scaled by discriminator / model parameters.
+            scale = (len(members) - 1) * spec.rounds * spec.local_steps * spec.n_params(features.shape[1]) \
+                / world.engine.n_params
+            probe.append((j, members, scale * world.cost.training_cost(devices, np.full(len(members), m), 1)))
         result = plan.grouping.group(view, np.random.default_rng((world.config.seed, 3, epoch, j)))
         dropped += len(result.dropped)
         touched += result.leftover_clients

@@ -11,8 +11,9 @@ changes two coalitions only, and its gain over every target coalition is compute
 per-coalition sums (``np.bincount``), O(N) per client instead of re-evaluating Eq. 10.
 
 The distance D is the total-variation distance between label distributions (labels are known
-at the edge). FedCollab's client discriminator (Alg. 1) needs the clients' raw samples, which an
-EdgeView does not carry; it is not implemented.
+at the edge) by default, or, with ``distance = "discriminator"``, the estimates of FedCollab's
+client discriminators (Alg. 1), which the clients train on their raw samples
+(:mod:`emulator.discriminator`) and the edge receives in ``EdgeView.distances``.
 """
 from __future__ import annotations
 
@@ -106,6 +107,12 @@ class FedCollabGrouping(GroupingPolicy):
     min_group_size: int = 1
     capacity: float = 10.0
     restarts: int = 3
+    distance: str = "label-tv"       # or "discriminator" (FedCollab Alg. 1)
+    discriminator_rounds: int = 20   # T of Alg. 1
+
+    @property
+    def needs_distances(self) -> bool:
+        return self.distance == "discriminator"
 
     def __post_init__(self):
         if not isinstance(self.min_group_size, int) or self.min_group_size < 1:
@@ -114,12 +121,22 @@ class FedCollabGrouping(GroupingPolicy):
             raise ValueError(f"capacity must be >= 0 (FedCollab Eq. 7's C), got {self.capacity!r}")
         if not isinstance(self.restarts, int) or self.restarts < 1:
             raise ValueError(f"restarts must be an integer >= 1, got {self.restarts!r}")
+        if self.distance not in ("label-tv", "discriminator"):
+            raise ValueError(f"distance must be 'label-tv' or 'discriminator', got {self.distance!r}")
+        if not isinstance(self.discriminator_rounds, int) or self.discriminator_rounds < 1:
+            raise ValueError(f"discriminator_rounds must be an integer >= 1, got {self.discriminator_rounds!r}")
 
     def group(self, view: EdgeView, rng: np.random.Generator) -> EdgeGrouping:
         sizes = view.n_samples.astype(float)
         if np.any(sizes <= 0):
             raise ValueError("fedcollab: every client needs at least one sample (Eq. 7 divides by n)")
-        D = tv_distance(view.label_counts)
+        if self.needs_distances:
+            if view.distances is None:
+                raise ValueError("fedcollab: distance = 'discriminator' needs the clients' discriminator "
+                                 "estimates (EdgeView.distances); the emulator computes them, the group CLI cannot")
+            D = view.distances
+        else:
+            D = tv_distance(view.label_counts)
         return self.group_with_distance(sizes, D, rng)
 
     def group_with_distance(self, sizes: np.ndarray, D: np.ndarray, rng: np.random.Generator) -> EdgeGrouping:

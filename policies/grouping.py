@@ -26,11 +26,14 @@ groupings = Registry("grouping")
 class EdgeView:
     """What an edge server knows about its clients: a clients × labels count matrix and, for
     policies that set ``needs_gradients`` (HCCT), the gradients its clients sent after a probe
-    step (clients × parameters) with the parameter range of each model layer."""
+    step (clients × parameters) with the parameter range of each model layer, and for policies that
+    set ``needs_distances`` (FedCollab with discriminators) the pairwise distances the clients'
+    discriminators estimated."""
 
     label_counts: np.ndarray
     gradients: np.ndarray | None = None
     layer_slices: tuple[slice, ...] | None = None
+    distances: np.ndarray | None = None   # clients × clients, from FedCollab's client discriminators
 
     @property
     def n_samples(self) -> np.ndarray:
