@@ -159,6 +159,7 @@ class ArmState:
     round_time: float = 0.0   # simulated duration of the last global round
     ledger: CostLedger = field(default_factory=CostLedger)
     rows: list[dict] = field(default_factory=list)
+    initial_grouping: dict | None = None   # the manifest's summary of the round-0 grouping
 
 
 def _versions() -> dict:
@@ -173,14 +174,14 @@ def _versions() -> dict:
 
 def _save_checkpoint(path: Path, state: ArmState) -> None:
     blob = {"t": state.t, "weights": state.weights, "sim_time": state.sim_time, "round_time": state.round_time,
-            "ledger": state.ledger.state(), "rows": state.rows}
+            "ledger": state.ledger.state(), "rows": state.rows, "initial_grouping": state.initial_grouping}
     atomic_write(path, lambda p: torch.save(blob, p))
 
 
 def _load_checkpoint(path: Path) -> ArmState:
     blob = torch.load(path, weights_only=False)
-    return ArmState(blob["t"], blob["weights"], blob["sim_time"], blob.get("round_time", 0.0),
-                    CostLedger.from_state(blob["ledger"]), blob["rows"])
+    return ArmState(blob["t"], blob["weights"], blob["sim_time"], blob["round_time"],
+                    CostLedger.from_state(blob["ledger"]), blob["rows"], blob["initial_grouping"])
 
 
 def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
@@ -196,7 +197,6 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
     regroup = arm.regroup_every
     epoch = (state.t // regroup) * regroup if regroup else 0
     grouping = form_groups(world, plan, epoch)
-    initial_grouping = form_groups(world, plan, 0) if epoch else grouping
     n_total = float(sum(g.total_samples for g in grouping.groups))
 
     fresh = state.weights is None
@@ -218,6 +218,7 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
     if epoch == state.t:        # a fresh start, or a resume just before a regrouping
         charge_probe(state.t, grouping)
     if fresh:
+        state.initial_grouping = grouping.summary()
         state.sim_time = float(env.now)
         _evaluate(world, plan, state, grouping, sampled=[])
 
@@ -273,7 +274,7 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
         "rounds_run": state.t, "total_cost_eq5": state.ledger.total, "sim_time_s": state.sim_time,
         "aggregation": plan.aggregation.description, "grouping_policy": plan.grouping.name,
         "sampling_policy": plan.sampling.name, "groups_per_round": S,
-        "grouping": initial_grouping.summary(), "regroupings": (state.t - 1) // regroup if regroup and state.t else 0,
+        "grouping": state.initial_grouping, "regroupings": (state.t - 1) // regroup if regroup and state.t else 0,
         "model_parameters": world.engine.n_params, "wall_seconds_last_session": time.perf_counter() - wall0,
         "versions": _versions(), "config": json.loads(cfg.model_dump_json())})
     ckpt.unlink(missing_ok=True)
