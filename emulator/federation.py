@@ -90,7 +90,7 @@ class Federation:
 
     def global_round(self, t: int, x_t: torch.Tensor, sampled: list[tuple[int, Group]]):
         """The cloud's process for round t; its value is {group id: group model x^g_{t,K}}."""
-        env, topo = self.ctx.env, self.ctx.topology
+        env = self.ctx.env
         by_edge: dict[int, list[tuple[int, Group]]] = {}
         for gid, g in sampled:
             by_edge.setdefault(g.edge, []).append((gid, g))

@@ -69,7 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _cmd_whatif(args) -> int:
     import time
 
-    from cost_models import get_curve, get_profile, read_profiles
+    from cost_models import get_curve, read_profiles
     from cost_models.measure import parse_sizes
     from cost_models.whatif import Scenario, plot_sweep, sweep
     from emulator.errors import InputError

@@ -11,7 +11,6 @@ gradients (label distributions through a fixed random projection); the table say
 """
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 

@@ -1,7 +1,6 @@
 """FedCollab Alg. 1: client discriminators estimate pairwise distribution distances."""
 import numpy as np
 import pandas as pd
-import pytest
 
 from emulator.config import parse_config
 from emulator.discriminator import DiscriminatorSpec, discriminator_distances, discriminator_features

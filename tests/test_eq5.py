@@ -1,6 +1,5 @@
 """Eq. 5 and the simulated clock on a hand-computed scenario (2 edges, 5 clients, fixed groups)."""
 import numpy as np
-import pandas as pd
 import pytest
 import simpy
 
