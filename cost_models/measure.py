@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from emulator.errors import InputError
+from emulator.io import atomic_write
 from emulator.training import build_model
 
 from .secagg import time_secagg
@@ -141,14 +142,17 @@ def measure_training(sizes: list[int], model: str, repeats: int, device: str,
 
 def write_measurements(path: Path, rows: list[Measurement], header: dict[str, str]) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        for key, value in header.items():
-            f.write(f"# {key}: {value}\n")
-        w = csv.writer(f)
-        w.writerow([fl.name for fl in fields(Measurement)])
-        w.writerows(["" if v is None else (f"{v:.9g}" if isinstance(v, float) else v) for v in astuple(r)]
-                    for r in rows)
+
+    def write(tmp: Path) -> None:
+        with tmp.open("w", newline="") as f:
+            for key, value in header.items():
+                f.write(f"# {key}: {value}\n")
+            w = csv.writer(f)
+            w.writerow([fl.name for fl in fields(Measurement)])
+            w.writerows(["" if v is None else (f"{v:.9g}" if isinstance(v, float) else v) for v in astuple(r)]
+                        for r in rows)
+
+    atomic_write(path, write)
     return path
 
 

@@ -8,15 +8,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from emulator.io import check_writable
+
 
 def _cmd_measure(args) -> int:
     from cost_models.measure import measure, parse_sizes, write_measurements
 
     default = "16..256:16" if args.operation == "training" else "2..30"
     sizes = parse_sizes(args.sizes or default)
+    out = check_writable(args.out or f"measurements-{args.operation}.csv", "file", "--out")
     rows, header = measure(args.operation, sizes, repeats=args.repeats, params=args.params, model=args.model,
                            device=args.device, threads=args.threads)
-    out = write_measurements(Path(args.out or f"measurements-{args.operation}.csv"), rows, header)
+    out = write_measurements(out, rows, header)
     by_size: dict[tuple[str, int], list[float]] = {}
     for r in rows:
         by_size.setdefault((r.operation, r.group_size or r.n_samples), []).append(r.seconds)
@@ -25,15 +28,15 @@ def _cmd_measure(args) -> int:
     for (op, x), secs in by_size.items():
         print(f"{op:<18}{x:>11}{sorted(secs)[len(secs) // 2]:>12.4g}{min(secs):>12.4g}")
     print(f"\nmachine: {header['cpu']}, {header['cores']} cores, torch {header['torch']}")
-    print(f"wrote {out}; fit it with: python -m experiments.cli calibrate {out}")
+    print(f"wrote {out}; fit it with: groupfel calibrate {out}")
     return 0
 
 
 def _cmd_calibrate(args) -> int:
     from cost_models.calibrate import calibrate, plot_fit, read_measurements, report, write_profile
 
+    out = check_writable(args.out, "dir", "--out")
     fits = calibrate(read_measurements(args.measurements))
-    out = Path(args.out)
     print(report(fits))
     profile = write_profile(fits, out / "profile.csv", args.task)
     plots = [plot_fit(f, out / f"fit-{f.device}-{f.method}.png") for f in fits]
@@ -74,6 +77,7 @@ def _cmd_whatif(args) -> int:
     from cost_models.whatif import Scenario, plot_sweep, sweep
     from emulator.errors import InputError
 
+    out = check_writable(args.out, "dir", "--out")
     extra = read_profiles(args.profiles_file) if args.profiles_file else None
     prof, kind, overhead = get_curve(args.profile, extra)
     if kind != "group_overhead":
@@ -87,7 +91,6 @@ def _cmd_whatif(args) -> int:
     t0 = time.perf_counter()
     df = sweep(parse_sizes(args.group_sizes, "--group-sizes"), overhead, prof.training[args.training], sc)
     elapsed = time.perf_counter() - t0
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "whatif.csv", index=False)
     title = (f"{args.profile} + {args.training}; {sc.clients} clients, T={sc.rounds}, K={sc.group_rounds}, "
@@ -127,7 +130,7 @@ def _cmd_timeline(args) -> int:
 
     arm_dir = Path(args.arm_dir)
     rows = load_round(arm_dir, args.round)
-    out = Path(args.out or arm_dir / f"timeline-round{args.round}.png")
+    out = check_writable(args.out or arm_dir / f"timeline-round{args.round}.png", "file", "--out")
     plot_timeline(rows, out, f"{arm_dir.name}: global round {args.round}")
     print(summary(rows).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(f"\nround {args.round}: charged work spans {rows['start'].min():.4g}..{rows['end'].max():.4g} s "

@@ -22,7 +22,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from cost_models import get_profile  # noqa: E402
-from emulator.io import atomic_write  # noqa: E402
+from emulator.errors import InputError  # noqa: E402
+from emulator.io import atomic_write, check_writable  # noqa: E402
 from policies import EdgeView, groupings  # noqa: E402
 from policies.cov import cov_of_counts  # noqa: E402
 from policies.reference import covg_reference  # noqa: E402
@@ -62,8 +63,12 @@ def _write_csv(df: pd.DataFrame, path: Path) -> None:
 
 def fig5(out: Path, max_clients: int = 10000, seed: int = 0, min_group_size: int = 5) -> pd.DataFrame:
     """Runtime of every grouping policy (and the straightforward CoVG) vs clients per edge."""
+    sizes = [s for s in FIG5_SIZES if s <= max_clients]
+    if not sizes:
+        raise InputError(f"--max-clients {max_clients}: fig5 times edges of {', '.join(map(str, FIG5_SIZES))} "
+                         f"clients; give at least {FIG5_SIZES[0]}")
     rows = []
-    for n in [s for s in FIG5_SIZES if s <= max_clients]:
+    for n in sizes:
         L = synthetic_label_matrix(n, np.random.default_rng((seed, n)))
         grads = surrogate_gradients(L, seed=seed)
         for name in [*sorted(groupings), "covg-reference"]:
@@ -156,8 +161,7 @@ STUDIES = {"fig5": fig5, "fig6": fig6, "fig7": fig7}
 
 
 def _cmd_study(args) -> int:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_writable(args.out, "dir", "--out")
     kwargs = {"seed": args.seed}
     if args.name == "fig5":
         kwargs["max_clients"] = args.max_clients

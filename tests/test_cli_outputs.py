@@ -1,0 +1,111 @@
+"""Output paths are checked before any work starts (exit 2, one line, nothing written), result
+files respect the umask, and the CLI's small user-facing promises (--version, resume hint, help)."""
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from emulator.errors import InputError
+from emulator.io import atomic_write, check_writable
+from experiments.cli import build_parser, main
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = "arm,round,cost,accuracy\na,0,0.0,0.1\na,1,5.0,0.5\n"
+MEASUREMENTS = "operation,group_size,seconds\nsecagg,2,1.0\nsecagg,3,2.1\nsecagg,4,3.9\nsecagg,5,6.2\n"
+TINY_TOML = """name = "t"
+[data]
+min_samples = 8
+max_samples = 20
+[topology]
+edges = 1
+clients_per_edge = 6
+[train]
+model = "mlp"
+rounds = 1
+[[arms]]
+name = "a"
+grouping = { policy = "rg", min_group_size = 3 }
+sampling = { policy = "random", groups_per_round = 1 }
+"""
+
+
+def _forbid(monkeypatch, target: str) -> None:
+    """Fail the test if the command starts its work (``target``) before checking its output."""
+    def work(*a, **k):
+        raise AssertionError(f"{target} ran before the output path was checked")
+    monkeypatch.setattr(target, work)
+
+
+def _commands(tmp: Path, out: str, file_out: str) -> dict[str, list[str]]:
+    (tmp / "run").mkdir(exist_ok=True)
+    (tmp / "run" / "results.csv").write_text(RESULTS)
+    (tmp / "m.csv").write_text(MEASUREMENTS)
+    (tmp / "c.toml").write_text(TINY_TOML)
+    return {
+        "run": ["run", str(tmp / "c.toml"), "--output", out, "--quiet"],
+        "whatif": ["whatif", "--group-sizes", "2..4", "--clients", "100", "--out", out],
+        "calibrate": ["calibrate", str(tmp / "m.csv"), "--out", out],
+        "measure": ["measure", "secagg", "--sizes", "2", "--repeats", "1", "--params", "10", "--out", file_out],
+        "study": ["study", "fig7", "--out", out],
+        "plot": ["plot", str(tmp / "run"), "--out", file_out],
+    }
+
+
+WORK = {"run": "experiments.runner.run_experiment", "calibrate": "cost_models.calibrate.calibrate",
+        "measure": "cost_models.measure.measure", "whatif": "cost_models.whatif.sweep",
+        "study": "experiments.grouping_studies.fig7", "plot": "experiments.plots.plot_curves"}
+
+
+@pytest.mark.parametrize("command", sorted(WORK))
+@pytest.mark.parametrize("case", ["parent-is-a-file", "file-where-dir-expected"])
+def test_unwritable_output_is_refused_before_work(tmp_path, capsys, monkeypatch, command, case):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a directory\n")
+    if case == "parent-is-a-file":
+        out = file_out = str(blocker / "sub" / "x")
+    else:   # a file where a directory is expected; a directory where a file is expected
+        out, file_out = str(blocker), str(tmp_path / "run")
+    argv = _commands(tmp_path, out, file_out)[command]
+    _forbid(monkeypatch, WORK[command])
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert (out if command not in ("measure", "plot") else file_out) in err
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before   # nothing written
+    assert blocker.read_text() == "not a directory\n"
+
+
+def test_check_writable_sees_unwritable_directories(tmp_path, monkeypatch):
+    """A read-only mount (or a directory without write permission) fails os.access even for root."""
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == tmp_path else real(p, mode))
+    with pytest.raises(InputError, match="not writable"):
+        check_writable(tmp_path / "new" / "deeper", "dir", "--out")
+    with pytest.raises(InputError, match="not writable"):
+        check_writable(tmp_path / "f.csv", "file", "--out")
+    assert check_writable(tmp_path.parent / "elsewhere.csv", "file", "--out") == tmp_path.parent / "elsewhere.csv"
+
+
+@pytest.mark.parametrize("mask,mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_result_files_respect_the_umask(tmp_path, mask, mode):
+    old = os.umask(mask)
+    try:
+        atomic_write(tmp_path / "r.csv", lambda p: p.write_text("x\n"))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "r.csv").stat().st_mode) == mode
+
+
+@pytest.mark.parametrize("value", ["50", "0"])
+def test_study_fig5_small_max_clients_is_a_clear_error(tmp_path, capsys, value):
+    code = main(["study", "fig5", "--max-clients", value, "--out", str(tmp_path / "s")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--max-clients" in err and "at least 100" in err
+    assert not (tmp_path / "s").exists()
