@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import os
 import platform
-import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import astuple, dataclass, fields
@@ -36,18 +35,6 @@ class Measurement:
     group_size: int | None
     n_samples: int | None
     seconds: float
-
-
-def parse_sizes(text: str, where: str = "--sizes") -> list[int]:
-    """``2..30`` (inclusive), ``2..30:4`` (step 4) or ``2,5,10``."""
-    m = re.fullmatch(r"\s*(\d+)\s*\.\.\s*(\d+)\s*(?::\s*(\d+))?\s*", text)
-    try:
-        sizes = list(range(int(m[1]), int(m[2]) + 1, int(m[3] or 1))) if m else [int(s) for s in text.split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        raise InputError(f"{where} {text!r}: give positive integers as LO..HI, LO..HI:STEP or A,B,C (e.g. 2..30)")
-    return sizes
 
 
 def machine_info() -> dict[str, str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 from emulator.errors import DivergenceError, InputError
 from emulator.io import check_writable
 
-from . import cost_cli, group_cli, grouping_studies
+from . import cost_cli, group_cli, study_cli
 
 
 def _cmd_run(args) -> int:
@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", metavar="FILE.png", help="default RUN_DIR/<y>_vs_<x>.png")
     plot.set_defaults(func=_cmd_plot)
     group_cli.add_group_parser(sub)
-    grouping_studies.add_study_parser(sub)
+    study_cli.add_study_parser(sub)
     cost_cli.register(sub)
     return parser
 

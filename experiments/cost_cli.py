@@ -6,13 +6,27 @@ other subcommands start fast.
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
+from emulator.errors import InputError
 from emulator.io import check_writable
 
 
+def parse_sizes(text: str, where: str = "--sizes") -> list[int]:
+    """``2..30`` (inclusive), ``2..30:4`` (step 4) or ``2,5,10``."""
+    m = re.fullmatch(r"\s*(\d+)\s*\.\.\s*(\d+)\s*(?::\s*(\d+))?\s*", text)
+    try:
+        sizes = list(range(int(m[1]), int(m[2]) + 1, int(m[3] or 1))) if m else [int(s) for s in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise InputError(f"{where} {text!r}: give positive integers as LO..HI, LO..HI:STEP or A,B,C (e.g. 2..30)")
+    return sizes
+
+
 def _cmd_measure(args) -> int:
-    from cost_models.measure import measure, parse_sizes, write_measurements
+    from cost_models.measure import measure, write_measurements
 
     default = "16..256:16" if args.operation == "training" else "2..30"
     sizes = parse_sizes(args.sizes or default)
@@ -73,9 +87,7 @@ def _cmd_whatif(args) -> int:
     import time
 
     from cost_models import get_curve, read_profiles
-    from cost_models.measure import parse_sizes
     from cost_models.whatif import Scenario, plot_sweep, sweep
-    from emulator.errors import InputError
 
     out = check_writable(args.out, "dir", "--out")
     extra = read_profiles(args.profiles_file) if args.profiles_file else None

@@ -23,7 +23,7 @@ import pandas as pd  # noqa: E402
 
 from cost_models import get_profile  # noqa: E402
 from emulator.errors import InputError  # noqa: E402
-from emulator.io import atomic_write, check_writable  # noqa: E402
+from emulator.io import atomic_write  # noqa: E402
 from policies import EdgeView, groupings  # noqa: E402
 from policies.cov import cov_of_counts  # noqa: E402
 from policies.reference import covg_reference  # noqa: E402
@@ -155,27 +155,3 @@ def fig7(out: Path, n_clients: int = 50, min_group_size: int = 5, seed: int = 0)
         ax.set(title=f"{name}: avgCoV {avg:.2f}", xlabel="group", ylabel="samples" if ax is axes[0] else "")
     _save(fig, out / "fig7.png")
     return df
-
-
-STUDIES = {"fig5": fig5, "fig6": fig6, "fig7": fig7}
-
-
-def _cmd_study(args) -> int:
-    out = check_writable(args.out, "dir", "--out")
-    kwargs = {"seed": args.seed}
-    if args.name == "fig5":
-        kwargs["max_clients"] = args.max_clients
-    df = STUDIES[args.name](out, **kwargs)
-    print(df.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    print(f"\nwrote {out / (args.name + '.csv')} and {out / (args.name + '.png')}")
-    return 0
-
-
-def add_study_parser(sub) -> None:
-    p = sub.add_parser("study", help="grouping studies of the Group-FEL paper (Figs. 5-7): CSV + PNG")
-    p.add_argument("name", choices=sorted(STUDIES), help="fig5 runtime, fig6 CoV vs overhead, fig7 group make-up")
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
-    p.add_argument("--max-clients", type=int, default=10000,
-                   help="fig5: largest edge size timed (of 100, 300, 1000, 3000, 10000)")
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=_cmd_study)
