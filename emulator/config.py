@@ -171,3 +171,14 @@ def load_config(path: str | Path) -> RunConfig:
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"config file {path}: not valid TOML ({exc})") from None
     return parse_config(data)
+
+
+def config_warnings(config: RunConfig) -> list[str]:
+    """Accepted-but-adjusted settings of a config (see :class:`InputWarning`)."""
+    out = []
+    shares = config.topology.devices
+    total = sum(shares.values())
+    if shares and total > 0 and abs(total - 1.0) > 1e-9:
+        used = ", ".join(f"{k} = {v / total:.4g}" for k, v in sorted(shares.items()))
+        out.append(f"topology.devices: shares sum to {total:g}, not 1; normalised to {used}")
+    return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import warnings
 from pathlib import Path
 
 from emulator.errors import DivergenceError, InputError
@@ -103,7 +104,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_shown: set[str] = set()
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """One line per warning, without source location, and each text once (a config warning
+    concerns every arm, but the user needs to read it once)."""
+    if str(message) not in _shown:
+        _shown.add(str(message))
+        print(f"groupfel: warning: {message}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _shown.clear()
+    warnings.showwarning = _show_warning
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -154,6 +154,6 @@ def _cmd_timeline(args) -> int:
 def register_timeline(sub: argparse._SubParsersAction) -> None:
     t = sub.add_parser("timeline", help="Gantt chart of one global round from RUN_DIR/ARM/ledger.parquet")
     t.add_argument("arm_dir", metavar="RUN_DIR/ARM")
-    t.add_argument("--round", type=int, default=0, help="global round (default 0)")
+    t.add_argument("--round", type=int, default=1, help="global round, numbered from 1 as in results.csv (default 1)")
     t.add_argument("--out", metavar="FILE.png", help="default RUN_DIR/ARM/timeline-roundN.png")
     t.set_defaults(func=_cmd_timeline)

@@ -18,6 +18,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
@@ -51,8 +52,8 @@ def surrogate_gradients(L: np.ndarray, dim: int = 256, seed: int = 0) -> np.ndar
     return P @ np.random.default_rng(seed).normal(size=(L.shape[1], dim))
 
 
-def _save(fig, path: Path) -> None:
-    fig.tight_layout()
+def _save(fig, path: Path, rect=(0, 0, 1, 1)) -> None:
+    fig.tight_layout(rect=rect)
     atomic_write(path, lambda p: fig.savefig(p, format="png"))
     plt.close(fig)
 
@@ -120,8 +121,8 @@ def fig6(out: Path, n_clients: int = 300, sizes=range(2, 21, 2), seed: int = 0) 
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
     for name, d in df.groupby("policy", sort=False):
         ax.plot(d["avg_overhead_per_client"], d["avg_cov"], marker="o", label=name)
-    ax.set(xlabel=f"average group overhead O_g(|g|) per client (s, secagg, {PROFILE})",
-           ylabel="average group CoV (σ/μ)", title=f"Fig. 6: CoV vs overhead, MinGS {min(sizes)}..{max(sizes)}")
+    ax.set(xlabel="average group overhead O_g(|g|) per client (s)", ylabel="average group CoV (σ/μ)",
+           title=f"Fig. 6: CoV vs overhead, MinGS {min(sizes)}..{max(sizes)}\n(secagg, {PROFILE})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     _save(fig, out / "fig6.png")
@@ -153,5 +154,9 @@ def fig7(out: Path, n_clients: int = 50, min_group_size: int = 5, seed: int = 0)
             bottom += d[lab].to_numpy()
         avg = df[df.policy == name].groupby("group")["cov"].first().mean()
         ax.set(title=f"{name}: avgCoV {avg:.2f}", xlabel="group", ylabel="samples" if ax is axes[0] else "")
-    _save(fig, out / "fig7.png")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    labels = sorted(df["label"].unique())
+    fig.legend([plt.Rectangle((0, 0), 1, 1, color=colors[lab % 10]) for lab in labels],
+               [str(lab) for lab in labels], title="label", loc="center right", fontsize=8)
+    _save(fig, out / "fig7.png", rect=(0, 0, 0.96, 1))
     return df

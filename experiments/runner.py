@@ -71,13 +71,13 @@ def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: boo
         bar = tqdm(total=config.train.budget if by_cost else config.train.rounds, desc=plan.arm.name,
                    unit="cost" if by_cost else "round", disable=not progress, leave=True, dynamic_ncols=True,
                    bar_format="{l_bar}{bar}| {n:.4g}/{total:.4g} {unit} [{elapsed}<{remaining}{postfix}]")
-        last_acc = [float("nan")]
+        last_acc: list[float] = []   # the last evaluated accuracy; none shown before the first
 
         def tick(t, cost, acc, bar=bar):
             bar.n = cost if by_cost else t
             if acc is not None:
-                last_acc[0] = acc
-            bar.set_postfix(round=t, acc=f"{last_acc[0]:.3f}", refresh=False)
+                last_acc[:] = [acc]
+            bar.set_postfix(round=t, **({"acc": f"{last_acc[0]:.3f}"} if last_acc else {}), refresh=False)
             bar.refresh()
 
         try:

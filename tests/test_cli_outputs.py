@@ -109,3 +109,81 @@ def test_study_fig5_small_max_clients_is_a_clear_error(tmp_path, capsys, value):
     err = capsys.readouterr().err
     assert code == 2 and "--max-clients" in err and "at least 100" in err
     assert not (tmp_path / "s").exists()
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("groupfel ") and len(out.split()) >= 2
+
+
+def test_interrupt_names_the_real_run_dir(tmp_path, capsys, monkeypatch):
+    (tmp_path / "c.toml").write_text(TINY_TOML)
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr("experiments.runner.run_experiment", interrupted)
+    run_dir = tmp_path / "my run"
+    assert main(["run", str(tmp_path / "c.toml"), "--output", str(run_dir), "--quiet"]) == 130
+    err = capsys.readouterr().err
+    assert "RUN_DIR" not in err and f"groupfel run --resume '{run_dir}'" in err
+
+
+def test_help_prints_each_default_once():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name, p in sub.choices.items():
+        text = p.format_help()
+        assert "(default: None)" not in text, name
+        for line in text.splitlines():
+            assert line.count("default") <= 1, (name, line)
+    group_help = " ".join(sub.choices["group"].format_help().split())
+    assert "hcct, hcct-e group on client gradients" in group_help and "groupfel run" in group_help
+
+
+def test_label_matrix_directory_is_named_as_such(tmp_path, capsys):
+    assert main(["group", "--policy", "rg", "--label-matrix", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "is a directory" in err and "no such file" not in err and err.count("\n") == 1
+
+
+def test_measure_suggests_the_installed_command(tmp_path, capsys):
+    out = tmp_path / "m.csv"
+    assert main(["measure", "secagg", "--sizes", "2", "--repeats", "1", "--params", "8", "--out", str(out)]) == 0
+    assert f"fit it with: groupfel calibrate {out}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("study", ["fig5", "fig6", "fig7"])
+def test_study_figures_show_all_their_text(tmp_path, monkeypatch, study):
+    """Nothing is cut off at the figure's edge, and fig7 explains its label colours."""
+    import matplotlib.pyplot as plt
+
+    from experiments import grouping_studies
+
+    figures = []
+    real_save = grouping_studies._save
+
+    def save(fig, path, *a, **k):
+        real_save(fig, path, *a, **k)
+        figures.append(fig)
+    monkeypatch.setattr(grouping_studies, "_save", save)
+    monkeypatch.setattr(plt, "close", lambda fig=None: None)
+    kwargs = {"max_clients": 100} if study == "fig5" else {}
+    getattr(grouping_studies, study)(tmp_path, **kwargs)
+    fig = figures[0]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    box = fig.bbox
+    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend())]
+    texts = [t for ax in fig.axes for t in (ax.xaxis.label, ax.yaxis.label, ax.title)]
+    texts += [t for leg in legends for t in (*leg.get_texts(), leg.get_title())]
+    texts = [t for t in texts if t.get_visible() and t.get_text().strip()]
+    for t in texts:
+        ext = t.get_window_extent(renderer)
+        assert ext.x0 >= box.x0 - 1 and ext.x1 <= box.x1 + 1 and ext.y0 >= box.y0 - 1 and ext.y1 <= box.y1 + 1, \
+            t.get_text()
+    if study == "fig7":
+        assert fig.legends and [t.get_text() for t in fig.legends[0].get_texts()] == [str(i) for i in range(10)]
+    plt.close("all")
