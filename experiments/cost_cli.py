@@ -55,7 +55,8 @@ def _cmd_calibrate(args) -> int:
     profile = write_profile(fits, out / "profile.csv", args.task)
     plots = [plot_fit(f, out / f"fit-{f.device}-{f.method}.png") for f in fits]
     print(f"\nprofile: {profile}  (use it as cost.profiles_file with cost.task = \"{args.task}\" and "
-          f"topology.devices naming {sorted({f.device for f in fits})})")
+          f"topology.devices naming {sorted({f.device for f in fits})}; where device/task name a shipped "
+          f"profile, these curves replace its curves of the same name and it supplies the rest)")
     print("plots:   " + ", ".join(str(p) for p in plots))
     return 0
 
