@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +12,6 @@ from emulator.errors import InputError
 from emulator.io import atomic_write, check_writable
 from experiments.cli import build_parser, main
 
-ROOT = Path(__file__).resolve().parents[1]
 RESULTS = "arm,round,cost,accuracy\na,0,0.0,0.1\na,1,5.0,0.5\n"
 MEASUREMENTS = "operation,group_size,seconds\nsecagg,2,1.0\nsecagg,3,2.1\nsecagg,4,3.9\nsecagg,5,6.2\n"
 TINY_TOML = """name = "t"

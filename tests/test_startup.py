@@ -35,7 +35,7 @@ def test_commands_that_train_nothing_do_not_import_torch(tmp_path):
     pd.DataFrame({"arm": "a", "round": [0, 1], "cost": [0.0, 5.0], "accuracy": [0.1, 0.5]}).to_csv(
         arm / "results.csv", index=False)
     led = CostLedger()
-    led.charge(round=1, edge=0, group=0, group_round=0, clients=np.array([0, 1]), devices=["pi", "pi"],
+    led.charge(round=0, edge=0, group=0, group_round=0, clients=np.array([0, 1]), devices=["pi", "pi"],
                component="training", amounts=np.array([1.0, 2.0]), start=np.zeros(2), end=np.array([1.0, 2.0]))
     led.frame().to_parquet(arm / "ledger.parquet", index=False)
     out = str(tmp_path / "o")
