@@ -6,7 +6,8 @@ in configs to a dataclass; ``registry.make(name, params)`` validates the paramet
 from .aggregation import AggregationRule, aggregations
 from .cov import NORMALIZATIONS, cov_of_counts, group_cov
 from .grouping import EdgeGrouping, EdgeView, GroupingPolicy, enforce_min_size, groupings, resolve_leftover
-from . import baselines, fedcollab, hcct  # noqa: F401,E402  (register cdg, kldg, qcid, fedcollab, hcct, hcct-e)
+from . import baselines, fedcollab, hcct, pergroup  # noqa: F401,E402  (register cdg, kldg, qcid, fedcollab,
+#                                                   hcct, hcct-e, local, global, ifca, fedclar)
 from .sampling import SamplingPolicy, groups_per_round, sample_without_replacement, samplings
 
 __all__ = ["AggregationRule", "aggregations", "NORMALIZATIONS", "cov_of_counts", "group_cov",
