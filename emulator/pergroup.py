@@ -239,8 +239,8 @@ def _summary(world: World, state: PerGroupState, base: dict) -> dict:
 
 
 def _train(world: World, plan: ArmPlan, state: PerGroupState, fed: Federation, env: simpy.Environment,
-           evaluate: Callable[[PerGroupState, list[int]], float | None], checkpoint: Callable[[], None],
-           train_data: LocalData | None) -> str:
+           evaluate: Callable[[PerGroupState, list[int]], float], checkpoint: Callable[[], None],
+           train_data: LocalData | None, on_round: Callable[[int, float, float | None], None] | None) -> str:
     """The round loop; returns the stop reason."""
     cfg, tc, arm = world.config, world.config.train, plan.arm
     sampled_by_policy = "sampling" in arm.model_fields_set
@@ -265,9 +265,12 @@ def _train(world: World, plan: ArmPlan, state: PerGroupState, fed: Federation, e
             state.models[g] = x
         state.round_time = float(env.now) - before
         state.t, state.sim_time = t + 1, float(env.now)
+        acc = None
         if state.t % tc.eval_every == 0 or state.t == tc.rounds:
-            evaluate(state, ids)
+            acc = evaluate(state, ids)
             checkpoint()
+        if on_round:
+            on_round(state.t, state.ledger.total, acc)
     return "rounds"
 
 
@@ -335,8 +338,6 @@ def run_pergroup_arm(world: World, plan: ArmPlan, arm_dir: Path,
             "local_error_mean": float(err.mean()), "local_error_std": float(err.std()),
             "local_error_min": float(err.min()), "local_error_max": float(err.max()),
             "local_accuracy_reference": float(ref.mean()), "ipr": ipr, "rsd": rsd})
-        if on_round:
-            on_round(state.t, led.total, float(acc.mean()))
         return float(acc.mean())
 
     if ckpt.exists():
@@ -359,7 +360,7 @@ def run_pergroup_arm(world: World, plan: ArmPlan, arm_dir: Path,
         _save(ckpt, state)
         _write_results(arm_dir, state)
 
-    stop = _train(world, plan, state, fed, env, evaluate, checkpoint, train_data)
+    stop = _train(world, plan, state, fed, env, evaluate, checkpoint, train_data, on_round)
     if state.rows[-1]["round"] != state.t:
         evaluate(state, [])
     df = _write_results(arm_dir, state)
