@@ -50,7 +50,9 @@ class Ifca(GroupingPolicy):
     """IFCA (Ghosh et al. 2020, as HCCT and FedCollab run it): ``n_clusters`` cluster models per
     edge, each from its own random initialisation; every round each client joins the cluster
     whose model has the lowest loss on its training data, then each cluster trains its model with
-    its members. Per-group mode only: there is no single model to aggregate."""
+    its members. Per-group mode only: there is no single model to aggregate. ``min_group_size``
+    is accepted like every policy's but has no effect: clusters are as large as the losses make
+    them."""
 
     n_clusters: int = 5
     min_group_size: int = 1
@@ -59,8 +61,6 @@ class Ifca(GroupingPolicy):
     def __post_init__(self):
         if not isinstance(self.n_clusters, int) or self.n_clusters < 1:
             raise ValueError(f"n_clusters must be an integer >= 1, got {self.n_clusters!r}")
-        if self.min_group_size != 1:
-            raise ValueError("min_group_size: IFCA's clusters have whatever size the losses give; leave it at 1")
 
     def group(self, view: EdgeView, rng: np.random.Generator) -> EdgeGrouping:
         """Before any model exists: clients dealt at random over the clusters."""

@@ -4,6 +4,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import simpy
 import torch
 
 from emulator.config import parse_config
@@ -15,8 +16,6 @@ from emulator.world import build_world
 from experiments.runner import run_experiment
 from policies import groupings
 from policies.pergroup import FedClar, Ifca
-
-import simpy
 
 
 def _pergroup(tiny_dict, arms, clients=6, **data):
