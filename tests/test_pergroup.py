@@ -60,8 +60,16 @@ def test_pergroup_global_equals_global_mode_with_one_group(tiny_dict, tmp_path):
 
 def test_pergroup_rows_and_local_policy_matches_its_own_reference(tiny_dict, tmp_path):
     cfg = parse_config(_pergroup(tiny_dict, [{"name": "local", "grouping": {"policy": "local"}},
-                                             {"name": "global", "grouping": {"policy": "global"}}]))
+                                             {"name": "global", "grouping": {"policy": "global"}},
+                                             {"name": "sampled", "grouping": {"policy": "rg", "min_group_size": 2},
+                                              "sampling": {"policy": "random", "groups_per_round": 1}}]))
     run_experiment(cfg, tmp_path / "run", progress=False)
+    # with `sampling` set, only the sampled group trains each round (one group of 2 clients)
+    ledger = pd.read_parquet(tmp_path / "run" / "sampled" / "ledger.parquet")
+    assert (ledger.groupby("round")["group"].nunique() == 1).all()
+    assert (ledger.groupby(["round", "group_round", "component"])["client"].nunique() == 2).all()
+    sampled = pd.read_csv(tmp_path / "run" / "sampled" / "results.csv")
+    assert list(sampled["groups_sampled"]) == [0, 1, 1, 1]
     local = pd.read_csv(tmp_path / "run" / "local" / "results.csv")
     glob = pd.read_csv(tmp_path / "run" / "global" / "results.csv")
     # independent training is the reference itself: no client gains or loses
