@@ -34,6 +34,7 @@ from policies.cov import cov_of_counts
 from policies.pergroup import FedClar, Ifca, LocalGrouping
 
 from .errors import InputError
+from .fedclar import cluster_clients
 from .federation import Federation, Group, RoundContext
 from .io import atomic_write, write_json
 from .ledger import CostLedger
@@ -55,6 +56,8 @@ def check_mode(world: World, plan: ArmPlan, index: int) -> None:
     if cfg.mode not in modes:
         raise InputError(f"{where}.grouping.policy: {plan.grouping.name!r} needs mode = \"{modes[0]}\" at the top "
                          f"of the config (it is mode = \"{cfg.mode}\")")
+    if isinstance(plan.grouping, FedClar) and plan.arm.regroup_every is not None:
+        raise InputError(f"{where}.regroup_every: fedclar regroups once, at its cluster_round; remove it")
     if cfg.mode == "per-group":
         if plan.arm.regroup_every is not None:
             raise InputError(f"{where}.regroup_every: per-group mode keeps its groups and their models "
@@ -209,23 +212,16 @@ def _ifca_reassign(world: World, plan: ArmPlan, state: PerGroupState, train_data
 def _fedclar_cluster(world: World, plan: ArmPlan, state: PerGroupState, env: simpy.Environment, t: int) -> None:
     """FedCLAR: cluster the clients' one-epoch updates from their group models; each cluster
     becomes a group starting from its members' sample-weighted mean model."""
-    topo, cfg, work = world.topology, world.config, []
-    models, edges, assign = [], [], np.full(topo.n_clients, -1)
-    for j in range(topo.n_edges):
-        members = topo.clients_of(j)
-        members = members[state.assign[members] >= 0]
-        starts = state.models[state.assign[members]]
-        seeds = np.random.default_rng((cfg.seed, 9, t, j)).integers(2**31, size=len(members))
-        updates = torch.stack([starts[r] - world.engine.train(starts[r], [int(c)], 1, [int(s)])[0]
-                               for r, (c, s) in enumerate(zip(members, seeds))])
-        for cluster in plan.grouping.cluster(updates.cpu().numpy().astype(np.float64)):
-            n = torch.as_tensor(topo.n_samples[members[cluster]], dtype=starts.dtype)
-            models.append((n / n.sum()) @ starts[cluster])
-            edges.append(j)
-            assign[members[cluster]] = len(models) - 1
-        devices = [topo.client_device[c] for c in members]
-        work.append((j, members, world.cost.training_cost(devices, topo.n_samples[members], 1)))
-    state.models, state.model_edge, state.assign = torch.stack(models), edges, assign
+    topo = world.topology
+    clients = np.flatnonzero(state.assign >= 0)
+    starts = state.models[state.assign[clients]]
+    clusters, work = cluster_clients(world, plan.grouping, clients, starts, t)
+    models, assign = [], np.full(topo.n_clients, -1)
+    for _, members in clusters:
+        n = torch.as_tensor(topo.n_samples[members], dtype=starts.dtype)
+        models.append((n / n.sum()) @ state.models[state.assign[members]])
+        assign[members] = len(models) - 1
+    state.models, state.model_edge, state.assign = torch.stack(models), [j for j, _ in clusters], assign
     _charge_client_work(state, env, world, t, work)
 
 

@@ -80,12 +80,13 @@ class FedClar(GroupingPolicy):
     of ``min_group_size`` (RG) until ``cluster_round``; then each client's update (its model
     after one local epoch minus the model it started from) is clustered by average-linkage
     hierarchical clustering on cosine distance, cut at ``threshold``, and every cluster becomes a
-    group (starting from its members' sample-weighted mean model)."""
+    group (starting from its members' sample-weighted mean model in per-group mode; in global mode
+    the clusters are the groups Group-FEL samples from afterwards)."""
 
     min_group_size: int = 5
     cluster_round: int = 10
     threshold: float = 0.5
-    modes: ClassVar[tuple[str, ...]] = ("per-group",)
+    modes: ClassVar[tuple[str, ...]] = BOTH
 
     def __post_init__(self):
         RandomGrouping(self.min_group_size)   # validates min_group_size

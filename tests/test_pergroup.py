@@ -161,3 +161,35 @@ def test_pergroup_only_policies_and_options_are_rejected_elsewhere(tiny_dict, tm
         parse_config(d)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     assert {"local", "global", "ifca", "fedclar"} <= set(groupings)
+
+
+def test_fedclar_in_global_mode_clusters_once_and_resumes_with_its_clusters(tiny_dict, tmp_path):
+    d = _two_concepts(tiny_dict, [{"name": "fedclar", "grouping": {"policy": "fedclar", "min_group_size": 2,
+                                                                   "cluster_round": 1, "threshold": 0.9},
+                                   "sampling": {"policy": "random", "groups_per_round": 1}}]).model_dump()
+    d.update(mode="global")
+    d["data"]["test_fraction"] = None
+    cfg = parse_config(d)
+    world = build_world(cfg)
+    plan = plan_arm(world, 0)
+    full = run_arm(world, plan, tmp_path / "a")
+    clusters = json.loads((tmp_path / "a" / "fedclar-clusters.json").read_text())
+    assert clusters["round"] == 1 and len(clusters["clusters"]) >= 2
+    ledger = pd.read_parquet(tmp_path / "a" / "ledger.parquet")
+    assert set(ledger.loc[ledger["group"] == -1, "round"]) == {1}
+    # after the clustering round the sampled group is one of the clusters
+    members = {tuple(c["clients"]) for c in clusters["clusters"]}
+    later = ledger[(ledger["round"] >= 1) & (ledger["group"] >= 0) & (ledger["group_round"] == 0)]
+    assert {tuple(sorted(g["client"].unique())) for _, g in later.groupby("round")} <= members
+
+    class Killed(Exception):
+        pass
+
+    def kill(t, cost, acc):
+        if t == 2:
+            raise Killed
+    with pytest.raises(Killed):
+        run_arm(world, plan, tmp_path / "b", kill)
+    world = build_world(cfg)
+    resumed = run_arm(world, plan_arm(world, 0), tmp_path / "b")
+    pd.testing.assert_frame_equal(full, resumed, check_exact=True)
