@@ -174,8 +174,6 @@ class RunConfig(_Strict):
         names = [a.name for a in self.arms]
         if len(set(names)) != len(names):
             raise ValueError("arm names must be unique")
-        if self.mode == "per-group" and self.test_fraction == 0:
-            raise ValueError("data.test_fraction: per-group mode evaluates on local test splits; set it > 0")
         return self
 
     @property

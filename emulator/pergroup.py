@@ -59,6 +59,9 @@ def check_mode(world: World, plan: ArmPlan, index: int) -> None:
     if isinstance(plan.grouping, FedClar) and plan.arm.regroup_every is not None:
         raise InputError(f"{where}.regroup_every: fedclar regroups once, at its cluster_round; remove it")
     if cfg.mode == "per-group":
+        if cfg.test_fraction == 0:
+            raise InputError("data.test_fraction: per-group mode evaluates on the clients' local test splits; "
+                             "set it > 0 (or leave it out: 0.2)")
         if plan.arm.regroup_every is not None:
             raise InputError(f"{where}.regroup_every: per-group mode keeps its groups and their models "
                              f"(HCCT Alg. 1 partitions once); remove it")
