@@ -86,23 +86,29 @@ def test_pergroup_rows_and_local_policy_matches_its_own_reference(tiny_dict, tmp
     assert manifest["mode"] == "per-group" and manifest["grouping"]["n_groups"] == 1
 
 
+class Killed(Exception):
+    pass
+
+
+def _kill_after_round_2_and_resume(run, cfg, full, arm_dir):
+    """Run arm 0 of ``cfg`` with ``run`` into ``arm_dir``, kill it after round 2, resume it in a
+    fresh world: the table must equal ``full``."""
+    def kill(t, cost, acc):
+        if t == 2:
+            raise Killed
+    world = build_world(cfg)
+    with pytest.raises(Killed):
+        run(world, plan_arm(world, 0), arm_dir, kill)
+    world = build_world(cfg)
+    pd.testing.assert_frame_equal(full, run(world, plan_arm(world, 0), arm_dir), check_exact=True)
+
+
 def test_killed_pergroup_run_resumes_to_the_same_table(tiny_dict, tmp_path):
     cfg = parse_config(_pergroup(tiny_dict, [{"name": "hcct", "grouping": {"policy": "hcct", "alpha": 1.0}}]))
     world = build_world(cfg)
     plan = plan_arm(world, 0)
     full = run_pergroup_arm(world, plan, tmp_path / "a" / "hcct")
-
-    class Killed(Exception):
-        pass
-
-    def kill(t, cost, acc):
-        if t == 2:
-            raise Killed
-    with pytest.raises(Killed):
-        run_pergroup_arm(world, plan, tmp_path / "b" / "hcct", kill)
-    world = build_world(cfg)
-    resumed = run_pergroup_arm(world, plan_arm(world, 0), tmp_path / "b" / "hcct")
-    pd.testing.assert_frame_equal(full, resumed, check_exact=True)
+    _kill_after_round_2_and_resume(run_pergroup_arm, cfg, full, tmp_path / "b" / "hcct")
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "a" / "hcct" / "ledger.parquet"),
                                   pd.read_parquet(tmp_path / "b" / "hcct" / "ledger.parquet"), check_exact=True)
 
@@ -182,15 +188,4 @@ def test_fedclar_in_global_mode_clusters_once_and_resumes_with_its_clusters(tiny
     members = {tuple(c["clients"]) for c in clusters["clusters"]}
     later = ledger[(ledger["round"] >= 1) & (ledger["group"] >= 0) & (ledger["group_round"] == 0)]
     assert {tuple(sorted(g["client"].unique())) for _, g in later.groupby("round")} <= members
-
-    class Killed(Exception):
-        pass
-
-    def kill(t, cost, acc):
-        if t == 2:
-            raise Killed
-    with pytest.raises(Killed):
-        run_arm(world, plan, tmp_path / "b", kill)
-    world = build_world(cfg)
-    resumed = run_arm(world, plan_arm(world, 0), tmp_path / "b")
-    pd.testing.assert_frame_equal(full, resumed, check_exact=True)
+    _kill_after_round_2_and_resume(run_arm, cfg, full, tmp_path / "b")
