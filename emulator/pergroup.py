@@ -161,7 +161,7 @@ def _save(path: Path, s: PerGroupState) -> None:
 
 
 def _load(path: Path) -> PerGroupState:
-    b = torch.load(path, weights_only=False)
+    b = torch.load(path, weights_only=False)   # the format of emulator.runner._load_checkpoint
     return PerGroupState(b["t"], b["models"], b["model_edge"], b["assign"].numpy(), b["sim_time"], b["round_time"],
                          CostLedger.from_state(b["ledger"]), b["rows"], b["initial_grouping"])
 
@@ -192,8 +192,7 @@ def _initial_state(world: World, plan: ArmPlan, grouping: GroupingResult) -> Per
         x0 = world.engine.initial_weights(cfg.seed)
         state.models = x0.repeat(len(grouping.groups), 1)
         state.model_edge = [g.edge for g in grouping.groups]
-    for m, g in enumerate(grouping.groups):
-        if not isinstance(plan.grouping, Ifca):
+        for m, g in enumerate(grouping.groups):
             state.assign[g.clients] = m
     return state
 
