@@ -33,6 +33,8 @@ class DataConfig(_Strict):
     # dirichlet: Group-FEL; shards: HCCT's CIFAR-10; label/feature/concept-shift: FedCollab Sec. 5.1
     partition: Literal["dirichlet", "shards", "label-shift", "feature-shift", "concept-shift"] = "dirichlet"
     alpha: float = Field(0.1, gt=0)
+    # dirichlet: exactly n_i samples per client, or floor(q_ic·n_i) per class (the authors' code)
+    dirichlet_counts: Literal["exact", "floor"] = "exact"
     n_shards: int = Field(100, ge=1)                   # shards: label shards over all clients
     # client sample counts: normal (Group-FEL paper), uniform (randint(min, max + 1), the Group-FEL
     # authors' code), half-normal (HCCT's H(1), scaled to mean_samples)

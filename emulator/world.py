@@ -84,8 +84,8 @@ def place_data(config: RunConfig, dataset: Dataset) -> Placement:
         parts = weighted_partition(dataset.y_train, sizes, weights, m, rng)
     else:
         sizes = client_sizes(n_clients, d.min_samples, d.max_samples, mean, std, rng, d.sizes)
-        parts = (dirichlet_partition(dataset.y_train, sizes, d.alpha, m, rng) if d.partition == "dirichlet"
-                 else shards_partition(dataset.y_train, sizes, d.n_shards, m, rng))
+        parts = (dirichlet_partition(dataset.y_train, sizes, d.alpha, m, rng, d.dirichlet_counts == "floor")
+                 if d.partition == "dirichlet" else shards_partition(dataset.y_train, sizes, d.n_shards, m, rng))
     devices = assign_devices(n_clients, tc.devices, rng)
     train, test = split_local(parts, config.test_fraction, np.random.default_rng((config.seed, 7)))
     x, y = dataset.x_train, dataset.y_train

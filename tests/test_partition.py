@@ -6,8 +6,8 @@ from emulator.config import parse_config
 from emulator.errors import InputError
 from emulator.world import place_data
 from topologies import load_dataset
-from topologies.partition import (apply_client_types, client_sizes, fedcollab_types, rotate_images,
-                                  shards_partition, split_local, weighted_partition)
+from topologies.partition import (apply_client_types, client_sizes, dirichlet_partition, fedcollab_types,
+                                  rotate_images, shards_partition, split_local, weighted_partition)
 
 LABELS = np.repeat(np.arange(10), 300)
 
@@ -22,6 +22,20 @@ def test_size_distributions_stay_in_range_and_are_deterministic():
     half = client_sizes(20000, 1, 10**6, 120, 0, np.random.default_rng(1), "half-normal")
     assert half.mean() == pytest.approx(120, rel=0.03)               # H(1) scaled to its mean
     assert np.median(half) == pytest.approx(120 * 0.6745 / np.sqrt(2 / np.pi), rel=0.05)
+
+
+def test_dirichlet_floor_counts_follow_the_authors_code():
+    sizes = np.array([50, 120, 7])
+    exact = dirichlet_partition(LABELS, sizes, 0.5, 10, np.random.default_rng(4))
+    floored = dirichlet_partition(LABELS, sizes, 0.5, 10, np.random.default_rng(4), floor=True)
+    assert [len(p) for p in exact] == [50, 120, 7]
+    q = np.random.default_rng(4)
+    [q.permutation(np.flatnonzero(LABELS == c)) for c in range(10)]            # the pools, as drawn inside
+    for p, n in zip(floored, sizes):
+        expected = np.floor(q.dirichlet(np.full(10, 0.5)) * n).astype(int)
+        assert np.bincount(LABELS[p], minlength=10).tolist() == expected.tolist() and 1 <= len(p) <= n
+    allidx = np.concatenate(floored)
+    assert len(np.unique(allidx)) == len(allidx)
 
 
 def test_shards_give_single_label_blocks_of_equal_size():

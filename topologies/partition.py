@@ -51,12 +51,16 @@ def _check_total(sizes: np.ndarray, n_available: int) -> None:
 
 
 def dirichlet_partition(labels: np.ndarray, sizes: np.ndarray, alpha: float, num_classes: int,
-                        rng: np.random.Generator) -> list[np.ndarray]:
+                        rng: np.random.Generator, floor: bool = False) -> list[np.ndarray]:
     """Label skew: client i draws class proportions q_i ~ Dir(α·1) and n_i samples by q_i.
 
     Samples are drawn without replacement; when a class runs out, the client's remaining draws
     go to its other classes in proportion to q_i (then to any class left), so every client gets
     exactly n_i samples and no sample is given twice.
+
+    ``floor`` follows the Group-FEL authors' code instead: client i gets floor(q_ic·n_i) samples
+    of class c (fewer than n_i in all; at most what is left of the class, and at least one sample
+    of its largest class so that no client is empty).
     """
     sizes = np.asarray(sizes, dtype=int)
     _check_total(sizes, len(labels))
@@ -70,6 +74,11 @@ def dirichlet_partition(labels: np.ndarray, sizes: np.ndarray, alpha: float, num
             q = np.eye(num_classes)[rng.integers(num_classes)]
         counts = np.zeros(num_classes, dtype=int)
         need = int(n)
+        if floor:
+            counts = np.minimum(np.floor(q * n).astype(int), avail)
+            if counts.sum() == 0:
+                counts[np.argmax(q * (avail > 0))] = 1
+            need = 0
         while need > 0:
             left = avail - counts
             w = q * (left > 0)
