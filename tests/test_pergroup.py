@@ -10,7 +10,7 @@ import torch
 from emulator.config import parse_config
 from emulator.errors import InputError
 from emulator.pergroup import (FORWARD_FRACTION, LocalData, PerGroupState, _ifca_reassign, ipr_rsd,
-                               run_pergroup_arm)
+                               local_reference, run_pergroup_arm)
 from emulator.runner import plan_arm, run_arm
 from emulator.world import build_world
 from experiments.runner import run_experiment
@@ -189,3 +189,17 @@ def test_fedclar_in_global_mode_clusters_once_and_resumes_with_its_clusters(tiny
     later = ledger[(ledger["round"] >= 1) & (ledger["group"] >= 0) & (ledger["group_round"] == 0)]
     assert {tuple(sorted(g["client"].unique())) for _, g in later.groupby("round")} <= members
     _kill_after_round_2_and_resume(run_arm, cfg, full, tmp_path / "b")
+
+
+def test_local_reference_is_cached_per_seed_and_config(tiny_dict, tmp_path):
+    cfg = parse_config(_pergroup(tiny_dict, [{"name": "local", "grouping": {"policy": "local"}}]))
+    world = build_world(cfg)
+    data = LocalData(world, world.local_test)
+    first = local_reference(world, tmp_path, data)
+    path = tmp_path / "local-reference-seed3.pt"
+    assert first.shape == (4, 6) and path.exists()
+    stamp = path.stat().st_mtime_ns
+    assert torch.equal(local_reference(world, tmp_path, data), first) and path.stat().st_mtime_ns == stamp
+    tiny_dict["train"]["lr"] = 0.2                   # another config: the cache is not reused
+    world = build_world(parse_config(tiny_dict))
+    assert not torch.equal(local_reference(world, tmp_path, LocalData(world, world.local_test)), first)
