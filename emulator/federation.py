@@ -88,24 +88,26 @@ class Federation:
     def __init__(self, ctx: RoundContext):
         self.ctx = ctx
 
-    def global_round(self, t: int, x_t: torch.Tensor, sampled: list[tuple[int, Group]]):
-        """The cloud's process for round t; its value is {group id: group model x^g_{t,K}}."""
+    def global_round(self, t: int, x_t: torch.Tensor, sampled: list[tuple[int, Group]],
+                     starts: dict[int, torch.Tensor] | None = None):
+        """The cloud's process for round t; its value is {group id: group model x^g_{t,K}}.
+        ``starts`` (per-group mode) gives each group its own start model instead of x_t."""
         env = self.ctx.env
         by_edge: dict[int, list[tuple[int, Group]]] = {}
         for gid, g in sampled:
             by_edge.setdefault(g.edge, []).append((gid, g))
-        edges = [env.process(self._edge(t, j, groups, x_t)) for j, groups in sorted(by_edge.items())]
+        edges = [env.process(self._edge(t, j, groups, x_t, starts)) for j, groups in sorted(by_edge.items())]
         results = yield env.all_of(edges)
         models: dict[int, torch.Tensor] = {}
         for value in results.values():
             models.update(value)
         return models
 
-    def _edge(self, t, j, groups, x_t):
+    def _edge(self, t, j, groups, x_t, starts=None):
         env, link = self.ctx.env, self.ctx.topology.edge_link(j)
         nbytes = self.ctx.engine.model_bytes
         yield env.timeout(link.transfer_time(nbytes))                    # cloud -> edge: x_t
-        procs = {gid: env.process(self._group(t, j, gid, g, x_t)) for gid, g in groups}
+        procs = {gid: env.process(self._group(t, j, gid, g, starts[gid] if starts else x_t)) for gid, g in groups}
         yield env.all_of(list(procs.values()))
         yield env.timeout(link.transfer_time(nbytes * len(groups)))     # edge -> cloud: x^g
         return {gid: p.value for gid, p in procs.items()}

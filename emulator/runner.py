@@ -29,6 +29,7 @@ from policies.cov import cov_of_counts
 from .config import ArmConfig, config_warnings
 from .discriminator import DiscriminatorSpec, discriminator_distances, discriminator_features
 from .errors import DivergenceError, InputError, InputWarning
+from .fedclar import global_mode_groups
 from .federation import Federation, Group, RoundContext
 from .io import atomic_write, write_json
 from .ledger import CostLedger
@@ -247,6 +248,9 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
     regroup = arm.regroup_every
     epoch = (state.t // regroup) * regroup if regroup else 0
     grouping = form_groups(world, plan, epoch)
+    clar = getattr(plan.grouping, "cluster_round", None)   # FedCLAR: regroup once, by clustering
+    if clar is not None and state.t > clar:                  # a resume past it: the saved clusters
+        grouping = GroupingResult(global_mode_groups(world, plan.grouping, None, clar, arm_dir)[0], 0, 0)
     n_total = float(sum(g.total_samples for g in grouping.groups))
     n_groups0 = state.initial_grouping["n_groups"] if state.initial_grouping else len(grouping.groups)
     notes = input_warnings(world, plan, n_groups0)
@@ -279,9 +283,13 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
     stop_reason, S, ran = "rounds", None, []   # ran: the groups of the last round run
     while tc.rounds is None or state.t < tc.rounds:
         t = state.t
-        if regroup and t > 0 and t % regroup == 0 and t != epoch:   # Sec. 5.2
+        if (regroup and t > 0 and t % regroup == 0 and t != epoch) or t == clar:   # Sec. 5.2; FedCLAR
             epoch = t
-            grouping = form_groups(world, plan, epoch)
+            if t == clar:
+                groups, work = global_mode_groups(world, plan.grouping, state.weights, t, arm_dir)
+                grouping = GroupingResult(groups, 0, 0, work)
+            else:
+                grouping = form_groups(world, plan, epoch)
             charge_probe(t, grouping)
             log_p = plan.sampling.log_probabilities(np.array([g.cov for g in grouping.groups]))
             n_total = float(sum(g.total_samples for g in grouping.groups))

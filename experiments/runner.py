@@ -24,6 +24,7 @@ from tqdm import tqdm
 from emulator.config import RunConfig, load_config, parse_config
 from emulator.errors import InputError
 from emulator.io import atomic_write, write_json
+from emulator.pergroup import check_mode, run_pergroup_arm
 from emulator.runner import plan_arm, run_arm
 from emulator.world import build_world
 
@@ -50,6 +51,9 @@ def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: boo
     run_dir = Path(run_dir) if run_dir else Path(config.output_dir) / config.name
     world = build_world(config)
     plans = [plan_arm(world, i) for i in range(len(config.arms))]   # all input errors surface here
+    for i, plan in enumerate(plans):
+        check_mode(world, plan, i)
+    run = run_pergroup_arm if config.mode == "per-group" else run_arm
     resolved = json.loads(config.model_dump_json())
     saved = run_dir / "config.json"
     if saved.exists() and json.loads(saved.read_text()) != resolved and not force:
@@ -81,7 +85,7 @@ def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: boo
             bar.refresh()
 
         try:
-            frames.append(run_arm(world, plan, arm_dir, tick))
+            frames.append(run(world, plan, arm_dir, tick))
         finally:
             bar.close()
     results = pd.concat(frames, ignore_index=True)
