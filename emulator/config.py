@@ -126,6 +126,7 @@ class FaultsConfig(_Strict):
 class RunConfig(_Strict):
     name: str = Field("run", pattern=r"^[A-Za-z0-9_.+-]+$")
     seed: int = 0
+    seeds: list[int] | None = Field(None, min_length=1)   # several seeds: every arm runs on each
     output_dir: str = "results"
     data: DataConfig = DataConfig()
     topology: TopologyConfig = TopologyConfig()
@@ -139,7 +140,14 @@ class RunConfig(_Strict):
         names = [a.name for a in self.arms]
         if len(set(names)) != len(names):
             raise ValueError("arm names must be unique")
+        if self.seeds is not None and len(set(self.seeds)) != len(self.seeds):
+            raise ValueError("seeds must be distinct")
         return self
+
+    @property
+    def seed_list(self) -> list[int]:
+        """The seeds to run: ``seeds`` when given, else the single ``seed``."""
+        return list(self.seeds) if self.seeds is not None else [self.seed]
 
 
 _FIX = {
