@@ -202,14 +202,18 @@ def finish(config: RunConfig, run_dir: Path) -> pd.DataFrame:
     per_seed = per_seed_metrics(results, config.train.target_accuracy)
     atomic_write(run_dir / "per_seed.csv", lambda p: per_seed.to_csv(p, index=False))
     summary = summarize_seeds(per_seed, arms)
-    # Grouping facts of the arm, averaged over seeds (their spread is in the seed directories).
+    # Grouping and cost facts of each arm, averaged over seeds (each seed's are in its directory);
+    # overhead_share: the group operations' part of the Eq. 5 cost.
     first = pd.concat(per_seed_summaries, ignore_index=True).groupby("arm", sort=False)
     summary.insert(1, "grouping", first["grouping"].first().reindex(arms).to_numpy())
     summary.insert(2, "sampling", first["sampling"].first().reindex(arms).to_numpy())
-    summary.insert(3, "groups", first["groups"].mean().reindex(arms).to_numpy())
-    summary.insert(4, "avg_cov", first["avg_cov"].mean().reindex(arms).round(3).to_numpy())
-    summary.insert(5, "rounds", first["rounds"].mean().reindex(arms).to_numpy())
-    summary.insert(6, "cost", first["cost"].mean().reindex(arms).to_numpy())
+    last = results.groupby(["arm", "seed"], sort=False).last()
+    share = (last["overhead_cost"] / last["cost"]).groupby(level="arm", sort=False).mean()
+    facts = {"groups": first["groups"].mean(), "group_size": first["size_mean"].mean().round(2),
+             "avg_cov": first["avg_cov"].mean().round(3), "rounds": first["rounds"].mean(),
+             "cost": first["cost"].mean(), "overhead_share": share.round(3)}
+    for i, (name, values) in enumerate(facts.items()):
+        summary.insert(3 + i, name, values.reindex(arms).to_numpy())
     atomic_write(run_dir / "summary.csv", lambda p: summary.to_csv(p, index=False))
     curves = curves_on_grid(results, "cost", "accuracy")
     atomic_write(run_dir / "curves.csv", lambda p: curves.to_csv(p, index=False))
@@ -239,6 +243,7 @@ def summarize(results: pd.DataFrame, run_dir: Path, target: float | None = None)
         rows.append({
             "arm": arm, "grouping": manifest["grouping_policy"], "sampling": manifest["sampling_policy"],
             "groups": g["n_groups"], "group_size": f"[{g['size_min']}, {g['size_max']}] ({g['size_mean']:.2f})",
+            "size_mean": g["size_mean"],
             "avg_cov": round(g["cov_mean"], 3), "rounds": int(last["round"]), "cost": float(last["cost"]),
             "sim_time_s": float(last["sim_time_s"]), "final_acc": float(last["accuracy"]),
             "best_acc": float(df["accuracy"].max()),

@@ -130,7 +130,7 @@ def render_summary(summary: pd.DataFrame, target: float | None) -> str:
     metrics = [m for m in METRICS if m != "cost_to_target" or target is not None]
     n = int(summary["seeds"].max())
     table = pd.DataFrame({"arm": summary["arm"],
-                          **{c: summary[c] for c in ("groups", "avg_cov", "rounds") if c in summary},
+                          **{c: summary[c] for c in ("groups", "group_size", "avg_cov", "rounds", "overhead_share") if c in summary},
                           **{m: [_ci(r, m) for _, r in summary.iterrows()] for m in metrics}})
     if target is not None:
         table["target_reached"] = [f"{k}/{n}" for k in summary["target_reached"]]

@@ -152,3 +152,12 @@ def test_local_and_ray_backends_give_equal_tables(tmp_path):
     for name in ("runs.csv", "summary.csv"):
         pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "local" / name), pd.read_csv(tmp_path / "ray" / name),
                                       check_exact=True)
+
+
+def test_shipped_group_size_sweep_expands_to_valid_configs():
+    from experiments.sweep import point_configs
+
+    sweep, base = load_sweep(ROOT / "experiments" / "configs" / "sweeps" / "group-size.toml")
+    configs = point_configs(sweep, base)
+    sizes = [(c.arms[0].grouping["min_group_size"], c.arms[1].grouping["min_group_size"]) for c in configs]
+    assert sizes == [(3, 3), (5, 5), (10, 10), (20, 20)] and all(c.seeds == [0, 1, 2] for c in configs)
