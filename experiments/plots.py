@@ -36,6 +36,13 @@ def plot_bands(runs: dict[str, pd.DataFrame], path: Path, x: str = "cost", y: st
                title: str = "") -> Path:
     """Mean curve with its 95 % band per arm of each run (label -> rows with a ``seed`` column),
     on a common ``x`` grid (:func:`experiments.stats.curves_on_grid`); one seed gives a bare line."""
+    fig = band_figure(runs, x, y, title)
+    atomic_write(Path(path), lambda p: fig.savefig(p, format="png"))
+    plt.close(fig)
+    return Path(path)
+
+
+def band_figure(runs: dict[str, pd.DataFrame], x: str = "cost", y: str = "accuracy", title: str = ""):
     from .stats import curves_on_grid
 
     fig, ax = plt.subplots(figsize=(6.8, 4.4), dpi=120)
@@ -57,9 +64,7 @@ def plot_bands(runs: dict[str, pd.DataFrame], path: Path, x: str = "cost", y: st
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    atomic_write(Path(path), lambda p: fig.savefig(p, format="png"))
-    plt.close(fig)
-    return Path(path)
+    return fig
 
 
 def load_results(path: Path) -> pd.DataFrame:
