@@ -113,7 +113,9 @@ def curves_on_grid(results: pd.DataFrame, x: str = "cost", y: str = "accuracy", 
 
 
 def _fmt(v: float) -> str:
-    return "nan" if not np.isfinite(v) else f"{v:.4g}"
+    if not np.isfinite(v):
+        return "nan"
+    return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 
 def _ci(row, m: str, kind: str = "") -> str:
@@ -153,8 +155,9 @@ def render_summary(summary: pd.DataFrame, target: float | None) -> str:
 
 
 def conclusion(summary: pd.DataFrame, target: float | None) -> str:
-    """One sentence, computed from the summary: the most accurate arm at the common cost, whether
-    its lead over the first arm is supported, and the cheapest arm to the target."""
+    """One sentence, computed from the summary: the most accurate arm at equal cost, whether its
+    lead over the first arm is supported, the cheapest arm to the target, and which paired
+    differences from the first arm (accuracy at equal cost, cost to target) the seeds support."""
     n = int(summary["seeds"].max())
     best = summary.loc[summary["acc_at_common_cost_mean"].idxmax()]
     first = summary.iloc[0]
@@ -164,12 +167,6 @@ def conclusion(summary: pd.DataFrame, target: float | None) -> str:
         verdict = supported(best["acc_at_common_cost_diff_ci95_low"], best["acc_at_common_cost_diff_ci95_high"])
         text += (f", {_ci(best, 'acc_at_common_cost', 'diff_')} over {first['arm']}, "
                  f"{'a supported difference' if 'supported:' in verdict else 'a difference the seeds do not support'}")
-    else:
-        others = summary.iloc[1:]
-        sup = [r["arm"] for _, r in others.iterrows()
-               if "supported:" in supported(r["acc_at_common_cost_diff_ci95_low"], r["acc_at_common_cost_diff_ci95_high"])]
-        text += (f"; its lead is supported over {', '.join(sup)}" if sup
-                 else "; its lead over the others is not supported by the seeds")
     if target is not None and summary["target_reached"].max() > 0:
         reached = summary[summary["target_reached"] > 0]
         cheap = reached.loc[reached["cost_to_target_mean"].idxmin()]
@@ -177,4 +174,12 @@ def conclusion(summary: pd.DataFrame, target: float | None) -> str:
                  f"{_ci(cheap, 'cost_to_target')}, reached in {int(cheap['target_reached'])}/{n} seeds)")
     elif target is not None:
         text += f"; no arm reached accuracy {target:g}"
+    words = {"acc_at_common_cost": "accuracy at equal cost", "cost_to_target": "cost to the target"}
+    found = [f"{r['arm']} {words[m]} {_ci(r, m, 'diff_')}" for _, r in summary.iloc[1:].iterrows() for m in words
+             if (m != "cost_to_target" or target is not None)
+             and "supported:" in supported(r[f"{m}_diff_ci95_low"], r[f"{m}_diff_ci95_high"])]
+    if n > 1:
+        text += (f"; differences from {first['arm']} the seeds support: {', '.join(found)}" if found else
+                 f"; no arm differs from {first['arm']} in {' or '.join(words if target is not None else list(words)[:1])} "
+                 f"beyond the seeds' noise")
     return text + "."
