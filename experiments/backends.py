@@ -40,6 +40,15 @@ def run_task(config_json: str, run_dir: str, arm: int) -> str:
         torch.set_num_threads(threads)
 
 
+def _context():
+    """Workers fork from a server process that imported torch and the emulator but never ran a
+    torch op: each worker starts without re-importing them (seconds each), and without the
+    hazard of forking a process whose torch thread pool already ran (this one, after validation)."""
+    ctx = get_context("forkserver")
+    ctx.set_forkserver_preload(["experiments.backends", "emulator.world", "emulator.runner"])
+    return ctx
+
+
 def default_jobs(n_tasks: int) -> int:
     return max(1, min(n_tasks, len(os.sched_getaffinity(0))))
 
@@ -66,8 +75,7 @@ def run_tasks(tasks: Sequence, *, backend: str = "local", jobs: int | None = Non
             run_task(task.config_json, task.run_dir, task.arm)
             on_done(task)
         return
-    # spawn: a forked child of a process whose torch thread pool already ran can hang.
-    with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
+    with ProcessPoolExecutor(jobs, mp_context=_context()) as pool:
         pending, queue = {}, list(tasks)
         while queue or pending:
             while queue and len(pending) < jobs:     # submit as workers free up: on_start is honest
