@@ -66,17 +66,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     register_timeline(sub)
 
 
-def _cmd_whatif(args) -> int:
-    import time
-
+def _whatif_curves(args):
+    """(profile, O_g curve) named by --profile and --training."""
     from cost_models import get_curve, read_profiles
-    from cost_models.measure import parse_sizes
-    from cost_models.whatif import Scenario, plot_sweep, sweep
     from emulator.errors import InputError
 
-    grouped = args.policy or args.label_matrix or args.alpha
-    if grouped:
-        return _whatif_grouped(args)
     extra = read_profiles(args.profiles_file) if args.profiles_file else None
     prof, kind, overhead = get_curve(args.profile, extra)
     if kind != "group_overhead":
@@ -84,6 +78,18 @@ def _cmd_whatif(args) -> int:
     if args.training not in prof.training:
         raise InputError(f"--training: {prof.name} has no training curve {args.training!r}; "
                          f"choose one of {sorted(prof.training)}")
+    return prof, overhead
+
+
+def _cmd_whatif(args) -> int:
+    import time
+
+    from cost_models.measure import parse_sizes
+    from cost_models.whatif import Scenario, plot_sweep, sweep
+
+    if args.policy or args.label_matrix or args.alpha:
+        return _whatif_grouped(args)
+    prof, overhead = _whatif_curves(args)
     sc = Scenario(clients=args.clients, samples_mean=args.samples_mean, rounds=args.rounds,
                   group_rounds=args.group_rounds, local_epochs=args.local_epochs,
                   groups_per_round=args.groups_per_round, participation=args.participation, seed=args.seed)
@@ -138,7 +144,6 @@ def _whatif_grouped(args) -> int:
     import numpy as np
     import pandas as pd
 
-    from cost_models import get_curve, read_profiles
     from cost_models.measure import parse_sizes
     from cost_models.whatif import Scenario, dirichlet_label_counts, form_groups, grouped_costs, plot_grouped
     from emulator.errors import InputError
@@ -151,13 +156,7 @@ def _whatif_grouped(args) -> int:
         raise InputError("whatif: --label-matrix/--alpha group clients with a policy; add --policy (e.g. covg)")
     if args.label_matrix and args.alpha:
         raise InputError("whatif: give --label-matrix or --alpha (generated Dirichlet edges), not both")
-    extra = read_profiles(args.profiles_file) if args.profiles_file else None
-    prof, kind, overhead = get_curve(args.profile, extra)
-    if kind != "group_overhead":
-        raise InputError(f"--profile {args.profile!r}: name a group operation (e.g. .../secagg), not a training curve")
-    if args.training not in prof.training:
-        raise InputError(f"--training: {prof.name} has no training curve {args.training!r}; "
-                         f"choose one of {sorted(prof.training)}")
+    prof, overhead = _whatif_curves(args)
     sampling = samplings.make(args.sampling, None, "--sampling") if args.sampling != "random" else None
     min_sizes = parse_sizes(args.min_group_size, "--min-group-size") if args.min_group_size else [None]
     max_covs = _floats(args.max_cov, "--max-cov") if args.max_cov else [None]

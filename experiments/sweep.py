@@ -37,7 +37,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from tqdm import tqdm
 
-from emulator.config import RunConfig, parse_config
+from emulator.config import RunConfig, _one_line, parse_config
 from emulator.errors import InputError
 from emulator.io import atomic_write, write_json
 
@@ -97,32 +97,23 @@ def set_path(config: dict, path: str, value: Any) -> None:
             node = node[key]
 
 
+def _read_toml(path: Path, what: str) -> dict:
+    try:
+        return tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise InputError(f"{what} {path}: cannot read ({exc.strerror}); check the path") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{what} {path}: not valid TOML ({exc})") from None
+
+
 def load_sweep(path: str | Path) -> tuple[SweepConfig, dict]:
-    """The sweep file and its base run config (raw dict)."""
+    """The sweep file and its base run config (raw dict; ``base`` is relative to the sweep file)."""
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise InputError(f"sweep file {path}: cannot read ({exc.strerror}); check the path") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"sweep file {path}: not valid TOML ({exc})") from None
-    try:
-        sweep = SweepConfig.model_validate(raw)
+        sweep = SweepConfig.model_validate(_read_toml(path, "sweep file"))
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"]) or "sweep"
-        msg = {"extra_forbidden": "unknown key; remove it or check its spelling",
-               "missing": "required; add it"}.get(err["type"]) or err["msg"].removeprefix("Value error, ")
-        raise InputError(f"sweep file {path}: {loc}: {msg}") from None
-    base_path = path.parent / sweep.base
-    try:
-        base = tomllib.loads(base_path.read_text())
-    except OSError as exc:
-        raise InputError(f"sweep file {path}: base: cannot read {base_path} ({exc.strerror}); the path is "
-                         f"relative to the sweep file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"sweep file {path}: base: {base_path} is not valid TOML ({exc})") from None
-    return sweep, base
+        raise InputError(f"sweep file {path}: {_one_line(exc).removeprefix('config: ')}") from None
+    return sweep, _read_toml(path.parent / sweep.base, f"sweep file {path}: base")
 
 
 def point_name(i: int) -> str:
