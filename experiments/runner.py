@@ -101,9 +101,18 @@ def validate(config: RunConfig, run_dir: Path, *, force: bool = False, where: st
 
 def check_dir(config: RunConfig, run_dir: Path, *, force: bool = False, where: str = "") -> None:
     saved = Path(run_dir) / "config.json"
-    if saved.exists() and json.loads(saved.read_text()) != json.loads(config.model_dump_json()) and not force:
+    if saved.exists() and not force and _saved_config(saved) != config:
         raise InputError(f"{where}output: {run_dir} holds a run of a different config; pass --force to replace "
                          f"it, or change 'name'/'output_dir'")
+
+
+def _saved_config(path: Path) -> RunConfig | None:
+    """The config a run directory was started with (compared as a config, so keys added to the
+    schema since, at their defaults, do not count as a change); None if it no longer parses."""
+    try:
+        return parse_config(json.loads(path.read_text()))
+    except (InputError, json.JSONDecodeError):
+        return None
 
 
 def prepare(config: RunConfig, run_dir: Path, *, force: bool = False) -> list[Task]:
