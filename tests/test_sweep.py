@@ -12,6 +12,7 @@ import pytest
 
 from emulator.errors import InputError
 from experiments.cli import main
+from experiments.report import build_report
 from experiments.sweep import SweepConfig, load_sweep, points, run_sweep, set_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,6 +138,8 @@ def test_sweep_tables_have_axes_seeds_and_cis(tmp_path):
     assert (tmp_path / "out" / "final_acc_vs_data.alpha.png").stat().st_size > 5000
     config = json.loads((tmp_path / "out" / "p01" / "config.json").read_text())
     assert config["data"]["alpha"] == 1.0 and config["arms"][0]["grouping"]["min_group_size"] == 3
+    page = build_report(tmp_path / "out").read_text()         # a sweep's report (rendered: test_report.py)
+    assert "groupfel sweep: out" in page and page.count("data:image/png;base64,") >= 5 + 8
 
 
 def test_local_and_ray_backends_give_equal_tables(tmp_path):
