@@ -36,6 +36,10 @@ def test_report_renders_in_chromium(tiny_dict, tmp_path, capsys):
     assert 'data-errors="0"' in body                          # no script or console error
     assert "CONSOLE" not in dom.stderr
 
+    # groupfel plot overlays several directories (a multi-seed run and one of its seeds), with bands
+    assert main(["plot", str(run), str(run / "seed-1"), "--x", "sim_time_s", "--out", str(tmp_path / "o.png")]) == 0
+    assert (tmp_path / "o.png").stat().st_size > 5000
+
     shot = tmp_path / "report.png"
     res = chromium("--window-size=1280,5000", f"--screenshot={shot}", (tmp_path / "report.html").as_uri())
     assert res.returncode == 0 and shot.stat().st_size > 50_000
