@@ -163,6 +163,7 @@ class RunConfig(_Strict):
     # FedCollab), evaluated on the clients' local test splits
     mode: Literal["global", "per-group"] = "global"
     seed: int = 0
+    seeds: list[int] | None = Field(None, min_length=1)   # several seeds: every arm runs on each
     output_dir: str = "results"
     data: DataConfig = DataConfig()
     topology: TopologyConfig = TopologyConfig()
@@ -176,6 +177,8 @@ class RunConfig(_Strict):
         names = [a.name for a in self.arms]
         if len(set(names)) != len(names):
             raise ValueError("arm names must be unique")
+        if self.seeds is not None and len(set(self.seeds)) != len(self.seeds):
+            raise ValueError("seeds must be distinct")
         return self
 
     @property
@@ -183,6 +186,11 @@ class RunConfig(_Strict):
         """The local test share in effect (DataConfig.test_fraction's mode-dependent default)."""
         f = self.data.test_fraction
         return f if f is not None else (0.2 if self.mode == "per-group" else 0.0)
+
+    @property
+    def seed_list(self) -> list[int]:
+        """The seeds to run: ``seeds`` when given, else the single ``seed``."""
+        return list(self.seeds) if self.seeds is not None else [self.seed]
 
 
 _FIX = {

@@ -351,7 +351,8 @@ def _evaluate(world: World, plan: ArmPlan, state: ArmState, grouping: GroupingRe
     led = state.ledger
     training = led.by_component.get(TRAINING, 0.0)
     state.rows.append({
-        "arm": plan.arm.name, "round": state.t, "cost": led.total, "training_cost": training,
+        "arm": plan.arm.name, "seed": world.config.seed,
+        "round": state.t, "cost": led.total, "training_cost": training,
         "overhead_cost": led.total - training, "sim_time_s": state.sim_time,
         "round_time_s": state.round_time, "accuracy": acc, "loss": loss,
         "groups_sampled": len(sampled),

@@ -27,7 +27,17 @@ def _cmd_run(args) -> int:
         flag = "--output" if args.output else "config output_dir/name ="
     check_writable(run_dir, "dir", flag)
     args.run_dir = run_dir   # for the resume hint if interrupted
-    summary = run_experiment(config, run_dir, force=args.force, progress=not args.quiet)
+    summary = run_experiment(config, run_dir, force=args.force, progress=not args.quiet, jobs=args.jobs,
+                             backend=args.backend, address=args.address)
+    if config.seeds is not None:
+        from .stats import conclusion, render_summary
+
+        print(render_summary(summary, config.train.target_accuracy))
+        print(f"\n{conclusion(summary, config.train.target_accuracy)}")
+        print("\nacc_at_common_cost: accuracy at the smallest final cost of any arm of the same seed")
+        print(f"results: {run_dir}/  (summary.csv, runs.csv, seed-<s>/<arm>/results.csv, ledger.parquet)")
+        print(f"plot:    {run_dir / 'accuracy_vs_cost.png'}")
+        return 0
     with_cols = ["arm", "groups", "group_size", "avg_cov", "rounds", "cost", "sim_time_s", "final_acc",
                  "acc_at_common_cost", "stop"]
     if "cost_to_target" in summary:
@@ -42,20 +52,27 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_plot(args) -> int:
-    import pandas as pd
+    from .plots import AXES, load_results, plot_bands, plot_curves
 
-    from .plots import AXES, plot_curves
-
-    run_dir = Path(args.run_dir)
-    files = sorted(run_dir.glob("*/results.csv")) or sorted(run_dir.glob("results.csv"))
-    if not files:
-        raise InputError(f"plot: no results.csv under {run_dir}; give a run directory (or one arm's)")
-    results = pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
-    for flag, col in (("--x", args.x), ("--y", args.y)):
-        if col not in results:
-            raise InputError(f"plot {flag}: no column {col!r}; choose one of {sorted(AXES)} or another results column")
-    out = check_writable(args.out or run_dir / f"{args.y}_vs_{args.x}.png", "file", "--out")
-    plot_curves(results, out, x=args.x, y=args.y, title=run_dir.name)
+    dirs = [Path(d) for d in args.run_dir]
+    runs = {}
+    for d in dirs:
+        results = load_results(d)
+        for flag, col in (("--x", args.x), ("--y", args.y)):
+            if col not in results:
+                raise InputError(f"plot {flag}: no column {col!r} in {d}; choose one of {sorted(AXES)} "
+                                 f"or another results column")
+        runs[d.name if list(dirs).count(d) == 1 else str(d)] = results
+    out = check_writable(args.out or dirs[0] / f"{args.y}_vs_{args.x}.png", "file", "--out")
+    monotone = all(df.groupby(["arm", "seed"])[args.x].apply(lambda v: v.is_monotonic_increasing).all()
+                   for df in runs.values())
+    if monotone:     # mean curve and band over seeds, on a common x grid
+        plot_bands(runs, out, x=args.x, y=args.y, title=" vs ".join(runs))
+    elif len(runs) == 1 and next(iter(runs.values()))["seed"].nunique() == 1:
+        plot_curves(next(iter(runs.values())), out, x=args.x, y=args.y, title=dirs[0].name)
+    else:
+        raise InputError(f"plot --x {args.x}: bands over seeds need an x that grows along a run "
+                         f"(cost, sim_time_s, round)")
     print(f"plot: {out}")
     return 0
 
@@ -91,13 +108,22 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--output", metavar="RUN_DIR", help="run directory (default: output_dir/name)")
     run.add_argument("--force", action="store_true", help="replace a run of a different config in RUN_DIR")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
+    run.add_argument("--jobs", type=int, help="with seeds: parallel (seed, arm) runs (default: one per core)")
+    run.add_argument("--backend", default="local", choices=["local", "ray"], help="with seeds: where runs go")
+    run.add_argument("--address", help="with --backend ray: the cluster's address (default: a local instance)")
     run.set_defaults(func=_cmd_run)
-    plot = sub.add_parser("plot", help="plot result columns of a run, one line per arm")
-    plot.add_argument("run_dir", metavar="RUN_DIR")
+    plot = sub.add_parser("plot", help="plot result columns of runs or sweeps, one line (and band over seeds) per arm")
+    plot.add_argument("run_dir", metavar="DIR", nargs="+",
+                      help="run, multi-seed run or sweep directories (several: overlaid in one figure)")
     plot.add_argument("--x", default="cost", help="x column: cost, sim_time_s, round, ... (default cost)")
     plot.add_argument("--y", default="accuracy", help="y column: accuracy, loss, ... (default accuracy)")
     plot.add_argument("--out", metavar="FILE.png", help="default RUN_DIR/<y>_vs_<x>.png")
     plot.set_defaults(func=_cmd_plot)
+    from .report import add_report_parser
+    from .sweep import add_sweep_parser
+
+    add_sweep_parser(sub)
+    add_report_parser(sub)
     group_cli.add_group_parser(sub)
     study_cli.add_study_parser(sub)
     cost_cli.register(sub)

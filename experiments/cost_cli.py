@@ -84,13 +84,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     register_timeline(sub)
 
 
-def _cmd_whatif(args) -> int:
-    import time
-
+def _whatif_curves(args):
+    """(profile, O_g curve) named by --profile and --training."""
     from cost_models import get_curve, read_profiles
-    from cost_models.whatif import Scenario, plot_sweep, sweep
 
-    out = check_writable(args.out, "dir", "--out")
     extra = read_profiles(args.profiles_file) if args.profiles_file else None
     prof, kind, overhead = get_curve(args.profile, extra)
     if kind != "group_overhead":
@@ -98,6 +95,18 @@ def _cmd_whatif(args) -> int:
     if args.training not in prof.training:
         raise InputError(f"--training: {prof.name} has no training curve {args.training!r}; "
                          f"choose one of {sorted(prof.training)}")
+    return prof, overhead
+
+
+def _cmd_whatif(args) -> int:
+    import time
+
+    from cost_models.whatif import Scenario, plot_sweep, sweep
+
+    out = check_writable(args.out, "dir", "--out")
+    if args.policy or args.label_matrix or args.alpha:
+        return _whatif_grouped(args)
+    prof, overhead = _whatif_curves(args)
     sc = Scenario(clients=args.clients, samples_mean=args.samples_mean, rounds=args.rounds,
                   group_rounds=args.group_rounds, local_epochs=args.local_epochs,
                   groups_per_round=args.groups_per_round, participation=args.participation, seed=args.seed)
@@ -119,6 +128,101 @@ def _cmd_whatif(args) -> int:
     return 0
 
 
+class _PolicyGrouper:
+    """One edge's groups by a grouping policy (picklable, for the what-if's process pool)."""
+
+    def __init__(self, policy):
+        self.policy = policy
+
+    def __call__(self, counts, rng):
+        from policies import EdgeView
+
+        return self.policy.group(EdgeView(counts), rng).groups
+
+
+def _floats(text: str, flag: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise InputError(f"{flag} {text!r}: give numbers separated by commas (e.g. 0.1,0.5,1)") from None
+    return values
+
+
+def _whatif_grouped(args) -> int:
+    """What-if over the groups a grouping policy builds, on a label matrix or Dirichlet(α) edges,
+    against MinGS, MaxCoV and α (every combination of the values given)."""
+    import itertools
+    import os
+    import time
+
+    import numpy as np
+    import pandas as pd
+
+    from cost_models.whatif import Scenario, dirichlet_label_counts, form_groups, grouped_costs, plot_grouped
+    from policies import samplings
+    from policies.cov import cov_of_counts
+
+    from .group_cli import make_policy, read_label_matrix
+
+    if not args.policy:
+        raise InputError("whatif: --label-matrix/--alpha group clients with a policy; add --policy (e.g. covg)")
+    if args.label_matrix and args.alpha:
+        raise InputError("whatif: give --label-matrix or --alpha (generated Dirichlet edges), not both")
+    prof, overhead = _whatif_curves(args)
+    sampling = samplings.make(args.sampling, None, "--sampling") if args.sampling != "random" else None
+    min_sizes = parse_sizes(args.min_group_size, "--min-group-size") if args.min_group_size else [None]
+    max_covs = _floats(args.max_cov, "--max-cov") if args.max_cov else [None]
+    alphas = _floats(args.alpha, "--alpha") if args.alpha else [None]
+    grouping_policies = [make_policy(args.policy, g, c) for g, c in itertools.product(min_sizes, max_covs)]
+    if args.label_matrix:
+        counts, edges, _ = read_label_matrix(args.label_matrix)
+        clients = len(counts)
+    else:
+        if args.clients_per_edge < 1 or args.clients % args.clients_per_edge:
+            raise InputError(f"--clients-per-edge: {args.clients_per_edge} must divide --clients {args.clients}")
+        clients = args.clients
+        edges = np.arange(clients) // args.clients_per_edge
+    smallest = int(np.bincount(edges)[np.unique(edges)].min())
+    for policy in grouping_policies:
+        if policy.min_group_size > smallest:
+            raise InputError(f"--min-group-size: {policy.min_group_size} exceeds the {smallest} clients of "
+                             f"the smallest edge; lower it")
+    sc = Scenario(clients=clients, samples_mean=args.samples_mean, rounds=args.rounds,
+                  group_rounds=args.group_rounds, local_epochs=args.local_epochs,
+                  groups_per_round=args.groups_per_round, participation=args.participation, seed=args.seed)
+    jobs = args.jobs or len(os.sched_getaffinity(0))
+    norm = getattr(grouping_policies[0], "normalization", "std")
+    rows, t0 = [], time.perf_counter()
+    for alpha in alphas:
+        if alpha is not None:
+            counts = dirichlet_label_counts(clients, args.labels, alpha, sc.sample_counts(), args.seed)
+        for policy in grouping_policies:
+            groups = form_groups(counts, edges, _PolicyGrouper(policy), args.seed, jobs)
+            row = grouped_costs(groups, counts, overhead, prof.training[args.training], sc,
+                                sampling.log_probabilities if sampling else None,
+                                lambda sums: cov_of_counts(sums, norm))
+            rows.append({"alpha": alpha, "min_group_size": policy.min_group_size,
+                         "max_cov": getattr(policy, "max_cov", None), **row})
+    elapsed = time.perf_counter() - t0
+    df = pd.DataFrame(rows).dropna(axis=1, how="all")
+    varied = [a for a, v in (("min_group_size", min_sizes), ("max_cov", max_covs), ("alpha", alphas)) if len(v) > 1]
+    out = check_writable(args.out, "dir", "--out")
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / "whatif.csv", index=False)
+    source = args.label_matrix or f"Dirichlet edges of {args.clients_per_edge}"
+    title = (f"{args.policy} on {source}; {clients} clients, {args.profile} + {args.training}, "
+             f"{args.sampling} sampling, T={sc.rounds}")
+    plot_grouped(df, varied[0] if varied else "min_group_size", out / "whatif.png", title)
+    cols = [c for c in ("alpha", "min_group_size", "max_cov", "groups", "size_min", "size_mean", "size_max",
+                        "cov_mean", "groups_per_round", "training_per_round", "operations_per_round",
+                        "total_per_round", "operations_share") if c in df]
+    print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(f"\n{args.policy} grouped {clients} clients on {len(np.unique(edges))} edges, {len(df)} setting(s), "
+          f"and priced {sc.rounds} rounds each in {elapsed:.2f} s")
+    print(f"table: {out / 'whatif.csv'}\nplot:  {out / 'whatif.png'}")
+    return 0
+
+
 def register_whatif(sub: argparse._SubParsersAction) -> None:
     w = sub.add_parser("whatif", help="Eq. 5 cost per global round across group sizes (no training)")
     w.add_argument("--group-sizes", default="2..40", help="LO..HI[:STEP] or A,B,C (default 2..40)")
@@ -135,6 +239,16 @@ def register_whatif(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--participation", type=float, default=0.1, help="share of clients per round when S is unset")
     w.add_argument("--seed", type=int, default=0)
     w.add_argument("--out", default="whatif", metavar="DIR", help="output directory (default whatif)")
+    g = w.add_argument_group("with a grouping policy (instead of random groups of each --group-sizes)")
+    g.add_argument("--policy", help="grouping policy that forms the groups: covg, rg, cdg, kldg, qcid, fedcollab")
+    g.add_argument("--label-matrix", metavar="FILE.csv", help="clients × labels counts (optional 'edge' column)")
+    g.add_argument("--alpha", help="generate Dirichlet(α) label counts instead: α values, e.g. 0.1,1")
+    g.add_argument("--clients-per-edge", type=int, default=1000, help="with --alpha (default 1000)")
+    g.add_argument("--labels", type=int, default=10, help="with --alpha: number of labels (default 10)")
+    g.add_argument("--min-group-size", help="MinGS values: LO..HI[:STEP] or A,B,C (default: the policy's)")
+    g.add_argument("--max-cov", help="MaxCoV values, e.g. 0.3,0.5,1 (covg; default: the policy's)")
+    g.add_argument("--sampling", default="random", help="sampling policy drawing the groups (default random)")
+    g.add_argument("--jobs", type=int, help="processes grouping the edges (default: one per core)")
     w.set_defaults(func=_cmd_whatif)
 
 

@@ -30,3 +30,56 @@ def plot_curves(results: pd.DataFrame, path: Path, x: str = "cost", y: str = "ac
     atomic_write(Path(path), lambda p: fig.savefig(p, format="png"))
     plt.close(fig)
     return Path(path)
+
+
+def plot_bands(runs: dict[str, pd.DataFrame], path: Path, x: str = "cost", y: str = "accuracy",
+               title: str = "") -> Path:
+    """Mean curve with its 95 % band per arm of each run (label -> rows with a ``seed`` column),
+    on a common ``x`` grid (:func:`experiments.stats.curves_on_grid`); one seed gives a bare line."""
+    fig = band_figure(runs, x, y, title)
+    atomic_write(Path(path), lambda p: fig.savefig(p, format="png"))
+    plt.close(fig)
+    return Path(path)
+
+
+def band_figure(runs: dict[str, pd.DataFrame], x: str = "cost", y: str = "accuracy", title: str = ""):
+    from .stats import curves_on_grid
+
+    fig, ax = plt.subplots(figsize=(6.8, 4.4), dpi=120)
+    for label, results in runs.items():
+        if "seed" not in results:
+            results = results.assign(seed=0)
+        curves = curves_on_grid(results, x, y)
+        for arm, c in curves.groupby("arm", sort=False):
+            name = f"{label}: {arm}" if len(runs) > 1 else str(arm)
+            n = int(c["seeds"].iloc[0])
+            line, = ax.plot(c[x], c[f"{y}_mean"], linewidth=1.5, label=f"{name} (mean of {n} seeds)" if n > 1 else name)
+            if n > 1:
+                ax.fill_between(c[x], c[f"{y}_ci95_low"], c[f"{y}_ci95_high"], color=line.get_color(), alpha=0.2,
+                                linewidth=0)
+    ax.set_xlabel(AXES.get(x, x))
+    ax.set_ylabel(AXES.get(y, y) + " (band: 95 % CI over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def load_results(path: Path) -> pd.DataFrame:
+    """Every evaluation row under a directory: a sweep or multi-seed run (runs.csv), a single-seed
+    run (<arm>/results.csv) or one arm (results.csv). A sweep's arms are named ``<point>/<arm>``."""
+    from emulator.errors import InputError
+
+    path = Path(path)
+    if (path / "runs.csv").exists():
+        df = pd.read_csv(path / "runs.csv")
+        if "point" in df:
+            df = df.assign(arm=df["point"].astype(str) + "/" + df["arm"].astype(str))
+    else:
+        files = sorted(path.glob("*/results.csv")) or sorted(path.glob("results.csv"))
+        if not files:
+            raise InputError(f"plot: no results.csv or runs.csv under {path}; give a run, sweep or arm directory")
+        df = pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
+    return df if "seed" in df else df.assign(seed=0)

@@ -1,6 +1,6 @@
 """Run every arm of a config into one run directory, then the comparison table and plot.
 
-Layout of a run directory::
+Layout of a single-seed run directory (config ``seed = 0``)::
 
     config.json            the resolved config (a resume reads it back)
     <arm>/results.csv      one row per evaluation (also .parquet)
@@ -9,11 +9,26 @@ Layout of a run directory::
     <arm>/checkpoint.pt    only while the arm is unfinished
     summary.csv            one row per arm
     accuracy_vs_cost.png
+
+With ``seeds = [0, 1, 2]`` every seed is a complete single-seed run directory of its own, and the
+top level aggregates them::
+
+    config.json            the resolved multi-seed config
+    seed-<s>/              a single-seed run directory (config.json with seed = s, <arm>/, summary.csv)
+    runs.csv               every evaluation of every seed and arm (also runs.parquet)
+    per_seed.csv           the headline metrics of each (seed, arm)
+    summary.csv            one row per arm: mean and 95 % CI over seeds, paired difference from arm 1
+    curves.csv             accuracy on a common cost grid per arm: mean and band
+    accuracy_vs_cost.png   mean curve with its 95 % band; accuracy_vs_time.png likewise
+
+The (seed, arm) pairs run as independent tasks (:mod:`experiments.backends`), on a local process
+pool or Ray; each arm checkpoints, so ``--resume`` continues every unfinished one.
 """
 from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -24,11 +39,8 @@ from tqdm import tqdm
 from emulator.config import RunConfig, load_config, parse_config
 from emulator.errors import InputError
 from emulator.io import atomic_write, write_json
-from emulator.pergroup import check_mode, run_pergroup_arm
-from emulator.runner import plan_arm, run_arm
-from emulator.world import build_world
 
-from .plots import plot_curves
+from .stats import curves_on_grid, per_seed_metrics, summarize_seeds
 
 
 def default_config() -> RunConfig:
@@ -45,30 +57,130 @@ def config_from_run_dir(run_dir: Path) -> RunConfig:
     return parse_config(json.loads(path.read_text()))
 
 
+def seed_config(config: RunConfig, seed: int) -> RunConfig:
+    """The single-seed config of one seed of a multi-seed config."""
+    return parse_config({**json.loads(config.model_dump_json()), "seed": seed, "seeds": None})
+
+
+def seed_dir(run_dir: Path, seed: int) -> Path:
+    return Path(run_dir) / f"seed-{seed}"
+
+
+def arm_complete(arm_dir: Path) -> bool:
+    manifest = Path(arm_dir) / "manifest.json"
+    return manifest.exists() and bool(json.loads(manifest.read_text()).get("complete"))
+
+
+@dataclass(frozen=True)
+class Task:
+    """One arm of one seed: the unit a backend runs (the data loads inside the worker)."""
+    config_json: str    # a single-seed config
+    run_dir: str        # its single-seed run directory
+    arm: int
+
+    @property
+    def done(self) -> bool:
+        name = json.loads(self.config_json)["arms"][self.arm]["name"]
+        return arm_complete(Path(self.run_dir) / name)
+
+
+def arm_runner(config: RunConfig):
+    """The function that runs one arm in the config's mode (global: Alg. 1; per-group: HCCT/FedCollab)."""
+    if config.mode == "per-group":
+        from emulator.pergroup import run_pergroup_arm
+
+        return run_pergroup_arm
+    from emulator.runner import run_arm
+
+    return run_arm
+
+
+def validate(config: RunConfig, run_dir: Path, *, force: bool = False, where: str = "") -> None:
+    """Every input error of ``config`` (policies against the topology and the mode, the data, the
+    directory) surfaces here, before anything is written."""
+    from emulator.pergroup import check_mode
+    from emulator.runner import plan_arm
+    from emulator.world import build_world
+
+    try:
+        world = build_world(seed_config(config, config.seed_list[0]))
+        for i in range(len(config.arms)):
+            check_mode(world, plan_arm(world, i), i)
+    except InputError as exc:
+        raise InputError(f"{where}{exc}") from None
+    check_dir(config, run_dir, force=force, where=where)
+
+
+def check_dir(config: RunConfig, run_dir: Path, *, force: bool = False, where: str = "") -> None:
+    saved = Path(run_dir) / "config.json"
+    if saved.exists() and not force and _saved_config(saved) != config:
+        raise InputError(f"{where}output: {run_dir} holds a run of a different config; pass --force to replace "
+                         f"it, or change 'name'/'output_dir'")
+
+
+def _saved_config(path: Path) -> RunConfig | None:
+    """The config a run directory was started with (compared as a config, so keys added to the
+    schema since, at their defaults, do not count as a change); None if it no longer parses."""
+    try:
+        return parse_config(json.loads(path.read_text()))
+    except (InputError, json.JSONDecodeError):
+        return None
+
+
+def prepare(config: RunConfig, run_dir: Path, *, force: bool = False) -> list[Task]:
+    """Write the config files of a validated multi-seed run; its (seed, arm) tasks, done ones included."""
+    run_dir = Path(run_dir)
+    if force:
+        for s in config.seed_list:
+            shutil.rmtree(seed_dir(run_dir, s), ignore_errors=True)
+    write_json(run_dir / "config.json", json.loads(config.model_dump_json()))
+    tasks = []
+    for s in config.seed_list:
+        cfg = seed_config(config, s)
+        resolved = json.loads(cfg.model_dump_json())
+        write_json(seed_dir(run_dir, s) / "config.json", resolved)
+        tasks += [Task(json.dumps(resolved), str(seed_dir(run_dir, s)), i) for i in range(len(cfg.arms))]
+    return tasks
+
+
 def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: bool = False,
-                   progress: bool = True) -> pd.DataFrame:
-    """Validate everything, then run (or resume) each arm; returns the summary table."""
+                   progress: bool = True, jobs: int | None = None, backend: str = "local",
+                   address: str | None = None) -> pd.DataFrame:
+    """Validate everything, then run (or resume) each arm of each seed; returns the summary table.
+    A config with ``seeds`` runs its (seed, arm) tasks on ``backend`` with ``jobs`` workers."""
     run_dir = Path(run_dir) if run_dir else Path(config.output_dir) / config.name
+    if config.seeds is None:
+        return _run_single(config, run_dir, force=force, progress=progress)
+    from .backends import run_tasks
+
+    validate(config, run_dir, force=force)
+    tasks = prepare(config, run_dir, force=force)
+    todo = [t for t in tasks if not t.done]
+    with tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"{config.name}: seed x arm runs",
+              unit="run", disable=not progress, dynamic_ncols=True) as bar:
+        run_tasks(todo, backend=backend, jobs=jobs, address=address, on_done=lambda _task: bar.update())
+    return finish(config, run_dir)
+
+
+def _run_single(config: RunConfig, run_dir: Path, *, force: bool, progress: bool) -> pd.DataFrame:
+    """The arms of one seed, one after another in this process, with a progress bar per arm."""
+    from emulator.pergroup import check_mode
+    from emulator.runner import plan_arm
+    from emulator.world import build_world
+
     world = build_world(config)
     plans = [plan_arm(world, i) for i in range(len(config.arms))]   # all input errors surface here
     for i, plan in enumerate(plans):
         check_mode(world, plan, i)
-    run = run_pergroup_arm if config.mode == "per-group" else run_arm
-    resolved = json.loads(config.model_dump_json())
-    saved = run_dir / "config.json"
-    if saved.exists() and json.loads(saved.read_text()) != resolved and not force:
-        raise InputError(f"output: {run_dir} holds a run of a different config; pass --force to replace it, "
-                         f"or change 'name'/'output_dir'")
+    run = arm_runner(config)
+    check_dir(config, run_dir, force=force)
     if force:
         for plan in plans:
             shutil.rmtree(run_dir / plan.arm.name, ignore_errors=True)
-    write_json(saved, resolved)
-    frames = []
+    write_json(run_dir / "config.json", json.loads(config.model_dump_json()))
     for plan in plans:
         arm_dir = run_dir / plan.arm.name
-        manifest = arm_dir / "manifest.json"
-        if manifest.exists() and json.loads(manifest.read_text()).get("complete"):
-            frames.append(pd.read_csv(arm_dir / "results.csv"))
+        if arm_complete(arm_dir):
             continue
         # A budgeted run is tracked by the budget spent, since its number of rounds is unknown.
         by_cost = config.train.budget is not None
@@ -85,19 +197,68 @@ def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: boo
             bar.refresh()
 
         try:
-            frames.append(run(world, plan, arm_dir, tick))
+            run(world, plan, arm_dir, tick)
         finally:
             bar.close()
-    results = pd.concat(frames, ignore_index=True)
+    return finish_seed(config, run_dir)
+
+
+def finish_seed(config: RunConfig, run_dir: Path) -> pd.DataFrame:
+    """summary.csv and the plot of a single-seed run whose arms are all complete."""
+    from .plots import plot_curves
+
+    results = pd.concat([pd.read_csv(run_dir / a.name / "results.csv") for a in config.arms], ignore_index=True)
     summary = summarize(results, run_dir, config.train.target_accuracy)
     atomic_write(run_dir / "summary.csv", lambda p: summary.to_csv(p, index=False))
     plot_curves(results, run_dir / "accuracy_vs_cost.png", title=config.name)
     return summary
 
 
+def finish(config: RunConfig, run_dir: Path) -> pd.DataFrame:
+    """The tables and plots of a multi-seed run whose (seed, arm) tasks are all complete."""
+    from .plots import plot_bands
+
+    run_dir = Path(run_dir)
+    per_seed_summaries = [finish_seed(seed_config(config, s), seed_dir(run_dir, s)) for s in config.seed_list]
+    results = load_runs(config, run_dir)
+    atomic_write(run_dir / "runs.csv", lambda p: results.to_csv(p, index=False))
+    atomic_write(run_dir / "runs.parquet", lambda p: results.to_parquet(p, index=False))
+    arms = [a.name for a in config.arms]
+    per_seed = per_seed_metrics(results, config.train.target_accuracy)
+    atomic_write(run_dir / "per_seed.csv", lambda p: per_seed.to_csv(p, index=False))
+    summary = summarize_seeds(per_seed, arms)
+    # Grouping and cost facts of each arm, averaged over seeds (each seed's are in its directory);
+    # overhead_share: the group operations' part of the Eq. 5 cost.
+    first = pd.concat(per_seed_summaries, ignore_index=True).groupby("arm", sort=False)
+    summary.insert(1, "grouping", first["grouping"].first().reindex(arms).to_numpy())
+    summary.insert(2, "sampling", first["sampling"].first().reindex(arms).to_numpy())
+    last = results.groupby(["arm", "seed"], sort=False).last()
+    share = (last["overhead_cost"] / last["cost"]).groupby(level="arm", sort=False).mean()
+    facts = {"groups": first["groups"].mean(), "group_size": first["size_mean"].mean().round(2),
+             "avg_cov": first["avg_cov"].mean().round(3), "rounds": first["rounds"].mean(),
+             "cost": first["cost"].mean(), "overhead_share": share.round(3)}
+    for i, (name, values) in enumerate(facts.items()):
+        summary.insert(3 + i, name, values.reindex(arms).to_numpy())
+    atomic_write(run_dir / "summary.csv", lambda p: summary.to_csv(p, index=False))
+    curves = curves_on_grid(results, "cost", "accuracy")
+    atomic_write(run_dir / "curves.csv", lambda p: curves.to_csv(p, index=False))
+    plot_bands({config.name: results}, run_dir / "accuracy_vs_cost.png", x="cost", title=config.name)
+    plot_bands({config.name: results}, run_dir / "accuracy_vs_time.png", x="sim_time_s", title=config.name)
+    summary.attrs["target"] = config.train.target_accuracy
+    summary.attrs["common_cost"] = per_seed.groupby("seed")["common_cost"].first().tolist()
+    return summary
+
+
+def load_runs(config: RunConfig, run_dir: Path) -> pd.DataFrame:
+    """Every evaluation row of every seed and arm of a multi-seed run."""
+    return pd.concat([pd.read_csv(seed_dir(run_dir, s) / a.name / "results.csv")
+                      for s in config.seed_list for a in config.arms], ignore_index=True)
+
+
 def summarize(results: pd.DataFrame, run_dir: Path, target: float | None = None) -> pd.DataFrame:
-    """One row per arm; ``acc_at_common_cost`` compares arms at the smallest final cost of any arm,
-    ``cost_to_target`` is the cost at the first evaluation reaching ``target`` accuracy (NaN: never)."""
+    """One row per arm of a single-seed run; ``acc_at_common_cost`` compares arms at the smallest
+    final cost of any arm, ``cost_to_target`` is the cost at the first evaluation reaching
+    ``target`` accuracy (NaN: never)."""
     common = results.groupby("arm", sort=False)["cost"].max().min()
     rows = []
     for arm, df in results.groupby("arm", sort=False):
@@ -107,6 +268,7 @@ def summarize(results: pd.DataFrame, run_dir: Path, target: float | None = None)
         rows.append({
             "arm": arm, "grouping": manifest["grouping_policy"], "sampling": manifest["sampling_policy"],
             "groups": g["n_groups"], "group_size": f"[{g['size_min']}, {g['size_max']}] ({g['size_mean']:.2f})",
+            "size_mean": g["size_mean"],
             "avg_cov": round(g["cov_mean"], 3), "rounds": int(last["round"]), "cost": float(last["cost"]),
             "sim_time_s": float(last["sim_time_s"]), "final_acc": float(last["accuracy"]),
             "best_acc": float(df["accuracy"].max()),
@@ -120,4 +282,5 @@ def summarize(results: pd.DataFrame, run_dir: Path, target: float | None = None)
     return out
 
 
-__all__ = ["default_config", "config_from_run_dir", "load_config", "run_experiment", "summarize"]
+__all__ = ["default_config", "config_from_run_dir", "load_config", "run_experiment", "summarize", "finish",
+           "prepare", "validate", "seed_config", "seed_dir", "Task"]

@@ -1,6 +1,7 @@
 """The README holds: every TOML block runs, and its test command prints pytest's summary line.
 
-Rule for README TOML blocks: each is a complete run config. This test parses each as written and
+Rule for README TOML blocks: each is a complete run config, or a sweep file whose `base` is a
+config shipped in experiments/configs/sweeps/ (its points are validated, not run). This test parses each as written and
 runs it for one round (``train.rounds = 1``, output in a temporary directory); nothing else is
 overridden, so a block must be valid and cheap (digits-sized) as printed.
 """
@@ -17,6 +18,7 @@ import pytest
 
 from emulator.config import parse_config
 from experiments.runner import run_experiment
+from experiments.sweep import SweepConfig, point_configs, points
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -30,6 +32,11 @@ def test_readme_has_toml_blocks():
 @pytest.mark.parametrize("index", range(len(TOML_BLOCKS)))
 def test_readme_toml_block_runs(index, tmp_path):
     data = tomllib.loads(TOML_BLOCKS[index])
+    if "base" in data:          # a sweep file: its base is the shipped one beside the canonical sweep
+        sweep = SweepConfig.model_validate(data)
+        base = tomllib.loads((ROOT / "experiments/configs/sweeps" / sweep.base).read_text())
+        assert len(point_configs(sweep, base)) == len(points(sweep)) > 1   # every point valid as written
+        return
     config = parse_config(data)                           # valid as written
     data.setdefault("train", {})["rounds"] = 1
     data["output_dir"] = str(tmp_path)

@@ -220,3 +220,33 @@ def test_cli_plot_of_a_run(tiny_config, tmp_path, capsys):
     assert main(["plot", str(tmp_path / "run"), "--y", "nope"]) == 2
     assert "--y" in capsys.readouterr().err
     assert main(["plot", str(tmp_path / "empty")]) == 2
+
+
+def test_seeds_run_every_arm_on_every_seed(tiny_dict, tmp_path, capsys):
+    tiny_dict["seeds"] = [0, 1, 2]
+    tiny_dict["train"].update(rounds=4, target_accuracy=0.3)
+    config = parse_config(tiny_dict)
+    summary = run_experiment(config, tmp_path / "run", progress=False, jobs=1)
+    runs = pd.read_csv(tmp_path / "run" / "runs.csv")
+    assert sorted(set(zip(runs["seed"], runs["arm"]))) == [(s, a) for s in (0, 1, 2) for a in ("covg-esrcov", "rg-random")]
+    for s in (0, 1, 2):     # each seed is a single-seed run directory; arms share its data placement
+        seed_run = tmp_path / "run" / f"seed-{s}"
+        assert json.loads((seed_run / "config.json").read_text())["seed"] == s
+        assert (pd.read_csv(seed_run / "rg-random" / "results.csv")["seed"] == s).all()
+        groups = [json.loads((seed_run / a / "manifest.json").read_text())["grouping"]["groups"]
+                  for a in ("covg-esrcov", "rg-random")]
+        assert sorted(c for g in groups[0] for c in g["clients"]) == sorted(c for g in groups[1] for c in g["clients"])
+    assert list(summary["arm"]) == ["covg-esrcov", "rg-random"] and (summary["seeds"] == 3).all()
+    on_disk = pd.read_csv(tmp_path / "run" / "summary.csv")
+    assert {"final_acc_mean", "final_acc_ci95_low", "final_acc_ci95_high", "target_reached"} <= set(on_disk)
+    assert (on_disk["final_acc_ci95_low"] <= on_disk["final_acc_mean"]).all()
+    # the same seed alone gives the same numbers as within the multi-seed run
+    tiny_dict.pop("seeds")
+    tiny_dict["seed"] = 1
+    run_experiment(parse_config(tiny_dict), tmp_path / "alone", progress=False)
+    alone = pd.read_csv(tmp_path / "alone" / "rg-random" / "results.csv")
+    pd.testing.assert_frame_equal(alone, pd.read_csv(tmp_path / "run" / "seed-1" / "rg-random" / "results.csv"))
+    # --resume of the finished multi-seed run reprints the study table with its verdicts
+    assert main(["run", "--resume", str(tmp_path / "run"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "paired difference from covg-esrcov" in out and "Over 3 seeds" in out

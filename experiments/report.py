@@ -1,0 +1,305 @@
+"""``groupfel report DIR``: one self-contained HTML page for a run, a multi-seed run or a sweep.
+
+Plots are PNG data URIs and the page loads nothing from the network. Sections: what was run (the
+config and its cost profiles' curves), accuracy against cost and simulated time (bands over seeds),
+the summary with CIs and paired differences, the Eq. 5 breakdown from the ledgers (training against
+each group operation, per edge and per group size), grouping statistics from the manifests, the
+makespan, and versions and wall time. Each image marks itself decoded on load and the page counts
+script errors in ``<body data-errors>``, so a headless browser can check that it rendered.
+"""
+from __future__ import annotations
+
+import base64
+import datetime
+import html
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from emulator.config import RunConfig, parse_config
+from emulator.errors import InputError
+from emulator.io import atomic_write
+
+from .plots import band_figure, plt
+from .stats import conclusion, render_summary
+
+
+@dataclass
+class ArmRun:
+    label: str       # the arm, or <point>/<arm> in a sweep
+    seed: int
+    path: Path       # the arm directory
+
+
+@dataclass
+class Study:
+    kind: str                     # "run", "multi-seed run" or "sweep"
+    root: Path
+    config: RunConfig             # the (first point's) config
+    arms: list[ArmRun]
+    results: pd.DataFrame         # every evaluation row, arm = label
+    summary: pd.DataFrame
+    extra: dict
+
+
+def load_study(root: Path) -> Study:
+    root = Path(root)
+    if (root / "sweep.json").exists():
+        meta = json.loads((root / "sweep.json").read_text())
+        points = list(meta["points"])
+        if not (root / "runs.csv").exists():
+            raise InputError(f"report: {root} is an unfinished sweep; rerun its 'groupfel sweep' command first")
+        config = parse_config(json.loads((root / points[0] / "config.json").read_text()))
+        arms = [ArmRun(f"{p}/{a.name}", s, root / p / f"seed-{s}" / a.name)
+                for p in points for s in config.seed_list for a in config.arms]
+        results = pd.read_csv(root / "runs.csv")
+        results["arm"] = results["point"].astype(str) + "/" + results["arm"].astype(str)
+        return Study("sweep", root, config, arms, results, pd.read_csv(root / "summary.csv"), meta)
+    if not (root / "config.json").exists():
+        raise InputError(f"report: {root} holds no config.json; give a run or sweep directory")
+    config = parse_config(json.loads((root / "config.json").read_text()))
+    if config.seeds is not None:
+        if not (root / "runs.csv").exists():
+            raise InputError(f"report: {root} is unfinished; resume it with 'groupfel run --resume {root}'")
+        arms = [ArmRun(a.name, s, root / f"seed-{s}" / a.name) for s in config.seed_list for a in config.arms]
+        return Study("multi-seed run", root, config, arms, pd.read_csv(root / "runs.csv"),
+                     pd.read_csv(root / "summary.csv"), {})
+    arms = [ArmRun(a.name, config.seed, root / a.name) for a in config.arms]
+    missing = [str(a.path) for a in arms if not (a.path / "manifest.json").exists()]
+    if missing or not (root / "summary.csv").exists():
+        raise InputError(f"report: {root} is unfinished ({', '.join(missing) or 'no summary.csv'}); resume it "
+                         f"with 'groupfel run --resume {root}'")
+    results = pd.concat([pd.read_csv(a.path / "results.csv") for a in arms], ignore_index=True)
+    if "seed" not in results:
+        results["seed"] = config.seed
+    return Study("run", root, config, arms, results, pd.read_csv(root / "summary.csv"), {})
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return _img(buf.getvalue())
+
+
+def _png_file(path: Path) -> str:
+    return _img(Path(path).read_bytes())
+
+
+def _img(png: bytes) -> str:
+    return (f'<img alt="plot" src="data:image/png;base64,{base64.b64encode(png).decode()}" '
+            f'onload="this.dataset.decoded=1" onerror="this.dataset.decoded=0">')
+
+
+def _table(df: pd.DataFrame) -> str:
+    return df.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="–", border=0, classes="t")
+
+
+def _profiles_figure(config: RunConfig) -> str:
+    from emulator.world import build_cost_model
+
+    cost = build_cost_model(config)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6), dpi=100)
+    sizes, samples = np.arange(2, 41), np.arange(1, 401)
+    for device, prof in cost.profiles.items():
+        for op in config.cost.group_operations:
+            ax1.plot(sizes, prof.group_overhead[op](sizes), label=f"{device} {op}")
+        ax2.plot(samples, prof.training[config.cost.training](samples), label=f"{device} {config.cost.training}")
+    ax1.set(xlabel="group size |g|", ylabel="O_g(|g|): per-client overhead (s)", title="group operations")
+    ax2.set(xlabel="samples n", ylabel="H(n): one epoch (s)", title="training")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _ledgers(study: Study) -> pd.DataFrame:
+    """Every Eq. 5 charge, with the arm label, the seed and the size of the charged group."""
+    frames = []
+    for a in study.arms:
+        led = pd.read_parquet(a.path / "ledger.parquet")
+        grouped = led[led["group"] >= 0]
+        size = grouped.groupby(["round", "group"])["client"].nunique().rename("group_size")
+        led = led.join(size, on=["round", "group"])
+        frames.append(led.assign(arm=a.label, seed=a.seed))
+    return pd.concat(frames, ignore_index=True)
+
+
+def _breakdown(study: Study) -> str:
+    led = _ledgers(study)
+    n_seeds = led.groupby("arm")["seed"].nunique()
+    per_comp = led.pivot_table(index="arm", columns="component", values="amount", aggfunc="sum", sort=False)
+    per_comp = per_comp.div(n_seeds.reindex(per_comp.index), axis=0)
+    table = per_comp.assign(total=per_comp.sum(axis=1)).reset_index()
+    for c in per_comp.columns:
+        table[f"{c} share"] = per_comp[c].to_numpy() / table["total"].to_numpy()
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2), dpi=100)
+    per_comp.plot.barh(stacked=True, ax=axes[0])
+    axes[0].set(xlabel="Eq. 5 cost per seed (device s)", ylabel="", title="by component")
+    edge = led.pivot_table(index="edge", columns="component", values="amount", aggfunc="sum") / len(study.arms)
+    edge.plot.bar(stacked=True, ax=axes[1])
+    axes[1].set(xlabel="edge", ylabel="Eq. 5 cost per arm run (device s)", title="by edge (all arms)")
+    grouped = led[led["group_size"].notna()]
+    per_client = grouped.groupby(["group_size", "component"])["amount"].mean().unstack()
+    per_client.plot(marker="o", ax=axes[2])
+    axes[2].set(xlabel="group size |g|", ylabel="mean charge per client per group round (s)",
+                title="by group size: O_g(|g|) against E·H(n)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return (f"<p>Mean over seeds of each arm's ledger ({len(led):,} charges in all). Training includes "
+            f"any gradient probe (group −1).</p>{_table(table)}{_png(fig)}")
+
+
+def _grouping(study: Study) -> str:
+    rows, sizes, covs = [], {}, {}
+    for a in study.arms:
+        m = json.loads((a.path / "manifest.json").read_text())
+        g = m["grouping"]
+        sizes.setdefault(a.label, []).extend(x["size"] for x in g["groups"])
+        covs.setdefault(a.label, []).extend(x["cov"] for x in g["groups"])
+        rows.append({"arm": a.label, "seed": a.seed, "policy": m["grouping_policy"], "groups": g["n_groups"],
+                     "size min": g["size_min"], "size max": g["size_max"], "size mean": g["size_mean"],
+                     "mean CoV": g["cov_mean"], "dropped": g["clients_dropped"],
+                     "leftover rule": g["clients_touched_by_leftover_rule"]})
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4), dpi=100)
+    top = max(max(v) for v in sizes.values())
+    bins = np.arange(0.5, top + 1.5)
+    for label, v in sizes.items():
+        ax1.hist(v, bins=bins, histtype="step", linewidth=1.5, label=label)
+    ax1.set(xlabel="group size", ylabel="groups (all seeds)", title="group sizes")
+    for i, v in enumerate(covs.values()):    # one dot per group, jittered; the bar is the mean
+        jitter = np.random.default_rng(i).uniform(-0.2, 0.2, len(v))
+        ax2.scatter(v, i + jitter, s=10, alpha=0.6)
+        ax2.plot([np.mean(v)] * 2, [i - 0.3, i + 0.3], color="k")
+    ax2.set_yticks(range(len(covs)), list(covs))
+    ax2.set(xlabel="group CoV (σ/μ of label counts)", title="group CoVs")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+    ax1.legend(fontsize=7)
+    fig.tight_layout()
+    return _png(fig) + _table(pd.DataFrame(rows))
+
+
+def _makespan(study: Study) -> tuple[str, str]:
+    last = study.results.groupby(["arm", "seed"], sort=False).last().reset_index()
+    rounds = study.results[study.results["round"] > 0]
+    per_round = rounds.groupby("arm", sort=False)["round_time_s"].agg(["mean", "max"]) \
+        if "round_time_s" in rounds else pd.DataFrame()
+    table = last.groupby("arm", sort=False).agg(seeds=("seed", "nunique"), rounds=("round", "mean"),
+                                                 sim_time_s=("sim_time_s", "mean"), cost=("cost", "mean"))
+    table = table.join(per_round.add_prefix("round_time_s "), how="left").reset_index()
+    versions, wall = {}, []
+    for a in study.arms:
+        m = json.loads((a.path / "manifest.json").read_text())
+        versions = m.get("versions", versions)
+        wall.append({"arm": a.label, "seed": a.seed, "wall_s": m.get("wall_seconds_last_session", np.nan)})
+    w = pd.DataFrame(wall)
+    wall_html = (f"<p>Wall time of the last session of each arm run: total {w['wall_s'].sum():.1f} s "
+                 f"(mean {w['wall_s'].mean():.1f} s per run).</p>")
+    ver = _table(pd.DataFrame([{"package": k, "version": v} for k, v in versions.items()]))
+    return (f"<p>Simulated wall-clock time: clients in parallel, a group round waits for its slowest member, "
+            f"the cloud for its slowest group, plus link transfers.</p>{_table(table)}", wall_html + ver)
+
+
+def _summary(study: Study) -> str:
+    target = study.config.train.target_accuracy
+    if study.kind == "multi-seed run":
+        text = render_summary(study.summary, target)
+        return (f"<p><b>{html.escape(conclusion(study.summary, target))}</b></p>"
+                f"<pre>{html.escape(text)}</pre>")
+    if study.kind == "sweep":
+        axes = list(study.extra["sweep"]["axes"])
+        cols = ["point", *axes, "arm", "seeds", "target_reached"]
+        cols += [c for c in study.summary.columns if c.endswith(("_mean", "_ci95_low", "_ci95_high"))]
+        plots = "".join(_png_file(p) for p in sorted(study.root.glob("*_vs_*.png")))
+        return (f"<p>Mean and 95 % CI over seeds {study.extra['sweep']['seeds']}; <code>_diff_</code> "
+                f"columns of summary.csv hold each arm's paired difference from the first.</p>"
+                f"{_table(study.summary[cols])}{plots}")
+    return "<p>One seed: no confidence intervals (give <code>seeds = [0, 1, 2]</code>).</p>" + _table(study.summary)
+
+
+CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222}
+h1{font-size:1.5em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:1.6em}
+img{max-width:100%;display:block;margin:.6em 0}pre{background:#f6f6f6;padding:.8em;overflow:auto;font-size:12px}
+table.t{border-collapse:collapse;font-size:12px;margin:.6em 0}table.t td,table.t th{padding:2px 8px;
+border-bottom:1px solid #eee;text-align:right}details{margin:.5em 0}"""
+
+CHECK = """<script>
+var errors = 0;
+window.addEventListener('error', function () { errors += 1; document.body.dataset.errors = errors; }, true);
+var consoleError = console.error;
+console.error = function () { errors += 1; document.body.dataset.errors = errors; consoleError.apply(console, arguments); };
+window.addEventListener('load', function () {
+  var imgs = Array.prototype.slice.call(document.images);
+  document.body.dataset.errors = errors;
+  document.body.dataset.images = imgs.length;
+  document.body.dataset.decoded = imgs.filter(function (i) { return i.complete && i.naturalWidth > 0; }).length;
+});
+</script>"""
+
+
+def build_report(root: Path, out: Path | None = None) -> Path:
+    """Write the HTML page of a run or sweep directory; returns its path."""
+    import time
+
+    t0 = time.perf_counter()
+    study = load_study(Path(root))
+    out = Path(out) if out else study.root / "report.html"
+    bands = {x: _png(band_figure({study.root.name: study.results}, x=x, title=f"{study.root.name}: accuracy"))
+             for x in ("cost", "sim_time_s")}
+    makespan, versions = _makespan(study)
+    seeds = study.config.seed_list
+    title = f"groupfel {study.kind}: {study.root.name}"
+    config_json = json.dumps(json.loads((study.root / ("sweep.json" if study.kind == "sweep" else "config.json"))
+                                        .read_text()), indent=2)
+    body = f"""<h1>{html.escape(title)}</h1>
+<p>{html.escape(str(study.root.resolve()))} · seeds {seeds} · {len(study.arms)} arm runs ·
+generated {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}</p>
+<h2>What was run</h2>
+<details><summary>configuration ({'sweep and its points' if study.kind == 'sweep' else 'resolved config'})</summary>
+<pre>{html.escape(config_json)}</pre></details>
+<p>Cost profiles: {', '.join(f'{d}/{study.config.cost.task}' for d in study.config.topology.devices)};
+training <code>{study.config.cost.training}</code>; group operations
+<code>{', '.join(study.config.cost.group_operations)}</code> (Eq. 5: K Σ<sub>i∈g</sub> (O<sub>g</sub>(|g|) + E·H(n<sub>i</sub>))).</p>
+{_profiles_figure(study.config)}
+<h2>Accuracy against cost and simulated time</h2>
+<p>Each seed's curve interpolated onto a common grid; line: mean, band: 95 % CI over seeds.</p>
+{bands['cost']}{bands['sim_time_s']}
+<h2>Summary</h2>
+{_summary(study)}
+<h2>Eq. 5 cost breakdown</h2>
+{_breakdown(study)}
+<h2>Grouping</h2>
+{_grouping(study)}
+<h2>Makespan</h2>
+{makespan}
+<h2>Versions and wall time</h2>
+{versions}
+<p>Report built in {time.perf_counter() - t0:.1f} s.</p>"""
+    page = (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+            f"<style>{CSS}</style>{CHECK}</head>\n<body data-errors=\"0\">\n{body}\n</body></html>\n")
+    atomic_write(out, lambda p: p.write_text(page))
+    return out
+
+
+def _cmd_report(args) -> int:
+    out = build_report(Path(args.dir), Path(args.out) if args.out else None)
+    print(f"report: {out}")
+    return 0
+
+
+def add_report_parser(sub) -> None:
+    p = sub.add_parser("report", help="one self-contained HTML page for a run or sweep directory")
+    p.add_argument("dir", metavar="DIR", help="a run, multi-seed run or sweep directory")
+    p.add_argument("--out", metavar="FILE.html", help="default DIR/report.html")
+    p.set_defaults(func=_cmd_report)
+
+
+__all__ = ["build_report", "load_study"]

@@ -1,0 +1,271 @@
+"""Sweeps: one multi-seed run per point of a grid over config axes, on a process pool or Ray.
+
+Sweep file (TOML)::
+
+    name = "group-size"
+    base = "base.toml"        # a run config, relative to this file
+    seeds = [0, 1, 2]
+    mode = "product"          # product (default): every combination; zip: the i-th values together
+    [axes]                    # dotted paths into the run config; list items by index
+    "arms.0.grouping.min_group_size" = [5, 10, 20]
+    "data.alpha" = [0.1, 1.0]
+
+Layout of a sweep directory (default ``<base output_dir>/<name>``)::
+
+    sweep.json             the sweep and its points (axis values of each)
+    points.csv             point -> axis values
+    p00/, p01/, ...        one multi-seed run directory per point (see experiments.runner)
+    runs.csv / .parquet    every evaluation: point, axes (one column per dotted path), seed, arm, ...
+    summary.csv            one row per point x arm: axes, mean and 95 % CI of each headline metric,
+                           paired difference from the first arm
+    <metric>_vs_<axis>.png each headline metric against each axis, one line per arm (error bars: CI)
+
+Every point is validated before any work starts. The (point, seed, arm) tasks then run on the
+backend; an arm whose results exist is skipped and a half-run one resumes from its checkpoint, so
+rerunning a killed sweep with the same command finishes it and loses nothing.
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from tqdm import tqdm
+
+from emulator.config import RunConfig, _one_line, parse_config
+from emulator.errors import InputError
+from emulator.io import atomic_write, write_json
+
+from .stats import METRICS
+
+
+class SweepConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.+-]+$")
+    base: str
+    seeds: list[int] = Field(min_length=1)
+    mode: Literal["product", "zip"] = "product"
+    output_dir: str | None = None          # default: the base config's output_dir
+    axes: dict[str, list[Any]] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _axes(self):
+        for path, values in self.axes.items():
+            if not values:
+                raise ValueError(f"axes.{path!r}: give at least one value")
+        if self.mode == "zip" and len({len(v) for v in self.axes.values()}) > 1:
+            lengths = ", ".join(f"{p!r}: {len(v)}" for p, v in self.axes.items())
+            raise ValueError(f"mode = \"zip\" needs axes of equal length ({lengths})")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError("seeds must be distinct")
+        return self
+
+
+def points(sweep: SweepConfig) -> list[dict[str, Any]]:
+    """The sweep's points, each {dotted path: value}: the cartesian product of the axes, or with
+    ``mode = "zip"`` their i-th values together."""
+    paths = list(sweep.axes)
+    combos = zip(*sweep.axes.values()) if sweep.mode == "zip" else itertools.product(*sweep.axes.values())
+    return [dict(zip(paths, combo)) for combo in combos]
+
+
+def set_path(config: dict, path: str, value: Any) -> None:
+    """Set a dotted path (list items by index) in a raw config dict; missing tables are created."""
+    node: Any = config
+    parts = path.split(".")
+    for i, key in enumerate(parts):
+        last = i == len(parts) - 1
+        where = ".".join(parts[:i + 1])
+        if isinstance(node, list):
+            if not key.isdigit() or int(key) >= len(node):
+                raise InputError(f"sweep axes.{path!r}: {where} indexes a list of {len(node)} items; "
+                                 f"use an index 0..{len(node) - 1}")
+            key = int(key)
+        elif not isinstance(node, dict):
+            raise InputError(f"sweep axes.{path!r}: {'.'.join(parts[:i])} is a value, not a table or list")
+        if last:
+            node[key] = value
+        else:
+            if isinstance(node, dict) and key not in node:
+                node[key] = {}
+            node = node[key]
+
+
+def _read_toml(path: Path, what: str) -> dict:
+    try:
+        return tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise InputError(f"{what} {path}: cannot read ({exc.strerror}); check the path") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{what} {path}: not valid TOML ({exc})") from None
+
+
+def load_sweep(path: str | Path) -> tuple[SweepConfig, dict]:
+    """The sweep file and its base run config (raw dict; ``base`` is relative to the sweep file)."""
+    path = Path(path)
+    try:
+        sweep = SweepConfig.model_validate(_read_toml(path, "sweep file"))
+    except ValidationError as exc:
+        raise InputError(f"sweep file {path}: {_one_line(exc).removeprefix('config: ')}") from None
+    return sweep, _read_toml(path.parent / sweep.base, f"sweep file {path}: base")
+
+
+def point_name(i: int) -> str:
+    return f"p{i:02d}"
+
+
+def point_configs(sweep: SweepConfig, base: dict) -> list[RunConfig]:
+    """One multi-seed run config per point; a bad point fails with its name and field."""
+    out = []
+    for i, point in enumerate(points(sweep)):
+        raw = copy.deepcopy(base)
+        label = f"sweep point {point_name(i)} ({', '.join(f'{p}={v!r}' for p, v in point.items())})"
+        try:
+            for path, value in point.items():
+                set_path(raw, path, value)
+            raw.pop("seed", None)
+            raw.update(name=f"{sweep.name}-{point_name(i)}", seeds=list(sweep.seeds))
+            out.append(parse_config(raw))
+        except InputError as exc:
+            raise InputError(f"{label}: {exc}") from None
+    return out
+
+
+def run_sweep(path: str | Path, *, backend: str = "local", jobs: int | None = None, address: str | None = None,
+              output: str | Path | None = None, force: bool = False, progress: bool = True) -> pd.DataFrame:
+    """Validate every point, run every unfinished (point, seed, arm) task, write the sweep tables."""
+    from .backends import BACKENDS, run_tasks
+    from .runner import prepare, validate
+
+    if backend not in BACKENDS:
+        raise InputError(f"--backend: {backend!r} is not one of {', '.join(BACKENDS)}")
+    sweep, base = load_sweep(path)
+    configs = point_configs(sweep, base)
+    root = Path(output) if output else Path(sweep.output_dir or configs[0].output_dir) / sweep.name
+    pts = points(sweep)
+    for i, (config, point) in enumerate(zip(configs, pts)):
+        label = f"sweep point {point_name(i)} ({', '.join(f'{p}={v!r}' for p, v in point.items())}): "
+        validate(config, root / point_name(i), force=force, where=label)
+    write_json(root / "sweep.json", {"sweep": json.loads(sweep.model_dump_json()),
+                                     "points": {point_name(i): p for i, p in enumerate(pts)}})
+    table = pd.DataFrame([{"point": point_name(i), **p} for i, p in enumerate(pts)])
+    atomic_write(root / "points.csv", lambda p: table.to_csv(p, index=False))
+    tasks = {point_name(i): prepare(c, root / point_name(i), force=force) for i, c in enumerate(configs)}
+    left = {name: sum(not t.done for t in ts) for name, ts in tasks.items()}
+    todo = [t for ts in tasks.values() for t in ts if not t.done]
+    point_of = {id(t): name for name, ts in tasks.items() for t in ts}
+    running: list[str] = []
+
+    with tqdm(total=len(pts), initial=sum(n == 0 for n in left.values()), desc=f"sweep {sweep.name}",
+              unit="point", disable=not progress, dynamic_ncols=True) as bar:
+        def on_start(task):
+            running.append(point_of[id(task)])
+            bar.set_postfix_str(f"running {running[0]}")
+
+        def on_done(task):
+            name = point_of[id(task)]
+            running.remove(name)
+            left[name] -= 1
+            if left[name] == 0:
+                bar.update()
+            bar.set_postfix_str(f"running {running[0]}" if running else "")
+
+        run_tasks(todo, backend=backend, jobs=jobs, address=address, on_start=on_start, on_done=on_done)
+    summary = finish_sweep(sweep, configs, root)
+    summary.attrs["root"] = str(root)
+    return summary
+
+
+def finish_sweep(sweep: SweepConfig, configs: list[RunConfig], root: Path) -> pd.DataFrame:
+    """runs.csv/.parquet, summary.csv and the metric-against-axis plots of a finished sweep."""
+    from .runner import finish, load_runs
+
+    axes = list(sweep.axes)
+    runs, summaries = [], []
+    for i, (config, point) in enumerate(zip(configs, points(sweep))):
+        d = root / point_name(i)
+        summary = finish(config, d)
+        cols = {"point": point_name(i), **{p: _cell(v) for p, v in point.items()}}
+        summaries.append(summary.assign(**cols)[[*cols, *summary.columns]])
+        r = load_runs(config, d)
+        runs.append(r.assign(**cols)[[*cols, *r.columns]])
+    runs_df = pd.concat(runs, ignore_index=True)
+    summary_df = pd.concat(summaries, ignore_index=True)
+    atomic_write(root / "runs.csv", lambda p: runs_df.to_csv(p, index=False))
+    atomic_write(root / "runs.parquet", lambda p: runs_df.to_parquet(p, index=False))
+    atomic_write(root / "summary.csv", lambda p: summary_df.to_csv(p, index=False))
+    for axis in axes:
+        for metric in METRICS:
+            plot_metric_vs_axis(summary_df, axes, axis, metric, root / f"{metric}_vs_{axis}.png")
+    summary_df.attrs["axes"] = axes
+    return summary_df
+
+
+def _cell(value: Any) -> Any:
+    """An axis value as a table cell (lists and tables become JSON text)."""
+    return json.dumps(value) if isinstance(value, (list, dict)) else value
+
+
+def plot_metric_vs_axis(summary: pd.DataFrame, axes: list[str], axis: str, metric: str, path: Path) -> None:
+    """``metric`` (mean, 95 % CI error bars) against ``axis``: one line per arm and per value of
+    the other axes."""
+    from .plots import plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
+    others = [a for a in axes if a != axis]
+    values = list(dict.fromkeys(summary[axis]))
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    for key, df in summary.groupby(["arm", *others], sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        label = ", ".join([str(key[0])] + [f"{a}={v}" for a, v in zip(others, key[1:])])
+        xs = df[axis].to_numpy() if numeric else [values.index(v) for v in df[axis]]
+        mean = df[f"{metric}_mean"].to_numpy(float)
+        err = [mean - df[f"{metric}_ci95_low"].to_numpy(float), df[f"{metric}_ci95_high"].to_numpy(float) - mean]
+        ax.errorbar(xs, mean, yerr=err, marker="o", ms=4, capsize=3, label=label)
+    if not numeric:
+        ax.set_xticks(range(len(values)), [str(v) for v in values])
+    ax.set_xlabel(axis)
+    ax.set_ylabel(f"{METRICS[metric]} (mean, 95 % CI)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    atomic_write(path, lambda p: fig.savefig(p, format="png"))
+    plt.close(fig)
+
+
+def _cmd_sweep(args) -> int:
+    summary = run_sweep(args.sweep, backend=args.backend, jobs=args.jobs, address=args.address,
+                        output=args.output, force=args.force, progress=not args.quiet)
+    sweep, _ = load_sweep(args.sweep)
+    root = summary.attrs["root"]
+    cols = ["point", *summary.attrs["axes"], "arm", "seeds"]
+    for m in METRICS:
+        if summary[f"{m}_mean"].notna().any():
+            summary[m] = [f"{r[m + '_mean']:.4g} [{r[m + '_ci95_low']:.4g}, {r[m + '_ci95_high']:.4g}]"
+                          for _, r in summary.iterrows()]
+            cols.append(m)
+    summary["target_reached"] = [f"{k}/{n}" for k, n in zip(summary["target_reached"], summary["seeds"])]
+    cols.append("target_reached")
+    print(summary[cols].to_string(index=False))
+    print(f"\nmean [95 % CI] over seeds {list(sweep.seeds)}; paired differences from the first arm in summary.csv")
+    print(f"results: {root}/  (runs.csv, summary.csv, <point>/..., <metric>_vs_<axis>.png)")
+    return 0
+
+
+def add_sweep_parser(sub) -> None:
+    p = sub.add_parser("sweep", help="run a sweep file: one multi-seed run per point of its axes")
+    p.add_argument("sweep", metavar="SWEEP.toml")
+    p.add_argument("--backend", default="local", choices=["local", "ray"],
+                   help="local: a process pool, one worker per core (default); ray: Ray tasks")
+    p.add_argument("--jobs", type=int, help="parallel runs (default: one per core; with ray, its CPUs)")
+    p.add_argument("--address", help="with --backend ray: a cluster's address (default: a local instance)")
+    p.add_argument("--output", metavar="DIR", help="sweep directory (default <output_dir>/<name>)")
+    p.add_argument("--force", action="store_true", help="replace points run with a different config")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_sweep)

@@ -1,0 +1,96 @@
+"""Statistics over seeds: t intervals, paired differences, curves on a common cost grid."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from experiments.stats import (conclusion, curves_on_grid, mean_ci, paired_diff, per_seed_metrics, render_summary,
+                               summarize_seeds, supported)
+
+T_975_DF3 = 3.182446305284263   # Student t 97.5 % quantile, 3 degrees of freedom (printed tables)
+T_975_DF2 = 4.302652729911275
+
+
+def test_mean_ci_hand_case():
+    mean, low, high = mean_ci([1.0, 2.0, 3.0, 4.0])
+    sem = np.sqrt(((1.5**2 + 0.5**2) * 2) / 3) / 2          # sample sd / sqrt(n)
+    assert mean == 2.5
+    assert low == pytest.approx(2.5 - T_975_DF3 * sem, rel=1e-12)
+    assert high == pytest.approx(2.5 + T_975_DF3 * sem, rel=1e-12)
+    assert (low, high) == pytest.approx((0.4457397432, 4.5542602568), abs=1e-9)
+
+
+def test_mean_ci_edge_cases():
+    m, lo, hi = mean_ci([0.7])                      # one seed: no interval
+    assert m == 0.7 and np.isnan(lo) and np.isnan(hi)
+    assert mean_ci([0.5, 0.5, 0.5]) == (0.5, 0.5, 0.5)
+    m, lo, hi = mean_ci([np.nan, 2.0, 4.0])         # NaN (e.g. target never reached) is left out
+    assert m == 3.0 and lo < 3.0 < hi
+    assert all(np.isnan(mean_ci([np.nan, np.nan])))
+
+
+def test_paired_difference_hand_case():
+    a, b = [0.80, 0.70, 0.90], [0.85, 0.78, 0.93]
+    d = np.array([0.05, 0.08, 0.03])
+    mean, low, high, n = paired_diff(a, b)
+    half = T_975_DF2 * d.std(ddof=1) / np.sqrt(3)
+    assert n == 3 and mean == pytest.approx(d.mean())
+    assert (low, high) == pytest.approx((d.mean() - half, d.mean() + half), rel=1e-9)
+    assert supported(low, high) == "not supported (CI includes 0)"      # -0.0092 .. 0.1158
+    # a consistent gain is supported although each seed's gain is small
+    mean, low, high, _ = paired_diff([0.80, 0.70, 0.90], [0.81, 0.71, 0.912])
+    assert low > 0 and supported(low, high).startswith("higher (supported")
+    assert paired_diff([1.0, np.nan, 3.0], [2.0, 5.0, np.nan])[3] == 1   # only seeds where both are finite
+
+
+def test_curves_interpolate_onto_a_common_cost_grid():
+    results = pd.DataFrame({
+        "arm": "a", "seed": [0, 0, 0, 1, 1, 1, 1], "round": [0, 1, 2, 0, 1, 2, 3],
+        "cost": [0, 10, 20, 0, 5, 15, 30], "accuracy": [0.0, 0.5, 1.0, 0.2, 0.4, 0.6, 0.9]})
+    c = curves_on_grid(results, points=5)
+    assert list(c["cost"]) == [0, 5, 10, 15, 20]                 # up to the smallest final cost
+    seed0 = np.array([0.0, 0.25, 0.5, 0.75, 1.0])
+    seed1 = np.array([0.2, 0.4, 0.5, 0.6, 0.7])                  # 20 lies between 15 (0.6) and 30 (0.9)
+    np.testing.assert_allclose(c["accuracy_mean"], (seed0 + seed1) / 2)
+    # at cost 10 the mean is 0.5, not the mean of the round-1 rows (0.5 at cost 10, 0.4 at cost 5)
+    assert c["accuracy_mean"].iloc[2] == pytest.approx(0.5)
+    half = 12.706204736174698 * np.abs(seed0 - seed1) / 2         # t(0.975, 1 df) · sem of two values
+    np.testing.assert_allclose(c["accuracy_ci95_high"] - c["accuracy_mean"], half, atol=1e-12)
+
+
+def _results(acc_by_seed_arm: dict) -> pd.DataFrame:
+    rows = []
+    for (seed, arm), (costs, accs) in acc_by_seed_arm.items():
+        rows += [{"seed": seed, "arm": arm, "round": i, "cost": c, "accuracy": a, "sim_time_s": 2.0 * c}
+                 for i, (c, a) in enumerate(zip(costs, accs))]
+    return pd.DataFrame(rows)
+
+
+def test_summary_columns_paired_and_target_counts():
+    results = _results({
+        (0, "covg"): ([0, 10, 20], [0.1, 0.6, 0.9]), (0, "rg"): ([0, 12, 24], [0.1, 0.5, 0.8]),
+        (1, "covg"): ([0, 10, 20], [0.1, 0.5, 0.84]), (1, "rg"): ([0, 12, 24], [0.1, 0.45, 0.7]),
+        (2, "covg"): ([0, 10, 20], [0.1, 0.7, 0.95]), (2, "rg"): ([0, 12, 24], [0.1, 0.55, 0.75])})
+    per_seed = per_seed_metrics(results, target=0.85)
+    covg0 = per_seed[(per_seed.seed == 0) & (per_seed.arm == "covg")].iloc[0]
+    assert covg0["cost_to_target"] == 20 and covg0["common_cost"] == 20
+    rg0 = per_seed[(per_seed.seed == 0) & (per_seed.arm == "rg")].iloc[0]
+    assert rg0["acc_at_common_cost"] == 0.5 and np.isnan(rg0["cost_to_target"])
+    s = summarize_seeds(per_seed, ["covg", "rg"])
+    for m in ("final_acc", "acc_at_common_cost", "cost_to_target", "sim_time_s"):
+        assert {f"{m}_mean", f"{m}_ci95_low", f"{m}_ci95_high", f"{m}_diff_mean"} <= set(s.columns)
+    covg, rg = s.iloc[0], s.iloc[1]
+    assert covg["target_reached"] == 2 and rg["target_reached"] == 0      # 0.85 reached in seeds 0 and 2
+    assert covg["final_acc_mean"] == pytest.approx((0.9 + 0.84 + 0.95) / 3)
+    assert rg["final_acc_diff_mean"] == pytest.approx(-(0.1 + 0.14 + 0.2) / 3)
+    assert rg["final_acc_diff_ci95_high"] < 0                              # rg lower in every seed
+    text = render_summary(s, 0.85)
+    assert "lower (supported: CI excludes 0)" in text and "0/3" in text
+    sentence = conclusion(s, 0.85)
+    assert sentence.startswith("Over 3 seeds") and "covg" in sentence and "2/3 seeds" in sentence
+
+
+def test_one_seed_says_there_is_no_interval():
+    results = _results({(0, "covg"): ([0, 10], [0.1, 0.6]), (0, "rg"): ([0, 10], [0.1, 0.5])})
+    s = summarize_seeds(per_seed_metrics(results, None), ["covg", "rg"])
+    assert np.isnan(s["final_acc_ci95_low"]).all()
+    assert "no confidence intervals" in render_summary(s, None)

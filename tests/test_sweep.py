@@ -1,0 +1,166 @@
+"""Sweeps: point expansion, validation before work, resume after a kill, local vs Ray tables."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from emulator.errors import InputError
+from experiments.cli import main
+from experiments.report import build_report
+from experiments.sweep import SweepConfig, load_sweep, points, run_sweep, set_path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BASE = """
+name = "tiny"
+seed = 3
+[data]
+dataset = "digits"
+alpha = 0.3
+min_samples = 8
+max_samples = 20
+[topology]
+edges = 2
+clients_per_edge = 6
+[train]
+model = "mlp"
+lr = 0.05
+batch_size = 8
+group_rounds = 2
+local_epochs = 1
+rounds = 6
+target_accuracy = 0.3
+[[arms]]
+name = "covg"
+grouping = { policy = "covg", min_group_size = 3, max_cov = 0.5 }
+sampling = { policy = "esrcov", groups_per_round = 2 }
+[[arms]]
+name = "rg"
+grouping = { policy = "rg", min_group_size = 3 }
+sampling = { policy = "random", groups_per_round = 2 }
+"""
+
+
+def write_sweep(tmp_path, axes: str, seeds="[0, 1]", extra="") -> Path:
+    (tmp_path / "conf").mkdir(exist_ok=True)
+    (tmp_path / "conf" / "base.toml").write_text(BASE)
+    path = tmp_path / "conf" / "sweep.toml"
+    path.write_text(f'name = "tiny-sweep"\nbase = "base.toml"\nseeds = {seeds}\n{extra}\n[axes]\n{axes}\n')
+    return path
+
+
+def test_points_are_the_cartesian_product_or_zipped():
+    axes = {"arms.0.grouping.min_group_size": [2, 3, 4], "data.alpha": [0.1, 1.0]}
+    product = points(SweepConfig(name="s", base="b.toml", seeds=[0], axes=axes))
+    assert len(product) == 6
+    assert product[0] == {"arms.0.grouping.min_group_size": 2, "data.alpha": 0.1}
+    assert product[1] == {"arms.0.grouping.min_group_size": 2, "data.alpha": 1.0}
+    assert product[5] == {"arms.0.grouping.min_group_size": 4, "data.alpha": 1.0}
+    zipped = points(SweepConfig(name="s", base="b.toml", seeds=[0], mode="zip",
+                                axes={"arms.0.grouping.min_group_size": [2, 3], "data.alpha": [0.1, 1.0]}))
+    assert zipped == [{"arms.0.grouping.min_group_size": 2, "data.alpha": 0.1},
+                      {"arms.0.grouping.min_group_size": 3, "data.alpha": 1.0}]
+
+
+def test_set_path_into_tables_and_lists():
+    raw = {"arms": [{"grouping": {"min_group_size": 5}}, {"grouping": {}}], "data": {}}
+    set_path(raw, "arms.1.grouping.min_group_size", 7)
+    set_path(raw, "train.budget", 100.0)          # a missing table is created
+    assert raw["arms"][1]["grouping"]["min_group_size"] == 7 and raw["train"] == {"budget": 100.0}
+    with pytest.raises(InputError, match=r"arms.2 indexes a list of 2 items"):
+        set_path(raw, "arms.2.name", "x")
+
+
+def test_bad_sweep_files_fail_in_one_line(tmp_path):
+    path = write_sweep(tmp_path, '"arms.0.grouping.min_group_size" = [2, 3]\n"data.alpha" = [0.1]',
+                       extra='mode = "zip"')
+    with pytest.raises(InputError, match=r"mode = \"zip\" needs axes of equal length"):
+        load_sweep(path)
+    path = write_sweep(tmp_path, '"arms.0.grouping.min_group_size" = [3, 50]')
+    out = tmp_path / "out"
+    assert main(["sweep", str(path), "--output", str(out), "--quiet"]) == 2
+    with pytest.raises(InputError, match=r"sweep point p01 \(arms.0.grouping.min_group_size=50\): "
+                                         r"arms\[0\].grouping.min_group_size: 50 exceeds"):
+        run_sweep(path, output=out, progress=False)
+    assert not out.exists()                        # nothing written before every point validated
+
+
+def _cli(*args):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return [sys.executable, "-m", "experiments.cli", *args], env
+
+
+def test_killed_sweep_resumes_and_finished_points_are_skipped(tmp_path):
+    path = write_sweep(tmp_path, '"arms.0.grouping.min_group_size" = [2, 3]')
+    whole = run_sweep(path, output=tmp_path / "whole", jobs=1, progress=False)
+    out = tmp_path / "killed"
+    cmd, env = _cli("sweep", str(path), "--output", str(out), "--jobs", "1", "--quiet")
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while not list(out.glob("p00/seed-*/*/checkpoint.pt")) and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.01)
+        os.killpg(proc.pid, signal.SIGKILL)        # mid-run: an arm holds a checkpoint
+    finally:
+        proc.wait()
+    manifests = list(out.glob("p*/seed-*/*/manifest.json"))
+    assert len(manifests) < 8 and not (out / "runs.csv").exists()
+    resumed = run_sweep(path, output=out, jobs=1, progress=False)
+    for name in ("runs.csv", "summary.csv"):
+        pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "whole" / name), pd.read_csv(out / name),
+                                      check_exact=True)
+    assert list(resumed["point"]) == list(whole["point"])
+    # a rerun of a finished sweep runs nothing: no arm's results are rewritten
+    stamps = {p: p.stat().st_mtime_ns for p in out.glob("p*/seed-*/*/results.csv")}
+    run_sweep(path, output=out, jobs=1, progress=False)
+    assert {p: p.stat().st_mtime_ns for p in out.glob("p*/seed-*/*/results.csv")} == stamps
+
+
+def test_sweep_tables_have_axes_seeds_and_cis(tmp_path):
+    path = write_sweep(tmp_path, '"arms.0.grouping.min_group_size" = [2, 3]\n"data.alpha" = [0.3, 1.0]',
+                       extra='mode = "zip"')
+    run_sweep(path, output=tmp_path / "out", jobs=2, progress=False)
+    runs = pd.read_csv(tmp_path / "out" / "runs.csv")
+    assert runs.equals(pd.read_parquet(tmp_path / "out" / "runs.parquet"))
+    assert {"point", "arms.0.grouping.min_group_size", "data.alpha", "seed", "arm", "cost", "accuracy"} <= set(runs)
+    assert set(zip(runs["point"], runs["data.alpha"])) == {("p00", 0.3), ("p01", 1.0)}
+    assert sorted(runs["seed"].unique()) == [0, 1]
+    summary = pd.read_csv(tmp_path / "out" / "summary.csv")
+    assert len(summary) == 4 and {"final_acc_mean", "final_acc_ci95_low", "final_acc_ci95_high",
+                                  "acc_at_common_cost_diff_mean"} <= set(summary)
+    assert (tmp_path / "out" / "final_acc_vs_data.alpha.png").stat().st_size > 5000
+    config = json.loads((tmp_path / "out" / "p01" / "config.json").read_text())
+    assert config["data"]["alpha"] == 1.0 and config["arms"][0]["grouping"]["min_group_size"] == 3
+    page = build_report(tmp_path / "out").read_text()         # a sweep's report (rendered: test_report.py)
+    assert "groupfel sweep: out" in page and page.count("data:image/png;base64,") >= 5 + 8
+
+
+def test_local_and_ray_backends_give_equal_tables(tmp_path):
+    import ray
+
+    path = write_sweep(tmp_path, '"data.alpha" = [0.3, 1.0]')
+    run_sweep(path, output=tmp_path / "local", backend="local", jobs=2, progress=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        run_sweep(path, output=tmp_path / "ray", backend="ray", progress=False)
+    finally:
+        ray.shutdown()
+    for name in ("runs.csv", "summary.csv"):
+        pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "local" / name), pd.read_csv(tmp_path / "ray" / name),
+                                      check_exact=True)
+
+
+def test_shipped_group_size_sweep_expands_to_valid_configs():
+    from experiments.sweep import point_configs
+
+    sweep, base = load_sweep(ROOT / "experiments" / "configs" / "sweeps" / "group-size.toml")
+    configs = point_configs(sweep, base)
+    sizes = [(c.arms[0].grouping["min_group_size"], c.arms[1].grouping["min_group_size"]) for c in configs]
+    assert sizes == [(3, 3), (5, 5), (10, 10), (20, 20)] and all(c.seeds == [0, 1, 2] for c in configs)
