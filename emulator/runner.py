@@ -8,6 +8,7 @@ draws and the result tables match.
 from __future__ import annotations
 
 import json
+import pickle
 import platform
 import time
 from collections.abc import Callable
@@ -222,10 +223,12 @@ def _load_checkpoint(path: Path) -> ArmState:
     directory cannot run code (``weights_only=True`` refuses anything else)."""
     try:
         blob = torch.load(path, weights_only=True)
-    except Exception as exc:   # the unpickler's refusal, or a truncated/foreign file
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InputError(f"--resume: {path} is not a groupfel checkpoint that loads safely ({first}); "
-                         f"delete it to restart the arm from scratch") from None
+    except pickle.UnpicklingError:   # torch's refusal; its text suggests weights_only=False, we never do
+        raise InputError(f"--resume: {path} holds objects other than tensors and plain containers, so it "
+                         f"does not load safely and is refused; delete it to restart the arm from scratch") from None
+    except Exception as exc:   # truncated or not a torch file at all
+        raise InputError(f"--resume: {path} is not a readable checkpoint ({type(exc).__name__}); delete it to "
+                         f"restart the arm from scratch") from None
     led = blob["ledger"]
     columns = {c: np.asarray(v, dtype=object) if isinstance(v, list) else v.numpy()
                for c, v in led["columns"].items()}
