@@ -111,17 +111,7 @@ def test_partition_refuses_more_samples_than_exist():
         dirichlet_partition(np.zeros(10, dtype=int), np.array([6, 6]), 0.5, 1, np.random.default_rng(0))
 
 
-class _Payload:
-    """Unpickling this would create the marker file (any code could run in its place)."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
-
-
-def test_cifar10_batch_that_would_run_code_is_refused(tmp_path):
+def test_cifar10_batch_that_would_run_code_is_refused(tmp_path, code_running_payload):
     marker = tmp_path / "pwned"
     d = tmp_path / "cifar-10-batches-py"
     d.mkdir()
@@ -130,7 +120,7 @@ def test_cifar10_batch_that_would_run_code_is_refused(tmp_path):
         blob = {b"data": rng.integers(0, 256, (4, 3072), dtype=np.uint8), b"labels": [0, 1, 2, 9]}
         (d / name).write_bytes(pickle.dumps(blob, protocol=2))
     assert load_dataset("cifar10", str(tmp_path)).x_train.shape == (20, 3, 32, 32)   # real batches still load
-    (d / "data_batch_3").write_bytes(pickle.dumps({b"data": _Payload(marker), b"labels": [0]}))
+    (d / "data_batch_3").write_bytes(pickle.dumps({b"data": code_running_payload(marker), b"labels": [0]}))
     with pytest.raises(InputError, match=r"data_batch_3 .*io\.open.*refusing") as err:
         load_dataset("cifar10", str(tmp_path))
     assert "\n" not in str(err.value)

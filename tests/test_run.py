@@ -277,7 +277,7 @@ def test_hcct_regrouping_probes_fresh_batches_from_the_current_model(tiny_dict, 
     assert torch.equal(calls[-1][0], moved)
 
 
-def test_resume_refuses_a_checkpoint_that_would_run_code(tiny_dict, tmp_path, capsys):
+def test_resume_refuses_a_checkpoint_that_would_run_code(tiny_dict, tmp_path, capsys, code_running_payload):
     """A run directory from someone else: its checkpoint.pt is loaded with weights_only=True."""
     tiny_dict["arms"] = tiny_dict["arms"][:1]
     tiny_dict["train"]["rounds"] = 2
@@ -285,7 +285,7 @@ def test_resume_refuses_a_checkpoint_that_would_run_code(tiny_dict, tmp_path, ca
     arm = tmp_path / "run" / "covg-esrcov"
     marker = tmp_path / "pwned"
     (arm / "manifest.json").unlink()
-    torch.save({"t": _Payload(marker)}, arm / "checkpoint.pt")
+    torch.save({"t": code_running_payload(marker)}, arm / "checkpoint.pt")
     assert main(["run", "--resume", str(tmp_path / "run"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "checkpoint.pt" in err and "refused" in err
@@ -306,16 +306,6 @@ def test_checkpoint_loads_with_weights_only(tiny_dict, tmp_path):
         run_arm(world, plan_arm(world, 0), tmp_path / "a", kill)
     blob = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)
     assert blob["t"] == 3 and blob["grouping_epoch"] == 2 and len(blob["ledger"]["columns"]["amount"]) > 0
-
-
-class _Payload:
-    """Unpickling this would create the marker file (any code could run in its place)."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
 
 
 def test_cli_plot_of_a_run(tiny_config, tmp_path, capsys):
