@@ -132,11 +132,11 @@ def _probe_gradients(world: World, members: np.ndarray, edge: int, epoch: int, s
     return (start[None, :] - trained).cpu().numpy().astype(np.float64)
 
 
-def form_groups(world: World, plan: ArmPlan, epoch: int, weights: torch.Tensor) -> GroupingResult:
+def form_groups(world: World, plan: ArmPlan, epoch: int, weights: torch.Tensor | None = None) -> GroupingResult:
     """Each edge groups its own clients (Alg. 1, Lines 2-3); groups never cross edges.
 
     A policy with ``needs_gradients`` (HCCT) gets each client's gradient from a probe epoch from
-    the global model ``weights``; one
+    the global model ``weights`` (default: the initial model); one
     with ``needs_distances`` (FedCollab, discriminator distances) gets the distances of the clients'
     discriminators (FedCollab Alg. 1). :func:`run_arm` charges that client work to the ledger as
     training (group and group_round -1).
@@ -149,6 +149,8 @@ def form_groups(world: World, plan: ArmPlan, epoch: int, weights: torch.Tensor) 
         view = EdgeView(labels)
         devices = [topo.client_device[c] for c in members]
         if getattr(plan.grouping, "needs_gradients", False):
+            if weights is None:
+                weights = world.engine.initial_weights(world.config.seed)
             view = EdgeView(labels, _probe_gradients(world, members, j, epoch, weights), _layer_slices(world.engine))
             probe.append((j, members, world.cost.training_cost(devices, topo.n_samples[members], 1)))
         if getattr(plan.grouping, "needs_distances", False):
