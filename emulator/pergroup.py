@@ -38,7 +38,8 @@ from .fedclar import cluster_clients
 from .federation import Federation, Group, RoundContext
 from .io import atomic_write, write_json
 from .ledger import CostLedger
-from .runner import CHECKPOINT, ArmPlan, GroupingResult, _versions, _write_results, form_groups
+from .runner import (CHECKPOINT, ArmPlan, GroupingResult, _versions, _write_results, form_groups, load_checkpoint,
+                     save_checkpoint)
 from .training import load_flat
 from .world import World
 
@@ -157,13 +158,13 @@ def _save(path: Path, s: PerGroupState) -> None:
     blob = {"t": s.t, "models": s.models, "model_edge": list(s.model_edge), "assign": torch.as_tensor(s.assign),
             "sim_time": s.sim_time, "round_time": s.round_time, "ledger": s.ledger.state(), "rows": s.rows,
             "initial_grouping": s.initial_grouping}
-    atomic_write(path, lambda p: torch.save(blob, p))
+    save_checkpoint(path, blob)
 
 
 def _load(path: Path) -> PerGroupState:
-    b = torch.load(path, weights_only=False)   # the format of emulator.runner._load_checkpoint
+    b = load_checkpoint(path)
     return PerGroupState(b["t"], b["models"], b["model_edge"], b["assign"].numpy(), b["sim_time"], b["round_time"],
-                         CostLedger.from_state(b["ledger"]), b["rows"], b["initial_grouping"])
+                         b["ledger"], b["rows"], b["initial_grouping"])
 
 
 def _charge_client_work(state: PerGroupState, env: simpy.Environment, world: World, t: int,

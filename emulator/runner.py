@@ -8,6 +8,7 @@ draws and the result tables match.
 from __future__ import annotations
 
 import json
+import pickle
 import platform
 import time
 import warnings
@@ -23,7 +24,8 @@ import torch
 
 from cost_models import TRAINING
 from policies import (AggregationRule, EdgeView, GroupingPolicy, SamplingPolicy, aggregations,
-                      groupings, groups_per_round, sample_without_replacement, samplings)
+                      groupings, groups_per_round, inclusion_log_probabilities, sample_without_replacement,
+                      samplings)
 from policies.cov import cov_of_counts
 
 from .config import ArmConfig, config_warnings
@@ -38,6 +40,15 @@ from .world import World
 CHECKPOINT = "checkpoint.pt"
 # A global model whose norm grows this much in one round has diverged (Sec. 5.3).
 DIVERGENCE_GROWTH = 100.0
+# A model that learned and then lost it has collapsed (Sec. 5.3's unbiased aggregation can do this
+# without a norm jump): over the last COLLAPSE_EVALS evaluations in a row, either the accuracy is
+# back at chance (≤ 1/num_classes + CHANCE_MARGIN) after an earlier one reached 1/num_classes +
+# LEARNED_MARGIN, or the test loss is ≥ LOSS_BLOWUP × the best earlier loss and worse than a
+# uniform guess (ln num_classes). Several evaluations, so one noisy evaluation is not a collapse.
+COLLAPSE_EVALS = 3
+CHANCE_MARGIN = 0.05
+LEARNED_MARGIN = 0.2
+LOSS_BLOWUP = 3.0
 
 
 @dataclass
@@ -129,6 +140,14 @@ class GroupingResult:
     def probe_cost(self) -> float:
         return float(sum(amounts.sum() for _, _, amounts in self.probe))
 
+    @classmethod
+    def from_summary(cls, world: World, summary: dict) -> "GroupingResult":
+        """The grouping a checkpoint stored (its probe was already charged)."""
+        groups = [Group(g["edge"], np.array(g["clients"], dtype=np.int64),
+                        world.topology.n_samples[np.array(g["clients"], dtype=np.int64)], g["cov"])
+                  for g in summary["groups"]]
+        return cls(groups, summary["clients_dropped"], summary["clients_touched_by_leftover_rule"])
+
     def summary(self) -> dict:
         sizes = np.array([g.size for g in self.groups])
         covs = np.array([g.cov for g in self.groups])
@@ -154,19 +173,21 @@ def _layer_slices(engine) -> tuple[slice, ...] | None:
     return tuple(slice(a, b) for a, b in bounds.values())
 
 
-def _probe_gradients(world: World, members: np.ndarray, edge: int) -> np.ndarray:
-    """Gradients for HCCT (HCCT Alg. 1, t = 0): one local epoch of every client from the initial
-    model; gradient ≈ start − trained. Regrouping probes from the initial model again."""
-    start = world.engine.initial_weights(world.config.seed)
-    seeds = [int(s) for s in np.random.default_rng((world.config.seed, 5, edge)).integers(2**31, size=len(members))]
+def _probe_gradients(world: World, members: np.ndarray, edge: int, epoch: int, start: torch.Tensor) -> np.ndarray:
+    """Gradients for HCCT (HCCT Alg. 1): one local epoch of every client from the current global
+    model ``start``; gradient ≈ start − trained. Each (re)grouping epoch draws fresh batches, so a
+    re-clustering sees new gradients, as HCCT's periodic re-clustering does."""
+    rng = np.random.default_rng((world.config.seed, 5, epoch, edge))
+    seeds = [int(s) for s in rng.integers(2**31, size=len(members))]
     trained = world.engine.train(start, [int(c) for c in members], 1, seeds)
     return (start[None, :] - trained).cpu().numpy().astype(np.float64)
 
 
-def form_groups(world: World, plan: ArmPlan, epoch: int) -> GroupingResult:
+def form_groups(world: World, plan: ArmPlan, epoch: int, weights: torch.Tensor | None = None) -> GroupingResult:
     """Each edge groups its own clients (Alg. 1, Lines 2-3); groups never cross edges.
 
-    A policy with ``needs_gradients`` (HCCT) gets each client's gradient from a probe epoch; one
+    A policy with ``needs_gradients`` (HCCT) gets each client's gradient from a probe epoch from
+    the global model ``weights`` (default: the initial model); one
     with ``needs_distances`` (FedCollab, discriminator distances) gets the distances of the clients'
     discriminators (FedCollab Alg. 1). :func:`run_arm` charges that client work to the ledger as
     training (group and group_round -1).
@@ -179,7 +200,9 @@ def form_groups(world: World, plan: ArmPlan, epoch: int) -> GroupingResult:
         view = EdgeView(labels)
         devices = [topo.client_device[c] for c in members]
         if getattr(plan.grouping, "needs_gradients", False):
-            view = EdgeView(labels, _probe_gradients(world, members, j), _layer_slices(world.engine))
+            if weights is None:
+                weights = world.engine.initial_weights(world.config.seed)
+            view = EdgeView(labels, _probe_gradients(world, members, j, epoch, weights), _layer_slices(world.engine))
             probe.append((j, members, world.cost.training_cost(devices, topo.n_samples[members], 1)))
         if getattr(plan.grouping, "needs_distances", False):
             spec = DiscriminatorSpec(rounds=plan.grouping.discriminator_rounds)
@@ -187,11 +210,11 @@ def form_groups(world: World, plan: ArmPlan, epoch: int) -> GroupingResult:
             D, m = discriminator_distances(features, [topo.client_samples[c] for c in members],
                                            (world.config.seed, epoch, j), spec)
             view = EdgeView(labels, distances=D)
-            # Each client trains |edge| − 1 discriminators: rounds × local_steps passes over m
-            # samples, priced by its training curve scaled by discriminator / model parameters.
+            # Each client trains |edge| − 1 discriminators: rounds × local_steps passes over its m_i
+            # training samples, priced by its training curve scaled by discriminator / model parameters.
             scale = (len(members) - 1) * spec.rounds * spec.local_steps * spec.n_params(features.shape[1]) \
                 / world.engine.n_params
-            probe.append((j, members, scale * world.cost.training_cost(devices, np.full(len(members), m), 1)))
+            probe.append((j, members, scale * world.cost.training_cost(devices, m, 1)))
         result = plan.grouping.group(view, np.random.default_rng((world.config.seed, 3, epoch, j)))
         dropped += len(result.dropped)
         touched += result.leftover_clients
@@ -211,6 +234,10 @@ class ArmState:
     ledger: CostLedger = field(default_factory=CostLedger)
     rows: list[dict] = field(default_factory=list)
     initial_grouping: dict | None = None   # the manifest's summary of the round-0 grouping
+    grouping: dict | None = None           # summary of the grouping in use, formed at round grouping_epoch
+    grouping_epoch: int = 0
+    groups_per_round: int | None = None    # S of the last round (not checkpointed; recomputed each round)
+    warnings: list[str] = field(default_factory=list)   # input accepted with an adjustment (not checkpointed)
 
 
 def _versions() -> dict:
@@ -223,43 +250,121 @@ def _versions() -> dict:
     return out
 
 
-def _save_checkpoint(path: Path, state: ArmState) -> None:
-    blob = {"t": state.t, "weights": state.weights, "sim_time": state.sim_time, "round_time": state.round_time,
-            "ledger": state.ledger.state(), "rows": state.rows, "initial_grouping": state.initial_grouping}
+def _plain(obj):
+    """Checkpoint contents that ``torch.load(weights_only=True)`` accepts: tensors, python scalars,
+    str, None and lists/dicts of them (numeric arrays become tensors, string arrays lists)."""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return obj.tolist() if obj.dtype == object else torch.tensor(obj)
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
+
+
+def save_checkpoint(path: Path, blob: dict) -> None:
+    """Write a checkpoint as tensors and plain containers (see :func:`load_checkpoint`)."""
+    blob = _plain(blob)
     atomic_write(path, lambda p: torch.save(blob, p))
 
 
+def load_checkpoint(path: Path) -> dict:
+    """A checkpoint holds only tensors and plain containers: loading one from an untrusted run
+    directory cannot run code (``weights_only=True`` refuses anything else). Its ``ledger`` comes
+    back as a :class:`CostLedger`."""
+    try:
+        blob = torch.load(path, weights_only=True)
+    except pickle.UnpicklingError:   # torch's refusal; its text suggests weights_only=False, we never do
+        raise InputError(f"--resume: {path} holds objects other than tensors and plain containers, so it "
+                         f"does not load safely and is refused; delete it to restart the arm from scratch") from None
+    except Exception as exc:   # truncated or not a torch file at all
+        raise InputError(f"--resume: {path} is not a readable checkpoint ({type(exc).__name__}); delete it to "
+                         f"restart the arm from scratch") from None
+    led = blob["ledger"]
+    columns = {c: np.asarray(v, dtype=object) if isinstance(v, list) else v.numpy()
+               for c, v in led["columns"].items()}
+    blob["ledger"] = CostLedger.from_state({**led, "columns": columns})
+    return blob
+
+
+def _save_checkpoint(path: Path, state: ArmState) -> None:
+    save_checkpoint(path, {"t": state.t, "weights": state.weights, "sim_time": state.sim_time,
+                           "round_time": state.round_time, "ledger": state.ledger.state(), "rows": state.rows,
+                           "initial_grouping": state.initial_grouping, "grouping": state.grouping,
+                           "grouping_epoch": state.grouping_epoch})
+
+
 def _load_checkpoint(path: Path) -> ArmState:
-    blob = torch.load(path, weights_only=False)
-    return ArmState(blob["t"], blob["weights"], blob["sim_time"], blob["round_time"],
-                    CostLedger.from_state(blob["ledger"]), blob["rows"], blob["initial_grouping"])
+    blob = load_checkpoint(path)
+    return ArmState(blob["t"], blob["weights"], blob["sim_time"], blob["round_time"], blob["ledger"], blob["rows"],
+                    blob["initial_grouping"], blob["grouping"], blob["grouping_epoch"])
 
 
 def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
             on_round: Callable[[int, float, float | None], None] | None = None) -> pd.DataFrame:
-    """Run (or resume) one arm; write results.{csv,parquet}, ledger.parquet and manifest.json."""
-    cfg, arm, topo = world.config, plan.arm, world.topology
-    tc = cfg.train
+    """Run (or resume) one arm; write results.{csv,parquet}, ledger.parquet and manifest.json.
+
+    A diverged or collapsed arm still writes them (results up to its last evaluation, the ledger
+    of all work done, the manifest with stop reason "diverged" and the message), then raises the
+    :class:`DivergenceError`."""
+    cfg, arm = world.config, plan.arm
     arm_dir.mkdir(parents=True, exist_ok=True)
     ckpt = arm_dir / CHECKPOINT
     wall0 = time.perf_counter()
     state = _load_checkpoint(ckpt) if ckpt.exists() else ArmState()
-
+    diverged = None
+    try:
+        stop_reason = _run_rounds(world, plan, arm_dir, state, on_round)
+    except DivergenceError as exc:
+        stop_reason, diverged = "diverged", exc
     regroup = arm.regroup_every
-    epoch = (state.t // regroup) * regroup if regroup else 0
-    grouping = form_groups(world, plan, epoch)
-    clar = getattr(plan.grouping, "cluster_round", None)   # FedCLAR: regroup once, by clustering
-    if clar is not None and state.t > clar:                  # a resume past it: the saved clusters
-        grouping = GroupingResult(global_mode_groups(world, plan.grouping, None, clar, arm_dir)[0], 0, 0)
-    n_total = float(sum(g.total_samples for g in grouping.groups))
-    n_groups0 = state.initial_grouping["n_groups"] if state.initial_grouping else len(grouping.groups)
-    notes = input_warnings(world, plan, n_groups0)
-    for note in notes:
-        warnings.warn(note, InputWarning, stacklevel=2)
+    df = _write_results(arm_dir, state)
+    atomic_write(arm_dir / "ledger.parquet", lambda p: state.ledger.frame().to_parquet(p, index=False))
+    write_json(arm_dir / "manifest.json", {
+        "arm": arm.name, "seed": cfg.seed, "complete": True, "stop_reason": stop_reason,
+        **({"message": str(diverged)} if diverged else {}),
+        "rounds_run": state.t, "total_cost_eq5": state.ledger.total, "sim_time_s": state.sim_time,
+        "aggregation": plan.aggregation.description, "grouping_policy": plan.grouping.name,
+        "sampling_policy": plan.sampling.name, "groups_per_round": state.groups_per_round,
+        "warnings": state.warnings, "grouping": state.initial_grouping,
+        "regroupings": (state.t - 1) // regroup if regroup and state.t else 0,
+        "model_parameters": world.engine.n_params, "wall_seconds_last_session": time.perf_counter() - wall0,
+        "versions": _versions(), "config": json.loads(cfg.model_dump_json())})
+    ckpt.unlink(missing_ok=True)
+    if diverged:
+        raise diverged
+    return df
 
+
+def _run_rounds(world: World, plan: ArmPlan, arm_dir: Path, state: ArmState,
+                on_round: Callable[[int, float, float | None], None] | None) -> str:
+    """The global rounds of one arm from ``state`` on (Alg. 1); returns the stop reason."""
+    cfg, arm, topo = world.config, plan.arm, world.topology
+    tc = cfg.train
+    ckpt = arm_dir / CHECKPOINT
     fresh = state.weights is None
     if fresh:
         state.weights = world.engine.initial_weights(cfg.seed)
+
+    regroup = arm.regroup_every
+    clar = getattr(plan.grouping, "cluster_round", None)   # FedCLAR: regroup once, by clustering
+    epoch = (state.t // regroup) * regroup if regroup else 0
+    if state.grouping is not None and state.grouping_epoch == epoch:   # a resume: the grouping in use
+        grouping = GroupingResult.from_summary(world, state.grouping)
+    elif clar is not None and state.t > clar:                            # a resume past it: its clusters
+        epoch = clar
+        grouping = GroupingResult(global_mode_groups(world, plan.grouping, None, clar, arm_dir)[0], 0, 0)
+    else:
+        grouping = form_groups(world, plan, epoch, state.weights)
+        state.grouping, state.grouping_epoch = grouping.summary(), epoch
+    n_total = float(sum(g.total_samples for g in grouping.groups))
+    n_groups0 = state.initial_grouping["n_groups"] if state.initial_grouping else len(grouping.groups)
+    state.warnings = input_warnings(world, plan, n_groups0)
+    for note in state.warnings:
+        warnings.warn(note, InputWarning, stacklevel=3)
+
     env = simpy.Environment(initial_time=state.sim_time)
     fed = Federation(RoundContext(env, world.engine, world.cost, state.ledger, topo, cfg.seed,
                                   tc.group_rounds, tc.local_epochs, cfg.faults))
@@ -280,7 +385,7 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
         charge_probe(state.t, grouping)
 
     log_p = plan.sampling.log_probabilities(np.array([g.cov for g in grouping.groups]))
-    stop_reason, S, ran = "rounds", None, []   # ran: the groups of the last round run
+    stop_reason, ran = "rounds", []   # ran: the groups of the last round run
     while tc.rounds is None or state.t < tc.rounds:
         t = state.t
         if (regroup and t > 0 and t % regroup == 0 and t != epoch) or t == clar:   # Sec. 5.2; FedCLAR
@@ -289,11 +394,13 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
                 groups, work = global_mode_groups(world, plan.grouping, state.weights, t, arm_dir)
                 grouping = GroupingResult(groups, 0, 0, work)
             else:
-                grouping = form_groups(world, plan, epoch)
+                grouping = form_groups(world, plan, epoch, state.weights)
+            state.grouping, state.grouping_epoch = grouping.summary(), epoch
             charge_probe(t, grouping)
             log_p = plan.sampling.log_probabilities(np.array([g.cov for g in grouping.groups]))
             n_total = float(sum(g.total_samples for g in grouping.groups))
         S, chosen = _choose(world, plan, grouping.groups, log_p, t)
+        state.groups_per_round = S
         if tc.budget is not None:
             cost = fed.round_cost(t, [grouping.groups[g] for g in chosen])
             if state.ledger.total + cost > tc.budget:
@@ -301,13 +408,9 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
                     raise _budget_error(tc.budget, state.ledger.total + cost, f"arm {arm.name!r}")
                 stop_reason = "budget"
                 break
+        log_pi = inclusion_log_probabilities(log_p, S)
         weights = plan.aggregation.weights(np.array([grouping.groups[g].total_samples for g in chosen]),
-                                           log_p[chosen], n_total)
-        if not np.all(np.isfinite(weights)):
-            raise DivergenceError(
-                f"round {t + 1}: {plan.aggregation.name} aggregation weight 1/(p_g·S) overflowed (smallest sampled "
-                f"p_g = {np.exp(log_p[chosen].min()):.3g}); use aggregation = \"stabilized\" (Eq. 39) or a "
-                f"flatter sampling policy")
+                                           log_pi[chosen], n_total)
         proc = env.process(fed.global_round(t, state.weights, [(int(g), grouping.groups[g]) for g in chosen]))
         env.run(until=proc)
         models = proc.value
@@ -315,9 +418,10 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
         growth = float(torch.linalg.vector_norm(x) / torch.linalg.vector_norm(state.weights))
         if not (np.isfinite(growth) and growth < DIVERGENCE_GROWTH):
             raise DivergenceError(
-                f"round {t + 1}: the global model's norm grew {growth:.3g}x in one round under {plan.aggregation.name} "
-                f"aggregation (largest weight {weights.max():.3g}, sum {weights.sum():.3g}); use aggregation = "
-                f"\"stabilized\" (Eq. 39), a flatter sampling policy, or a lower train.lr")
+                f"round {t + 1}: the global model's norm grew {growth:.3g}x in one round under "
+                f"{plan.aggregation.name} aggregation with {plan.sampling.name} sampling (largest weight "
+                f"{weights.max():.3g}, sum {weights.sum():.3g}); use aggregation = \"stabilized\" (Eq. 39), a "
+                f"flatter sampling policy, or a lower train.lr")
         state.round_time = float(env.now) - state.sim_time
         state.weights, state.t, state.sim_time, ran = x, t + 1, float(env.now), chosen
         acc = None
@@ -329,25 +433,14 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
             on_round(state.t, state.ledger.total, acc)
     if state.rows[-1]["round"] != state.t:
         _evaluate(world, plan, state, grouping, ran)
-    df = _write_results(arm_dir, state)
-    atomic_write(arm_dir / "ledger.parquet", lambda p: state.ledger.frame().to_parquet(p, index=False))
-    write_json(arm_dir / "manifest.json", {
-        "arm": arm.name, "seed": cfg.seed, "complete": True, "stop_reason": stop_reason,
-        "rounds_run": state.t, "total_cost_eq5": state.ledger.total, "sim_time_s": state.sim_time,
-        "aggregation": plan.aggregation.description, "grouping_policy": plan.grouping.name,
-        "sampling_policy": plan.sampling.name, "groups_per_round": S,
-        "warnings": notes, "grouping": state.initial_grouping, "regroupings": (state.t - 1) // regroup if regroup and state.t else 0,
-        "model_parameters": world.engine.n_params, "wall_seconds_last_session": time.perf_counter() - wall0,
-        "versions": _versions(), "config": json.loads(cfg.model_dump_json())})
-    ckpt.unlink(missing_ok=True)
-    return df
+    return stop_reason
 
 
 def _evaluate(world: World, plan: ArmPlan, state: ArmState, grouping: GroupingResult, sampled) -> float:
     acc, loss = world.engine.evaluate(state.weights)
     if not np.isfinite(loss):
-        raise DivergenceError(f"round {state.t}: test loss is {loss} under {plan.aggregation.name} aggregation; "
-                              f"lower train.lr or use aggregation = \"stabilized\"")
+        raise DivergenceError(f"round {state.t}: test loss is {loss} under {plan.aggregation.name} aggregation with "
+                              f"{plan.sampling.name} sampling; lower train.lr or use aggregation = \"stabilized\"")
     led = state.ledger
     training = led.by_component.get(TRAINING, 0.0)
     state.rows.append({
@@ -358,7 +451,33 @@ def _evaluate(world: World, plan: ArmPlan, state: ArmState, grouping: GroupingRe
         "groups_sampled": len(sampled),
         "clients_sampled": int(sum(grouping.groups[g].size for g in sampled)),
         "avg_sampled_cov": float(np.mean([grouping.groups[g].cov for g in sampled])) if len(sampled) else np.nan})
+    collapse = _collapse(state.rows, world.dataset.num_classes)
+    if collapse:
+        raise DivergenceError(
+            f"round {state.t}: the model collapsed: {collapse}, under {plan.aggregation.name} aggregation with "
+            f"{plan.sampling.name} sampling of {plan.grouping.name} groups; use aggregation = \"stabilized\" "
+            f"(Eq. 39) or \"biased\", a flatter sampling policy, or a lower train.lr")
     return acc
+
+
+def _collapse(rows: list[dict], num_classes: int) -> str | None:
+    """What collapsed, if the last ``COLLAPSE_EVALS`` evaluations show a collapse (see the constants)."""
+    if len(rows) <= COLLAPSE_EVALS:
+        return None
+    before, recent = rows[:-COLLAPSE_EVALS], rows[-COLLAPSE_EVALS:]
+    chance = 1.0 / num_classes
+    best_acc = max(r["accuracy"] for r in before)
+    if best_acc >= chance + LEARNED_MARGIN and all(r["accuracy"] <= chance + CHANCE_MARGIN for r in recent):
+        accs = ", ".join(f"{r['accuracy']:.3f}" for r in recent)
+        return (f"accuracy {accs} in the last {COLLAPSE_EVALS} "
+                f"evaluations is back at chance ({chance:.3f}) after reaching {best_acc:.3f}")
+    best_loss = min(r["loss"] for r in before)
+    floor = max(LOSS_BLOWUP * best_loss, float(np.log(num_classes)))
+    if all(r["loss"] >= floor for r in recent):
+        losses = ", ".join(f"{r['loss']:.3g}" for r in recent)
+        return (f"test loss {losses} in the last {COLLAPSE_EVALS} "
+                f"evaluations is over {LOSS_BLOWUP:g}x its best ({best_loss:.3g}) and worse than a uniform guess")
+    return None
 
 
 def _write_results(arm_dir: Path, state: ArmState) -> pd.DataFrame:

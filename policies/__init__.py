@@ -13,7 +13,8 @@ from . import baselines, fedcollab, hcct, pergroup  # noqa: F401,E402  (register
 # Sampling and aggregation (they import scipy) load on first use, so that grouping alone
 # (`groupfel group`) starts fast.
 _LAZY = {"AggregationRule": "aggregation", "aggregations": "aggregation", "SamplingPolicy": "sampling",
-         "groups_per_round": "sampling", "sample_without_replacement": "sampling", "samplings": "sampling"}
+         "groups_per_round": "sampling", "inclusion_log_probabilities": "sampling",
+         "sample_without_replacement": "sampling", "samplings": "sampling"}
 
 
 def __getattr__(name: str):
@@ -24,4 +25,5 @@ def __getattr__(name: str):
 
 __all__ = ["AggregationRule", "aggregations", "NORMALIZATIONS", "cov_of_counts", "group_cov",
            "EdgeGrouping", "EdgeView", "GroupingPolicy", "groupings", "resolve_leftover", "enforce_min_size",
-           "SamplingPolicy", "groups_per_round", "sample_without_replacement", "samplings"]
+           "SamplingPolicy", "groups_per_round", "inclusion_log_probabilities", "sample_without_replacement",
+           "samplings"]

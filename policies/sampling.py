@@ -72,16 +72,59 @@ class ESRCoV(SamplingPolicy):
         return 1.0 / np.square(covs)
 
 
-def sample_without_replacement(log_p: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
-    """Draw ``size`` distinct groups, successively in proportion to p (Alg. 1, Line 6).
+def inclusion_log_probabilities(log_p: np.ndarray, size: int) -> np.ndarray:
+    """log π_g, each group's probability of being among the ``size`` sampled (Alg. 1, Line 6).
 
-    Gumbel-top-k: the same distribution as numpy's ``choice(replace=False, p=p)`` but in log
-    space, so groups whose p underflows to 0 can still be drawn once the likelier ones are taken.
+    π_g = min(1, c·p_g) with c such that Σ π_g = size: a group with S·p_g ≥ 1 is taken with
+    certainty (π = 1) and the rest share the remaining draws in proportion to p, repeated until
+    no share exceeds 1. Without certainty groups π_g = S·p_g, the factor in Eq. 4. In log space,
+    so ESRCoV's skewed p (log p down to −10⁴) stay exact.
     """
+    log_p = np.asarray(log_p, dtype=float)
     if not 1 <= size <= len(log_p):
         raise ValueError(f"cannot sample {size} of {len(log_p)} groups")
-    keys = log_p + rng.gumbel(size=len(log_p))
-    return np.sort(np.argsort(-keys, kind="stable")[:size])
+    certain = np.zeros(len(log_p), dtype=bool)
+    while True:
+        rest = np.flatnonzero(~certain)
+        left = size - int(certain.sum())
+        log_pi = np.zeros(len(log_p))
+        if left == 0:
+            log_pi[rest] = -np.inf
+            return log_pi
+        log_pi[rest] = log_p[rest] - logsumexp(log_p[rest]) + np.log(left)
+        over = rest[log_pi[rest] >= 0.0]
+        if not len(over):
+            return log_pi
+        certain[over] = True
+
+
+def sample_without_replacement(log_p: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+    """Draw ``size`` distinct groups, group g with probability exactly π_g (Alg. 1, Line 6).
+
+    Randomised systematic πps sampling (Madow 1949; Hartley & Rao 1962): certainty groups are
+    taken, the others are put in a random order and laid end to end as intervals of length π_g,
+    and the points u, u+1, ... (u uniform in [0, 1)) pick the groups whose intervals they hit.
+    Each π_g < 1, so no group is hit twice and P(g sampled) = π_g exactly, which makes Eq. 4
+    with π_g in place of S·p_g unbiased (Horvitz-Thompson; :mod:`policies.aggregation`).
+    Successive sampling (draw, remove, renormalise) has inclusion probabilities that are not
+    S·p_g and have no closed form; Sampford's method is exact too but rejects almost every
+    attempt when some π_g is close to 1, which ESRCoV's skew produces; conditional Poisson
+    sampling needs an iterative fit. A group whose π_g is below ~1e-16 of the others' total
+    (e.g. ESRCoV's e^{-400}) is never drawn, an error in π of at most that size.
+    """
+    log_pi = inclusion_log_probabilities(log_p, size)
+    certain = np.flatnonzero(log_pi >= 0.0)
+    rest = np.flatnonzero(log_pi < 0.0)
+    left = size - len(certain)
+    if left == 0:
+        return np.sort(certain)
+    order = rest[rng.permutation(len(rest))]
+    u = rng.uniform()
+    ends = np.cumsum(np.exp(log_pi[order]))
+    ends *= left / ends[-1]
+    ends[-1] = left
+    hit = np.minimum(np.searchsorted(ends, u + np.arange(left), side="right"), len(order) - 1)
+    return np.sort(np.concatenate([certain, order[hit]]))
 
 
 def groups_per_round(n_groups: int, group_sizes_samples: np.ndarray, *, groups: int | None,

@@ -29,3 +29,20 @@ def tiny_dict():
 @pytest.fixture
 def tiny_config(tiny_dict):
     return parse_config(tiny_dict)
+
+
+class _Payload:
+    """Unpickling this would create the marker file (any code could run in its place)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.fixture
+def code_running_payload():
+    """A picklable object whose unpickling creates the given marker file: a stand-in for a
+    malicious file's payload."""
+    return _Payload

@@ -109,3 +109,19 @@ def test_dirichlet_partition_is_exact_disjoint_and_skewed():
 def test_partition_refuses_more_samples_than_exist():
     with pytest.raises(InputError, match="max_samples"):
         dirichlet_partition(np.zeros(10, dtype=int), np.array([6, 6]), 0.5, 1, np.random.default_rng(0))
+
+
+def test_cifar10_batch_that_would_run_code_is_refused(tmp_path, code_running_payload):
+    marker = tmp_path / "pwned"
+    d = tmp_path / "cifar-10-batches-py"
+    d.mkdir()
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        blob = {b"data": rng.integers(0, 256, (4, 3072), dtype=np.uint8), b"labels": [0, 1, 2, 9]}
+        (d / name).write_bytes(pickle.dumps(blob, protocol=2))
+    assert load_dataset("cifar10", str(tmp_path)).x_train.shape == (20, 3, 32, 32)   # real batches still load
+    (d / "data_batch_3").write_bytes(pickle.dumps({b"data": code_running_payload(marker), b"labels": [0]}))
+    with pytest.raises(InputError, match=r"data_batch_3 .*io\.open.*refusing") as err:
+        load_dataset("cifar10", str(tmp_path))
+    assert "\n" not in str(err.value)
+    assert not marker.exists()

@@ -1,6 +1,7 @@
 """FedCollab Alg. 1: client discriminators estimate pairwise distribution distances."""
 import numpy as np
 import pandas as pd
+import pytest
 
 from emulator.config import parse_config
 from emulator.discriminator import DiscriminatorSpec, discriminator_distances, discriminator_features
@@ -17,9 +18,37 @@ def test_distances_separate_disjoint_clients_and_not_alike_ones():
     low2 = np.concatenate([by_label[c][20:40] for c in range(5)])    # same distribution, other samples
     high = np.concatenate([by_label[c][:20] for c in range(5, 10)])  # labels 5-9
     D, m = discriminator_distances(feats, [low, low2, high], (0,), DiscriminatorSpec(m_train=30))
-    assert m == 30 and np.allclose(D, D.T) and np.all(np.diag(D) == 0)
+    assert m.tolist() == [30, 30, 30] and np.allclose(D, D.T) and np.all(np.diag(D) == 0)
     assert D[0, 2] > 0.5 and D[1, 2] > 0.5          # disjoint labels: told apart on held-out samples
     assert D[0, 1] < 0.15                            # same distribution: near chance
+
+
+def _label_shift_clients(d, rng, per=100):
+    """Pairs whose C-divergence is known: clients that differ only in their label distribution
+    (same P(x|y): digits of the same pool). The discriminator sees y, so the best one tells the
+    pair apart exactly where their label distributions differ: C-divergence = TV of the labels."""
+    pairs = {0.0: ([0, 1, 2, 3], [0, 1, 2, 3]), 0.5: ([0, 1, 2, 3], [2, 3, 4, 5]), 1.0: ([0, 1, 2, 3], [4, 5, 6, 7])}
+    clients = []
+    for a, b in pairs.values():
+        pools = {c: list(rng.permutation(np.flatnonzero(d.y_train == c))) for c in range(10)}
+        for labels in (a, b):   # uniform over its labels, samples disjoint from its partner's
+            clients.append(np.array([pools[c].pop() for c in labels for _ in range(per // len(labels))]))
+    clients.append(rng.choice(np.flatnonzero(d.y_train == 9), 8, replace=False))   # a small client on the edge
+    return list(pairs), clients
+
+
+def test_discriminator_estimates_known_c_divergence_within_0_1_on_average():
+    """FedCollab Eq. 8 on label-shift pairs of 100 samples per client, TV 0, 0.5 and 1, sharing
+    an edge with an 8-sample client: the mean estimate over 3 seeds is within ±0.1 of the truth."""
+    d = load_dataset("digits")
+    feats = discriminator_features(d.x_train, d.y_train, 10)
+    estimates = []
+    for seed in range(3):
+        truth, clients = _label_shift_clients(d, np.random.default_rng(seed))
+        D, m = discriminator_distances(feats, clients, (seed,))
+        assert m.tolist() == [50] * 6 + [4]           # each client trains on its own half
+        estimates.append([D[2 * k, 2 * k + 1] for k in range(len(truth))])
+    assert np.mean(estimates, axis=0) == pytest.approx(truth, abs=0.1)
 
 
 def test_fedcollab_with_discriminators_in_a_run_charges_the_clients(tiny_dict, tmp_path):

@@ -4,10 +4,11 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from emulator.config import parse_config
 from emulator.errors import InputError
-from emulator.runner import plan_arm, run_arm
+from emulator.runner import form_groups, plan_arm, run_arm
 from emulator.world import build_world
 from experiments.cli import main
 from experiments.runner import run_experiment
@@ -177,14 +178,45 @@ def test_different_config_into_same_dir_needs_force(tiny_dict, tmp_path):
     assert json.loads((tmp_path / "run" / "rg-random" / "manifest.json").read_text())["seed"] == 9
 
 
-def test_unbiased_aggregation_with_esrcov_stops_with_a_clear_message(tiny_dict, tmp_path, capsys):
+def _rows(acc, loss):
+    return [{"accuracy": a, "loss": b} for a, b in zip(acc, loss)]
+
+
+def test_collapse_rule_hand_cases():
+    from emulator.runner import _collapse
+    # learned (0.6 ≥ 0.1 + 0.2), then 3 evaluations at chance (≤ 0.15): collapsed
+    assert "back at chance" in _collapse(_rows([0.1, 0.6, 0.15, 0.12, 0.1], [2.3, 1.0, 2.3, 2.3, 2.3]), 10)
+    # two at chance then a recovery, or never learned (peak 0.25 < 0.3): not a collapse
+    assert _collapse(_rows([0.1, 0.6, 0.12, 0.1, 0.4], [2.3, 1.0, 2.3, 2.3, 1.5]), 10) is None
+    assert _collapse(_rows([0.1, 0.25, 0.1, 0.1, 0.1], [2.3, 2.1, 2.3, 2.3, 2.3]), 10) is None
+    # loss ≥ 3 × best (0.9) = 2.7 and > ln 10 three times, accuracy not at chance: collapsed
+    assert "3x its best" in _collapse(_rows([0.2, 0.7, 0.3, 0.35, 0.3], [2.3, 0.9, 8.6, 2.8, 5.0]), 10)
+    # 3 × best below ln 10: the loss must also be worse than a uniform guess
+    assert _collapse(_rows([0.2, 0.9, 0.8, 0.8, 0.8], [2.3, 0.1, 0.5, 0.6, 0.5]), 10) is None
+
+
+def test_collapsing_run_stops_with_exit_1_and_keeps_what_it_wrote(tiny_dict, tmp_path, capsys):
+    """Unbiased aggregation (Eq. 4) with ESRCoV and a large lr on tiny digits: the model learns
+    (0.32 at round 3) and falls back to chance without a norm jump; the run stops, names the
+    aggregation and sampling, and keeps its results, ledger and manifest."""
     from emulator.errors import DivergenceError
-    # Many groups, all sampled: the unlikeliest ones get weight 1/(p_g·S), astronomically large.
-    tiny_dict["topology"]["clients_per_edge"] = 15
-    tiny_dict["arms"] = [{"name": "u", "grouping": {"policy": "covg", "min_group_size": 3, "max_cov": 0.1},
-                          "sampling": {"policy": "esrcov", "groups_per_round": 30}, "aggregation": "unbiased"}]
-    with pytest.raises(DivergenceError, match="stabilized"):
+    tiny_dict["topology"]["clients_per_edge"] = 10
+    tiny_dict["train"].update(lr=1.0, rounds=16)
+    tiny_dict["arms"] = [{"name": "u", "grouping": {"policy": "covg", "min_group_size": 2, "max_cov": 0.5},
+                          "sampling": {"policy": "esrcov", "groups_per_round": 2}, "aggregation": "unbiased"}]
+    with pytest.raises(DivergenceError, match=r"collapsed.*back at chance.*unbiased aggregation with esrcov"):
         run_experiment(parse_config(tiny_dict), tmp_path / "run", progress=False)
+    arm = tmp_path / "run" / "u"
+    results = pd.read_csv(arm / "results.csv")
+    manifest = json.loads((arm / "manifest.json").read_text())
+    assert manifest["stop_reason"] == "diverged" and "collapsed" in manifest["message"]
+    assert manifest["rounds_run"] == results["round"].iloc[-1] < 16
+    assert results["accuracy"].max() >= 0.3 and (results["accuracy"].iloc[-3:] <= 0.15).all()
+    assert pd.read_parquet(arm / "ledger.parquet")["amount"].sum() == pytest.approx(manifest["total_cost_eq5"])
+    assert not (arm / "checkpoint.pt").exists()
+    # finished as far as resume is concerned: resuming reprints the run, the collapse stays recorded
+    assert main(["run", "--resume", str(tmp_path / "run"), "--quiet"]) == 0
+    assert "diverged" in capsys.readouterr().out
 
 
 def test_gradient_probe_is_charged_as_training_and_resumes_identically(tiny_dict, tmp_path):
@@ -204,13 +236,76 @@ def test_gradient_probe_is_charged_as_training_and_resumes_identically(tiny_dict
     assert full["cost"].iloc[0] == 0 and full["sim_time_s"].iloc[0] == 0   # round 0: the initial model
     assert full["cost"].iloc[1] == pytest.approx(ledger.loc[ledger["round"] <= 2, "amount"].sum())
 
+    for at in (3, 4):   # resumed inside a grouping epoch (stored grouping) and at a regrouping
+        def kill(t, cost, acc, at=at):
+            if t == at:
+                raise Killed
+        with pytest.raises(Killed):
+            run_arm(world, plan_arm(world, 0), tmp_path / f"killed{at}", kill)
+        resumed = run_arm(world, plan_arm(world, 0), tmp_path / f"killed{at}")
+        pd.testing.assert_frame_equal(full, resumed, check_exact=True)
+        pd.testing.assert_frame_equal(ledger, pd.read_parquet(tmp_path / f"killed{at}" / "ledger.parquet"),
+                                      check_exact=True)
+
+
+def test_hcct_regrouping_probes_fresh_batches_from_the_current_model(tiny_dict, monkeypatch):
+    """HCCT Alg. 1 re-clustering: each regrouping epoch trains its probe from the global model
+    it is given, on freshly drawn batches, so a regrouping can change the groups."""
+    tiny_dict["seed"] = 5
+    tiny_dict["topology"]["clients_per_edge"] = 10
+    tiny_dict["arms"] = [{"name": "hcct", "grouping": {"policy": "hcct", "min_group_size": 2},
+                          "sampling": {"policy": "random", "groups_per_round": 2}, "regroup_every": 2}]
+    world = build_world(parse_config(tiny_dict))
+    plan = plan_arm(world, 0)
+    calls = []
+    train = world.engine.train
+
+    def spy(start, clients, epochs, seeds):
+        calls.append((start.clone(), list(seeds)))
+        return train(start, clients, epochs, seeds)
+    monkeypatch.setattr(world.engine, "train", spy)
+    w0 = world.engine.initial_weights(5)
+    first = form_groups(world, plan, 0, w0)
+    again = form_groups(world, plan, 0, w0)
+    regroup = form_groups(world, plan, 2, w0)
+    (s0, seeds0), (_, seeds_again), (_, seeds2) = calls[0], calls[2], calls[4]
+    assert torch.equal(s0, w0) and seeds0 == seeds_again and seeds0 != seeds2
+    members = lambda g: [g_.clients.tolist() for g_ in g.groups]   # noqa: E731
+    assert members(first) == members(again) and members(first) != members(regroup)
+    moved = w0 * 0.5
+    form_groups(world, plan, 2, moved)
+    assert torch.equal(calls[-1][0], moved)
+
+
+def test_resume_refuses_a_checkpoint_that_would_run_code(tiny_dict, tmp_path, capsys, code_running_payload):
+    """A run directory from someone else: its checkpoint.pt is loaded with weights_only=True."""
+    tiny_dict["arms"] = tiny_dict["arms"][:1]
+    tiny_dict["train"]["rounds"] = 2
+    run_experiment(parse_config(tiny_dict), tmp_path / "run", progress=False)
+    arm = tmp_path / "run" / "covg-esrcov"
+    marker = tmp_path / "pwned"
+    (arm / "manifest.json").unlink()
+    torch.save({"t": code_running_payload(marker)}, arm / "checkpoint.pt")
+    assert main(["run", "--resume", str(tmp_path / "run"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "checkpoint.pt" in err and "refused" in err
+    assert not marker.exists()
+
+
+def test_checkpoint_loads_with_weights_only(tiny_dict, tmp_path):
+    """Every checkpoint holds tensors and plain containers only (ledger columns, rows, groupings)."""
+    tiny_dict["arms"] = [{"name": "hcct", "grouping": {"policy": "hcct", "min_group_size": 3},
+                          "sampling": {"policy": "random", "groups_per_round": 2}, "regroup_every": 2}]
+    config = parse_config(tiny_dict)
+    world = build_world(config)
+
     def kill(t, cost, acc):
-        if t == 4:
+        if t == 3:
             raise Killed
     with pytest.raises(Killed):
-        run_arm(world, plan_arm(world, 0), tmp_path / "killed", kill)
-    resumed = run_arm(world, plan_arm(world, 0), tmp_path / "killed")
-    pd.testing.assert_frame_equal(full, resumed, check_exact=True)
+        run_arm(world, plan_arm(world, 0), tmp_path / "a", kill)
+    blob = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)
+    assert blob["t"] == 3 and blob["grouping_epoch"] == 2 and len(blob["ledger"]["columns"]["amount"]) > 0
 
 
 def test_cli_plot_of_a_run(tiny_config, tmp_path, capsys):

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from policies import aggregations, sample_without_replacement, samplings
-from policies.sampling import groups_per_round
+from policies.sampling import groups_per_round, inclusion_log_probabilities
 
 
 @pytest.mark.parametrize("name", ["random", "rcov", "srcov", "esrcov"])
@@ -44,11 +44,12 @@ def test_aggregation_weights_hand_case():
     n_g = np.array([100.0, 300.0])
     p = np.array([0.5, 0.25])
     n = 1000.0
-    assert aggregations.make("biased").weights(n_g, np.log(p), n) == pytest.approx([0.25, 0.75])
+    pi = 2 * p   # S = 2, no certainty groups: π_g = S·p_g
+    assert aggregations.make("biased").weights(n_g, np.log(pi), n) == pytest.approx([0.25, 0.75])
     # Eq. 4: (1/(p_g S)) (n_g/n) with S = 2
-    assert aggregations.make("unbiased").weights(n_g, np.log(p), n) == pytest.approx([0.1, 0.6])
+    assert aggregations.make("unbiased").weights(n_g, np.log(pi), n) == pytest.approx([0.1, 0.6])
     # Eq. 39: the same, renormalised
-    assert aggregations.make("stabilized").weights(n_g, np.log(p), n) == pytest.approx([1 / 7, 6 / 7])
+    assert aggregations.make("stabilized").weights(n_g, np.log(pi), n) == pytest.approx([1 / 7, 6 / 7])
 
 
 def test_unbiased_weights_overflow_to_inf_not_nan():
@@ -61,3 +62,88 @@ def test_groups_per_round_fixed_or_from_data_fraction():
     assert groups_per_round(10, sizes, groups=3, data_fraction=None) == 3
     assert groups_per_round(10, sizes, groups=None, data_fraction=0.2) == 2
     assert groups_per_round(10, sizes, groups=None, data_fraction=0.01) == 1
+
+
+class _Fixed:
+    """A generator stand-in that returns a given permutation and uniform, to enumerate a sampler's
+    outcomes exactly."""
+
+    def __init__(self, perm, u):
+        self.perm, self.u = np.asarray(perm), u
+
+    def permutation(self, n):
+        assert n == len(self.perm)
+        return self.perm
+
+    def uniform(self):
+        return self.u
+
+
+def _exact_outcomes(log_p, size):
+    """Every (probability, sample) of the sampler: all orders of the non-certain groups, and u in
+    each piece of [0, 1) between the breakpoints where the sample changes."""
+    from itertools import permutations
+    pi = np.exp(inclusion_log_probabilities(log_p, size))
+    rest = np.flatnonzero(pi < 1)
+    orders = list(permutations(range(len(rest))))
+    for perm in orders:
+        cuts = np.unique(np.concatenate([[0.0, 1.0], np.cumsum(pi[rest[list(perm)]]) % 1.0]))
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            yield (b - a) / len(orders), sample_without_replacement(log_p, size, _Fixed(perm, (a + b) / 2))
+
+
+@pytest.mark.parametrize("name, covs, size", [
+    ("rcov", [0.8, 0.5, 0.3, 0.6, 0.4], 2),          # 5 groups, S = 2 (successive sampling: E[Σw] ≠ 1)
+    ("srcov", [0.05, 0.5, 0.3, 0.6, 0.4], 3),         # a certainty group
+    ("esrcov", [0.3, 0.35, 0.5, 0.9, 2.0, 1.0], 3),   # skewed: certainty groups (S·p_g ≥ 1)
+    ("random", [0.3, 0.5, 0.9, 1.0], 4)])
+def test_unbiased_aggregation_is_unbiased_exactly(name, covs, size):
+    """E[Σ_sampled w_g x_g] = Σ_g (n_g/n) x_g (Eq. 4), enumerating every sample with its probability:
+    with x_g the unit vectors, the expected weight of each group is n_g / n."""
+    log_p = samplings.make(name).log_probabilities(np.array(covs))
+    n_g = np.arange(10.0, 10.0 + 7 * len(covs), 7)
+    n = n_g.sum()
+    log_pi = inclusion_log_probabilities(log_p, size)
+    expected, total_prob, inclusion = np.zeros(len(covs)), 0.0, np.zeros(len(covs))
+    for prob, chosen in _exact_outcomes(log_p, size):
+        assert len(chosen) == size == len(set(chosen.tolist()))
+        expected[chosen] += prob * aggregations.make("unbiased").weights(n_g[chosen], log_pi[chosen], n)
+        inclusion[chosen] += prob
+        total_prob += prob
+    assert total_prob == pytest.approx(1.0, abs=1e-12)
+    assert inclusion == pytest.approx(np.exp(log_pi), abs=1e-12)
+    assert expected == pytest.approx(n_g / n, abs=1e-12)
+
+
+def test_inclusion_probabilities_cap_at_one_and_sum_to_s():
+    p = np.array([0.5, 0.3, 0.1, 0.06, 0.04])
+    pi = np.exp(inclusion_log_probabilities(np.log(p), 3))
+    # 3·0.5 ≥ 1: group 0 certain; the other 2 draws in proportion: 2·0.3/0.5 = 1.2 ≥ 1: group 1 too;
+    # the last draw shares 0.1 : 0.06 : 0.04.
+    assert pi == pytest.approx([1, 1, 0.5, 0.3, 0.2])
+    assert np.exp(inclusion_log_probabilities(np.log(p), 5)) == pytest.approx(np.ones(5))
+
+
+def test_esrcov_extreme_skew_stays_exact_by_monte_carlo():
+    """ESRCoV's log p spans thousands: the sampler works in log space, takes the dominant groups
+    with certainty and draws the rest with frequencies π_g. 20000 draws: a binomial frequency
+    has sd ≤ 0.0036, so the tolerance 0.02 is > 5 sd."""
+    log_p = samplings.make("esrcov").log_probabilities(np.array([0.02, 0.03, 0.3, 0.31, 0.32, 0.6, 0.05]))
+    pi = np.exp(inclusion_log_probabilities(log_p, 4))
+    assert pi[[0, 1, 6]] == pytest.approx(1.0) and pi.sum() == pytest.approx(4.0)
+    rng = np.random.default_rng(0)
+    hits = np.zeros(7)
+    for _ in range(20000):
+        chosen = sample_without_replacement(log_p, 4, rng)
+        assert len(set(chosen.tolist())) == 4
+        hits[chosen] += 1
+    assert hits / 20000 == pytest.approx(pi, abs=0.02)
+    w = aggregations.make("unbiased").weights(np.full(4, 10.0), np.log(pi[:4]), 70.0)
+    assert np.isfinite(w).all()
+
+
+def test_sampling_is_deterministic_by_seed():
+    log_p = samplings.make("rcov").log_probabilities(np.linspace(0.1, 1.0, 12))
+    draws = [sample_without_replacement(log_p, 4, np.random.default_rng((0, 1, t))).tolist() for t in range(5)]
+    assert draws == [sample_without_replacement(log_p, 4, np.random.default_rng((0, 1, t))).tolist() for t in range(5)]
+    assert len({tuple(d) for d in draws}) > 1

@@ -4,7 +4,9 @@
 * ``fashion-mnist``: idx files of Debian's ``dataset-fashion-mnist`` package
   (/usr/share/datasets/fashion-mnist), or the directory in ``path`` / $GROUPFEL_FASHION_MNIST.
 * ``fsdd``: Free Spoken Digit Dataset WAV recordings, as log-mel spectrograms (1×32×32).
-* ``cifar10``: the python-pickle batches of CIFAR-10 (``data_batch_1..5``, ``test_batch``) in ``path``.
+* ``cifar10``: the python-pickle batches of CIFAR-10 (``data_batch_1..5``, ``test_batch``) in ``path``,
+  read by an unpickler that admits only what the format holds (dicts, lists, bytes/str, numbers
+  and numpy arrays), so a tampered batch cannot run code.
 * ``speech-commands``: Speech Commands' layout in ``path`` (one folder of 16 kHz WAVs per label,
   ``testing_list.txt`` and ``validation_list.txt``), as log-mel spectrograms (1×32×32); the test set
   is the testing list, training is everything else but the validation list.
@@ -154,9 +156,30 @@ def _read_wav(path: Path) -> tuple[int, np.ndarray]:
     return rate, sig / (np.abs(sig).max() or 1.0)
 
 
-def _cifar10(directory: Path) -> Dataset:
+def _cifar10_unpickler():
+    import codecs
     import pickle
 
+    reconstruct = np.zeros(1).__reduce__()[0]   # numpy's array-reconstruction function, any numpy version
+    allowed = {("numpy.core.multiarray", "_reconstruct"): reconstruct,
+               ("numpy._core.multiarray", "_reconstruct"): reconstruct,
+               ("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype,
+               ("_codecs", "encode"): codecs.encode}   # how protocol-2 pickles written by Python 3 store bytes
+
+    class CifarUnpickler(pickle.Unpickler):
+        """Only dicts, lists, bytes/str, numbers and numpy arrays: the globals a CIFAR-10 batch
+        references are numpy's array reconstruction (and bytes re-encoding) and nothing else."""
+
+        def find_class(self, module, name):
+            if (module, name) not in allowed:
+                raise pickle.UnpicklingError(f"refers to {module}.{name}, which a CIFAR-10 batch does not hold")
+            return allowed[module, name]
+
+    return CifarUnpickler
+
+
+def _cifar10(directory: Path) -> Dataset:
+    unpickler = _cifar10_unpickler()
     d = directory / "cifar-10-batches-py" if (directory / "cifar-10-batches-py").is_dir() else directory
 
     def batch(name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -165,7 +188,14 @@ def _cifar10(directory: Path) -> Dataset:
             raise InputError(f"data.path: CIFAR-10 batch {name} not found in {d}; give the directory of the "
                              f"python version (data_batch_1..5, test_batch)")
         with open(f, "rb") as fh:
-            raw = pickle.load(fh, encoding="bytes")
+            try:
+                raw = unpickler(fh, encoding="bytes").load()
+            except Exception as exc:   # refused global, truncated or not a pickle at all
+                raise InputError(f"data.path: {f} is not a CIFAR-10 python batch ({exc}); refusing to load it, "
+                                 f"give the directory of the python version (data_batch_1..5, test_batch)") from None
+        if not (isinstance(raw, dict) and b"data" in raw and b"labels" in raw):
+            raise InputError(f"data.path: {f} is not a CIFAR-10 python batch (no b'data'/b'labels' dict); "
+                             f"give the directory of the python version")
         x = np.asarray(raw[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32).astype(np.float32) / 255.0
         return x, np.asarray(raw[b"labels"], dtype=np.int64)
 
