@@ -120,10 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", metavar="FILE.png", help="default RUN_DIR/<y>_vs_<x>.png")
     plot.set_defaults(func=_cmd_plot)
     from .report import add_report_parser
+    from .reproduce import add_reproduce_parser
     from .sweep import add_sweep_parser
 
     add_sweep_parser(sub)
     add_report_parser(sub)
+    add_reproduce_parser(sub)
     group_cli.add_group_parser(sub)
     study_cli.add_study_parser(sub)
     cost_cli.register(sub)

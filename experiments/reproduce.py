@@ -1,0 +1,360 @@
+"""``groupfel reproduce``: the papers' tables and figures, one command each, ours beside theirs.
+
+Each reproduction is a folder of ``experiments/reproductions/``:
+
+    reproduction.toml   what it reproduces (paper, table/figure, data), the table's keys and
+                        metrics, settings applied on top of the base ([set]) and the quick mode's
+                        scaled-down settings ([quick]); ``kind = "study"`` runs a ``groupfel study``
+    sweep.toml          a sweep file (experiments.sweep) over the figure's axes
+    base.toml           its base run config (or the sweep names a shared one)
+    paper.csv           the paper's numbers (one row per table cell, a ``source`` column citing the
+                        table or figure), or its claims (a ``claim`` column) where it gives a figure only
+
+``experiments/reproductions/quick.toml`` holds the scaled-down settings every quick run shares.
+A run resolves the sweep (and base) with those settings, writes them to the output directory,
+runs them with :func:`experiments.sweep.run_sweep` (any backend; a rerun resumes) and writes
+``<name>.csv`` (ours beside the paper's), ``accuracy_vs_cost.png``, ``report.html`` and
+``NOTES.txt`` (which dataset stood in for which, what quick mode scaled down).
+"""
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from emulator.errors import InputError
+
+ROOT = Path(__file__).parent / "reproductions"
+# The papers' datasets and what stands in for them here (neither CIFAR-10 nor Speech Commands can
+# be downloaded on these machines).
+STAND_INS = {"cifar10": ("CIFAR-10", "Fashion-MNIST"), "speech-commands": ("Speech Commands", "FSDD")}
+DATA_NAMES = {"digits": "scikit-learn digits", "fashion-mnist": "Fashion-MNIST", "fsdd": "FSDD",
+              "cifar10": "CIFAR-10", "speech-commands": "Speech Commands"}
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A table column: ``ours`` is a per-seed value: a headline metric of per_seed.csv
+    (``final_acc``), a manifest grouping field (``grouping.size_mean``) or the last evaluation of a
+    results column (``last.ipr``); ``scale`` converts it to the paper's unit (100 for %)."""
+    name: str
+    ours: str
+    scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class Reproduction:
+    name: str
+    title: str
+    paper: str
+    figure: str
+    paper_data: str                      # the paper's dataset (a DataConfig.dataset name)
+    kind: str = "sweep"                  # sweep | study
+    keys: dict[str, str] = field(default_factory=dict)   # table column -> sweep axis (dotted path)
+    metrics: tuple[Metric, ...] = ()
+    set: dict[str, Any] = field(default_factory=dict)
+    quick: dict[str, Any] = field(default_factory=dict)  # set / seeds / axes
+    needs: str = ""                      # a missing feature: the run is refused with this line
+    notes: str = ""                      # the paper's setting and where ours differs
+
+    @property
+    def folder(self) -> Path:
+        return ROOT / self.name
+
+
+def load(name: str) -> Reproduction:
+    """The reproduction NAME; a bad name fails with the list of names."""
+    path = ROOT / name / "reproduction.toml"
+    if not path.is_file():
+        raise InputError(f"reproduce: no reproduction {name!r}; choose one of {', '.join(names())}")
+    raw = tomllib.loads(path.read_text())
+    raw["metrics"] = tuple(Metric(**m) for m in raw.get("metrics", []))
+    return Reproduction(name=name, **raw)
+
+
+def names() -> list[str]:
+    return sorted(p.parent.name for p in ROOT.glob("*/reproduction.toml"))
+
+
+def data_used(rep: Reproduction, quick: bool) -> str:
+    """Which dataset the run uses, and for which of the paper's it stands in."""
+    if rep.kind == "study":
+        return "synthetic Dir(α) label matrices, as the paper"
+    dataset = resolve(rep, quick)[1]["data"]["dataset"]
+    full = resolve(rep, False)[1]["data"]["dataset"]
+    paper = DATA_NAMES[rep.paper_data]
+    if dataset == rep.paper_data:
+        return paper
+    if dataset != full:
+        return f"{DATA_NAMES[dataset]} stands in for {DATA_NAMES[full]}" + (f" (for {paper})" if full != rep.paper_data else "")
+    return f"{DATA_NAMES[dataset]} stands in for {paper}"
+
+
+def list_table() -> str:
+    rows = [("name", "paper", "table/figure", "data (full run)", "data (--quick)")]
+    for n in names():
+        rep = load(n)
+        status = f" [needs {rep.needs.split(' (')[0]}]" if rep.needs else ""
+        rows.append((n, rep.paper, rep.figure + status, data_used(rep, False), data_used(rep, True)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+# ----------------------------------------------------------------------------- resolving
+def resolve(rep: Reproduction, quick: bool, data_path: str | None = None) -> tuple[dict, dict, list[str]]:
+    """(sweep, base) as raw dicts with the reproduction's settings (and quick mode's) applied, and
+    one line per setting quick mode changed ("path: full -> quick")."""
+    from .sweep import set_path
+
+    sweep = tomllib.loads((rep.folder / "sweep.toml").read_text())
+    base_path = (rep.folder / sweep["base"]).resolve()
+    base = tomllib.loads(base_path.read_text())
+    for path, value in rep.set.items():
+        set_path(base, path, value)
+    path = _get(base, "data.path")
+    if path and not Path(path).is_absolute():   # relative to the repository root (shared/ beside it)
+        set_path(base, "data.path", str((ROOT.parents[1] / path).resolve()))
+    changed = []
+    if data_path:
+        set_path(base, "data.dataset", rep.paper_data)
+        set_path(base, "data.path", str(Path(data_path).resolve()))
+    elif quick:
+        shared = _quick_shared() if rep.quick.get("shared", True) else {}
+        for path, value in {**shared.get("set", {}), **rep.quick.get("set", {})}.items():
+            old = _get(base, path)
+            set_path(base, path, value)
+            if old != value:
+                changed.append(f"{path}: {old!r} -> {value!r}")
+        seeds = rep.quick.get("seeds", shared.get("seeds", sweep["seeds"]))
+        axes = {**sweep["axes"], **rep.quick.get("axes", {})}
+        for key, value in (("seeds", seeds), ("axes", axes)):
+            if sweep[key] != value:
+                changed.append(f"sweep {key}: {sweep[key]!r} -> {value!r}")
+            sweep[key] = value
+    sweep["base"] = "base.toml"
+    return sweep, base, changed
+
+
+def _quick_shared() -> dict:
+    return tomllib.loads((ROOT / "quick.toml").read_text())
+
+
+def _get(raw: dict, path: str) -> Any:
+    node: Any = raw
+    for key in path.split("."):
+        try:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        except (KeyError, IndexError, ValueError):
+            return None
+    return node
+
+
+def point_configs(rep: Reproduction, quick: bool):
+    """The validated run config of every point (no running): what the tests check."""
+    from .sweep import SweepConfig, point_configs as configs
+
+    sweep, base, _ = resolve(rep, quick)
+    return configs(SweepConfig.model_validate(sweep), base)
+
+
+# ----------------------------------------------------------------------------- the table
+def paper_rows(rep: Reproduction) -> list[dict[str, str]]:
+    with open(rep.folder / "paper.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _per_seed(rep: Reproduction, point_dir: Path, arm: str, seeds: list[int], runs) -> dict[str, list[float]]:
+    import pandas as pd
+
+    per_seed = pd.read_csv(point_dir / "per_seed.csv")
+    out = {}
+    for m in rep.metrics:
+        values = []
+        for s in seeds:
+            if m.ours.startswith("grouping."):
+                manifest = json.loads((point_dir / f"seed-{s}" / arm / "manifest.json").read_text())
+                v = (manifest.get("grouping") or {}).get(m.ours.removeprefix("grouping."))
+            elif m.ours.startswith("last."):
+                r = runs[(runs["seed"] == s) & (runs["arm"] == arm)]
+                v = r[m.ours.removeprefix("last.")].iloc[-1] if len(r) else None
+            else:
+                v = per_seed.loc[(per_seed["seed"] == s) & (per_seed["arm"] == arm), m.ours].iloc[0]
+            values.append(float("nan") if v is None else float(v) * m.scale)
+        out[m.name] = values
+    return out
+
+
+def _matches(row: dict[str, str], key_values: dict[str, Any]) -> bool:
+    for k, v in key_values.items():
+        if k not in row:
+            continue
+        try:
+            if abs(float(row[k]) - float(v)) > 1e-9:
+                return False
+        except ValueError:
+            if str(row[k]) != str(v):
+                return False
+    return True
+
+
+def comparison(rep: Reproduction, root: Path):
+    """One row per point x arm x metric: the keys, ours (mean, 95 % CI over seeds) and the paper's."""
+    import pandas as pd
+
+    from .stats import mean_ci
+    from .sweep import point_name
+
+    sweep = json.loads((root / "sweep.json").read_text())
+    seeds = sweep["sweep"]["seeds"]
+    runs = pd.read_csv(root / "runs.csv")
+    arms = list(dict.fromkeys(runs["arm"]))
+    paper = paper_rows(rep)
+    short = {v: k for k, v in rep.keys.items()}
+    rows = []
+    for i, point in enumerate(sweep["points"].values()):
+        keys = {short.get(p, p): v for p, v in point.items() if p in short}
+        d = root / point_name(i)
+        point_runs = runs[runs["point"] == point_name(i)]
+        for arm in arms:
+            match = [r for r in paper if "claim" not in r and _matches(r, {**keys, "arm": arm})]
+            for metric, values in _per_seed(rep, d, arm, seeds, point_runs).items():
+                mean, low, high = mean_ci(values)
+                cell = match[0].get(metric, "") if match else ""
+                rows.append({**keys, "arm": arm, "metric": metric, "ours": mean, "ci95_low": low,
+                             "ci95_high": high, "seeds": sum(v == v for v in values),
+                             "paper": float(cell) if cell not in ("", None) else float("nan")})
+    return pd.DataFrame(rows)
+
+
+def render(table) -> str:
+    def cell(r):
+        if r["ours"] != r["ours"]:
+            return "—"
+        ci = f" [{r['ci95_low']:.4g}, {r['ci95_high']:.4g}]" if r["ci95_low"] == r["ci95_low"] else ""
+        return f"{r['ours']:.4g}{ci}"
+
+    shown = table.assign(ours=[cell(r) for _, r in table.iterrows()],
+                         paper=[f"{p:.4g}" if p == p else "—" for p in table["paper"]])
+    return shown.drop(columns=["ci95_low", "ci95_high"]).to_string(index=False)
+
+
+def figure(rep: Reproduction, root: Path, out: Path) -> Path:
+    """Accuracy against Eq. 5 cost: one mean curve (95 % band over seeds) per point and arm."""
+    import pandas as pd
+
+    from .plots import plot_bands
+
+    runs = pd.read_csv(root / "runs.csv")
+    short = {v: k for k, v in rep.keys.items()}
+    axes = json.loads((root / "sweep.json").read_text())["sweep"]["axes"]
+    labelled = {}
+    for point, df in runs.groupby("point", sort=True):
+        label = ", ".join(f"{short.get(a, a.rsplit('.', 1)[-1])}={df[a].iloc[0]}" for a in axes
+                          if runs.groupby("point")[a].nunique().max() == 1 and runs[a].nunique() > 1) or point
+        labelled[label] = df
+    return plot_bands(labelled, out, title=f"{rep.paper} {rep.figure} (groupfel)")
+
+
+# ----------------------------------------------------------------------------- running
+def notes(rep: Reproduction, quick: bool, changed: list[str], data_path: str | None) -> str:
+    lines = [f"{rep.paper} {rep.figure}: {rep.title}", f"data: {data_used(rep, quick) if not data_path else DATA_NAMES[rep.paper_data] + ' from ' + data_path}"]
+    if quick:
+        lines.append("quick mode: NOT the paper's setting; scaled down for a first look on 2 cores:")
+        lines += [f"  {c}" for c in changed]
+    if rep.notes:
+        lines.append(f"setting: {rep.notes.strip()}")
+    return "\n".join(lines)
+
+
+def run_study(rep: Reproduction, quick: bool, out: Path) -> int:
+    from . import grouping_studies
+
+    kwargs = {"seed": 0}
+    if rep.name == "fig5":
+        kwargs["max_clients"] = rep.quick.get("max_clients", 1000) if quick else 10000
+    df = getattr(grouping_studies, rep.name)(out, **kwargs)
+    print(notes(rep, quick, [f"max_clients: 10000 -> {kwargs['max_clients']}"] if "max_clients" in kwargs and quick
+                else [], None))
+    print(df.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(f"\npaper: {rep.figure} is a figure without a table; compare {out / (rep.name + '.png')} with it "
+          f"(this is `groupfel study {rep.name}`)")
+    return 0
+
+
+def run(name: str, *, quick: bool = False, backend: str = "local", jobs: int | None = None,
+        output: str | None = None, data_path: str | None = None, progress: bool = True) -> int:
+    import tomli_w
+
+    from emulator.io import atomic_write, check_writable
+
+    from .report import build_report
+    from .sweep import run_sweep
+
+    rep = load(name)
+    if rep.needs:
+        raise InputError(f"reproduce {name}: needs {rep.needs}, which this version of groupfel lacks")
+    if data_path and rep.paper_data not in STAND_INS:
+        raise InputError(f"reproduce --data-path: {name} already uses the paper's dataset "
+                         f"({DATA_NAMES[rep.paper_data]}); leave --data-path out")
+    out = check_writable(Path(output) if output else Path("results/reproductions") / (name + ("-quick" if quick else "")),
+                         "dir", "--output")
+    if rep.kind == "study":
+        return run_study(rep, quick, out)
+    sweep, base, changed = resolve(rep, quick, data_path)
+    sweep["name"] = name
+    text = notes(rep, quick, changed, data_path)
+    print(text)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(out / "base.toml", lambda p: p.write_text(tomli_w.dumps(base)))
+    atomic_write(out / "sweep.toml", lambda p: p.write_text(tomli_w.dumps(sweep)))
+    run_sweep(out / "sweep.toml", backend=backend, jobs=jobs, output=out, progress=progress)
+    table = comparison(rep, out)
+    atomic_write(out / f"{name}.csv", lambda p: table.to_csv(p, index=False))
+    fig = figure(rep, out, out / "accuracy_vs_cost.png")
+    report = build_report(out)
+    atomic_write(out / "NOTES.txt", lambda p: p.write_text(text + "\n"))
+    claims = [r for r in paper_rows(rep) if "claim" in r]
+    print(f"\nours: mean [95 % CI] over seeds {sweep['seeds']}; paper: {rep.paper} {rep.figure}")
+    print(render(table))
+    for c in claims:
+        print(f"paper ({c['source']}): {c['claim']}")
+    if claims:
+        print(ranking(table))
+    print(f"\ntable: {out / (name + '.csv')}\nfigure: {fig}\nreport: {report}\nnotes: {out / 'NOTES.txt'}")
+    return 0
+
+
+def ranking(table) -> str:
+    """Ours ranked by the first metric (for figures whose paper claim is an order)."""
+    first = table[table["metric"] == table["metric"].iloc[0]].sort_values("ours", ascending=False)
+    keys = [c for c in table.columns if c not in ("metric", "ours", "ci95_low", "ci95_high", "seeds", "paper")]
+    items = [" ".join(str(r[k]) for k in keys) + f" {r['ours']:.4g}" for _, r in first.iterrows()]
+    return f"ours, ranked by {first['metric'].iloc[0]}: " + " > ".join(items)
+
+
+def _cmd_reproduce(args) -> int:
+    if args.list or not args.name:
+        if not args.list:
+            raise InputError(f"reproduce: give NAME or --list; names: {', '.join(names())}")
+        print(list_table())
+        return 0
+    return run(args.name, quick=args.quick, backend=args.backend, jobs=args.jobs, output=args.output,
+               data_path=args.data_path, progress=not args.quiet)
+
+
+def add_reproduce_parser(sub) -> None:
+    p = sub.add_parser("reproduce", help="reproduce a paper's table or figure, ours beside the paper's numbers")
+    p.add_argument("name", nargs="?", metavar="NAME", help="a reproduction (see --list)")
+    p.add_argument("--list", action="store_true", help="list every reproduction: paper, table/figure, data")
+    p.add_argument("--quick", action="store_true", help="scaled down to minutes on 2 cores (not the paper's setting)")
+    p.add_argument("--backend", default="local", choices=["local", "ray"], help="where the runs go (default local)")
+    p.add_argument("--jobs", type=int, help="parallel runs (default: one per core)")
+    p.add_argument("--output", metavar="DIR", help="default results/reproductions/NAME[-quick]")
+    p.add_argument("--data-path", metavar="DIR",
+                   help="the paper's dataset (CIFAR-10 / Speech Commands directory) instead of the stand-in")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_reproduce)
