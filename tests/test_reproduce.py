@@ -108,3 +108,12 @@ def test_tiny_quick_reproduction_runs_end_to_end(tmp_path, monkeypatch, capsys):
         assert (out / f).stat().st_size > 0
     with open(out / "table1.csv", newline="") as f:
         assert "paper" in next(csv.reader(f))
+
+
+def test_data_path_uses_the_papers_dataset_with_the_authors_settings(tmp_path, capsys):
+    sweep, base, _ = reproduce.resolve(reproduce.load("table1"), False, str(tmp_path))
+    assert (base["data"]["dataset"], base["data"]["path"], base["train"]["lr"], base["train"]["batch_size"]) == \
+        ("cifar10", str(tmp_path.resolve()), 0.01, 10)
+    assert cli.main(["reproduce", "hcct-table4", "--data-path", str(tmp_path), "--output", str(tmp_path / "o")]) == 2
+    assert "already uses the paper's dataset" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
