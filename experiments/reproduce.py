@@ -255,7 +255,9 @@ def figure(rep: Reproduction, root: Path, out: Path) -> Path:
     """Accuracy against Eq. 5 cost: one mean curve (95 % band over seeds) per point and arm."""
     import pandas as pd
 
-    from .plots import plot_bands
+    from emulator.io import atomic_write
+
+    from .plots import band_figure, plt
 
     runs = pd.read_csv(root / "runs.csv")
     short = {v: k for k, v in rep.keys.items()}
@@ -265,7 +267,11 @@ def figure(rep: Reproduction, root: Path, out: Path) -> Path:
         label = ", ".join(f"{short.get(a, a.rsplit('.', 1)[-1])}={df[a].iloc[0]}" for a in axes
                           if runs.groupby("point")[a].nunique().max() == 1 and runs[a].nunique() > 1) or point
         labelled[label] = df
-    return plot_bands(labelled, out, title=f"{rep.paper} {rep.figure} (groupfel)")
+    fig = band_figure(labelled, title=f"{rep.paper} {rep.figure} (groupfel)")
+    fig.axes[0].set_ylim(0, 1)   # 2-seed t bands reach far past [0, 1]
+    atomic_write(out, lambda p: fig.savefig(p, format="png"))
+    plt.close(fig)
+    return out
 
 
 # ----------------------------------------------------------------------------- running
