@@ -329,7 +329,7 @@ def run_pergroup_arm(world: World, plan: ArmPlan, arm_dir: Path,
         training = led.by_component.get(TRAINING, 0.0)
         groups = state.groups(world)
         state.rows.append({
-            "arm": plan.arm.name, "round": state.t, "cost": led.total, "training_cost": training,
+            "arm": plan.arm.name, "seed": cfg.seed, "round": state.t, "cost": led.total, "training_cost": training,
             "overhead_cost": led.total - training, "sim_time_s": state.sim_time, "round_time_s": state.round_time,
             "accuracy": float(acc.mean()), "loss": float(loss.mean()), "groups_sampled": len(sampled),
             "clients_sampled": int(sum(groups[g].size for g in sampled if g in groups)),

@@ -117,3 +117,20 @@ def test_data_path_uses_the_papers_dataset_with_the_authors_settings(tmp_path, c
     assert cli.main(["reproduce", "hcct-table4", "--data-path", str(tmp_path), "--output", str(tmp_path / "o")]) == 2
     assert "already uses the paper's dataset" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_per_group_runs_over_several_seeds(tmp_path):
+    """HCCT and FedCollab reproductions run per-group mode over seeds: its rows carry their seed."""
+    from emulator.config import parse_config
+    from experiments.runner import run_experiment
+
+    config = parse_config({"name": "pg", "mode": "per-group", "seeds": [0, 1], "output_dir": str(tmp_path),
+                           "data": {"dataset": "digits", "min_samples": 20, "max_samples": 40},
+                           "topology": {"edges": 1, "clients_per_edge": 6},
+                           "train": {"model": "mlp", "rounds": 2, "eval_every": 1},
+                           "arms": [{"name": "local", "grouping": {"policy": "local"}},
+                                    {"name": "global", "grouping": {"policy": "global"}}]})
+    summary = run_experiment(config, tmp_path / "pg", progress=False, jobs=1)
+    assert list(summary["arm"]) == ["local", "global"] and (summary["seeds"] == 2).all()
+    runs = pd.read_csv(tmp_path / "pg" / "runs.csv")
+    assert sorted(runs["seed"].unique()) == [0, 1]
