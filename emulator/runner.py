@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import simpy
 import torch
 
 from cost_models import TRAINING
@@ -25,6 +24,7 @@ from policies import (AggregationRule, EdgeView, GroupingPolicy, SamplingPolicy,
                       groupings, groups_per_round, sample_without_replacement, samplings)
 from policies.cov import cov_of_counts
 
+from .compute import ClientState, LocalSpec, aggregate_control, run_group_rounds
 from .config import ArmConfig
 from .discriminator import DiscriminatorSpec, discriminator_distances, discriminator_features
 from .errors import DivergenceError, InputError
@@ -160,6 +160,8 @@ class ArmState:
     ledger: CostLedger = field(default_factory=CostLedger)
     rows: list[dict] = field(default_factory=list)
     initial_grouping: dict | None = None   # the manifest's summary of the round-0 grouping
+    clients: ClientState | None = None      # SCAFFOLD variates, persistent momentum buffers
+    control: torch.Tensor | None = None     # SCAFFOLD's server variate c
 
 
 def _versions() -> dict:
@@ -174,14 +176,16 @@ def _versions() -> dict:
 
 def _save_checkpoint(path: Path, state: ArmState) -> None:
     blob = {"t": state.t, "weights": state.weights, "sim_time": state.sim_time, "round_time": state.round_time,
-            "ledger": state.ledger.state(), "rows": state.rows, "initial_grouping": state.initial_grouping}
+            "ledger": state.ledger.state(), "rows": state.rows, "initial_grouping": state.initial_grouping,
+            "clients": state.clients.state() if state.clients else None, "control": state.control}
     atomic_write(path, lambda p: torch.save(blob, p))
 
 
 def _load_checkpoint(path: Path) -> ArmState:
     blob = torch.load(path, weights_only=False)
     return ArmState(blob["t"], blob["weights"], blob["sim_time"], blob["round_time"],
-                    CostLedger.from_state(blob["ledger"]), blob["rows"], blob["initial_grouping"])
+                    CostLedger.from_state(blob["ledger"]), blob["rows"], blob["initial_grouping"],
+                    ClientState.from_state(blob["clients"]) if blob["clients"] else None, blob["control"])
 
 
 def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
@@ -200,10 +204,16 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
     n_total = float(sum(g.total_samples for g in grouping.groups))
 
     fresh = state.weights is None
+    scaffold = tc.algorithm == "scaffold"
     if fresh:
         state.weights = world.engine.initial_weights(cfg.seed)
-    env = simpy.Environment(initial_time=state.sim_time)
-    fed = Federation(RoundContext(env, world.engine, world.cost, state.ledger, topo, cfg.seed,
+        persistent = tc.client_state == "persistent" and tc.momentum > 0
+        if scaffold or persistent:
+            state.clients = ClientState.create(topo.n_clients, world.engine.n_params, scaffold, persistent)
+        if scaffold:
+            state.control = torch.zeros_like(state.weights)
+    env = Federation.environment(state.sim_time)
+    fed = Federation(RoundContext(env, world.engine.model_bytes, world.cost, state.ledger, topo, cfg.seed,
                                   tc.group_rounds, tc.local_epochs, cfg.faults))
 
     def charge_probe(t: int, grouping: GroupingResult) -> None:
@@ -246,10 +256,16 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
                 f"round {t}: {plan.aggregation.name} aggregation weight 1/(p_g·S) overflowed (smallest sampled "
                 f"p_g = {np.exp(log_p[chosen].min()):.3g}); use aggregation = \"stabilized\" (Eq. 39) or a "
                 f"flatter sampling policy")
-        proc = env.process(fed.global_round(t, state.weights, [(int(g), grouping.groups[g]) for g in chosen]))
-        env.run(until=proc)
-        models = proc.value
+        sampled = {int(g): grouping.groups[g] for g in chosen}
+        spec = LocalSpec(cfg.seed, tc.group_rounds, tc.local_epochs, tc.lr * tc.lr_decay ** t, tc.algorithm,
+                         cfg.faults)
+        control = {g: state.control for g in sampled} if scaffold else None
+        models = run_group_rounds(world.engine, {g: state.weights for g in sampled}, sampled, t, spec,
+                                  state.clients, control)                   # compute, then time:
+        fed.run_round(t, list(sampled.items()))
         x = sum(float(w) * models[int(g)] for w, g in zip(weights, chosen))   # Line 15 / Eq. 4 / Eq. 39
+        if scaffold:
+            state.control = aggregate_control(state.control, control, chosen, weights)
         growth = float(torch.linalg.vector_norm(x) / torch.linalg.vector_norm(state.weights))
         if not (np.isfinite(growth) and growth < DIVERGENCE_GROWTH):
             raise DivergenceError(
