@@ -233,12 +233,13 @@ class BatchedEngine(TorchEngine):
       of them with ``torch.func.vmap``. Ragged sample counts are padded to a common step count;
       each client's step averages its loss over its own samples only, and a client past its last
       step is masked out of the update (weights and momentum unchanged), so the result is the
-      sequential engine's up to float rounding. Default on a GPU and for models without
-      convolutions (linear layers become one batched matmul).
+      sequential engine's up to float rounding. Default on a GPU (linear layers become one
+      batched matmul, convolutions grouped ones).
     * ``per-client``: the sequential loop with channels-last convolutions (oneDNN's fast kernels)
       and glibc's allocator told to keep freed memory, the clients split over ``workers`` forked
       processes of one torch thread each (the dataset is shared with them by the fork, never
-      copied), returning numpy arrays. Default for CNNs on a CPU, where it measured fastest.
+      copied), returning numpy arrays. Default on a CPU, where it measured fastest for the MLP
+      and the CNN (benchmarks/engines.py --formulation).
 
     A model that ``vmap`` cannot run (e.g. BatchNorm updating running statistics) falls back to
     the per-client loop, with one log line saying so.
@@ -254,8 +255,8 @@ class BatchedEngine(TorchEngine):
             keep_freed_memory()
         conv = _has_conv(self.model)
         reason = self._stack_failure()
-        if formulation is None:
-            formulation = "stacked" if reason is None and (self.device.type != "cpu" or not conv) else "per-client"
+        if formulation is None:   # measured on a 2-core CPU: per-client beat stacked for the MLP and the CNN
+            formulation = "stacked" if reason is None and self.device.type != "cpu" else "per-client"
         if formulation == "stacked" and reason is not None:
             log.warning("batched engine: cannot stack model %r (%s); training its clients one by one",
                         model, reason)
