@@ -13,6 +13,7 @@ median seconds per round over ``--rounds`` rounds of each, and the ratio, measur
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import time
@@ -46,34 +47,36 @@ def _client_data():
     return _DATA
 
 
-def make_client_fn(model_name: str):
+def _fit(model_name: str, cid: int, parameters: list[np.ndarray]) -> tuple[list[np.ndarray], int]:
+    """One Flower client's local training: the same model, E epochs of torch SGD."""
+    from emulator.models import build_model
+    d = _client_data()
+    idx = torch.as_tensor(d["parts"][cid])
+    net = build_model(model_name, d["shape"], d["classes"])
+    with torch.no_grad():
+        for p, v in zip(net.parameters(), parameters):
+            p.copy_(torch.from_numpy(v))
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
+    for _ in range(E):
+        order = idx[torch.randperm(len(idx))]
+        for b in range(0, len(order), B):
+            batch = order[b:b + B]
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(net(d["x"][batch]), d["y"][batch]).backward()
+            opt.step()
+    return [p.detach().numpy() for p in net.parameters()], len(idx)
+
+
+def client_fn(model_name: str, context):
+    """Top-level (pickled by reference): each Ray actor imports this module once and keeps its
+    dataset cache, as a Flower app's module would."""
     import flwr as fl
 
     class TorchClient(fl.client.NumPyClient):
-        def __init__(self, cid: int):
-            from emulator.models import build_model
-            d = _client_data()
-            self.idx = torch.as_tensor(d["parts"][cid])
-            self.net = build_model(model_name, d["shape"], d["classes"])
-
         def fit(self, parameters, config):
-            d = _client_data()
-            with torch.no_grad():
-                for p, v in zip(self.net.parameters(), parameters):
-                    p.copy_(torch.from_numpy(v))
-            opt = torch.optim.SGD(self.net.parameters(), lr=LR)
-            for _ in range(E):
-                order = self.idx[torch.randperm(len(self.idx))]
-                for b in range(0, len(order), B):
-                    batch = order[b:b + B]
-                    opt.zero_grad()
-                    torch.nn.functional.cross_entropy(self.net(d["x"][batch]), d["y"][batch]).backward()
-                    opt.step()
-            return [p.detach().numpy() for p in self.net.parameters()], len(self.idx), {}
-
-    def client_fn(context):
-        return TorchClient(int(context.node_config["partition-id"])).to_client()
-    return client_fn
+            weights, n = _fit(model_name, int(context.node_config["partition-id"]), parameters)
+            return weights, n, {}
+    return TorchClient().to_client()
 
 
 def flower_rounds(model_name: str, initial: list[np.ndarray], rounds: int) -> list[float]:
@@ -98,7 +101,7 @@ def flower_rounds(model_name: str, initial: list[np.ndarray], rounds: int) -> li
                      min_available_clients=N_CLIENTS,
                      initial_parameters=fl.common.ndarrays_to_parameters(initial))
     fl.simulation.start_simulation(
-        client_fn=make_client_fn(model_name), num_clients=N_CLIENTS, client_resources={"num_cpus": 1},
+        client_fn=functools.partial(client_fn, model_name), num_clients=N_CLIENTS, client_resources={"num_cpus": 1},
         config=fl.server.ServerConfig(num_rounds=rounds + 1), strategy=strategy,
         ray_init_args={"include_dashboard": False, "num_cpus": os.cpu_count(),
                        "object_store_memory": 300 * 2**20, "log_to_driver": False,
@@ -147,4 +150,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.flower import main as main_by_reference   # so the actors import, not unpickle, it
+    main_by_reference()
