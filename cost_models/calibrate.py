@@ -17,6 +17,7 @@ import pandas as pd
 from scipy import optimize, stats
 
 from emulator.errors import InputError
+from emulator.io import atomic_write
 
 from .profiles import uncommented
 
@@ -155,15 +156,18 @@ def report(fits: list[Fit]) -> str:
 def write_profile(fits: list[Fit], path: Path, task: str) -> Path:
     """The CSV ``read_profiles`` reads (usable as ``cost.profiles_file`` in a run config)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["device", "task", "operation", "method", "a", "b", "c", "note"])
-        for f in fits:
-            c = [f"{v:.9g}" for v in f.chosen] + ([""] if f.operation == "training" else [])
-            note = (f"{'robust soft-L1' if f.has_outliers else 'least-squares'} fit of {len(f.x)} points, "
-                    f"{f.x_name} {f.x.min():g}..{f.x.max():g}, R2 {f.r2:.4f}")
-            w.writerow([f.device, task, f.operation, f.method, *c, note])
+
+    def write(tmp: Path) -> None:
+        with tmp.open("w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["device", "task", "operation", "method", "a", "b", "c", "note"])
+            for f in fits:
+                c = [f"{v:.9g}" for v in f.chosen] + ([""] if f.operation == "training" else [])
+                note = (f"{'robust soft-L1' if f.has_outliers else 'least-squares'} fit of {len(f.x)} points, "
+                        f"{f.x_name} {f.x.min():g}..{f.x.max():g}, R2 {f.r2:.4f}")
+                w.writerow([f.device, task, f.operation, f.method, *c, note])
+
+    atomic_write(path, write)
     return path
 
 
@@ -192,7 +196,6 @@ def plot_fit(f: Fit, path: Path) -> Path:
     res.set_ylabel("residual (s)")
     res.grid(alpha=0.3)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    atomic_write(path, lambda p: fig.savefig(p, format="png"))
     plt.close(fig)
     return path

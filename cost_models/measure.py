@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import os
 import platform
-import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import astuple, dataclass, fields
@@ -20,6 +19,7 @@ import torch
 from torch import nn
 
 from emulator.errors import InputError
+from emulator.io import atomic_write
 from emulator.training import build_model
 
 from .secagg import time_secagg
@@ -35,18 +35,6 @@ class Measurement:
     group_size: int | None
     n_samples: int | None
     seconds: float
-
-
-def parse_sizes(text: str, where: str = "--sizes") -> list[int]:
-    """``2..30`` (inclusive), ``2..30:4`` (step 4) or ``2,5,10``."""
-    m = re.fullmatch(r"\s*(\d+)\s*\.\.\s*(\d+)\s*(?::\s*(\d+))?\s*", text)
-    try:
-        sizes = list(range(int(m[1]), int(m[2]) + 1, int(m[3] or 1))) if m else [int(s) for s in text.split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        raise InputError(f"{where} {text!r}: give positive integers as LO..HI, LO..HI:STEP or A,B,C (e.g. 2..30)")
-    return sizes
 
 
 def machine_info() -> dict[str, str]:
@@ -141,14 +129,17 @@ def measure_training(sizes: list[int], model: str, repeats: int, device: str,
 
 def write_measurements(path: Path, rows: list[Measurement], header: dict[str, str]) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        for key, value in header.items():
-            f.write(f"# {key}: {value}\n")
-        w = csv.writer(f)
-        w.writerow([fl.name for fl in fields(Measurement)])
-        w.writerows(["" if v is None else (f"{v:.9g}" if isinstance(v, float) else v) for v in astuple(r)]
-                    for r in rows)
+
+    def write(tmp: Path) -> None:
+        with tmp.open("w", newline="") as f:
+            for key, value in header.items():
+                f.write(f"# {key}: {value}\n")
+            w = csv.writer(f)
+            w.writerow([fl.name for fl in fields(Measurement)])
+            w.writerows(["" if v is None else (f"{v:.9g}" if isinstance(v, float) else v) for v in astuple(r)]
+                        for r in rows)
+
+    atomic_write(path, write)
     return path
 
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from emulator.errors import InputError
 
-from .profiles import DeviceProfile
+from .profiles import DeviceProfile, missing_curve_fix
 
 TRAINING = "training"
 
@@ -32,12 +32,14 @@ class CostModel:
             if self.training_method not in prof.training:
                 raise InputError(
                     f"cost.training: profile {prof.name} (device {device}) has no training curve "
-                    f"{self.training_method!r}; choose one of {sorted(prof.training)}")
+                    f"{self.training_method!r} (it has {sorted(prof.training) or 'none'}); choose one it has "
+                    f"or {missing_curve_fix(prof)}")
             for op in self.operations:
                 if op not in prof.group_overhead:
                     raise InputError(
                         f"cost.group_operations: profile {prof.name} (device {device}) has no curve "
-                        f"{op!r}; choose from {sorted(prof.group_overhead)}")
+                        f"{op!r} (it has {sorted(prof.group_overhead) or 'none'}); choose from those or "
+                        f"{missing_curve_fix(prof)}")
 
     @property
     def components(self) -> tuple[str, ...]:

@@ -174,12 +174,33 @@ def shipped_profiles() -> dict[str, DeviceProfile]:
     return _parse(text.splitlines(), f"shipped {SHIPPED}")
 
 
+def layer(base: DeviceProfile, top: DeviceProfile) -> DeviceProfile:
+    """``top``'s curves replace ``base``'s of the same name; ``base``'s other curves stay."""
+    return DeviceProfile(base.device, base.task, {**base.training, **top.training},
+                         {**base.group_overhead, **top.group_overhead})
+
+
 def get_profile(name: str, extra: dict[str, DeviceProfile] | None = None) -> DeviceProfile:
-    """Look up ``device/task`` among the shipped profiles (and ``extra``, e.g. a user's CSV)."""
-    known = {**shipped_profiles(), **(extra or {})}
+    """Look up ``device/task`` among the shipped profiles and ``extra`` (e.g. a user's CSV). A user's
+    profile with a shipped profile's name is layered over it: a user who measured only secure
+    aggregation on their device keeps the shipped training curves."""
+    shipped, extra = shipped_profiles(), extra or {}
+    if name in shipped and name in extra:
+        return layer(shipped[name], extra[name])
+    known = {**shipped, **extra}
     if name not in known:
         raise InputError(f"cost profile {name!r} is unknown; choose one of {sorted(known)}")
     return known[name]
+
+
+def missing_curve_fix(prof: DeviceProfile) -> str:
+    """How to supply a curve a profile lacks (the end of an error message)."""
+    shipped = sorted(shipped_profiles())
+    if prof.name in shipped:
+        return "add it to cost.profiles_file"
+    return (f"add it to cost.profiles_file, or name your profile after a shipped one ({', '.join(shipped)}), "
+            f"e.g. measure --device raspberry-pi-4 and calibrate --task cifar10-resnet, so that the shipped "
+            f"profile supplies the curves yours lacks")
 
 
 def get_curve(name: str, extra: dict[str, DeviceProfile] | None = None) -> tuple[DeviceProfile, str, Curve]:

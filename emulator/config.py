@@ -14,21 +14,55 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class ClientTypeConfig(_Strict):
+    """One client type of a label/feature/concept-shift scenario (FedCollab Sec. 5.1): how many
+    clients it has, optionally a fixed sample count per client (FedCollab's large/small quantity
+    shift) and what makes it differ: label weights (label-shift), a rotation in degrees
+    (feature-shift) or a label permutation (concept-shift)."""
+
+    clients: int = Field(ge=1)
+    samples: int | None = Field(None, ge=2)           # per client, train + local test; default: [data] sizes
+    label_weights: list[float] | None = None          # label-shift: the type's label distribution
+    rotation: float | None = None                      # feature-shift: degrees, counter-clockwise
+    permutation: list[int] | None = None               # concept-shift: label c becomes permutation[c]
+
+
 class DataConfig(_Strict):
     dataset: Literal["digits", "fashion-mnist", "fsdd", "cifar10", "speech-commands"] = "digits"
     path: str | None = None
-    partition: Literal["dirichlet"] = "dirichlet"
+    # dirichlet: Group-FEL; shards: HCCT's CIFAR-10; label/feature/concept-shift: FedCollab Sec. 5.1
+    partition: Literal["dirichlet", "shards", "label-shift", "feature-shift", "concept-shift"] = "dirichlet"
     alpha: float = Field(0.1, gt=0)
+    # dirichlet: exactly n_i samples per client, or floor(q_ic·n_i) per class (the authors' code)
+    dirichlet_counts: Literal["exact", "floor"] = "exact"
+    n_shards: int = Field(100, ge=1)                   # shards: label shards over all clients
+    # client sample counts: normal (Group-FEL paper), uniform (randint(min, max + 1), the Group-FEL
+    # authors' code), half-normal (HCCT's H(1), scaled to mean_samples)
+    sizes: Literal["normal", "uniform", "half-normal"] = "normal"
     min_samples: int = Field(20, ge=1)
     max_samples: int = Field(200, ge=1)
     mean_samples: float | None = Field(None, gt=0)   # default: midpoint of [min, max]
     std_samples: float | None = Field(None, ge=0)    # default: (max - min) / 4
+    types: list[ClientTypeConfig] | None = None      # label/feature/concept-shift; default: FedCollab's four
+    # share of each client's samples held out as its local test split (same distribution, disjoint
+    # from its training samples); default: 0.2 in per-group mode, none in global mode
+    test_fraction: float | None = Field(None, ge=0, lt=1)
 
     @model_validator(mode="after")
     def _range(self):
         if self.max_samples < self.min_samples:
             raise ValueError("max_samples must be >= min_samples")
+        if self.types is not None and self.partition not in SHIFTS:
+            raise ValueError(f"types: only used by partition = {' | '.join(SHIFTS)}; remove it or change partition")
+        field = SHIFTS.get(self.partition)
+        for i, t in enumerate(self.types or []):
+            if field and getattr(t, field) is None:
+                raise ValueError(f"types[{i}].{field}: required for partition = \"{self.partition}\"")
         return self
+
+
+# the ClientTypeConfig field that defines each shift scenario
+SHIFTS = {"label-shift": "label_weights", "feature-shift": "rotation", "concept-shift": "permutation"}
 
 
 class LinkConfig(_Strict):
@@ -137,6 +171,9 @@ class FaultsConfig(_Strict):
 
 class RunConfig(_Strict):
     name: str = Field("run", pattern=r"^[A-Za-z0-9_.+-]+$")
+    # global: Group-FEL's one cloud model; per-group: every group keeps its own model (HCCT,
+    # FedCollab), evaluated on the clients' local test splits
+    mode: Literal["global", "per-group"] = "global"
     seed: int = 0
     output_dir: str = "results"
     data: DataConfig = DataConfig()
@@ -148,10 +185,19 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _arms(self):
+        if self.mode == "per-group" and (self.train.algorithm == "scaffold" or self.train.client_state == "persistent"):
+            raise ValueError("per-group mode runs fedavg and fedprox with fresh client state; use mode = \"global\" "
+                             "for train.algorithm = \"scaffold\" or train.client_state = \"persistent\"")
         names = [a.name for a in self.arms]
         if len(set(names)) != len(names):
             raise ValueError("arm names must be unique")
         return self
+
+    @property
+    def test_fraction(self) -> float:
+        """The local test share in effect (DataConfig.test_fraction's mode-dependent default)."""
+        f = self.data.test_fraction
+        return f if f is not None else (0.2 if self.mode == "per-group" else 0.0)
 
 
 _FIX = {
@@ -183,3 +229,14 @@ def load_config(path: str | Path) -> RunConfig:
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"config file {path}: not valid TOML ({exc})") from None
     return parse_config(data)
+
+
+def config_warnings(config: RunConfig) -> list[str]:
+    """Accepted-but-adjusted settings of a config (see :class:`InputWarning`)."""
+    out = []
+    shares = config.topology.devices
+    total = sum(shares.values())
+    if shares and total > 0 and abs(total - 1.0) > 1e-9:
+        used = ", ".join(f"{k} = {v / total:.4g}" for k, v in sorted(shares.items()))
+        out.append(f"topology.devices: shares sum to {total:g}, not 1; normalised to {used}")
+    return out

@@ -7,3 +7,8 @@ class InputError(ValueError):
 
 class DivergenceError(RuntimeError):
     """Training produced a non-finite or exploding model; the message names the cause. Exit code 1."""
+
+
+class InputWarning(UserWarning):
+    """Input accepted with an adjustment the user should know about (e.g. device shares normalised).
+    The CLI prints it once on one line; a run also records it in each arm's manifest.json."""

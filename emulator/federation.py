@@ -28,6 +28,9 @@ from .config import FaultsConfig
 from .ledger import CostLedger
 
 
+Environment = simpy.Environment   # the simulated clock's type, for callers that do not import simpy
+
+
 @dataclass(frozen=True)
 class Group:
     edge: int

@@ -1,4 +1,5 @@
-"""Atomic file writes: a reader never sees a half-written result file, a kill leaves the old one."""
+"""Output files: check an output path is writable before any work starts, then write atomically
+(a reader never sees a half-written result file, a kill leaves the old one)."""
 from __future__ import annotations
 
 import json
@@ -6,16 +7,53 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
+
+from .errors import InputError
+
+
+def check_writable(path: str | Path, kind: Literal["file", "dir"], flag: str) -> Path:
+    """Raise :class:`InputError` (naming ``flag``, the path and the fix) unless ``path`` can be
+    written as a ``kind``: an existing one of that kind, or one whose nearest existing ancestor is a
+    writable directory. Creates nothing. ``os.access`` also sees read-only mounts (even as root)."""
+    path = Path(path)
+    what = "directory" if kind == "dir" else "file"
+    if path.exists():
+        if kind == "dir" and not path.is_dir():
+            raise InputError(f"{flag} {path}: exists and is not a directory; give a directory path "
+                             f"(or remove the file)")
+        if kind == "file" and path.is_dir():
+            raise InputError(f"{flag} {path}: is a directory; give a file path inside it, e.g. {path / 'out'}")
+        target = path if kind == "dir" else path.parent
+    else:
+        target = path.parent
+    while not target.exists():
+        target = target.parent
+    if not target.is_dir():
+        raise InputError(f"{flag} {path}: {target} is a file, not a directory, so the {what} cannot be "
+                         f"created there; choose another path")
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise InputError(f"{flag} {path}: directory {target} is not writable (permissions or a read-only "
+                         f"file system); choose a writable location")
+    return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it over ``path``."""
+    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it over ``path``.
+    The file gets the mode a plain ``open`` would give (0o666 less the umask), not mkstemp's 0o600."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
         write(Path(tmp))
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

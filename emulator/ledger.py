@@ -3,6 +3,12 @@
 Every Eq. 5 charge goes through :meth:`CostLedger.charge`, so the ledger's total is Eq. 5's
 total and it can be summed any way (per client, group, edge, round or component) with pandas.
 ``start``/``end`` are the simulated times the charged work ran.
+
+Rounds are numbered from 1 in every table (ledger, results, timeline, manifest): the ledger's
+round r holds what global round r charged, including any (re)grouping work done at its start, and
+results.csv's round r is the evaluation after r completed rounds (0: the initial model), so its
+cost is the sum of the ledger's rounds 1..r. :meth:`CostLedger.charge` takes the 0-based round
+index the run loop derives its seeds from; :meth:`CostLedger.frame` shows it as index + 1.
 """
 from __future__ import annotations
 
@@ -32,19 +38,25 @@ class CostLedger:
         self.total += float(amounts.sum())
         self.by_component[component] = self.by_component.get(component, 0.0) + float(amounts.sum())
 
-    def frame(self) -> pd.DataFrame:
+    def _columns(self) -> dict[str, np.ndarray]:
+        """The charges as recorded (0-based round index)."""
         if not self._blocks:
-            return pd.DataFrame({c: pd.Series(dtype="float64" if c in ("amount", "start", "end") else "int32")
-                                 for c in COLUMNS})
-        df = pd.DataFrame({c: np.concatenate([b[c] for b in self._blocks]) for c in COLUMNS})
+            return {c: np.array([], dtype=float if c in ("amount", "start", "end") else
+                                object if c in ("device", "component") else np.int32) for c in COLUMNS}
+        return {c: np.concatenate([b[c] for b in self._blocks]) for c in COLUMNS}
+
+    def frame(self) -> pd.DataFrame:
+        """Every charge, rounds numbered from 1."""
+        cols = self._columns()
+        df = pd.DataFrame({**cols, "round": (cols["round"] + 1).astype(np.int32)})
         for c in ("device", "component"):
             df[c] = df[c].astype("category")
         return df
 
     # Checkpoints store the ledger as plain arrays.
     def state(self) -> dict:
-        df = self.frame()
-        return {"columns": {c: df[c].to_numpy(dtype=object if c in ("device", "component") else None)
+        cols = self._columns()
+        return {"columns": {c: cols[c].astype(object) if c in ("device", "component") else cols[c]
                             for c in COLUMNS}, "total": self.total, "by_component": self.by_component}
 
     @classmethod

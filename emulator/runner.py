@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import platform
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -25,9 +26,10 @@ from policies import (AggregationRule, EdgeView, GroupingPolicy, SamplingPolicy,
 from policies.cov import cov_of_counts
 
 from .compute import ClientState, LocalSpec, aggregate_control, run_group_rounds
-from .config import ArmConfig
+from .config import ArmConfig, config_warnings
 from .discriminator import DiscriminatorSpec, discriminator_distances, discriminator_features
-from .errors import DivergenceError, InputError
+from .errors import DivergenceError, InputError, InputWarning
+from .fedclar import global_mode_groups
 from .federation import Federation, Group, RoundContext
 from .io import atomic_write, write_json
 from .ledger import CostLedger
@@ -63,7 +65,56 @@ def plan_arm(world: World, index: int) -> ArmPlan:
     s = arm.sampling.model_dump(exclude={"policy", "groups_per_round", "data_fraction"})
     sampling = samplings.make(arm.sampling.policy, s, f"{where}.sampling")
     aggregation = aggregations.make(arm.aggregation, None, f"{where}.aggregation")
-    return ArmPlan(arm, grouping, sampling, aggregation)
+    plan = ArmPlan(arm, grouping, sampling, aggregation)
+    _check_budget(world, plan, f"arm {arm.name!r}")
+    return plan
+
+
+def _needs_training(plan: ArmPlan) -> bool:
+    """Whether forming the groups trains (HCCT's gradient probe, FedCollab's discriminators)."""
+    return bool(getattr(plan.grouping, "needs_gradients", False) or getattr(plan.grouping, "needs_distances", False))
+
+
+def _choose(world: World, plan: ArmPlan, groups: list[Group], log_p: np.ndarray, t: int) -> tuple[int, np.ndarray]:
+    """S and the groups the cloud samples in round index t (seeded by t, so a resume draws the same)."""
+    s = plan.arm.sampling
+    S = groups_per_round(len(groups), np.array([g.total_samples for g in groups]),
+                         groups=s.groups_per_round, data_fraction=s.data_fraction)
+    return S, sample_without_replacement(log_p, S, np.random.default_rng((world.config.seed, 1, t)))
+
+
+def _budget_error(budget: float, first: float, where: str) -> InputError:
+    return InputError(f"train.budget: {budget:g} is less than what the first round of {where} costs ({first:.6g}, "
+                      f"Eq. 5 with its grouping and sampling), so no round would run; raise it to at least "
+                      f"{first:.6g} or make rounds cheaper (fewer groups_per_round, group_rounds, local_epochs)")
+
+
+def _check_budget(world: World, plan: ArmPlan, where: str) -> None:
+    """Refuse a budget below the first round's exact cost, before anything runs. The first round
+    is known before training when grouping needs none: group, sample and price it as run_arm
+    will. (Where grouping trains, run_arm makes the same check once the groups exist.)"""
+    tc = world.config.train
+    if tc.budget is None or _needs_training(plan):
+        return
+    grouping = form_groups(world, plan, 0)
+    log_p = plan.sampling.log_probabilities(np.array([g.cov for g in grouping.groups]))
+    _, chosen = _choose(world, plan, grouping.groups, log_p, 0)
+    cfg = world.config
+    fed = Federation(RoundContext(Federation.environment(), world.engine.model_bytes, world.cost, CostLedger(), world.topology,
+                                  cfg.seed, tc.group_rounds, tc.local_epochs, cfg.faults))
+    first = fed.round_cost(0, [grouping.groups[g] for g in chosen])
+    if first > tc.budget:
+        raise _budget_error(tc.budget, first, where)
+
+
+def input_warnings(world: World, plan: ArmPlan, n_groups: int) -> list[str]:
+    """What the run accepts but adjusts: printed once (as :class:`InputWarning`) and kept in the manifest."""
+    out = config_warnings(world.config)
+    S = plan.arm.sampling.groups_per_round
+    if S is not None and S > n_groups:
+        out.append(f"{plan.arm.name}: sampling.groups_per_round = {S} exceeds the {n_groups} groups formed; "
+                   f"every round samples all {n_groups}")
+    return out
 
 
 @dataclass
@@ -201,7 +252,14 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
     regroup = arm.regroup_every
     epoch = (state.t // regroup) * regroup if regroup else 0
     grouping = form_groups(world, plan, epoch)
+    clar = getattr(plan.grouping, "cluster_round", None)   # FedCLAR: regroup once, by clustering
+    if clar is not None and state.t > clar:                  # a resume past it: the saved clusters
+        grouping = GroupingResult(global_mode_groups(world, plan.grouping, None, clar, arm_dir)[0], 0, 0)
     n_total = float(sum(g.total_samples for g in grouping.groups))
+    n_groups0 = state.initial_grouping["n_groups"] if state.initial_grouping else len(grouping.groups)
+    notes = input_warnings(world, plan, n_groups0)
+    for note in notes:
+        warnings.warn(note, InputWarning, stacklevel=2)
 
     fresh = state.weights is None
     scaffold = tc.algorithm == "scaffold"
@@ -225,35 +283,39 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
         if grouping.probe:
             env.run(until=env.now + max(float(a.max()) for _, _, a in grouping.probe))
 
+    if fresh:   # results' round 0: the initial model, before anything is charged
+        state.initial_grouping = grouping.summary()
+        _evaluate(world, plan, state, grouping, sampled=[])
     if epoch == state.t:        # a fresh start, or a resume just before a regrouping
         charge_probe(state.t, grouping)
-    if fresh:
-        state.initial_grouping = grouping.summary()
-        state.sim_time = float(env.now)
-        _evaluate(world, plan, state, grouping, sampled=[])
 
     log_p = plan.sampling.log_probabilities(np.array([g.cov for g in grouping.groups]))
     stop_reason, S, ran = "rounds", None, []   # ran: the groups of the last round run
     while tc.rounds is None or state.t < tc.rounds:
         t = state.t
-        if regroup and t > 0 and t % regroup == 0 and t != epoch:   # Sec. 5.2
+        if (regroup and t > 0 and t % regroup == 0 and t != epoch) or t == clar:   # Sec. 5.2; FedCLAR
             epoch = t
-            grouping = form_groups(world, plan, epoch)
+            if t == clar:
+                groups, work = global_mode_groups(world, plan.grouping, state.weights, t, arm_dir)
+                grouping = GroupingResult(groups, 0, 0, work)
+            else:
+                grouping = form_groups(world, plan, epoch)
             charge_probe(t, grouping)
             log_p = plan.sampling.log_probabilities(np.array([g.cov for g in grouping.groups]))
             n_total = float(sum(g.total_samples for g in grouping.groups))
-        S = groups_per_round(len(grouping.groups), np.array([g.total_samples for g in grouping.groups]),
-                             groups=arm.sampling.groups_per_round, data_fraction=arm.sampling.data_fraction)
-        chosen = sample_without_replacement(log_p, S, np.random.default_rng((cfg.seed, 1, t)))
-        if tc.budget is not None and (state.ledger.total + fed.round_cost(t, [grouping.groups[g] for g in chosen])
-                                      > tc.budget):
-            stop_reason = "budget"
-            break
+        S, chosen = _choose(world, plan, grouping.groups, log_p, t)
+        if tc.budget is not None:
+            cost = fed.round_cost(t, [grouping.groups[g] for g in chosen])
+            if state.ledger.total + cost > tc.budget:
+                if t == 0:   # only reachable where grouping trains (else plan_arm refused the budget)
+                    raise _budget_error(tc.budget, state.ledger.total + cost, f"arm {arm.name!r}")
+                stop_reason = "budget"
+                break
         weights = plan.aggregation.weights(np.array([grouping.groups[g].total_samples for g in chosen]),
                                            log_p[chosen], n_total)
         if not np.all(np.isfinite(weights)):
             raise DivergenceError(
-                f"round {t}: {plan.aggregation.name} aggregation weight 1/(p_g·S) overflowed (smallest sampled "
+                f"round {t + 1}: {plan.aggregation.name} aggregation weight 1/(p_g·S) overflowed (smallest sampled "
                 f"p_g = {np.exp(log_p[chosen].min()):.3g}); use aggregation = \"stabilized\" (Eq. 39) or a "
                 f"flatter sampling policy")
         sampled = {int(g): grouping.groups[g] for g in chosen}
@@ -269,7 +331,7 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
         growth = float(torch.linalg.vector_norm(x) / torch.linalg.vector_norm(state.weights))
         if not (np.isfinite(growth) and growth < DIVERGENCE_GROWTH):
             raise DivergenceError(
-                f"round {t}: the global model's norm grew {growth:.3g}x in one round under {plan.aggregation.name} "
+                f"round {t + 1}: the global model's norm grew {growth:.3g}x in one round under {plan.aggregation.name} "
                 f"aggregation (largest weight {weights.max():.3g}, sum {weights.sum():.3g}); use aggregation = "
                 f"\"stabilized\" (Eq. 39), a flatter sampling policy, or a lower train.lr")
         state.round_time = float(env.now) - state.sim_time
@@ -290,7 +352,7 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
         "rounds_run": state.t, "total_cost_eq5": state.ledger.total, "sim_time_s": state.sim_time,
         "aggregation": plan.aggregation.description, "grouping_policy": plan.grouping.name,
         "sampling_policy": plan.sampling.name, "groups_per_round": S,
-        "grouping": state.initial_grouping, "regroupings": (state.t - 1) // regroup if regroup and state.t else 0,
+        "warnings": notes, "grouping": state.initial_grouping, "regroupings": (state.t - 1) // regroup if regroup and state.t else 0,
         "model_parameters": world.engine.n_params, "wall_seconds_last_session": time.perf_counter() - wall0,
         "versions": _versions(), "config": json.loads(cfg.model_dump_json())})
     ckpt.unlink(missing_ok=True)

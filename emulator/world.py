@@ -4,7 +4,7 @@ The world is shared by every arm of a run, so arms compare on the same data, top
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -12,8 +12,10 @@ import torch
 from cost_models import CostModel, get_profile, read_profiles
 from topologies import (Dataset, Link, Topology, assign_devices, build_topology, client_sizes,
                         dirichlet_partition, label_matrix, load_dataset)
+from topologies.partition import (apply_client_types, fedcollab_types, shards_partition, split_local,
+                                  weighted_partition)
 
-from .config import RunConfig
+from .config import SHIFTS, RunConfig
 from .errors import InputError
 from .training import ENGINES, TorchEngine
 
@@ -25,22 +27,76 @@ class World:
     topology: Topology
     cost: CostModel
     engine: TorchEngine
+    local_test: list[np.ndarray] = field(default_factory=list)  # per client, indices into dataset.x_train
 
 
-def build_topology_from_config(config: RunConfig, dataset: Dataset) -> Topology:
+@dataclass(frozen=True)
+class Placement:
+    """Where the data sits: the dataset (with any per-client rotated or relabelled copies appended
+    to its training arrays), each client's training and local test indices into it, and the
+    topology built on the training indices."""
+
+    dataset: Dataset
+    topology: Topology
+    local_test: list[np.ndarray]
+    client_type: np.ndarray   # index into the scenario's client types; -1 without types
+
+
+def _client_types(config: RunConfig, dataset: Dataset, n_clients: int) -> list[dict]:
+    d = config.data
+    types = [t.model_dump() for t in d.types] if d.types is not None else \
+        fedcollab_types(d.partition, n_clients, dataset.num_classes, d.max_samples, d.min_samples)
+    total = sum(t["clients"] for t in types)
+    if total != n_clients:
+        raise InputError(f"data.types: the types have {total} clients but the topology has {n_clients}; "
+                         f"make the types' clients add up to the topology's")
+    m = dataset.num_classes
+    for i, t in enumerate(types):
+        w, perm = t.get("label_weights"), t.get("permutation")
+        if w is not None and (len(w) != m or min(w) < 0 or sum(w) <= 0):
+            raise InputError(f"data.types[{i}].label_weights: give {m} non-negative weights (one per class of "
+                             f"{dataset.name}) with a positive sum")
+        if perm is not None and sorted(perm) != list(range(m)):
+            raise InputError(f"data.types[{i}].permutation: must list each label 0..{m - 1} exactly once")
+    return types
+
+
+def place_data(config: RunConfig, dataset: Dataset) -> Placement:
+    """Partition the training set over the clients (``[data]``), split each client's samples into
+    training and local test (``test_fraction``), and build the topology on the training part."""
     d, tc = config.data, config.topology
     sizes_per_edge = tc.sizes
     n_clients = sum(sizes_per_edge)
+    m = dataset.num_classes
     rng = np.random.default_rng((config.seed, 4))
     mean = d.mean_samples if d.mean_samples is not None else (d.min_samples + d.max_samples) / 2
     std = d.std_samples if d.std_samples is not None else (d.max_samples - d.min_samples) / 4
-    sizes = client_sizes(n_clients, d.min_samples, d.max_samples, mean, std, rng)
-    parts = dirichlet_partition(dataset.y_train, sizes, d.alpha, dataset.num_classes, rng)
-    labels = label_matrix(dataset.y_train, parts, dataset.num_classes)
+    client_type = np.full(n_clients, -1)
+    types: list[dict] = []
+    if d.partition in SHIFTS:
+        types = _client_types(config, dataset, n_clients)
+        client_type = np.repeat(np.arange(len(types)), [t["clients"] for t in types])
+        drawn = client_sizes(n_clients, d.min_samples, d.max_samples, mean, std, rng, d.sizes)
+        fixed = np.array([types[k]["samples"] or 0 for k in client_type])
+        sizes = np.where(fixed > 0, fixed, drawn)
+        weights = np.stack([np.asarray(types[k]["label_weights"], dtype=float)
+                            if types[k].get("label_weights") is not None else np.ones(m) for k in client_type])
+        parts = weighted_partition(dataset.y_train, sizes, weights, m, rng)
+    else:
+        sizes = client_sizes(n_clients, d.min_samples, d.max_samples, mean, std, rng, d.sizes)
+        parts = (dirichlet_partition(dataset.y_train, sizes, d.alpha, m, rng, d.dirichlet_counts == "floor")
+                 if d.partition == "dirichlet" else shards_partition(dataset.y_train, sizes, d.n_shards, m, rng))
     devices = assign_devices(n_clients, tc.devices, rng)
-    return build_topology(sizes_per_edge, devices, parts, labels,
-                          Link(tc.client_link.bandwidth_mbps, tc.client_link.latency_s),
-                          Link(tc.edge_link.bandwidth_mbps, tc.edge_link.latency_s))
+    train, test = split_local(parts, config.test_fraction, np.random.default_rng((config.seed, 7)))
+    x, y = dataset.x_train, dataset.y_train
+    if types:
+        x, y, (train, test) = apply_client_types(x, y, [train, test], client_type, types)
+        dataset = replace(dataset, x_train=x, y_train=y)
+    labels = label_matrix(y, train, m)
+    topology = build_topology(sizes_per_edge, devices, train, labels,
+                              Link(tc.client_link.bandwidth_mbps, tc.client_link.latency_s),
+                              Link(tc.edge_link.bandwidth_mbps, tc.edge_link.latency_s))
+    return Placement(dataset, topology, test, client_type)
 
 
 def build_cost_model(config: RunConfig) -> CostModel:
@@ -67,12 +123,12 @@ def build_engine(config: RunConfig, dataset: Dataset, topology: Topology) -> Tor
 
 def build_world(config: RunConfig) -> World:
     cost = build_cost_model(config)  # cheap checks first, before the data loads
-    dataset = load_dataset(config.data.dataset, config.data.path)
-    topology = build_topology_from_config(config, dataset)
+    placement = place_data(config, load_dataset(config.data.dataset, config.data.path))
+    dataset, topology = placement.dataset, placement.topology
     t = config.train
     try:
         torch.empty(0, device=t.device)
     except (RuntimeError, AssertionError) as exc:
         raise InputError(f"train.device: {t.device!r} is not usable here ({str(exc).splitlines()[0]}); "
                          f"use \"cpu\"") from None
-    return World(config, dataset, topology, cost, build_engine(config, dataset, topology))
+    return World(config, dataset, topology, cost, build_engine(config, dataset, topology), placement.local_test)

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
+import warnings
 from pathlib import Path
 
 from emulator.errors import DivergenceError, InputError
+from emulator.io import check_writable
 
-from . import cost_cli, group_cli, grouping_studies
+from . import cost_cli, group_cli, study_cli
 
 
 def _cmd_run(args) -> int:
@@ -17,11 +20,14 @@ def _cmd_run(args) -> int:
         raise InputError("run: give a CONFIG or --resume RUN_DIR, not both")
     if args.resume:
         config, run_dir = config_from_run_dir(Path(args.resume)), Path(args.resume)
+        flag = "--resume"
     else:
         config = load_config(args.config) if args.config else default_config()
-        run_dir = Path(args.output) if args.output else None
+        run_dir = Path(args.output) if args.output else Path(config.output_dir) / config.name
+        flag = "--output" if args.output else "config output_dir/name ="
+    check_writable(run_dir, "dir", flag)
+    args.run_dir = run_dir   # for the resume hint if interrupted
     summary = run_experiment(config, run_dir, force=args.force, progress=not args.quiet)
-    run_dir = run_dir or Path(config.output_dir) / config.name
     with_cols = ["arm", "groups", "group_size", "avg_cov", "rounds", "cost", "sim_time_s", "final_acc",
                  "acc_at_common_cost", "stop"]
     if "cost_to_target" in summary:
@@ -48,15 +54,36 @@ def _cmd_plot(args) -> int:
     for flag, col in (("--x", args.x), ("--y", args.y)):
         if col not in results:
             raise InputError(f"plot {flag}: no column {col!r}; choose one of {sorted(AXES)} or another results column")
-    out = Path(args.out) if args.out else run_dir / f"{args.y}_vs_{args.x}.png"
+    out = check_writable(args.out or run_dir / f"{args.y}_vs_{args.x}.png", "file", "--out")
     plot_curves(results, out, x=args.x, y=args.y, title=run_dir.name)
     print(f"plot: {out}")
     return 0
 
 
+def version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("groupfel")
+    except metadata.PackageNotFoundError:   # run from a source tree that was never installed
+        return "unknown (not installed; pip install -e .)"
+
+
+class _Version(argparse.Action):
+    """``--version``, resolved only when asked for (package metadata is slow to scan)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"groupfel {version()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="groupfel", description="Group-based hierarchical FL emulator "
                                      "with cost accounting (Group-FEL).")
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run an experiment (the embedded default without CONFIG)")
     run.add_argument("config", nargs="?", help="experiment TOML (default: the embedded digits demo)")
@@ -72,12 +99,25 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", metavar="FILE.png", help="default RUN_DIR/<y>_vs_<x>.png")
     plot.set_defaults(func=_cmd_plot)
     group_cli.add_group_parser(sub)
-    grouping_studies.add_study_parser(sub)
+    study_cli.add_study_parser(sub)
     cost_cli.register(sub)
     return parser
 
 
+_shown: set[str] = set()
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """One line per warning, without source location, and each text once (a config warning
+    concerns every arm, but the user needs to read it once)."""
+    if str(message) not in _shown:
+        _shown.add(str(message))
+        print(f"groupfel: warning: {message}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _shown.clear()
+    warnings.showwarning = _show_warning
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -89,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"groupfel: training diverged: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("groupfel: interrupted; continue with 'groupfel run --resume RUN_DIR'", file=sys.stderr)
+        run_dir = getattr(args, "run_dir", None)
+        hint = f"; continue with 'groupfel run --resume {shlex.quote(str(run_dir))}'" if run_dir else ""
+        print(f"groupfel: interrupted{hint}", file=sys.stderr)
         return 130
 
 

@@ -6,17 +6,34 @@ other subcommands start fast.
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
+
+from emulator.errors import InputError
+from emulator.io import check_writable
+
+
+def parse_sizes(text: str, where: str = "--sizes") -> list[int]:
+    """``2..30`` (inclusive), ``2..30:4`` (step 4) or ``2,5,10``."""
+    m = re.fullmatch(r"\s*(\d+)\s*\.\.\s*(\d+)\s*(?::\s*(\d+))?\s*", text)
+    try:
+        sizes = list(range(int(m[1]), int(m[2]) + 1, int(m[3] or 1))) if m else [int(s) for s in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise InputError(f"{where} {text!r}: give positive integers as LO..HI, LO..HI:STEP or A,B,C (e.g. 2..30)")
+    return sizes
 
 
 def _cmd_measure(args) -> int:
-    from cost_models.measure import measure, parse_sizes, write_measurements
+    from cost_models.measure import measure, write_measurements
 
     default = "16..256:16" if args.operation == "training" else "2..30"
     sizes = parse_sizes(args.sizes or default)
+    out = check_writable(args.out or f"measurements-{args.operation}.csv", "file", "--out")
     rows, header = measure(args.operation, sizes, repeats=args.repeats, params=args.params, model=args.model,
                            device=args.device, threads=args.threads)
-    out = write_measurements(Path(args.out or f"measurements-{args.operation}.csv"), rows, header)
+    out = write_measurements(out, rows, header)
     by_size: dict[tuple[str, int], list[float]] = {}
     for r in rows:
         by_size.setdefault((r.operation, r.group_size or r.n_samples), []).append(r.seconds)
@@ -25,20 +42,21 @@ def _cmd_measure(args) -> int:
     for (op, x), secs in by_size.items():
         print(f"{op:<18}{x:>11}{sorted(secs)[len(secs) // 2]:>12.4g}{min(secs):>12.4g}")
     print(f"\nmachine: {header['cpu']}, {header['cores']} cores, torch {header['torch']}")
-    print(f"wrote {out}; fit it with: python -m experiments.cli calibrate {out}")
+    print(f"wrote {out}; fit it with: groupfel calibrate {out}")
     return 0
 
 
 def _cmd_calibrate(args) -> int:
     from cost_models.calibrate import calibrate, plot_fit, read_measurements, report, write_profile
 
+    out = check_writable(args.out, "dir", "--out")
     fits = calibrate(read_measurements(args.measurements))
-    out = Path(args.out)
     print(report(fits))
     profile = write_profile(fits, out / "profile.csv", args.task)
     plots = [plot_fit(f, out / f"fit-{f.device}-{f.method}.png") for f in fits]
     print(f"\nprofile: {profile}  (use it as cost.profiles_file with cost.task = \"{args.task}\" and "
-          f"topology.devices naming {sorted({f.device for f in fits})})")
+          f"topology.devices naming {sorted({f.device for f in fits})}; where device/task name a shipped "
+          f"profile, these curves replace its curves of the same name and it supplies the rest)")
     print("plots:   " + ", ".join(str(p) for p in plots))
     return 0
 
@@ -70,10 +88,9 @@ def _cmd_whatif(args) -> int:
     import time
 
     from cost_models import get_curve, read_profiles
-    from cost_models.measure import parse_sizes
     from cost_models.whatif import Scenario, plot_sweep, sweep
-    from emulator.errors import InputError
 
+    out = check_writable(args.out, "dir", "--out")
     extra = read_profiles(args.profiles_file) if args.profiles_file else None
     prof, kind, overhead = get_curve(args.profile, extra)
     if kind != "group_overhead":
@@ -87,7 +104,6 @@ def _cmd_whatif(args) -> int:
     t0 = time.perf_counter()
     df = sweep(parse_sizes(args.group_sizes, "--group-sizes"), overhead, prof.training[args.training], sc)
     elapsed = time.perf_counter() - t0
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "whatif.csv", index=False)
     title = (f"{args.profile} + {args.training}; {sc.clients} clients, T={sc.rounds}, K={sc.group_rounds}, "
@@ -127,7 +143,7 @@ def _cmd_timeline(args) -> int:
 
     arm_dir = Path(args.arm_dir)
     rows = load_round(arm_dir, args.round)
-    out = Path(args.out or arm_dir / f"timeline-round{args.round}.png")
+    out = check_writable(args.out or arm_dir / f"timeline-round{args.round}.png", "file", "--out")
     plot_timeline(rows, out, f"{arm_dir.name}: global round {args.round}")
     print(summary(rows).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(f"\nround {args.round}: charged work spans {rows['start'].min():.4g}..{rows['end'].max():.4g} s "
@@ -139,6 +155,6 @@ def _cmd_timeline(args) -> int:
 def register_timeline(sub: argparse._SubParsersAction) -> None:
     t = sub.add_parser("timeline", help="Gantt chart of one global round from RUN_DIR/ARM/ledger.parquet")
     t.add_argument("arm_dir", metavar="RUN_DIR/ARM")
-    t.add_argument("--round", type=int, default=0, help="global round (default 0)")
+    t.add_argument("--round", type=int, default=1, help="global round, numbered from 1 as in results.csv (default 1)")
     t.add_argument("--out", metavar="FILE.png", help="default RUN_DIR/ARM/timeline-roundN.png")
     t.set_defaults(func=_cmd_timeline)

@@ -6,12 +6,12 @@ in the output are the 0-based data-row index of the input.
 """
 from __future__ import annotations
 
-import argparse
+import csv
+import io
 import json
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from emulator.errors import InputError
 from policies import EdgeView, groupings
@@ -19,37 +19,53 @@ from policies.cov import cov_of_counts
 
 
 def read_label_matrix(path: str | Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """(counts clients × labels, edge of each client, label names); InputError on a bad file."""
+    """(counts clients × labels, edge of each client, label names); InputError on a bad file.
+
+    Read with the csv module rather than pandas: importing pandas alone would double the
+    start-up time of ``groupfel group``."""
     path = Path(path)
+    if path.is_dir():
+        raise InputError(f"--label-matrix {str(path)!r} is a directory; give the CSV file of clients × label "
+                         f"counts (e.g. {str(path / 'labels.csv')!r})")
     if not path.is_file():
         raise InputError(f"--label-matrix: no such file {str(path)!r}; give a CSV of clients × label counts")
     try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False, skip_blank_lines=False)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        rows = list(csv.reader(io.StringIO(path.read_text())))
+    except (UnicodeDecodeError, csv.Error) as exc:
         raise InputError(f"--label-matrix {path}: not a readable CSV ({str(exc).splitlines()[0]}); "
                          f"write a header line and one row of label counts per client") from None
-    if df.empty:
+    if not rows:
+        raise InputError(f"--label-matrix {path}: not a readable CSV (the file is empty); "
+                         f"write a header line and one row of label counts per client")
+    header, data = [c.strip() for c in rows[0]], rows[1:]
+    if not data:
         raise InputError(f"--label-matrix {path}: no client rows; write one row of label counts per client")
-    edge_col = next((c for c in df.columns if c.strip().lower() == "edge"), None)
-    labels = [c for c in df.columns if c != edge_col]
+    edge_col = next((i for i, c in enumerate(header) if c.lower() == "edge"), None)
+    labels = [i for i in range(len(header)) if i != edge_col]
     if not labels:
         raise InputError(f"--label-matrix {path}: no label columns; add one count column per label")
-    for name in [*labels, *([edge_col] if edge_col else [])]:
-        values = pd.to_numeric(df[name].str.strip(), errors="coerce")
-        bad = np.flatnonzero(values.isna().to_numpy() | (values.to_numpy() < 0)
-                             | (values.to_numpy() != np.round(values.to_numpy())))
-        if len(bad):
-            r = int(bad[0])
-            raise InputError(f"--label-matrix {path}: row {r} column {name!r} is {df[name].iloc[r]!r}; "
-                             f"every cell must be a non-negative integer (empty cells are not allowed)")
-        df[name] = values.astype(np.int64)
-    counts = df[labels].to_numpy(dtype=np.int64)
+    values = np.zeros((len(data), len(header)), dtype=np.int64)
+    for r, row in enumerate(data):
+        if len(row) > len(header):
+            raise InputError(f"--label-matrix {path}: row {r} has {len(row)} cells but the header has "
+                             f"{len(header)}; give every row one count per header column")
+        for i, name in enumerate(header):
+            cell = row[i].strip() if i < len(row) else ""
+            try:
+                v = float(cell)
+            except ValueError:
+                v = float("nan")
+            if not (np.isfinite(v) and v >= 0 and v == round(v)):
+                raise InputError(f"--label-matrix {path}: row {r} column {name!r} is {cell!r}; every cell must "
+                                 f"be a non-negative integer (empty cells are not allowed)")
+            values[r, i] = int(v)
+    counts = values[:, labels]
     empty = np.flatnonzero(counts.sum(axis=1) == 0)
     if len(empty):
         raise InputError(f"--label-matrix {path}: client row {int(empty[0])} has no samples (all counts 0); "
                          f"remove it or give it its label counts")
-    edges = df[edge_col].to_numpy(dtype=np.int64) if edge_col else np.zeros(len(df), dtype=np.int64)
-    return counts, edges, [str(c) for c in labels]
+    edges = values[:, edge_col] if edge_col is not None else np.zeros(len(data), dtype=np.int64)
+    return counts, edges, [header[i] for i in labels]
 
 
 def make_policy(name: str, min_group_size: int | None, max_cov: float | None):
@@ -97,11 +113,18 @@ def run_grouping(counts: np.ndarray, edges: np.ndarray, policy, seed: int) -> di
     return {"groups": groups, "summary": summary}
 
 
+def _text_table(header: list[str], rows: list[list[str]]) -> str:
+    """Right-aligned columns (what pandas' to_string prints, without importing pandas)."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    return "\n".join(" ".join(c.rjust(w) for c, w in zip(line, widths)) for line in [header, *rows])
+
+
 def format_table(result: dict, label_names: list[str]) -> str:
-    rows = [{"edge": g["edge"], "group": i, "size": g["size"], "samples": g["samples"], "cov": g["cov"],
-             **dict(zip(label_names, g["label_counts"])), "clients": " ".join(map(str, g["clients"]))}
+    header = ["edge", "group", "size", "samples", "cov", *label_names, "clients"]
+    rows = [[str(g["edge"]), str(i), str(g["size"]), str(g["samples"]), f"{g['cov']:.4f}",
+             *map(str, g["label_counts"]), " ".join(map(str, g["clients"]))]
             for i, g in enumerate(result["groups"])]
-    table = pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.4f}")
+    table = _text_table(header, rows)
     s = result["summary"]
     lines = [table, "", f"policy {s['policy']}: {s['n_groups']} groups of {s['n_clients']} clients on "
              f"{s['n_edges']} edge(s); size min {s['size_min']} / mean {s['size_mean']:.2f} / max {s['size_max']}; "
@@ -121,13 +144,16 @@ def _cmd_group(args) -> int:
 
 
 def add_group_parser(sub) -> None:
-    p = sub.add_parser("group", help="partition clients of a label-count CSV with a grouping policy",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--policy", required=True, help=f"grouping policy: {', '.join(sorted(groupings))}")
+    p = sub.add_parser("group", help="partition clients of a label-count CSV with a grouping policy")
+    usable = sorted(n for n, c in groupings.items() if not c.needs_gradients)
+    probed = sorted(n for n, c in groupings.items() if c.needs_gradients)
+    p.add_argument("--policy", required=True,
+                   help=f"grouping policy: {', '.join(usable)} ({', '.join(probed)} group on client gradients, "
+                        f"which a label matrix does not hold: use them in 'groupfel run')")
     p.add_argument("--label-matrix", required=True, metavar="FILE.csv",
                    help="clients × labels counts with a header; optional 'edge' column")
     p.add_argument("--min-group-size", type=int, default=None, help="MinGS (default: the policy's)")
     p.add_argument("--max-cov", type=float, default=None, help="MaxCoV, covg only (default: the policy's)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--seed", type=int, default=0, help="(default 0)")
+    p.add_argument("--format", choices=("table", "json"), default="table", help="(default table)")
     p.set_defaults(func=_cmd_group)

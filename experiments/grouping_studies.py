@@ -18,10 +18,12 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from cost_models import get_profile  # noqa: E402
+from emulator.errors import InputError  # noqa: E402
 from emulator.io import atomic_write  # noqa: E402
 from policies import EdgeView, groupings  # noqa: E402
 from policies.cov import cov_of_counts  # noqa: E402
@@ -50,8 +52,8 @@ def surrogate_gradients(L: np.ndarray, dim: int = 256, seed: int = 0) -> np.ndar
     return P @ np.random.default_rng(seed).normal(size=(L.shape[1], dim))
 
 
-def _save(fig, path: Path) -> None:
-    fig.tight_layout()
+def _save(fig, path: Path, rect=(0, 0, 1, 1)) -> None:
+    fig.tight_layout(rect=rect)
     atomic_write(path, lambda p: fig.savefig(p, format="png"))
     plt.close(fig)
 
@@ -62,8 +64,12 @@ def _write_csv(df: pd.DataFrame, path: Path) -> None:
 
 def fig5(out: Path, max_clients: int = 10000, seed: int = 0, min_group_size: int = 5) -> pd.DataFrame:
     """Runtime of every grouping policy (and the straightforward CoVG) vs clients per edge."""
+    sizes = [s for s in FIG5_SIZES if s <= max_clients]
+    if not sizes:
+        raise InputError(f"--max-clients {max_clients}: fig5 times edges of {', '.join(map(str, FIG5_SIZES))} "
+                         f"clients; give at least {FIG5_SIZES[0]}")
     rows = []
-    for n in [s for s in FIG5_SIZES if s <= max_clients]:
+    for n in sizes:
         L = synthetic_label_matrix(n, np.random.default_rng((seed, n)))
         grads = surrogate_gradients(L, seed=seed)
         for name in [*sorted(groupings), "covg-reference"]:
@@ -115,8 +121,8 @@ def fig6(out: Path, n_clients: int = 300, sizes=range(2, 21, 2), seed: int = 0) 
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
     for name, d in df.groupby("policy", sort=False):
         ax.plot(d["avg_overhead_per_client"], d["avg_cov"], marker="o", label=name)
-    ax.set(xlabel=f"average group overhead O_g(|g|) per client (s, secagg, {PROFILE})",
-           ylabel="average group CoV (σ/μ)", title=f"Fig. 6: CoV vs overhead, MinGS {min(sizes)}..{max(sizes)}")
+    ax.set(xlabel="average group overhead O_g(|g|) per client (s)", ylabel="average group CoV (σ/μ)",
+           title=f"Fig. 6: CoV vs overhead, MinGS {min(sizes)}..{max(sizes)}\n(secagg, {PROFILE})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     _save(fig, out / "fig6.png")
@@ -148,30 +154,9 @@ def fig7(out: Path, n_clients: int = 50, min_group_size: int = 5, seed: int = 0)
             bottom += d[lab].to_numpy()
         avg = df[df.policy == name].groupby("group")["cov"].first().mean()
         ax.set(title=f"{name}: avgCoV {avg:.2f}", xlabel="group", ylabel="samples" if ax is axes[0] else "")
-    _save(fig, out / "fig7.png")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    labels = sorted(df["label"].unique())
+    fig.legend([plt.Rectangle((0, 0), 1, 1, color=colors[lab % 10]) for lab in labels],
+               [str(lab) for lab in labels], title="label", loc="center right", fontsize=8)
+    _save(fig, out / "fig7.png", rect=(0, 0, 0.96, 1))
     return df
-
-
-STUDIES = {"fig5": fig5, "fig6": fig6, "fig7": fig7}
-
-
-def _cmd_study(args) -> int:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    kwargs = {"seed": args.seed}
-    if args.name == "fig5":
-        kwargs["max_clients"] = args.max_clients
-    df = STUDIES[args.name](out, **kwargs)
-    print(df.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    print(f"\nwrote {out / (args.name + '.csv')} and {out / (args.name + '.png')}")
-    return 0
-
-
-def add_study_parser(sub) -> None:
-    p = sub.add_parser("study", help="grouping studies of the Group-FEL paper (Figs. 5-7): CSV + PNG")
-    p.add_argument("name", choices=sorted(STUDIES), help="fig5 runtime, fig6 CoV vs overhead, fig7 group make-up")
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
-    p.add_argument("--max-clients", type=int, default=10000,
-                   help="fig5: largest edge size timed (of 100, 300, 1000, 3000, 10000)")
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=_cmd_study)

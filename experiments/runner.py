@@ -24,6 +24,7 @@ from tqdm import tqdm
 from emulator.config import RunConfig, load_config, parse_config
 from emulator.errors import InputError
 from emulator.io import atomic_write, write_json
+from emulator.pergroup import check_mode, run_pergroup_arm
 from emulator.runner import plan_arm, run_arm
 from emulator.world import build_world
 
@@ -50,6 +51,9 @@ def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: boo
     run_dir = Path(run_dir) if run_dir else Path(config.output_dir) / config.name
     world = build_world(config)
     plans = [plan_arm(world, i) for i in range(len(config.arms))]   # all input errors surface here
+    for i, plan in enumerate(plans):
+        check_mode(world, plan, i)
+    run = run_pergroup_arm if config.mode == "per-group" else run_arm
     resolved = json.loads(config.model_dump_json())
     saved = run_dir / "config.json"
     if saved.exists() and json.loads(saved.read_text()) != resolved and not force:
@@ -71,17 +75,17 @@ def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: boo
         bar = tqdm(total=config.train.budget if by_cost else config.train.rounds, desc=plan.arm.name,
                    unit="cost" if by_cost else "round", disable=not progress, leave=True, dynamic_ncols=True,
                    bar_format="{l_bar}{bar}| {n:.4g}/{total:.4g} {unit} [{elapsed}<{remaining}{postfix}]")
-        last_acc = [float("nan")]
+        last_acc: list[float] = []   # the last evaluated accuracy; none shown before the first
 
         def tick(t, cost, acc, bar=bar):
             bar.n = cost if by_cost else t
             if acc is not None:
-                last_acc[0] = acc
-            bar.set_postfix(round=t, acc=f"{last_acc[0]:.3f}", refresh=False)
+                last_acc[:] = [acc]
+            bar.set_postfix(round=t, **({"acc": f"{last_acc[0]:.3f}"} if last_acc else {}), refresh=False)
             bar.refresh()
 
         try:
-            frames.append(run_arm(world, plan, arm_dir, tick))
+            frames.append(run(world, plan, arm_dir, tick))
         finally:
             bar.close()
     results = pd.concat(frames, ignore_index=True)

@@ -16,7 +16,8 @@ def load_round(arm_dir: Path, round_: int) -> pd.DataFrame:
     rows = led[led["round"] == round_]
     if rows.empty:
         have = sorted(led["round"].unique().tolist())
-        raise InputError(f"--round {round_}: not in the ledger; rounds run: {have[0]}..{have[-1]}" if have else
+        raise InputError(f"--round {round_}: not in the ledger; rounds run: {have[0]}..{have[-1]} (numbered from 1)"
+                         if have else
                          "timeline: the ledger is empty (no rounds were run)")
     return rows.astype({"component": str, "device": str})
 

@@ -3,11 +3,24 @@
 Each kind has a registry (``groupings``, ``samplings``, ``aggregations``) mapping the name used
 in configs to a dataclass; ``registry.make(name, params)`` validates the parameters.
 """
-from .aggregation import AggregationRule, aggregations
+from importlib import import_module
+
 from .cov import NORMALIZATIONS, cov_of_counts, group_cov
 from .grouping import EdgeGrouping, EdgeView, GroupingPolicy, enforce_min_size, groupings, resolve_leftover
-from . import baselines, fedcollab, hcct  # noqa: F401,E402  (register cdg, kldg, qcid, fedcollab, hcct, hcct-e)
-from .sampling import SamplingPolicy, groups_per_round, sample_without_replacement, samplings
+from . import baselines, fedcollab, hcct, pergroup  # noqa: F401,E402  (register cdg, kldg, qcid, fedcollab,
+#                                                   hcct, hcct-e, local, global, ifca, fedclar)
+
+# Sampling and aggregation (they import scipy) load on first use, so that grouping alone
+# (`groupfel group`) starts fast.
+_LAZY = {"AggregationRule": "aggregation", "aggregations": "aggregation", "SamplingPolicy": "sampling",
+         "groups_per_round": "sampling", "sample_without_replacement": "sampling", "samplings": "sampling"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["AggregationRule", "aggregations", "NORMALIZATIONS", "cov_of_counts", "group_cov",
            "EdgeGrouping", "EdgeView", "GroupingPolicy", "groupings", "resolve_leftover", "enforce_min_size",

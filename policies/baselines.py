@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from sklearn.cluster import KMeans
 
 from .grouping import EdgeGrouping, EdgeView, GroupingPolicy, LeftoverRule, _check_common, groupings, resolve_leftover
 
@@ -41,6 +40,8 @@ class ClusterDistributionGrouping(GroupingPolicy):
         n = len(P)
         n_groups = max(1, n // self.min_group_size)
         k = min(self.n_clusters or self.min_group_size, n)
+        from sklearn.cluster import KMeans   # slow to import; only cdg needs it
+
         km = KMeans(n_clusters=k, n_init=1, random_state=int(rng.integers(2**31)))
         clusters = km.fit_predict(P) if k > 1 else np.zeros(n, dtype=int)
         # Random order inside a cluster (so regrouping deals differently), clusters one after another.

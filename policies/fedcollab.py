@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.spatial.distance import cdist
 
 from .grouping import EdgeGrouping, EdgeView, GroupingPolicy, enforce_min_size, groupings
 
@@ -29,6 +28,8 @@ def tv_distance(label_counts: np.ndarray) -> np.ndarray:
     """Pairwise total-variation distance ½‖p_i − p_j‖₁ between the rows' label distributions."""
     L = np.asarray(label_counts, dtype=float)
     P = L / np.maximum(L.sum(axis=1, keepdims=True), 1.0)
+    from scipy.spatial.distance import cdist   # slow to import; keeps `groupfel group` fast
+
     return 0.5 * cdist(P, P, "cityblock")
 
 

@@ -1,8 +1,9 @@
 """Group sampling at the cloud (Alg. 1, Lines 4 and 6; Group-FEL Sec. 5.1, Eq. 38).
 
 p_g = w(1/CoV(g)) / Σ w(1/CoV(g')) with w(x) = x (RCoV), x² (SRCoV) or e^{x²} (ESRCoV), or
-uniform (Random). Everything is computed as log-probabilities: e^{x²} for CoV = 0.05 is e^{400},
-which overflows float64, while its logarithm 400 is harmless. A CoV of 0 is floored at
+uniform (Random). Everything is computed as log-probabilities: e^{x²} overflows float64 once
+x² > 709.8, i.e. for CoV below ≈ 0.0375 (CoV = 0.05 gives e^{400} ≈ 5e173, still finite), while
+its logarithm is harmless. A CoV of 0 is floored at
 ``COV_FLOOR`` so a perfectly balanced group gets (nearly) all the mass instead of a division by
 zero.
 """

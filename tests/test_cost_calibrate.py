@@ -4,7 +4,7 @@ import pytest
 
 from cost_models import read_profiles
 from cost_models.calibrate import calibrate, fit_curve, read_measurements, write_profile
-from cost_models.measure import parse_sizes
+from experiments.cost_cli import parse_sizes
 from emulator.errors import InputError
 from experiments.cli import main
 

@@ -42,7 +42,7 @@ def test_ledger_total_equals_hand_eq5(scenario):
     ledger, _ = scenario
     # g0 per group round: clients pay E·H = 3(0.1n+1) = 6, 9, 12 plus O_secagg(3) = 5.5 and
     # O_backdoor(3) = 3 each -> 52.5; K = 2 -> 105. g1: 4.5, 7.5 + 3 + 2 each -> 22; K = 2 -> 44.
-    # Round 0 samples both (149), round 1 only g1 (44).
+    # Round 1 (t = 0) samples both (149), round 2 only g1 (44).
     assert ledger.total == pytest.approx(193.0, rel=1e-12)
     assert ledger.frame()["amount"].sum() == pytest.approx(193.0, rel=1e-12)
 
@@ -55,7 +55,7 @@ def test_ledger_per_client_and_component(scenario):
     per_comp = df.groupby("component", observed=True)["amount"].sum()
     assert per_comp.to_dict() == pytest.approx({"training": 102.0, "secagg": 57.0, "backdoor": 34.0})
     per_round = df.groupby("round")["amount"].sum()
-    assert per_round.to_dict() == pytest.approx({0: 149.0, 1: 44.0})
+    assert per_round.to_dict() == pytest.approx({1: 149.0, 2: 44.0})   # round index t = 0 is round 1
     assert ledger.by_component == pytest.approx(per_comp.to_dict())
 
 

@@ -196,13 +196,13 @@ def test_gradient_probe_is_charged_as_training_and_resumes_identically(tiny_dict
     full = run_arm(world, plan_arm(world, 0), tmp_path / "full")
     ledger = pd.read_parquet(tmp_path / "full" / "ledger.parquet")
     probe = ledger[ledger.group == -1]
-    assert sorted(probe["round"].unique().tolist()) == [0, 2, 4]          # start + each regrouping
+    assert sorted(probe["round"].unique().tolist()) == [1, 3, 5]          # start + each regrouping
     h = world.cost.profiles["raspberry-pi-4"].training["sgd"]
-    first = probe[probe["round"] == 0].sort_values("client")
+    first = probe[probe["round"] == 1].sort_values("client")
     assert first["client"].tolist() == list(range(12)) and (first["component"] == "training").all()
     assert first["amount"].to_numpy() == pytest.approx(h(world.topology.n_samples))   # one epoch each
-    assert full["cost"].iloc[0] == pytest.approx(first["amount"].sum())
-    assert full["sim_time_s"].iloc[0] == pytest.approx(first["amount"].max())
+    assert full["cost"].iloc[0] == 0 and full["sim_time_s"].iloc[0] == 0   # round 0: the initial model
+    assert full["cost"].iloc[1] == pytest.approx(ledger.loc[ledger["round"] <= 2, "amount"].sum())
 
     def kill(t, cost, acc):
         if t == 4:

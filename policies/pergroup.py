@@ -1,0 +1,109 @@
+"""Grouping baselines of per-group (cross-silo) training: ``local``, ``global``, ``ifca`` and
+``fedclar`` (HCCT Sec. 7.1, FedCollab Sec. 5.3, Group-FEL Sec. 7).
+
+``local`` and ``global`` are fixed partitions. ``ifca`` and ``fedclar`` change membership while
+training, from the models (the per-group runner, :mod:`emulator.pergroup`, calls
+:meth:`Ifca.assign` every round and :meth:`FedClar.cluster` at ``cluster_round``); their
+:meth:`group` gives the partition training starts from. ``modes`` names the run modes a policy
+makes sense in.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from .grouping import EdgeGrouping, EdgeView, GroupingPolicy, RandomGrouping, groupings
+
+BOTH = ("global", "per-group")
+
+
+@groupings.register("local")
+@dataclass(frozen=True)
+class LocalGrouping(GroupingPolicy):
+    """Every client alone: independent (local) training, HCCT's "Independent"."""
+
+    min_group_size: int = 1
+    modes: ClassVar[tuple[str, ...]] = BOTH
+
+    def group(self, view: EdgeView, rng: np.random.Generator) -> EdgeGrouping:
+        return EdgeGrouping([np.array([i]) for i in range(view.n_clients)])
+
+
+@groupings.register("global")
+@dataclass(frozen=True)
+class GlobalGrouping(GroupingPolicy):
+    """One group of all of an edge's clients (with one edge: every client, HCCT's "Global")."""
+
+    min_group_size: int = 1
+    modes: ClassVar[tuple[str, ...]] = BOTH
+
+    def group(self, view: EdgeView, rng: np.random.Generator) -> EdgeGrouping:
+        return EdgeGrouping([np.arange(view.n_clients)])
+
+
+@groupings.register("ifca")
+@dataclass(frozen=True)
+class Ifca(GroupingPolicy):
+    """IFCA (Ghosh et al. 2020, as HCCT and FedCollab run it): ``n_clusters`` cluster models per
+    edge, each from its own random initialisation; every round each client joins the cluster
+    whose model has the lowest loss on its training data, then each cluster trains its model with
+    its members. Per-group mode only: there is no single model to aggregate. ``min_group_size``
+    is accepted like every policy's but has no effect: clusters are as large as the losses make
+    them."""
+
+    n_clusters: int = 5
+    min_group_size: int = 1
+    modes: ClassVar[tuple[str, ...]] = ("per-group",)
+
+    def __post_init__(self):
+        if not isinstance(self.n_clusters, int) or self.n_clusters < 1:
+            raise ValueError(f"n_clusters must be an integer >= 1, got {self.n_clusters!r}")
+
+    def group(self, view: EdgeView, rng: np.random.Generator) -> EdgeGrouping:
+        """Before any model exists: clients dealt at random over the clusters."""
+        slots = rng.permutation(view.n_clients) % self.n_clusters
+        return EdgeGrouping([np.flatnonzero(slots == k) for k in range(self.n_clusters) if (slots == k).any()])
+
+    @staticmethod
+    def assign(losses: np.ndarray) -> np.ndarray:
+        """Clients × clusters losses -> each client's cluster (lowest loss; ties to the lowest index)."""
+        return np.argmin(losses, axis=1)
+
+
+@groupings.register("fedclar")
+@dataclass(frozen=True)
+class FedClar(GroupingPolicy):
+    """FedCLAR (Presotto et al. 2022), the Group-FEL paper's personalised baseline: random groups
+    of ``min_group_size`` (RG) until ``cluster_round``; then each client's update (its model
+    after one local epoch minus the model it started from) is clustered by average-linkage
+    hierarchical clustering on cosine distance, cut at ``threshold``, and every cluster becomes a
+    group (starting from its members' sample-weighted mean model in per-group mode; in global mode
+    the clusters are the groups Group-FEL samples from afterwards)."""
+
+    min_group_size: int = 5
+    cluster_round: int = 10
+    threshold: float = 0.5
+    modes: ClassVar[tuple[str, ...]] = BOTH
+
+    def __post_init__(self):
+        RandomGrouping(self.min_group_size)   # validates min_group_size
+        if not isinstance(self.cluster_round, int) or self.cluster_round < 0:
+            raise ValueError(f"cluster_round must be an integer >= 0, got {self.cluster_round!r}")
+        if not 0 < self.threshold <= 2:
+            raise ValueError(f"threshold must be a cosine distance in (0, 2], got {self.threshold!r}")
+
+    def group(self, view: EdgeView, rng: np.random.Generator) -> EdgeGrouping:
+        return RandomGrouping(self.min_group_size).group(view, rng)
+
+    def cluster(self, updates: np.ndarray) -> list[np.ndarray]:
+        """Rows of ``updates`` (one edge's clients) -> clusters of row indices, largest first."""
+        if len(updates) < 2:
+            return [np.arange(len(updates))]
+        from scipy.cluster.hierarchy import fcluster, linkage   # scipy stays out of `groupfel group`'s start-up
+
+        z = linkage(updates, method="average", metric="cosine")
+        labels = fcluster(z, t=self.threshold, criterion="distance")
+        out = [np.flatnonzero(labels == k) for k in np.unique(labels)]
+        return sorted(out, key=lambda c: (-len(c), c[0]))

@@ -1,0 +1,206 @@
+"""Per-group (cross-silo) mode: IPR/RSD, equality with global mode, IFCA, FedCLAR, resume, errors."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import simpy
+import torch
+
+from emulator.config import parse_config
+from emulator.errors import InputError
+from emulator.pergroup import (FORWARD_FRACTION, LocalData, PerGroupState, _ifca_reassign, ipr_rsd,
+                               local_reference, run_pergroup_arm)
+from emulator.runner import plan_arm, run_arm
+from emulator.world import build_world
+from experiments.runner import run_experiment
+from policies import groupings
+from policies.pergroup import FedClar, Ifca
+
+
+def _pergroup(tiny_dict, arms, clients=6, **data):
+    tiny_dict["mode"] = "per-group"
+    tiny_dict["topology"] = {"edges": 1, "clients_per_edge": clients}
+    tiny_dict["data"].update(data)
+    tiny_dict["train"]["rounds"] = 3
+    tiny_dict["arms"] = arms
+    return tiny_dict
+
+
+def test_ipr_and_rsd_on_a_hand_case():
+    # gains 0.1, -0.1, 0, 0.1: two of four strictly positive; population SD of the gains
+    ipr, rsd = ipr_rsd(np.array([0.8, 0.6, 0.9, 0.5]), np.array([0.7, 0.7, 0.9, 0.4]))
+    assert ipr == 0.5
+    assert rsd == pytest.approx(np.sqrt(((0.075**2) * 2 + 0.125**2 + 0.025**2) / 4))
+
+
+def test_pergroup_global_equals_global_mode_with_one_group(tiny_dict, tmp_path):
+    tiny_dict["data"]["test_fraction"] = 0.2
+    tiny_dict["topology"] = {"edges": 1, "clients_per_edge": 6}
+    tiny_dict["train"]["rounds"] = 3
+    tiny_dict["arms"] = [{"name": "one", "grouping": {"policy": "global"},
+                          "sampling": {"policy": "random", "groups_per_round": 1}, "aggregation": "biased"}]
+    g_cfg = parse_config(tiny_dict)
+    g_world = build_world(g_cfg)
+    g_rows = run_arm(g_world, plan_arm(g_world, 0), tmp_path / "global" / "one")
+
+    tiny_dict["mode"] = "per-group"
+    tiny_dict["arms"] = [{"name": "one", "grouping": {"policy": "global"}}]
+    p_world = build_world(parse_config(tiny_dict))
+    p_rows = run_pergroup_arm(p_world, plan_arm(p_world, 0), tmp_path / "pergroup" / "one")
+
+    for col in ("round", "cost", "training_cost", "sim_time_s", "round_time_s"):
+        assert list(p_rows[col]) == list(g_rows[col])
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "global" / "one" / "ledger.parquet"),
+                                  pd.read_parquet(tmp_path / "pergroup" / "one" / "ledger.parquet"), check_exact=True)
+    final = torch.load(tmp_path / "pergroup" / "one" / "models.pt", weights_only=True)["models"]
+    assert final.shape[0] == 1
+    assert p_world.engine.evaluate(final[0])[0] == g_rows["accuracy"].iloc[-1]
+
+
+def test_pergroup_rows_and_local_policy_matches_its_own_reference(tiny_dict, tmp_path):
+    cfg = parse_config(_pergroup(tiny_dict, [{"name": "local", "grouping": {"policy": "local"}},
+                                             {"name": "global", "grouping": {"policy": "global"}},
+                                             {"name": "sampled", "grouping": {"policy": "rg", "min_group_size": 2},
+                                              "sampling": {"policy": "random", "groups_per_round": 1}}]))
+    run_experiment(cfg, tmp_path / "run", progress=False)
+    # with `sampling` set, only the sampled group trains each round (one group of 2 clients)
+    ledger = pd.read_parquet(tmp_path / "run" / "sampled" / "ledger.parquet")
+    assert (ledger.groupby("round")["group"].nunique() == 1).all()
+    assert (ledger.groupby(["round", "group_round", "component"])["client"].nunique() == 2).all()
+    sampled = pd.read_csv(tmp_path / "run" / "sampled" / "results.csv")
+    assert list(sampled["groups_sampled"]) == [0, 1, 1, 1]
+    local = pd.read_csv(tmp_path / "run" / "local" / "results.csv")
+    glob = pd.read_csv(tmp_path / "run" / "global" / "results.csv")
+    # independent training is the reference itself: no client gains or loses
+    assert (local["ipr"] == 0).all() and (local["rsd"] == 0).all()
+    assert np.allclose(local["accuracy"], local["local_accuracy_reference"])
+    for df in (local, glob):
+        assert list(df["round"]) == [0, 1, 2, 3]
+        assert np.allclose(df["local_error_mean"], 1 - df["accuracy"])
+        assert (df["local_error_min"] <= df["local_error_mean"]).all()
+        assert (df["local_error_mean"] <= df["local_error_max"]).all()
+        assert df["cost"].is_monotonic_increasing
+    assert (tmp_path / "run" / "local-reference-seed3.pt").exists()
+    manifest = json.loads((tmp_path / "run" / "global" / "manifest.json").read_text())
+    assert manifest["mode"] == "per-group" and manifest["grouping"]["n_groups"] == 1
+
+
+class Killed(Exception):
+    pass
+
+
+def _kill_after_round_2_and_resume(run, cfg, full, arm_dir):
+    """Run arm 0 of ``cfg`` with ``run`` into ``arm_dir``, kill it after round 2, resume it in a
+    fresh world: the table must equal ``full``."""
+    def kill(t, cost, acc):
+        if t == 2:
+            raise Killed
+    world = build_world(cfg)
+    with pytest.raises(Killed):
+        run(world, plan_arm(world, 0), arm_dir, kill)
+    world = build_world(cfg)
+    pd.testing.assert_frame_equal(full, run(world, plan_arm(world, 0), arm_dir), check_exact=True)
+
+
+def test_killed_pergroup_run_resumes_to_the_same_table(tiny_dict, tmp_path):
+    cfg = parse_config(_pergroup(tiny_dict, [{"name": "hcct", "grouping": {"policy": "hcct", "alpha": 1.0}}]))
+    world = build_world(cfg)
+    plan = plan_arm(world, 0)
+    full = run_pergroup_arm(world, plan, tmp_path / "a" / "hcct")
+    _kill_after_round_2_and_resume(run_pergroup_arm, cfg, full, tmp_path / "b" / "hcct")
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "a" / "hcct" / "ledger.parquet"),
+                                  pd.read_parquet(tmp_path / "b" / "hcct" / "ledger.parquet"), check_exact=True)
+
+
+def _two_concepts(tiny_dict, arms):
+    """Two client types whose labels disagree everywhere (a reversed permutation)."""
+    return parse_config(_pergroup(tiny_dict, arms, clients=6, partition="concept-shift", min_samples=60,
+                                  max_samples=60, types=[{"clients": 3, "permutation": list(range(10))},
+                                                         {"clients": 3, "permutation": list(range(9, -1, -1))}]))
+
+
+def test_ifca_picks_the_lowest_loss_model_on_two_obvious_clusters(tiny_dict):
+    assert list(Ifca.assign(np.array([[0.1, 2.0], [3.0, 0.2], [1.0, 1.0]]))) == [0, 1, 0]
+    cfg = _two_concepts(tiny_dict, [{"name": "ifca", "grouping": {"policy": "ifca", "n_clusters": 2}}])
+    world = build_world(cfg)
+    plan = plan_arm(world, 0)
+    x0 = world.engine.initial_weights(0)
+    # model 0 learned type 0's labelling, model 1 type 1's
+    models = torch.stack([world.engine.train(x0, [0], 20, [1])[0], world.engine.train(x0, [3], 20, [1])[0]])
+    state = PerGroupState(models=models, model_edge=[0, 0], assign=np.array([1, 1, 1, 0, 0, 0]))
+    env = simpy.Environment()
+    _ifca_reassign(world, plan, state, LocalData(world, world.topology.client_samples), env, 0)
+    assert list(state.assign) == [0, 0, 0, 1, 1, 1]
+    # each client evaluated both models: 2 · H_i(n_i) / 3, charged as training
+    ledger = state.ledger.frame()
+    expected = 2 * FORWARD_FRACTION * world.cost.training_cost(["raspberry-pi-4"] * 6, world.topology.n_samples, 1)
+    assert np.allclose(ledger.sort_values("client")["amount"], expected)
+    assert (ledger["group"] == -1).all() and env.now > 0
+
+
+def test_fedclar_clusters_updates_after_its_round(tiny_dict, tmp_path):
+    up = np.array([[1.0, 0.0, 0.1], [0.9, 0.1, 0.0], [0.0, 1.0, 0.0], [0.1, 1.0, 0.1], [1.0, 0.05, 0.0]])
+    assert [c.tolist() for c in FedClar(cluster_round=1, threshold=0.5).cluster(up)] == [[0, 1, 4], [2, 3]]
+
+    cfg = _two_concepts(tiny_dict, [{"name": "fedclar", "grouping": {"policy": "fedclar", "min_group_size": 2,
+                                                                     "cluster_round": 2, "threshold": 0.9}}])
+    world = build_world(cfg)
+    run_pergroup_arm(world, plan_arm(world, 0), tmp_path / "fedclar")
+    manifest = json.loads((tmp_path / "fedclar" / "manifest.json").read_text())
+    assert [g["size"] for g in manifest["grouping"]["groups"]] == [2, 2, 2]          # random groups first
+    final = sorted(sorted(g["clients"]) for g in manifest["final_grouping"]["groups"])
+    assert final == [[0, 1, 2], [3, 4, 5]]                                           # then by concept
+    ledger = pd.read_parquet(tmp_path / "fedclar" / "ledger.parquet")
+    # the probe epoch opens round 3, the first after cluster_round = 2 (rounds count from 1)
+    assert set(ledger.loc[ledger["group"] == -1, "round"]) == {3}
+
+
+def test_pergroup_only_policies_and_options_are_rejected_elsewhere(tiny_dict, tmp_path):
+    d = dict(tiny_dict, arms=[{"name": "i", "grouping": {"policy": "ifca"}}])
+    with pytest.raises(InputError, match=r"arms\[0\]\.grouping\.policy: 'ifca' needs mode = \"per-group\""):
+        run_experiment(parse_config(d), tmp_path / "a", progress=False)
+    d = _pergroup(tiny_dict, [{"name": "r", "grouping": {"policy": "rg", "min_group_size": 2}, "regroup_every": 2}])
+    with pytest.raises(InputError, match=r"arms\[0\]\.regroup_every: per-group mode"):
+        run_experiment(parse_config(d), tmp_path / "b", progress=False)
+    d["arms"][0].pop("regroup_every")
+    d["data"]["test_fraction"] = 0.0
+    with pytest.raises(InputError, match=r"^data\.test_fraction: per-group mode"):
+        run_experiment(parse_config(d), tmp_path / "c", progress=False)
+    assert not any((tmp_path / x).exists() for x in "abc")
+    assert {"local", "global", "ifca", "fedclar"} <= set(groupings)
+
+
+def test_fedclar_in_global_mode_clusters_once_and_resumes_with_its_clusters(tiny_dict, tmp_path):
+    d = _two_concepts(tiny_dict, [{"name": "fedclar", "grouping": {"policy": "fedclar", "min_group_size": 2,
+                                                                   "cluster_round": 1, "threshold": 0.9},
+                                   "sampling": {"policy": "random", "groups_per_round": 1}}]).model_dump()
+    d.update(mode="global")
+    d["data"]["test_fraction"] = None
+    cfg = parse_config(d)
+    world = build_world(cfg)
+    plan = plan_arm(world, 0)
+    full = run_arm(world, plan, tmp_path / "a")
+    clusters = json.loads((tmp_path / "a" / "fedclar-clusters.json").read_text())
+    assert clusters["round"] == 1 and len(clusters["clusters"]) >= 2
+    ledger = pd.read_parquet(tmp_path / "a" / "ledger.parquet")
+    assert set(ledger.loc[ledger["group"] == -1, "round"]) == {2}   # opens round 2 (rounds count from 1)
+    # from then on the sampled group is one of the clusters
+    members = {tuple(c["clients"]) for c in clusters["clusters"]}
+    later = ledger[(ledger["round"] >= 2) & (ledger["group"] >= 0) & (ledger["group_round"] == 0)]
+    assert {tuple(sorted(g["client"].unique())) for _, g in later.groupby("round")} <= members
+    _kill_after_round_2_and_resume(run_arm, cfg, full, tmp_path / "b")
+
+
+def test_local_reference_is_cached_per_seed_and_config(tiny_dict, tmp_path):
+    cfg = parse_config(_pergroup(tiny_dict, [{"name": "local", "grouping": {"policy": "local"}}]))
+    world = build_world(cfg)
+    data = LocalData(world, world.local_test)
+    first = local_reference(world, tmp_path, data)
+    path = tmp_path / "local-reference-seed3.pt"
+    assert first.shape == (4, 6) and path.exists()
+    stamp = path.stat().st_mtime_ns
+    assert torch.equal(local_reference(world, tmp_path, data), first) and path.stat().st_mtime_ns == stamp
+    tiny_dict["train"]["lr"] = 0.2                   # another config: the cache is not reused
+    world = build_world(parse_config(tiny_dict))
+    assert not torch.equal(local_reference(world, tmp_path, LocalData(world, world.local_test)), first)

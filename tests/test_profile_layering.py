@@ -1,0 +1,61 @@
+"""A user's profile with a shipped profile's name replaces only the curves it has (layering)."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cost_models import get_profile, read_profiles, shipped_profiles
+from emulator.config import parse_config
+from emulator.errors import InputError
+from emulator.world import build_world
+from experiments.cli import main
+from experiments.runner import run_experiment
+
+# secagg seconds = 0.1·s² + 0.2·s + 0.3 exactly, measured on "the user's" Raspberry Pi 4
+MEASURED = "operation,group_size,seconds,device\n" + "".join(
+    f"secagg,{s},{0.1 * s * s + 0.2 * s + 0.3:.6f},raspberry-pi-4\n" for s in range(2, 9))
+
+
+def _calibrate(tmp_path, capsys, task="cifar10-resnet"):
+    (tmp_path / "m.csv").write_text(MEASURED)
+    assert main(["calibrate", str(tmp_path / "m.csv"), "--out", str(tmp_path / "cal"), "--task", task]) == 0
+    capsys.readouterr()
+    return tmp_path / "cal" / "profile.csv"
+
+
+def test_user_curves_replace_shipped_curves_of_the_same_name(tmp_path, capsys):
+    profile = _calibrate(tmp_path, capsys)
+    user = read_profiles(profile)["raspberry-pi-4/cifar10-resnet"]
+    assert sorted(user.group_overhead) == ["secagg"] and not user.training
+    shipped = shipped_profiles()["raspberry-pi-4/cifar10-resnet"]
+    layered = get_profile("raspberry-pi-4/cifar10-resnet", read_profiles(profile))
+    assert float(layered.group_overhead["secagg"](10)) == pytest.approx(0.1 * 100 + 0.2 * 10 + 0.3, rel=1e-6)
+    assert layered.training == shipped.training                                  # kept
+    assert layered.group_overhead["backdoor-distance"] is shipped.group_overhead["backdoor-distance"]
+
+
+def test_a_calibrated_secagg_only_profile_runs(tiny_dict, tmp_path, capsys):
+    profile = _calibrate(tmp_path, capsys)
+    tiny_dict["cost"]["profiles_file"] = str(profile)
+    tiny_dict["train"]["rounds"] = 1
+    tiny_dict["arms"] = [tiny_dict["arms"][1]]
+    run_experiment(parse_config(tiny_dict), tmp_path / "run", progress=False)
+    ledger = pd.read_parquet(tmp_path / "run" / "rg-random" / "ledger.parquet")
+    sec = ledger[ledger.component == "secagg"]
+    s = sec.groupby(["group", "group_round"])["client"].transform("size").to_numpy(dtype=float)
+    assert len(sec) and sec["amount"].to_numpy() == pytest.approx(0.1 * s * s + 0.2 * s + 0.3, rel=1e-6)  # user's
+    train = ledger[ledger.component == "training"]
+    h = shipped_profiles()["raspberry-pi-4/cifar10-resnet"].training["sgd"]
+    n = build_world(parse_config(tiny_dict)).topology.n_samples
+    expected = tiny_dict["train"]["local_epochs"] * np.array([float(h(n[c])) for c in train["client"]])
+    assert len(train) and train["amount"].to_numpy() == pytest.approx(expected)       # the shipped curve
+
+
+def test_a_profile_lacking_a_curve_says_how_to_layer(tiny_dict, tmp_path, capsys):
+    profile = _calibrate(tmp_path, capsys, task="measured")
+    tiny_dict["cost"].update(profiles_file=str(profile), task="measured")
+    with pytest.raises(InputError) as exc:
+        run_experiment(parse_config(tiny_dict), tmp_path / "run", progress=False)
+    msg = str(exc.value)
+    assert "no training curve 'sgd'" in msg and "calibrate --task cifar10-resnet" in msg and "\n" not in msg

@@ -1,0 +1,54 @@
+"""Commands that train nothing do not import torch (start-up time: benchmarks/startup.py)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from emulator.ledger import CostLedger
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SCRIPT = """
+import json, sys
+from experiments.cli import main
+heavy = {}
+for argv in json.loads(sys.argv[1]):
+    rc = main(argv)
+    assert rc == 0, (argv, rc)
+    heavy[argv[0] + (" " + argv[1] if argv[0] == "study" else "")] = "torch" in sys.modules
+print(json.dumps(heavy))
+"""
+
+
+def test_commands_that_train_nothing_do_not_import_torch(tmp_path):
+    rng = np.random.default_rng(0)
+    pd.DataFrame(rng.integers(0, 20, size=(30, 4)), columns=list("abcd")).to_csv(tmp_path / "l.csv", index=False)
+    (tmp_path / "m.csv").write_text("operation,group_size,seconds\nsecagg,2,1.0\nsecagg,3,2.1\nsecagg,4,3.9\n"
+                                    "secagg,5,6.2\n")
+    arm = tmp_path / "run" / "a"
+    arm.mkdir(parents=True)
+    pd.DataFrame({"arm": "a", "round": [0, 1], "cost": [0.0, 5.0], "accuracy": [0.1, 0.5]}).to_csv(
+        arm / "results.csv", index=False)
+    led = CostLedger()
+    led.charge(round=0, edge=0, group=0, group_round=0, clients=np.array([0, 1]), devices=["pi", "pi"],
+               component="training", amounts=np.array([1.0, 2.0]), start=np.zeros(2), end=np.array([1.0, 2.0]))
+    led.frame().to_parquet(arm / "ledger.parquet", index=False)
+    out = str(tmp_path / "o")
+    commands = [["group", "--policy", "covg", "--label-matrix", str(tmp_path / "l.csv"), "--min-group-size", "3"],
+                ["whatif", "--group-sizes", "2..5", "--clients", "100", "--rounds", "2", "--out", out],
+                ["calibrate", str(tmp_path / "m.csv"), "--out", out],
+                ["plot", str(tmp_path / "run"), "--out", str(tmp_path / "p.png")],
+                ["timeline", str(arm), "--round", "1", "--out", str(tmp_path / "t.png")],
+                ["study", "fig5", "--max-clients", "100", "--out", out],
+                ["study", "fig6", "--out", out], ["study", "fig7", "--out", out]]
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(commands)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    imported = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(imported) == len(commands)
+    assert not any(imported.values()), imported
