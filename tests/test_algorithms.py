@@ -81,3 +81,11 @@ def test_mu_without_fedprox_is_refused(tiny_dict):
     tiny_dict["train"]["mu"] = 0.1
     with pytest.raises(InputError, match="train: mu is FedProx's"):
         parse_config(tiny_dict)
+
+
+@pytest.mark.parametrize("train", [{"algorithm": "scaffold"}, {"momentum": 0.9, "client_state": "persistent"}])
+def test_per_group_mode_refuses_client_state_it_does_not_keep(tiny_dict, train):
+    tiny_dict["mode"] = "per-group"
+    tiny_dict["train"].update(train)
+    with pytest.raises(InputError, match="per-group mode runs fedavg and fedprox"):
+        parse_config(tiny_dict)
