@@ -1,53 +1,143 @@
-"""Training engines side by side: sequential per-client SGD vs the fused (grouped) engine.
+"""One global round of the Table 1 setting: batched vs sequential engine, with a matmul's GFLOP/s.
 
-    python benchmarks/engines.py [--threads 1] [--repeats 10]
+    python benchmarks/engines.py [--models cnn,mlp,resnet-1] [--repeats 5] [--groups 12] [--size 6] [--threads N]
 
-Prints, for each model and dataset, the time to train one group of 6 clients for E = 2 local
-epochs with each engine, and the ratio, measured in the same run.
+Fashion-MNIST, 12 sampled groups of 6 clients of 20-200 samples (Table 1's client sizes), K = 5,
+E = 2, B = 32: each repeat runs the round's compute (:func:`emulator.compute.run_group_rounds`, one
+engine call per group round) and then its simulated time and charges (the SimPy processes, the
+budget pricing), the way the run loop does. Printed per model, medians over the repeats, all in
+one process: the sequential and the batched engine's seconds per round and the ratio, each as
+GFLOP/s (forward + backward FLOPs counted by torch's FlopCounterMode) and as a share of a 2048³
+float32 matmul measured in the same run; and the emulator's own share of a round (everything
+that is not the engine).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 
 import numpy as np
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
-from emulator.training import FusedEngine, TorchEngine
-from topologies import load_dataset
+from cost_models import CostModel, get_profile
+from emulator.compute import LocalSpec, run_group_rounds
+from emulator.federation import Federation, Group, RoundContext
+from emulator.ledger import CostLedger
+from emulator.training import BatchedEngine, TorchEngine
+from topologies import Link, build_topology, client_sizes, label_matrix, load_dataset
+
+K, E, B = 5, 2, 32
 
 
-def time_engine(engine, start, clients, repeats: int) -> float:
-    engine.train(start, clients, 2, list(range(len(clients))))      # warm-up
-    t0 = time.perf_counter()
+def matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    times = []
     for _ in range(repeats):
-        engine.train(start, clients, 2, list(range(len(clients))))
-    return (time.perf_counter() - t0) / repeats
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(times) / 1e9
+
+
+def flops_per_sample(engine: TorchEngine) -> float:
+    """Forward + backward FLOPs of one training sample (a full batch of B, divided by B)."""
+    x, y = engine.x[:B], engine.y[:B]
+    if engine.channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    with FlopCounterMode(display=False) as counter:
+        torch.nn.functional.cross_entropy(engine.model(x), y).backward()
+    engine.model.zero_grad(set_to_none=True)
+    return counter.get_total_flops() / B
+
+
+class Timed:
+    """Wraps an engine and adds up the seconds spent in ``train``."""
+
+    def __init__(self, engine):
+        self.engine, self.seconds = engine, 0.0
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def train(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return self.engine.train(*args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+
+def setup(groups: int, size: int, seed: int = 0):
+    data = load_dataset("fashion-mnist")
+    rng = np.random.default_rng(seed)
+    n = groups * size
+    sizes = client_sizes(n, 20, 200, 110, 45, rng)
+    perm = rng.permutation(len(data.y_train))
+    parts = np.split(perm[:sizes.sum()], np.cumsum(sizes)[:-1])
+    labels = label_matrix(data.y_train, parts, data.num_classes)
+    topo = build_topology([size * (groups // 3)] * 3, ["raspberry-pi-4"] * n, parts, labels,
+                          Link(20.0, 0.02), Link(1000.0, 0.01))
+    sampled = {g: Group(g // (groups // 3), np.arange(g * size, (g + 1) * size), sizes[g * size:(g + 1) * size], 0.0)
+               for g in range(groups)}
+    return data, parts, topo, sampled
+
+
+def one_round(engine, topo, sampled, start, t: int) -> tuple[float, float]:
+    """(wall seconds of the whole global round, seconds inside the engine)."""
+    timed = Timed(engine)
+    cost = CostModel({"raspberry-pi-4": get_profile("raspberry-pi-4/cifar10-resnet")})
+    t0 = time.perf_counter()
+    fed = Federation(RoundContext(Federation.environment(), engine.model_bytes, cost, CostLedger(), topo,
+                                  0, K, E))
+    fed.round_cost(t, list(sampled.values()))                                    # the budget check
+    models = run_group_rounds(timed, {g: start for g in sampled}, sampled, t, LocalSpec(0, K, E, 0.05))
+    fed.run_round(t, list(sampled.items()))
+    sum(models[g] / len(models) for g in sampled)                                # Line 15
+    return time.perf_counter() - t0, timed.seconds
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--models", default="cnn,mlp,resnet-1")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--groups", type=int, default=12)
+    ap.add_argument("--size", type=int, default=6)
+    ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--formulation", default=None, choices=["stacked", "per-client"],
+                    help="force the batched engine's formulation (default: its own choice)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads of this process (the sequential engine); default torch's")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    rng = np.random.default_rng(0)
-    cases = [("digits", "mlp", 8, 30, 16), ("digits", "cnn", 8, 30, 16)]
-    if os.path.isdir("/usr/share/datasets/fashion-mnist"):
-        cases.append(("fashion-mnist", "cnn", 20, 200, 32))
-    print(f"{'dataset':14} {'model':5} {'sequential ms':>14} {'fused ms':>10} {'speed-up':>9}")
-    for name, model, lo, hi, batch in cases:
-        data = load_dataset(name)
-        parts = [np.sort(rng.choice(len(data.y_train), size=int(rng.integers(lo, hi + 1)), replace=False))
-                 for _ in range(6)]
-        seq = TorchEngine(data, parts, model, 0.05, batch)
-        fused = FusedEngine(data, parts, model, 0.05, batch)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    data, parts, topo, sampled = setup(args.groups, args.size)
+    passes = K * E * sum(int(g.n_samples.sum()) for g in sampled.values())
+    print(f"Table 1 round: {args.groups} groups x {args.size} clients, K={K}, E={E}, B={B}, "
+          f"{passes} sample-passes; torch {torch.__version__}, {os.cpu_count()} CPUs, "
+          f"{torch.get_num_threads()} torch threads; medians of {args.repeats}")
+    print(f"{'model':9} {'seq s':>7} {'batched s':>9} {'speed-up':>8} {'seq GF/s':>9} {'bat GF/s':>9} "
+          f"{'matmul GF/s':>11} {'bat/matmul':>10} {'emulator share':>14} {'formulation':>12}")
+    for model in args.models.split(","):
+        seq = TorchEngine(data, parts, model, 0.05, B)
+        bat = BatchedEngine(data, parts, model, 0.05, B, workers=args.workers, formulation=args.formulation)
         start = seq.initial_weights(0)
-        clients = list(range(6))
-        reps = max(1, args.repeats // (5 if name == "fashion-mnist" else 1))
-        ts, tf = time_engine(seq, start, clients, reps), time_engine(fused, start, clients, reps)
-        print(f"{name:14} {model:5} {ts * 1e3:14.1f} {tf * 1e3:10.1f} {ts / tf:8.2f}x")
+        flops = flops_per_sample(seq) * passes
+        one_round(bat, topo, sampled, start, 0)                                   # warm-up, forks workers
+        one_round(seq, topo, sampled, start, 0)
+        ts, tb, share, mm = [], [], [], []
+        for r in range(args.repeats):                                             # interleaved, side by side
+            ts.append(one_round(seq, topo, sampled, start, r)[0])
+            wall, inside = one_round(bat, topo, sampled, start, r)
+            tb.append(wall)
+            share.append((wall - inside) / wall)
+            mm.append(matmul_gflops(repeats=3))
+        s, b, m = statistics.median(ts), statistics.median(tb), statistics.median(mm)
+        print(f"{model:9} {s:7.2f} {b:9.2f} {s / b:7.2f}x {flops / s / 1e9:9.1f} {flops / b / 1e9:9.1f} "
+              f"{m:11.1f} {flops / b / 1e9 / m:9.0%} {statistics.median(share):14.2%} {bat.formulation:>12}")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ edges = 3
 clients_per_edge = 20
 [train]
 model = "cnn"
-engine = "fused"
+engine = "batched"
 lr = 0.05
 batch_size = 16
 group_rounds = 5

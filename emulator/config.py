@@ -94,16 +94,26 @@ class TopologyConfig(_Strict):
 
 class CostConfig(_Strict):
     task: str = "cifar10-resnet"
-    training: str = "sgd"
-    group_operations: list[str] = Field(default_factory=lambda: ["secagg"])
+    # None: the algorithm's curve (train.algorithm: fedprox, scaffold) where every profile has one, else sgd
+    training: str | None = None
+    # None: ["secagg"], or ["scaffold-secagg"] (model + variates, twice the parameters) under scaffold
+    group_operations: list[str] | None = None
     profiles_file: str | None = None  # a CSV of extra profiles (same columns as the shipped one)
 
 
 class TrainConfig(_Strict):
-    model: Literal["mlp", "cnn"] = "cnn"
-    engine: Literal["sequential", "fused"] = "sequential"  # fused: all of a group's clients in one network
+    model: Literal["mlp", "mlp3", "cnn", "audio-cnn", "resnet-1", "resnet-3"] = "cnn"
+    # batched: a whole group round per engine call; sequential: one client after another (reference)
+    engine: Literal["sequential", "batched"] = "batched"   # batched measured faster for every model (README)
+    workers: int | None = Field(None, ge=1)                # batched engine's processes (None: one per core)
     device: str = "cpu"                                    # a torch device, e.g. "cuda"
+    algorithm: Literal["fedavg", "fedprox", "scaffold"] = "fedavg"
+    mu: float = Field(0.0, ge=0)                           # FedProx proximal weight (0 = FedAvg)
     lr: float = Field(0.05, gt=0)
+    lr_decay: float = Field(1.0, gt=0, le=1)               # lr × lr_decay^t in global round t
+    momentum: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    client_state: Literal["fresh", "persistent"] = "fresh"  # persistent: clients keep momentum buffers
     batch_size: int = Field(32, ge=1)
     group_rounds: int = Field(5, ge=1)     # K
     local_epochs: int = Field(2, ge=1)     # E
@@ -116,6 +126,8 @@ class TrainConfig(_Strict):
     def _stop(self):
         if self.rounds is None and self.budget is None:
             raise ValueError("set rounds or budget (or both) so the run can stop")
+        if self.mu and self.algorithm != "fedprox":
+            raise ValueError(f"mu is FedProx's; set algorithm = \"fedprox\" or drop mu (algorithm is {self.algorithm!r})")
         return self
 
 
@@ -174,6 +186,9 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _arms(self):
+        if self.mode == "per-group" and (self.train.algorithm == "scaffold" or self.train.client_state == "persistent"):
+            raise ValueError("per-group mode runs fedavg and fedprox with fresh client state; use mode = \"global\" "
+                             "for train.algorithm = \"scaffold\" or train.client_state = \"persistent\"")
         names = [a.name for a in self.arms]
         if len(set(names)) != len(names):
             raise ValueError("arm names must be unique")

@@ -4,7 +4,8 @@ Simulated time: a client downloads the group model (client link), trains for E·
 performs the group operations for Σ O_g(|g|), and uploads (client link); a group round ends when
 its slowest member is done; an edge receives x_t from the cloud (edge link), runs its sampled
 groups in parallel, and sends their models back (edge link); the cloud waits for its slowest edge.
-The torch compute happens at the start of each group round, outside simulated time.
+The processes only model time and charge the ledger; the training itself (torch) runs apart, in
+:func:`emulator.compute.run_group_rounds`, which draws the same dropouts and seeds.
 
 Faults (``[faults]``): each client, in each group round, may drop out after training (it pays
 its training, not the group operations; its update is left out of the group aggregate and the
@@ -18,7 +19,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import simpy
-import torch
 
 from cost_models import TRAINING, CostModel
 from topologies import Topology
@@ -26,7 +26,9 @@ from topologies import Topology
 from .config import FaultsConfig
 
 from .ledger import CostLedger
-from .training import TrainingEngine
+
+
+Environment = simpy.Environment   # the simulated clock's type, for callers that do not import simpy
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ class RoundContext:
     """Everything one global round's processes share."""
 
     env: simpy.Environment
-    engine: TrainingEngine
+    model_bytes: int          # what a model upload or download moves
     cost: CostModel
     ledger: CostLedger
     topology: Topology
@@ -88,38 +90,37 @@ class Federation:
     def __init__(self, ctx: RoundContext):
         self.ctx = ctx
 
-    def global_round(self, t: int, x_t: torch.Tensor, sampled: list[tuple[int, Group]],
-                     starts: dict[int, torch.Tensor] | None = None):
-        """The cloud's process for round t; its value is {group id: group model x^g_{t,K}}.
-        ``starts`` (per-group mode) gives each group its own start model instead of x_t."""
+    @staticmethod
+    def environment(initial_time: float = 0.0) -> simpy.Environment:
+        """A simulated clock (callers need not import simpy)."""
+        return simpy.Environment(initial_time=initial_time)
+
+    def run_round(self, t: int, sampled: list[tuple[int, Group]]) -> None:
+        """Play round t's time and charges to its end on the context's clock."""
+        env = self.ctx.env
+        env.run(until=env.process(self.global_round(t, sampled)))
+
+    def global_round(self, t: int, sampled: list[tuple[int, Group]]):
+        """The cloud's process for round t: its time and charges (the models are computed apart)."""
         env = self.ctx.env
         by_edge: dict[int, list[tuple[int, Group]]] = {}
         for gid, g in sampled:
             by_edge.setdefault(g.edge, []).append((gid, g))
-        edges = [env.process(self._edge(t, j, groups, x_t, starts)) for j, groups in sorted(by_edge.items())]
-        results = yield env.all_of(edges)
-        models: dict[int, torch.Tensor] = {}
-        for value in results.values():
-            models.update(value)
-        return models
+        yield env.all_of([env.process(self._edge(t, j, groups)) for j, groups in sorted(by_edge.items())])
 
-    def _edge(self, t, j, groups, x_t, starts=None):
+    def _edge(self, t, j, groups):
         env, link = self.ctx.env, self.ctx.topology.edge_link(j)
-        nbytes = self.ctx.engine.model_bytes
+        nbytes = self.ctx.model_bytes
         yield env.timeout(link.transfer_time(nbytes))                    # cloud -> edge: x_t
-        procs = {gid: env.process(self._group(t, j, gid, g, starts[gid] if starts else x_t)) for gid, g in groups}
-        yield env.all_of(list(procs.values()))
+        yield env.all_of([env.process(self._group(t, j, gid, g)) for gid, g in groups])
         yield env.timeout(link.transfer_time(nbytes * len(groups)))     # edge -> cloud: x^g
-        return {gid: p.value for gid, p in procs.items()}
 
-    def _group(self, t, j, gid, g: Group, x_t):
+    def _group(self, t, j, gid, g: Group):
         """K group rounds (Alg. 1, Lines 8-14) for one sampled group."""
         ctx, env = self.ctx, self.ctx.env
         devices = [ctx.topology.client_device[c] for c in g.clients]
-        x_g = x_t
         for k in range(ctx.group_rounds):
             charges, dropped, slow = self.charges(t, k, g)
-            alive = ~dropped
             start = env.now
             members = [env.process(self._client(int(c), i, charges, slow[i], bool(dropped[i])))
                        for i, c in enumerate(g.clients)]
@@ -129,12 +130,6 @@ class Federation:
                 ctx.ledger.charge(round=t, edge=j, group=gid, group_round=k, clients=g.clients,
                                   devices=devices, component=comp, amounts=charges[comp],
                                   start=start + spans[:, ci, 0], end=start + spans[:, ci, 1])
-            if alive.any():                                              # else the group keeps x_g
-                seeds = [client_seed(ctx.seed, t, k, int(c)) for c in g.clients[alive]]
-                local = ctx.engine.train(x_g, [int(c) for c in g.clients[alive]], ctx.local_epochs, seeds)
-                n = g.n_samples[alive]
-                x_g = torch.as_tensor(n / n.sum(), dtype=x_t.dtype) @ local  # Line 14 over survivors
-        return x_g
 
     def charges(self, t: int, k: int, g: Group) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
         """Group round k of round t: each member's Eq. 5 charge per component, who drops, and
@@ -162,7 +157,7 @@ class Federation:
         """One client's group round; returns each component's (start, end) offset in the round.
         A dropped client stops after training: its later components are empty spans."""
         env, link = self.ctx.env, self.ctx.topology.client_link(client)
-        nbytes = self.ctx.engine.model_bytes
+        nbytes = self.ctx.model_bytes
         t0 = env.now
         yield env.timeout(link.transfer_time(nbytes))                    # edge -> client
         spans = []

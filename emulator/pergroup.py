@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import simpy
 import torch
 
 from cost_models import TRAINING
@@ -35,7 +34,8 @@ from policies.pergroup import FedClar, Ifca, LocalGrouping
 
 from .errors import InputError
 from .fedclar import cluster_clients
-from .federation import Federation, Group, RoundContext
+from .compute import LocalSpec, run_group_rounds
+from .federation import Environment, Federation, Group, RoundContext
 from .io import atomic_write, write_json
 from .ledger import CostLedger
 from .runner import (CHECKPOINT, ArmPlan, GroupingResult, _versions, _write_results, form_groups, load_checkpoint,
@@ -73,14 +73,16 @@ def check_mode(world: World, plan: ArmPlan, index: int) -> None:
 
 # -- the seam to the engine: one round of K group rounds for each group from its own model --------
 
-def train_groups(fed: Federation, env: simpy.Environment, t: int, starts: dict[int, torch.Tensor],
+def train_groups(world: World, fed: Federation, t: int, starts: dict[int, torch.Tensor],
                  groups: dict[int, Group]) -> dict[int, torch.Tensor]:
     """Round t for the groups in ``starts`` ({group id: start model}): K group rounds each,
-    charged and timed by ``fed``; returns {group id: model}."""
-    first = next(iter(starts.values()))
-    proc = env.process(fed.global_round(t, first, [(g, groups[g]) for g in starts], starts=starts))
-    env.run(until=proc)
-    return proc.value
+    computed by :func:`~emulator.compute.run_group_rounds`, then timed and charged by ``fed``;
+    returns {group id: model}."""
+    tc, ctx = world.config.train, fed.ctx
+    spec = LocalSpec(ctx.seed, ctx.group_rounds, ctx.local_epochs, tc.lr * tc.lr_decay ** t, tc.algorithm, ctx.faults)
+    models = run_group_rounds(world.engine, starts, {g: groups[g] for g in starts}, t, spec)
+    fed.run_round(t, [(g, groups[g]) for g in starts])
+    return models
 
 
 # -- evaluation on the clients' local test splits ---------------------------------------------------
@@ -167,7 +169,7 @@ def _load(path: Path) -> PerGroupState:
                          b["ledger"], b["rows"], b["initial_grouping"])
 
 
-def _charge_client_work(state: PerGroupState, env: simpy.Environment, world: World, t: int,
+def _charge_client_work(state: PerGroupState, env: Environment, world: World, t: int,
                         work: list[tuple[int, np.ndarray, np.ndarray]]) -> None:
     """Charge client work outside group rounds (probes, loss evaluations) as training; the clients
     run it in parallel."""
@@ -199,7 +201,7 @@ def _initial_state(world: World, plan: ArmPlan, grouping: GroupingResult) -> Per
 
 
 def _ifca_reassign(world: World, plan: ArmPlan, state: PerGroupState, train_data: LocalData,
-                   env: simpy.Environment, t: int) -> None:
+                   env: Environment, t: int) -> None:
     """IFCA: every client joins the cluster model of its edge with the lowest training loss."""
     topo, work = world.topology, []
     for j in range(topo.n_edges):
@@ -212,7 +214,7 @@ def _ifca_reassign(world: World, plan: ArmPlan, state: PerGroupState, train_data
     _charge_client_work(state, env, world, t, work)
 
 
-def _fedclar_cluster(world: World, plan: ArmPlan, state: PerGroupState, env: simpy.Environment, t: int) -> None:
+def _fedclar_cluster(world: World, plan: ArmPlan, state: PerGroupState, env: Environment, t: int) -> None:
     """FedCLAR: cluster the clients' one-epoch updates from their group models; each cluster
     becomes a group starting from its members' sample-weighted mean model."""
     topo = world.topology
@@ -237,7 +239,7 @@ def _summary(world: World, state: PerGroupState, base: dict) -> dict:
                         "samples": g.total_samples, "cov": g.cov} for g in groups]}
 
 
-def _train(world: World, plan: ArmPlan, state: PerGroupState, fed: Federation, env: simpy.Environment,
+def _train(world: World, plan: ArmPlan, state: PerGroupState, fed: Federation, env: Environment,
            evaluate: Callable[[PerGroupState, list[int]], float], checkpoint: Callable[[], None],
            train_data: LocalData | None, on_round: Callable[[int, float, float | None], None] | None) -> str:
     """The round loop; returns the stop reason."""
@@ -259,7 +261,7 @@ def _train(world: World, plan: ArmPlan, state: PerGroupState, fed: Federation, e
         if tc.budget is not None and state.ledger.total + fed.round_cost(t, [groups[g] for g in ids]) > tc.budget:
             return "budget"
         before = state.sim_time
-        models = train_groups(fed, env, t, {g: state.models[g] for g in ids}, groups)
+        models = train_groups(world, fed, t, {g: state.models[g] for g in ids}, groups)
         for g, x in models.items():
             state.models[g] = x
         state.round_time = float(env.now) - before
@@ -292,13 +294,13 @@ def local_reference(world: World, run_dir: Path, test_data: LocalData) -> torch.
     plan = ArmPlan(None, LocalGrouping(), None, None)                 # only the grouping is used
     grouping = form_groups(world, plan, 0)
     state = _initial_state(world, plan, grouping)
-    env = simpy.Environment()
-    fed = Federation(RoundContext(env, world.engine, world.cost, CostLedger(), world.topology, cfg.seed,
+    env = Federation.environment()
+    fed = Federation(RoundContext(env, world.engine.model_bytes, world.cost, CostLedger(), world.topology, cfg.seed,
                                   cfg.train.group_rounds, cfg.train.local_epochs, cfg.faults))
     rows = [test_data.evaluate(state.models, state.assign, state.models[0])[0]]
     t = 0
     while t < cfg.train.rounds:
-        models = train_groups(fed, env, t, {g: state.models[g] for g in range(len(state.models))}, state.groups(world))
+        models = train_groups(world, fed, t, {g: state.models[g] for g in range(len(state.models))}, state.groups(world))
         for g, x in models.items():
             state.models[g] = x
         rows.append(test_data.evaluate(state.models, state.assign, state.models[0])[0])
@@ -341,18 +343,18 @@ def run_pergroup_arm(world: World, plan: ArmPlan, arm_dir: Path,
 
     if ckpt.exists():
         state = _load(ckpt)
-        env = simpy.Environment(initial_time=state.sim_time)
+        env = Federation.environment(state.sim_time)
     else:
         grouping = form_groups(world, plan, 0)
         state = _initial_state(world, plan, grouping)
-        env = simpy.Environment()
+        env = Federation.environment()
         _charge_client_work(state, env, world, 0, grouping.probe)   # HCCT probe, FedCollab discriminators
         state.sim_time = float(env.now)
         base = {k: v for k, v in grouping.summary().items() if k not in ("n_groups", "groups")}
         state.initial_grouping = _summary(world, state, base) if not isinstance(plan.grouping, Ifca) \
             else grouping.summary()
         evaluate(state, [])
-    fed = Federation(RoundContext(env, world.engine, world.cost, state.ledger, world.topology, cfg.seed,
+    fed = Federation(RoundContext(env, world.engine.model_bytes, world.cost, state.ledger, world.topology, cfg.seed,
                                   tc.group_rounds, tc.local_epochs, cfg.faults))
 
     def checkpoint():

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import simpy
 import torch
 
 from cost_models import TRAINING
@@ -28,6 +27,7 @@ from policies import (AggregationRule, EdgeView, GroupingPolicy, SamplingPolicy,
                       samplings)
 from policies.cov import cov_of_counts
 
+from .compute import ClientState, LocalSpec, aggregate_control, run_group_rounds
 from .config import ArmConfig, config_warnings
 from .discriminator import DiscriminatorSpec, discriminator_distances, discriminator_features
 from .errors import DivergenceError, InputError, InputWarning
@@ -111,7 +111,7 @@ def _check_budget(world: World, plan: ArmPlan, where: str) -> None:
     log_p = plan.sampling.log_probabilities(np.array([g.cov for g in grouping.groups]))
     _, chosen = _choose(world, plan, grouping.groups, log_p, 0)
     cfg = world.config
-    fed = Federation(RoundContext(simpy.Environment(), world.engine, world.cost, CostLedger(), world.topology,
+    fed = Federation(RoundContext(Federation.environment(), world.engine.model_bytes, world.cost, CostLedger(), world.topology,
                                   cfg.seed, tc.group_rounds, tc.local_epochs, cfg.faults))
     first = fed.round_cost(0, [grouping.groups[g] for g in chosen])
     if first > tc.budget:
@@ -238,6 +238,8 @@ class ArmState:
     grouping_epoch: int = 0
     groups_per_round: int | None = None    # S of the last round (not checkpointed; recomputed each round)
     warnings: list[str] = field(default_factory=list)   # input accepted with an adjustment (not checkpointed)
+    clients: ClientState | None = None      # SCAFFOLD variates, persistent momentum buffers
+    control: torch.Tensor | None = None     # SCAFFOLD's server variate c
 
 
 def _versions() -> dict:
@@ -293,13 +295,16 @@ def _save_checkpoint(path: Path, state: ArmState) -> None:
     save_checkpoint(path, {"t": state.t, "weights": state.weights, "sim_time": state.sim_time,
                            "round_time": state.round_time, "ledger": state.ledger.state(), "rows": state.rows,
                            "initial_grouping": state.initial_grouping, "grouping": state.grouping,
-                           "grouping_epoch": state.grouping_epoch})
+                           "grouping_epoch": state.grouping_epoch,
+                           "clients": state.clients.state() if state.clients else None, "control": state.control})
 
 
 def _load_checkpoint(path: Path) -> ArmState:
     blob = load_checkpoint(path)
     return ArmState(blob["t"], blob["weights"], blob["sim_time"], blob["round_time"], blob["ledger"], blob["rows"],
-                    blob["initial_grouping"], blob["grouping"], blob["grouping_epoch"])
+                    blob["initial_grouping"], blob["grouping"], blob["grouping_epoch"],
+                    clients=ClientState.from_state(blob["clients"]) if blob["clients"] else None,
+                    control=blob["control"])
 
 
 def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
@@ -345,8 +350,14 @@ def _run_rounds(world: World, plan: ArmPlan, arm_dir: Path, state: ArmState,
     tc = cfg.train
     ckpt = arm_dir / CHECKPOINT
     fresh = state.weights is None
+    scaffold = tc.algorithm == "scaffold"
     if fresh:
         state.weights = world.engine.initial_weights(cfg.seed)
+        persistent = tc.client_state == "persistent" and tc.momentum > 0
+        if scaffold or persistent:
+            state.clients = ClientState.create(topo.n_clients, world.engine.n_params, scaffold, persistent)
+        if scaffold:
+            state.control = torch.zeros_like(state.weights)
 
     regroup = arm.regroup_every
     clar = getattr(plan.grouping, "cluster_round", None)   # FedCLAR: regroup once, by clustering
@@ -365,8 +376,8 @@ def _run_rounds(world: World, plan: ArmPlan, arm_dir: Path, state: ArmState,
     for note in state.warnings:
         warnings.warn(note, InputWarning, stacklevel=3)
 
-    env = simpy.Environment(initial_time=state.sim_time)
-    fed = Federation(RoundContext(env, world.engine, world.cost, state.ledger, topo, cfg.seed,
+    env = Federation.environment(state.sim_time)
+    fed = Federation(RoundContext(env, world.engine.model_bytes, world.cost, state.ledger, topo, cfg.seed,
                                   tc.group_rounds, tc.local_epochs, cfg.faults))
 
     def charge_probe(t: int, grouping: GroupingResult) -> None:
@@ -411,10 +422,16 @@ def _run_rounds(world: World, plan: ArmPlan, arm_dir: Path, state: ArmState,
         log_pi = inclusion_log_probabilities(log_p, S)
         weights = plan.aggregation.weights(np.array([grouping.groups[g].total_samples for g in chosen]),
                                            log_pi[chosen], n_total)
-        proc = env.process(fed.global_round(t, state.weights, [(int(g), grouping.groups[g]) for g in chosen]))
-        env.run(until=proc)
-        models = proc.value
+        sampled = {int(g): grouping.groups[g] for g in chosen}
+        spec = LocalSpec(cfg.seed, tc.group_rounds, tc.local_epochs, tc.lr * tc.lr_decay ** t, tc.algorithm,
+                         cfg.faults)
+        control = {g: state.control for g in sampled} if scaffold else None
+        models = run_group_rounds(world.engine, {g: state.weights for g in sampled}, sampled, t, spec,
+                                  state.clients, control)                   # compute, then time:
+        fed.run_round(t, list(sampled.items()))
         x = sum(float(w) * models[int(g)] for w, g in zip(weights, chosen))   # Line 15 / Eq. 4 / Eq. 39
+        if scaffold:
+            state.control = aggregate_control(state.control, control, chosen, weights)
         growth = float(torch.linalg.vector_norm(x) / torch.linalg.vector_norm(state.weights))
         if not (np.isfinite(growth) and growth < DIVERGENCE_GROWTH):
             raise DivergenceError(

@@ -1,12 +1,32 @@
 """Real torch training behind a small engine interface.
 
-The SimPy processes model *time*; an engine does the *compute*: it takes a start model (a flat
-parameter vector) and a set of clients and returns each client's model after E local epochs of
-SGD (Alg. 1, Lines 10-13). One call trains a whole group, so a batched or GPU engine can replace
-:class:`TorchEngine` without touching the processes.
+The SimPy processes model *time*; an engine does the *compute*: it takes start models (flat
+parameter vectors) and a set of clients and returns each client's model after E local epochs of
+minibatch SGD (Alg. 1, Lines 10-13), with the local objective of the configured algorithm:
+
+* FedAvg: the client's mean cross-entropy;
+* FedProx (Li et al. 2020): plus (μ/2)·‖w − w_start‖², gradient μ·(w − w_start);
+* SCAFFOLD (Karimireddy et al. 2020, Alg. 1 line 10): the gradient corrected by c − c_i, passed in
+  per client as ``correction`` (the variates themselves live in :mod:`emulator.compute`).
+
+Every step is torch's SGD: g = ∇f + wd·w (+ the terms above); with momentum m, buf = m·buf + g;
+w ← w − lr·buf. ``momentum`` buffers may be passed in (persistent client state) and are updated in
+place; otherwise each client starts from zero buffers, which is what a fresh torch optimiser does.
+
+Engines: :class:`TorchEngine` (``sequential``) trains one client after another, the readable
+reference. :class:`BatchedEngine` (``batched``) trains a whole group round per call, either with
+the clients stacked into one network (``torch.func.vmap``; linear layers become one batched
+matmul, the fast way on a GPU and for MLPs) or client by client with oneDNN's channels-last
+convolutions split over worker processes (the fast way for CNNs on a CPU).
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import logging
+import multiprocessing
+import os
+import weakref
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -14,21 +34,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils import parameters_to_vector
 
 from topologies import Dataset
 
+from .models import build_model
 
-def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    c, h, w = input_shape
-    if name == "mlp":
-        return nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, 64), nn.ReLU(), nn.Linear(64, num_classes))
-    if name == "cnn":
-        return nn.Sequential(
-            nn.Conv2d(c, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Flatten(), nn.Linear(32 * (h // 4) * (w // 4), 64), nn.ReLU(), nn.Linear(64, num_classes))
-    raise ValueError(f"unknown model {name!r}")
+log = logging.getLogger(__name__)
+
+__all__ = ["TrainingEngine", "TorchEngine", "BatchedEngine", "ENGINES", "build_model", "load_flat", "flatten"]
 
 
 @torch.no_grad()
@@ -37,18 +50,30 @@ def load_flat(params: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
     in-place steps would then overwrite the caller's start model)."""
     offset = 0
     for p in params:
-        p.copy_(flat[offset:offset + p.numel()].view_as(p))
+        p.copy_(flat[offset:offset + p.numel()].view(p.shape))
         offset += p.numel()
+
+
+def flatten(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Parameters as one flat vector (``reshape``: channels-last parameters are not contiguous)."""
+    return torch.cat([p.detach().reshape(-1) for p in params])
 
 
 class TrainingEngine(Protocol):
     n_params: int
+    model_bytes: int
 
     def initial_weights(self, seed: int) -> torch.Tensor: ...
 
-    def train(self, start: torch.Tensor, clients: Sequence[int], epochs: int,
-              seeds: Sequence[int]) -> torch.Tensor:
-        """Each client's flat weights after ``epochs`` local epochs from ``start``: (len(clients), P)."""
+    def train(self, start: torch.Tensor, clients: Sequence[int], epochs: int, seeds: Sequence[int], *,
+              lr: float | None = None, correction: torch.Tensor | None = None,
+              momentum: torch.Tensor | None = None, rows: Sequence[int] | None = None) -> torch.Tensor:
+        """Each client's flat weights after ``epochs`` local epochs: (len(clients), P).
+
+        ``start`` is one (P,) model for every client, or one row per client, or with ``rows`` a
+        (R, P) table where client i starts from ``start[rows[i]]``. ``lr`` overrides the engine's
+        (learning-rate decay); ``correction`` (C, P) is added to every gradient (SCAFFOLD);
+        ``momentum`` (C, P) are the clients' buffers, updated in place."""
 
     def evaluate(self, weights: torch.Tensor) -> tuple[float, float]:
         """(accuracy, mean cross-entropy loss) on the held-out test set."""
@@ -58,47 +83,93 @@ class TorchEngine:
     """Plain per-client minibatch SGD on the CPU (or ``device``), one client after another."""
 
     def __init__(self, dataset: Dataset, client_samples: Sequence[np.ndarray], model: str,
-                 lr: float, batch_size: int, device: str = "cpu"):
+                 lr: float, batch_size: int, device: str = "cpu", *, momentum: float = 0.0,
+                 weight_decay: float = 0.0, mu: float = 0.0):
         self.device = torch.device(device)
         self.model = build_model(model, dataset.input_shape, dataset.num_classes).to(self.device)
+        self.model_name = model
         self.n_params = sum(p.numel() for p in self.model.parameters())
         self.lr, self.batch_size = lr, batch_size
+        self.momentum, self.weight_decay, self.mu = momentum, weight_decay, mu
+        # the dataset lives once: clients hold index arrays into it
         self.x = torch.from_numpy(dataset.x_train).to(self.device)
         self.y = torch.from_numpy(dataset.y_train).to(self.device)
         self.x_test = torch.from_numpy(dataset.x_test).to(self.device)
         self.y_test = torch.from_numpy(dataset.y_test).to(self.device)
         self.client_samples = [torch.as_tensor(s, dtype=torch.long, device=self.device) for s in client_samples]
-        self.loss = nn.CrossEntropyLoss()
+        self.channels_last = False
 
     @property
     def model_bytes(self) -> int:
         return 4 * self.n_params  # float32 parameters on the wire
+
+    def steps(self, client: int, epochs: int) -> int:
+        """Local SGD steps of one client: E·⌈n_i / B⌉ (SCAFFOLD's K in its variate update)."""
+        return epochs * -(-len(self.client_samples[client]) // self.batch_size)
 
     def initial_weights(self, seed: int) -> torch.Tensor:
         torch.manual_seed(seed)
         for layer in self.model.modules():
             if hasattr(layer, "reset_parameters"):
                 layer.reset_parameters()
-        return parameters_to_vector(self.model.parameters()).detach().clone()
+        return flatten(self.model.parameters()).clone()
 
-    def train(self, start, clients, epochs, seeds):
+    def _inputs(self, start: torch.Tensor, n_clients: int, rows) -> tuple[torch.Tensor, list[int]]:
+        table = start.reshape(1, -1) if start.dim() == 1 else start
+        if rows is None:
+            if start.dim() == 2 and len(start) != n_clients:
+                raise ValueError(f"start has {len(start)} rows for {n_clients} clients; pass rows")
+            rows = [0] * n_clients if start.dim() == 1 else range(n_clients)
+        return table.to(self.device), [int(r) for r in rows]
+
+    def train(self, start, clients, epochs, seeds, *, lr=None, correction=None, momentum=None, rows=None):
+        table, rows = self._inputs(start, len(clients), rows)
+        lr = self.lr if lr is None else lr
         out = torch.empty(len(clients), self.n_params, device=self.device)
-        params = list(self.model.parameters())
-        opt = torch.optim.SGD(params, lr=self.lr)
-        self.model.train()
-        for row, (client, seed) in enumerate(zip(clients, seeds)):
-            load_flat(params, start)
-            idx = self.client_samples[client]
-            gen = torch.Generator().manual_seed(int(seed))
-            for _ in range(epochs):
-                order = idx[torch.randperm(len(idx), generator=gen).to(self.device)]
-                for b in range(0, len(order), self.batch_size):
-                    batch = order[b:b + self.batch_size]
-                    opt.zero_grad(set_to_none=True)
-                    self.loss(self.model(self.x[batch]), self.y[batch]).backward()
-                    opt.step()
-            out[row] = parameters_to_vector(params).detach()
+        for i, (client, seed) in enumerate(zip(clients, seeds)):
+            out[i] = self._train_client(table[rows[i]], int(client), int(seed), epochs, lr,
+                                        None if correction is None else correction[i],
+                                        None if momentum is None else momentum[i])
         return out
+
+    def _train_client(self, start: torch.Tensor, client: int, seed: int, epochs: int, lr: float,
+                      correction: torch.Tensor | None, buf: torch.Tensor | None) -> torch.Tensor:
+        """One client's local epochs from ``start``; ``buf`` (P,) is updated in place."""
+        params = list(self.model.parameters())
+        spans, offset = [], 0
+        for p in params:
+            spans.append(slice(offset, offset + p.numel()))
+            offset += p.numel()
+        load_flat(params, start)
+        m, wd, mu = self.momentum, self.weight_decay, self.mu
+        if m and buf is None:
+            buf = torch.zeros(self.n_params, device=self.device)
+        self.model.train()
+        idx = self.client_samples[client]
+        gen = torch.Generator().manual_seed(seed)
+        for _ in range(epochs):
+            order = idx[torch.randperm(len(idx), generator=gen).to(self.device)]
+            for b in range(0, len(order), self.batch_size):
+                batch = order[b:b + self.batch_size]
+                x = self.x[batch]
+                if self.channels_last:
+                    x = x.contiguous(memory_format=torch.channels_last)
+                for p in params:
+                    p.grad = None
+                F.cross_entropy(self.model(x), self.y[batch]).backward()
+                with torch.no_grad():
+                    for p, s in zip(params, spans):
+                        g = p.grad
+                        if wd:
+                            g = g.add(p, alpha=wd)
+                        if mu:
+                            g = g.add(p - start[s].view(p.shape), alpha=mu)
+                        if correction is not None:
+                            g = g + correction[s].view(p.shape)
+                        if m:
+                            g = buf[s].view(p.shape).mul_(m).add_(g)
+                        p.sub_(g, alpha=lr)
+        return flatten(params)
 
     @torch.no_grad()
     def evaluate(self, weights):
@@ -106,77 +177,239 @@ class TorchEngine:
         self.model.eval()
         correct, total_loss = 0, 0.0
         for b in range(0, len(self.y_test), 2048):
-            logits = self.model(self.x_test[b:b + 2048])
+            x = self.x_test[b:b + 2048]
+            if self.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            logits = self.model(x)
             y = self.y_test[b:b + 2048]
-            total_loss += float(nn.functional.cross_entropy(logits, y, reduction="sum"))
+            total_loss += float(F.cross_entropy(logits, y, reduction="sum"))
             correct += int((logits.argmax(1) == y).sum())
         n = len(self.y_test)
         return correct / n, total_loss / n
 
 
-class FusedEngine(TorchEngine):
-    """Trains all clients of a call at once, as C copies of the model fused into one network.
+# glibc mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
 
-    Convolutions become one grouped convolution (``groups=C``) and linear layers one batched
-    matmul, so a step costs one kernel per layer instead of C. Each client keeps its own batches
-    (padded and masked where clients hold fewer samples) and its own mean loss, so the result is
-    the sequential engine's up to float rounding. Supports ``nn.Sequential`` models of Conv2d,
-    Linear, ReLU, MaxPool2d and Flatten (every model of :func:`build_model`). Fastest for small
-    models and on a GPU; on a CPU, large convolutions run faster in :class:`TorchEngine`.
+
+def keep_freed_memory() -> bool:
+    """Stop glibc from handing freed memory back to the OS after every step (and from mmap-ing
+    each large activation anew): oneDNN's per-step tensors then reuse warm pages. Measured 1.3x
+    on the CNN round on the 2-core CPU (issue 9). Returns whether glibc took the settings."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    # 32 MiB is glibc's ceiling for the mmap threshold on 64-bit (larger values are refused)
+    return all(mallopt(param, value) == 1 for param, value in
+               ((_M_MMAP_THRESHOLD, 32 << 20), (_M_TRIM_THRESHOLD, 1 << 30), (_M_TOP_PAD, 256 << 20)))
+
+
+_WORKER: BatchedEngine | None = None
+
+
+def _worker_init() -> None:
+    torch.set_num_threads(1)   # one process per core: more threads only contend
+
+
+def _worker_run(job):
+    return _WORKER._run_chunk(*job)
+
+
+def _has_conv(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
+
+
+class BatchedEngine(TorchEngine):
+    """Trains every client of a call (a whole group round) at once.
+
+    Two formulations, chosen per device and model (``formulation``):
+
+    * ``stacked``: the clients' parameters stacked into (C, ...) tensors and the model run over all
+      of them with ``torch.func.vmap``. Ragged sample counts are padded to a common step count;
+      each client's step averages its loss over its own samples only, and a client past its last
+      step is masked out of the update (weights and momentum unchanged), so the result is the
+      sequential engine's up to float rounding. Default on a GPU (linear layers become one
+      batched matmul, convolutions grouped ones).
+    * ``per-client``: the sequential loop with channels-last convolutions (oneDNN's fast kernels)
+      and glibc's allocator told to keep freed memory, the clients split over ``workers`` forked
+      processes of one torch thread each (the dataset is shared with them by the fork, never
+      copied), returning numpy arrays. Default on a CPU, where it measured fastest for the MLP
+      and the CNN (benchmarks/engines.py --formulation).
+
+    A model that ``vmap`` cannot run (e.g. BatchNorm updating running statistics) falls back to
+    the per-client loop, with one log line saying so.
     """
 
-    def train(self, start, clients, epochs, seeds):
-        C, B = len(clients), self.batch_size
+    def __init__(self, dataset: Dataset, client_samples: Sequence[np.ndarray], model: str,
+                 lr: float, batch_size: int, device: str = "cpu", *, momentum: float = 0.0,
+                 weight_decay: float = 0.0, mu: float = 0.0, workers: int | None = None,
+                 formulation: str | None = None):
+        super().__init__(dataset, client_samples, model, lr, batch_size, device, momentum=momentum,
+                         weight_decay=weight_decay, mu=mu)
+        if self.device.type == "cpu":
+            keep_freed_memory()
+        conv = _has_conv(self.model)
+        reason = self._stack_failure()
+        if formulation is None:   # measured on a 2-core CPU: per-client beat stacked for the MLP and the CNN
+            formulation = "stacked" if reason is None and self.device.type != "cpu" else "per-client"
+        if formulation == "stacked" and reason is not None:
+            log.warning("batched engine: cannot stack model %r (%s); training its clients one by one",
+                        model, reason)
+            formulation = "per-client"
+        if formulation not in ("stacked", "per-client"):
+            raise ValueError(f"formulation must be 'stacked' or 'per-client', got {formulation!r}")
+        self.formulation = formulation
+        if formulation == "per-client" and conv and self.device.type == "cpu":
+            self.channels_last = True
+            self.model = self.model.to(memory_format=torch.channels_last)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        self.workers = 1 if self.device.type != "cpu" or formulation == "stacked" else (workers or cores)
+        self._pool = None
+
+    # ---- stacked formulation -------------------------------------------------------------------
+    def _loss_fn(self):
+        from torch.func import functional_call
+        names = [n for n, _ in self.model.named_parameters()]
+        model = self.model
+
+        def loss(params, x, y, m):
+            logits = functional_call(model, dict(zip(names, params)), (x,))
+            ce = F.cross_entropy(logits, y, reduction="none")
+            return (ce * m).sum() / m.sum().clamp(min=1.0)   # the client's mean over its real samples
+        return loss
+
+    def _stack_failure(self) -> str | None:
+        """Why ``vmap`` cannot run this model (None: it can), from a tiny real step."""
+        from torch.func import grad, vmap
+        params = tuple(p.detach().unsqueeze(0).repeat(2, *[1] * p.dim()) for p in self.model.parameters())
+        x = self.x[:2].unsqueeze(0).repeat(2, *[1] * self.x.dim())
+        y = self.y[:2].unsqueeze(0).repeat(2, 1)
+        try:
+            self.model.train()
+            vmap(grad(self._loss_fn()))(params, x, y, torch.ones(2, 2, device=self.device))
+        except Exception as exc:   # noqa: BLE001 - any failure means: do not stack this model
+            return f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+        return None
+
+    def _train_stacked(self, table, rows, clients, epochs, seeds, lr, correction, momentum):
+        from torch.func import grad, vmap
+        C, B, dev = len(clients), self.batch_size, self.device
+        m_, wd, mu = self.momentum, self.weight_decay, self.mu
+        shapes = [p.shape for p in self.model.parameters()]
+        starts = table[torch.as_tensor(rows, device=dev)]                  # (C, P)
         params, offset = [], 0
-        for p in self.model.parameters():
-            chunk = start[offset:offset + p.numel()].view(1, *p.shape)
-            params.append(chunk.repeat(C, *[1] * p.dim()).requires_grad_())
-            offset += p.numel()
+        for s in shapes:
+            n = s.numel()
+            params.append(starts[:, offset:offset + n].reshape(C, *s).clone())
+            offset += n
+        anchor = [p.clone() for p in params] if mu else None
+        split = lambda flat: [v.reshape(C, *s) for v, s in  # noqa: E731
+                              zip(flat.split([s.numel() for s in shapes], dim=1), shapes)]
+        corr = split(correction.to(dev)) if correction is not None else None
+        bufs = split(momentum) if momentum is not None and m_ else \
+            ([torch.zeros_like(p) for p in params] if m_ else None)
+        step_grad = vmap(grad(self._loss_fn()))
         idx = [self.client_samples[c] for c in clients]
         steps = max((len(i) + B - 1) // B for i in idx)
         gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
+        self.model.train()
         for _ in range(epochs):
-            order = torch.zeros(C, steps * B, dtype=torch.long, device=self.device)
-            mask = torch.zeros(C, steps * B, device=self.device)
+            order = torch.zeros(C, steps * B, dtype=torch.long, device=dev)
+            mask = torch.zeros(C, steps * B, device=dev)
             for r, (i, g) in enumerate(zip(idx, gens)):
-                order[r, :len(i)] = i[torch.randperm(len(i), generator=g).to(self.device)]
+                order[r, :len(i)] = i[torch.randperm(len(i), generator=g).to(dev)]
                 mask[r, :len(i)] = 1.0
             for b in range(steps):
                 cols = slice(b * B, (b + 1) * B)
                 m = mask[:, cols]
-                live = m.sum(0) > 0                 # drop columns that pad every client
+                live = m.sum(0) > 0                          # drop columns that pad every client
                 batch, m = order[:, cols][:, live], m[:, live]
-                logits = self._forward(params, self.x[batch])
-                ce = F.cross_entropy(logits.flatten(0, 1), self.y[batch].flatten(), reduction="none").view_as(m)
-                loss = ((ce * m).sum(1) / m.sum(1).clamp(min=1.0)).sum()   # Σ_c of each client's mean loss
-                grads = torch.autograd.grad(loss, params)
+                active = m.sum(1) > 0                        # clients with a real step here
+                grads = step_grad(tuple(params), self.x[batch], self.y[batch], m)
                 with torch.no_grad():
-                    for p, g in zip(params, grads):
-                        p.sub_(g, alpha=self.lr)
-        return torch.cat([p.detach().flatten(1) for p in params], dim=1)
+                    for j, (p, g) in enumerate(zip(params, grads)):
+                        if wd:
+                            g = g.add(p, alpha=wd)
+                        if mu:
+                            g = g.add(p - anchor[j], alpha=mu)
+                        if corr is not None:
+                            g = g + corr[j]
+                        act = active.view(C, *[1] * (p.dim() - 1))
+                        if m_:
+                            g = torch.where(act, bufs[j] * m_ + g, bufs[j])
+                            bufs[j].copy_(g)
+                        p.sub_(torch.where(act, g, torch.zeros_like(g)), alpha=lr)
+        if momentum is not None and m_:
+            momentum.copy_(torch.cat([b.reshape(C, -1) for b in bufs], dim=1))
+        return torch.cat([p.reshape(C, -1) for p in params], dim=1)
 
-    def _forward(self, params, x):
-        C, n = x.shape[:2]
-        h, fused, it = x, False, iter(params)    # fused: (n, C·channels, H, W); else (C, n, ...)
-        for layer in self.model:
-            if isinstance(layer, nn.Conv2d):
-                if not fused:
-                    h, fused = h.transpose(0, 1).reshape(n, C * h.shape[2], *h.shape[3:]), True
-                w, bias = next(it), next(it)
-                h = F.conv2d(h, w.reshape(-1, *w.shape[2:]), bias.reshape(-1), layer.stride, layer.padding,
-                             layer.dilation, groups=C)
-            elif isinstance(layer, nn.ReLU):
-                h = F.relu(h)
-            elif isinstance(layer, nn.MaxPool2d):
-                h = F.max_pool2d(h, layer.kernel_size, layer.stride, layer.padding)
-            elif isinstance(layer, nn.Flatten):
-                h, fused = (h.reshape(n, C, -1).transpose(0, 1) if fused else h.reshape(C, n, -1)), False
-            elif isinstance(layer, nn.Linear):
-                w, bias = next(it), next(it)
-                h = torch.baddbmm(bias.unsqueeze(1), h, w.transpose(1, 2))
-            else:
-                raise TypeError(f"FusedEngine cannot fuse {type(layer).__name__}; use engine = \"sequential\"")
-        return h
+    # ---- per-client formulation ----------------------------------------------------------------
+    def _run_chunk(self, table: np.ndarray, rows, clients, seeds, epochs, lr, correction, momentum):
+        """Runs in a worker: the sequential loop over some clients; numpy in, numpy out."""
+        table = torch.from_numpy(table)
+        out = np.empty((len(clients), self.n_params), dtype=np.float32)
+        for i, (client, seed) in enumerate(zip(clients, seeds)):
+            buf = None if momentum is None else torch.from_numpy(momentum[i])
+            out[i] = self._train_client(table[rows[i]], client, seed, epochs, lr,
+                                        None if correction is None else torch.from_numpy(correction[i]),
+                                        buf).numpy()
+        return out, momentum
+
+    def _chunks(self, clients) -> list[list[int]]:
+        """Positions of the clients split into ``workers`` chunks of about equal work (samples)."""
+        load = np.zeros(self.workers)
+        chunks: list[list[int]] = [[] for _ in range(self.workers)]
+        for i in sorted(range(len(clients)), key=lambda i: -len(self.client_samples[clients[i]])):
+            w = int(load.argmin())
+            chunks[w].append(i)
+            load[w] += len(self.client_samples[clients[i]])
+        return [sorted(c) for c in chunks if c]
+
+    def _pool_map(self, jobs):
+        if self._pool is None:
+            # fork: the workers inherit this engine (through _WORKER) and share the dataset's pages
+            global _WORKER
+            _WORKER = self
+            try:
+                self._pool = multiprocessing.get_context("fork").Pool(self.workers, _worker_init)
+            finally:
+                _WORKER = None
+            weakref.finalize(self, self._pool.terminate)
+        return self._pool.map(_worker_run, jobs)
+
+    def __getstate__(self):
+        raise TypeError("BatchedEngine is shared with its workers by fork, never pickled")
+
+    def train(self, start, clients, epochs, seeds, *, lr=None, correction=None, momentum=None, rows=None):
+        table, rows = self._inputs(start, len(clients), rows)
+        lr = self.lr if lr is None else lr
+        clients, seeds = [int(c) for c in clients], [int(s) for s in seeds]
+        if self.formulation == "stacked":
+            return self._train_stacked(table, rows, clients, epochs, seeds, lr, correction, momentum)
+        if self.workers == 1 or len(clients) == 1:
+            return super().train(table, clients, epochs, seeds, lr=lr, correction=correction,
+                                 momentum=momentum, rows=rows)
+        tab = table.cpu().numpy()
+        corr = None if correction is None else correction.cpu().numpy()
+        mom = None if momentum is None else momentum.cpu().numpy()
+        jobs, chunks = [], self._chunks(clients)
+        for chunk in chunks:
+            used = sorted({rows[i] for i in chunk})            # send each start model once
+            local = {r: j for j, r in enumerate(used)}
+            jobs.append((tab[used], [local[rows[i]] for i in chunk], [clients[i] for i in chunk],
+                         [seeds[i] for i in chunk], epochs, lr,
+                         None if corr is None else corr[chunk], None if mom is None else mom[chunk]))
+        out = torch.empty(len(clients), self.n_params)
+        for chunk, (weights, bufs) in zip(chunks, self._pool_map(jobs)):
+            out[chunk] = torch.from_numpy(weights)
+            if momentum is not None:
+                momentum[chunk] = torch.from_numpy(bufs).to(momentum.device)
+        return out.to(self.device)
 
 
-ENGINES = {"sequential": TorchEngine, "fused": FusedEngine}
+ENGINES = {"sequential": TorchEngine, "batched": BatchedEngine}

@@ -103,7 +103,22 @@ def build_cost_model(config: RunConfig) -> CostModel:
     c = config.cost
     extra = read_profiles(c.profiles_file) if c.profiles_file else None
     profiles = {dev: get_profile(f"{dev}/{c.task}", extra) for dev in config.topology.devices}
-    return CostModel(profiles, c.training, tuple(c.group_operations), config.faults.recovery_multiple)
+    algorithm = config.train.algorithm
+    training = c.training
+    if training is None:   # the algorithm's own curve where every profile measured one
+        training = algorithm if all(algorithm in p.training for p in profiles.values()) else "sgd"
+    operations = c.group_operations
+    if operations is None:  # SCAFFOLD's secure aggregation carries model + variates
+        operations = ["scaffold-secagg" if algorithm == "scaffold" else "secagg"]
+    return CostModel(profiles, training, tuple(operations), config.faults.recovery_multiple)
+
+
+def build_engine(config: RunConfig, dataset: Dataset, topology: Topology) -> TorchEngine:
+    t = config.train
+    kwargs = dict(momentum=t.momentum, weight_decay=t.weight_decay, mu=t.mu)
+    if t.engine != "sequential":
+        kwargs["workers"] = t.workers
+    return ENGINES[t.engine](dataset, topology.client_samples, t.model, t.lr, t.batch_size, t.device, **kwargs)
 
 
 def build_world(config: RunConfig) -> World:
@@ -116,5 +131,4 @@ def build_world(config: RunConfig) -> World:
     except (RuntimeError, AssertionError) as exc:
         raise InputError(f"train.device: {t.device!r} is not usable here ({str(exc).splitlines()[0]}); "
                          f"use \"cpu\"") from None
-    engine = ENGINES[t.engine](dataset, topology.client_samples, t.model, t.lr, t.batch_size, t.device)
-    return World(config, dataset, topology, cost, engine, placement.local_test)
+    return World(config, dataset, topology, cost, build_engine(config, dataset, topology), placement.local_test)

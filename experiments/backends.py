@@ -33,7 +33,9 @@ def run_task(config_json: str, run_dir: str, arm: int) -> str:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)     # one worker per core; the same arithmetic on every backend
     try:
-        config = parse_config(json.loads(config_json))
+        raw = json.loads(config_json)
+        # the backend already runs one task per core: the batched engine forks no workers of its own
+        config = parse_config({**raw, "train": {**raw["train"], "workers": 1}})
         world = build_world(config)
         plan = plan_arm(world, arm)
         arm_dir = Path(run_dir) / plan.arm.name

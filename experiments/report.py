@@ -106,9 +106,9 @@ def _profiles_figure(config: RunConfig) -> str:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6), dpi=100)
     sizes, samples = np.arange(2, 41), np.arange(1, 401)
     for device, prof in cost.profiles.items():
-        for op in config.cost.group_operations:
+        for op in cost.operations:
             ax1.plot(sizes, prof.group_overhead[op](sizes), label=f"{device} {op}")
-        ax2.plot(samples, prof.training[config.cost.training](samples), label=f"{device} {config.cost.training}")
+        ax2.plot(samples, prof.training[cost.training_method](samples), label=f"{device} {cost.training_method}")
     ax1.set(xlabel="group size |g|", ylabel="O_g(|g|): per-client overhead (s)", title="group operations")
     ax2.set(xlabel="samples n", ylabel="H(n): one epoch (s)", title="training")
     for ax in (ax1, ax2):
@@ -256,6 +256,9 @@ def build_report(root: Path, out: Path | None = None) -> Path:
              for x in ("cost", "sim_time_s")}
     makespan, versions = _makespan(study)
     seeds = study.config.seed_list
+    from emulator.world import build_cost_model
+
+    cost = build_cost_model(study.config)   # training and group operations as resolved from the algorithm
     title = f"groupfel {study.kind}: {study.root.name}"
     config_json = json.dumps(json.loads((study.root / ("sweep.json" if study.kind == "sweep" else "config.json"))
                                         .read_text()), indent=2)
@@ -266,8 +269,8 @@ generated {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}</p>
 <details><summary>configuration ({'sweep and its points' if study.kind == 'sweep' else 'resolved config'})</summary>
 <pre>{html.escape(config_json)}</pre></details>
 <p>Cost profiles: {', '.join(f'{d}/{study.config.cost.task}' for d in study.config.topology.devices)};
-training <code>{study.config.cost.training}</code>; group operations
-<code>{', '.join(study.config.cost.group_operations)}</code> (Eq. 5: K Σ<sub>i∈g</sub> (O<sub>g</sub>(|g|) + E·H(n<sub>i</sub>))).</p>
+training <code>{cost.training_method}</code>; group operations
+<code>{', '.join(cost.operations)}</code> (Eq. 5: K Σ<sub>i∈g</sub> (O<sub>g</sub>(|g|) + E·H(n<sub>i</sub>))).</p>
 {_profiles_figure(study.config)}
 <h2>Accuracy against cost and simulated time</h2>
 <p>Each seed's curve interpolated onto a common grid; line: mean, band: 95 % CI over seeds.</p>

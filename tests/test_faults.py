@@ -5,6 +5,7 @@ import simpy
 import torch
 
 from cost_models import CostModel, DeviceProfile, linear, quadratic
+from emulator.compute import LocalSpec, run_group_rounds
 from emulator.config import FaultsConfig, StragglerConfig
 from emulator.federation import Federation, Group, RoundContext, draw_faults
 from emulator.ledger import CostLedger
@@ -21,9 +22,9 @@ class FakeEngine:
     def __init__(self):
         self.trained = []
 
-    def train(self, start, clients, epochs, seeds):
+    def train(self, start, clients, epochs, seeds, *, lr=None, correction=None, momentum=None, rows=None):
         self.trained.append(list(clients))
-        return start + torch.tensor(clients, dtype=start.dtype)[:, None]
+        return start[rows] + torch.tensor(clients, dtype=start.dtype)[:, None]
 
 
 def _world(faults=None, ops=("secagg",)):
@@ -33,15 +34,18 @@ def _world(faults=None, ops=("secagg",)):
     prof = DeviceProfile("dev", "t", {"sgd": linear(0.1, 0.0)}, {"secagg": quadratic(1, 0, 0)})
     env, ledger, engine = simpy.Environment(), CostLedger(), FakeEngine()
     cost = CostModel({"dev": prof}, "sgd", ops, faults.recovery_multiple if faults else 1.0)
-    ctx = RoundContext(env, engine, cost, ledger, topo, 0, 2, 1, faults)
+    ctx = RoundContext(env, MODEL_BYTES, cost, ledger, topo, 0, 2, 1, faults)
     groups = [(0, Group(0, np.array([0, 1]), np.array([10, 20]), 0.0)), (1, Group(1, np.array([2]), np.array([30]), 0.0))]
     return env, ledger, engine, Federation(ctx), groups
 
 
-def _run(env, fed, groups, t=0):
-    proc = env.process(fed.global_round(t, torch.zeros(1), groups))
-    env.run(until=proc)
-    return proc.value
+def _run(env, fed, groups, engine=None, t=0):
+    """The round's models (computed apart from time), then its time and charges."""
+    ctx = fed.ctx
+    spec = LocalSpec(ctx.seed, ctx.group_rounds, ctx.local_epochs, 0.1, faults=ctx.faults)
+    models = run_group_rounds(engine or FakeEngine(), {gid: torch.zeros(1) for gid, _ in groups}, dict(groups), t, spec)
+    env.run(until=env.process(fed.global_round(t, groups)))
+    return models
 
 
 def test_makespan_and_cost_match_hand_computation():
@@ -72,7 +76,7 @@ def test_draws_are_deterministic_per_event():
 def test_dropouts_charge_what_was_spent_and_ledger_balances():
     faults = FaultsConfig(dropout=0.4, recovery_multiple=2.0)
     env, ledger, engine, fed, groups = _world(faults)
-    models = _run(env, fed, groups)
+    models = _run(env, fed, groups, engine)
     df = ledger.frame()
     assert ledger.total == pytest.approx(df["amount"].sum())
     assert sum(ledger.by_component.values()) == pytest.approx(ledger.total)
@@ -98,7 +102,7 @@ def test_dropouts_charge_what_was_spent_and_ledger_balances():
 
 def test_all_dropped_group_keeps_its_model_and_pays_training_only():
     env, ledger, engine, fed, groups = _world(FaultsConfig(dropout=1.0))
-    models = _run(env, fed, groups)
+    models = _run(env, fed, groups, engine)
     assert all(float(m) == 0.0 for m in models.values()) and engine.trained == []
     assert ledger.by_component["secagg"] == 0.0 and "secagg-recovery" not in ledger.by_component
     assert ledger.total == pytest.approx(ledger.by_component["training"]) == pytest.approx(2 * 0.1 * 60)

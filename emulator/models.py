@@ -1,0 +1,108 @@
+"""Models by name (``train.model``): the networks the papers train, for (C, H, W) inputs.
+
+Normalisation: the ResNets use GroupNorm, not BatchNorm. BatchNorm's running statistics are not
+parameters, so federated averaging either leaves them out (each client then evaluates with stats
+of data it never saw) or averages statistics of different distributions; under the label skew the
+papers study this costs accuracy (Hsieh et al., ICML 2020, "The Non-IID Data Quagmire", recover it
+with GroupNorm). GroupNorm normalises each sample on its own, so it works with the tiny local
+batches of the papers (B = 10), keeps the whole model state in the flat parameter vector that is
+sent and aggregated, and can be stacked over clients by the batched engine.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import nn
+
+ModelBuilder = Callable[[tuple[int, ...], int], nn.Module]
+
+
+def _mlp(shape, classes):
+    c, h, w = shape
+    return nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, 64), nn.ReLU(), nn.Linear(64, classes))
+
+
+def _mlp3(shape, classes):
+    """FedCollab's 3-layer MLP (hidden sizes 200-200, McMahan et al.'s 2NN)."""
+    c, h, w = shape
+    return nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, 200), nn.ReLU(), nn.Linear(200, 200), nn.ReLU(),
+                         nn.Linear(200, classes))
+
+
+def _linear(shape, classes):
+    """Softmax regression: a convex problem with a unique optimum (toy checks of the algorithms)."""
+    c, h, w = shape
+    return nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, classes))
+
+
+def _cnn(shape, classes):
+    c, h, w = shape
+    return nn.Sequential(
+        nn.Conv2d(c, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * (h // 4) * (w // 4), 64), nn.ReLU(), nn.Linear(64, classes))
+
+
+def _audio_cnn(shape, classes):
+    """5 layers for log-mel spectrograms (FSDD, Speech Commands): 4 conv blocks + a linear head."""
+    c = shape[0]
+    layers: list[nn.Module] = []
+    for cin, cout in ((c, 16), (16, 32), (32, 64), (64, 64)):
+        layers += [nn.Conv2d(cin, cout, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2, ceil_mode=True)]
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, classes))
+
+
+def _norm(channels: int) -> nn.GroupNorm:
+    return nn.GroupNorm(2, channels)   # 2 groups, as Hsieh et al. 2020 (see the module docstring)
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.n1 = _norm(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.n2 = _norm(cout)
+        self.short = nn.Sequential() if stride == 1 and cin == cout else \
+            nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), _norm(cout))
+
+    def forward(self, x):
+        out = nn.functional.relu(self.n1(self.conv1(x)))
+        return nn.functional.relu(self.n2(self.conv2(out)) + self.short(x))
+
+
+class ResNet(nn.Module):
+    """CIFAR-style ResNet (He et al. 2016, Sec. 4.2): a 3×3 stem, three stages of ``blocks`` basic
+    blocks with ``widths`` channels (stride 2 between stages), global average pooling, one linear."""
+
+    def __init__(self, in_channels: int, classes: int, blocks: int, widths: tuple[int, int, int]):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, widths[0], 3, 1, 1, bias=False), _norm(widths[0]), nn.ReLU())
+        stages, cin = [], widths[0]
+        for i, w in enumerate(widths):
+            for b in range(blocks):
+                stages.append(BasicBlock(cin, w, 2 if i > 0 and b == 0 else 1))
+                cin = w
+        self.stages = nn.Sequential(*stages)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes))
+
+    def forward(self, x):
+        return self.head(self.stages(self.stem(x)))
+
+
+MODELS: dict[str, ModelBuilder] = {
+    "mlp": _mlp,
+    "mlp3": _mlp3,
+    "linear": _linear,
+    "cnn": _cnn,
+    "audio-cnn": _audio_cnn,
+    # the Group-FEL authors' light and heavy tasks: 1 block per stage at 8/16/32 channels, 3 at 16/32/64
+    "resnet-1": lambda shape, classes: ResNet(shape[0], classes, 1, (8, 16, 32)),
+    "resnet-3": lambda shape, classes: ResNet(shape[0], classes, 3, (16, 32, 64)),
+}
+
+
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
+    return MODELS[name](tuple(input_shape), num_classes)

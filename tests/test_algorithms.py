@@ -1,0 +1,91 @@
+"""Algorithms and client state in whole runs: resume, cost defaults, engines agree."""
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from emulator.config import parse_config
+from emulator.errors import InputError
+from emulator.runner import CHECKPOINT, plan_arm, run_arm
+from emulator.world import build_cost_model, build_world
+
+
+class Killed(Exception):
+    pass
+
+
+def _scaffold_dict(tiny_dict):
+    tiny_dict["arms"] = tiny_dict["arms"][:1]
+    tiny_dict["train"].update(engine="batched", workers=2, algorithm="scaffold", momentum=0.9, weight_decay=1e-3,
+                              client_state="persistent", lr_decay=0.95, eval_every=2, rounds=6)
+    tiny_dict["faults"] = {"dropout": 0.2}
+    del tiny_dict["cost"]["training"], tiny_dict["cost"]["group_operations"]
+    return tiny_dict
+
+
+def test_persistent_client_state_and_variates_survive_resume_bitwise(tiny_dict, tmp_path):
+    config = parse_config(_scaffold_dict(tiny_dict))
+    world = build_world(config)
+    plan = plan_arm(world, 0)
+    full = run_arm(world, plan, tmp_path / "full")
+    seen = {}
+
+    def kill_after_round_4(t, cost, acc):
+        if t == 4:
+            blob = torch.load(tmp_path / "killed" / CHECKPOINT, weights_only=False)
+            seen.update(blob)
+            raise Killed
+    with pytest.raises(Killed):
+        run_arm(world, plan, tmp_path / "killed", kill_after_round_4)
+    # the checkpoint holds every client's variate and momentum buffer, as plain tensors
+    assert all(type(v) is torch.Tensor for v in (*seen["clients"].values(), seen["control"]))
+    n, p = world.topology.n_clients, world.engine.n_params
+    assert seen["clients"]["variates"].shape == seen["clients"]["momentum"].shape == (n, p)
+    assert seen["clients"]["momentum"].abs().sum() > 0 and seen["control"].abs().sum() > 0
+    resumed = run_arm(build_world(config), plan_arm(build_world(config), 0), tmp_path / "killed")
+    pd.testing.assert_frame_equal(full, resumed, check_exact=True)
+
+
+def test_persistent_momentum_changes_the_run(tiny_dict, tmp_path):
+    tiny_dict["arms"] = tiny_dict["arms"][:1]
+    tiny_dict["train"].update(momentum=0.9, rounds=3)
+    fresh = run_arm(w := build_world(parse_config(tiny_dict)), plan_arm(w, 0), tmp_path / "fresh")
+    tiny_dict["train"]["client_state"] = "persistent"
+    kept = run_arm(w := build_world(parse_config(tiny_dict)), plan_arm(w, 0), tmp_path / "kept")
+    assert fresh["loss"].iloc[0] == kept["loss"].iloc[0] and fresh["loss"].iloc[-1] != kept["loss"].iloc[-1]
+
+
+def test_batched_and_sequential_runs_agree(tiny_dict, tmp_path):
+    tiny_dict["arms"] = tiny_dict["arms"][:1]
+    tiny_dict["train"].update(rounds=3, algorithm="fedprox", mu=0.01, momentum=0.5)
+    seq = run_arm(w := build_world(parse_config(tiny_dict)), plan_arm(w, 0), tmp_path / "seq")
+    tiny_dict["train"]["engine"] = "batched"
+    bat = run_arm(w := build_world(parse_config(tiny_dict)), plan_arm(w, 0), tmp_path / "bat")
+    np.testing.assert_allclose(seq["loss"], bat["loss"], rtol=1e-5)
+    pd.testing.assert_series_equal(seq["cost"], bat["cost"])
+
+
+@pytest.mark.parametrize("algorithm,training,ops", [
+    ("fedavg", "sgd", ("secagg",)), ("fedprox", "fedprox", ("secagg",)),
+    ("scaffold", "scaffold", ("scaffold-secagg",))])
+def test_cost_defaults_follow_the_algorithm(tiny_dict, algorithm, training, ops):
+    del tiny_dict["cost"]["training"], tiny_dict["cost"]["group_operations"]
+    tiny_dict["train"]["algorithm"] = algorithm
+    cost = build_cost_model(parse_config(tiny_dict))
+    assert cost.training_method == training and cost.operations == ops
+    tiny_dict["cost"]["training"] = "sgd"          # still settable
+    assert build_cost_model(parse_config(tiny_dict)).training_method == "sgd"
+
+
+def test_mu_without_fedprox_is_refused(tiny_dict):
+    tiny_dict["train"]["mu"] = 0.1
+    with pytest.raises(InputError, match="train: mu is FedProx's"):
+        parse_config(tiny_dict)
+
+
+@pytest.mark.parametrize("train", [{"algorithm": "scaffold"}, {"momentum": 0.9, "client_state": "persistent"}])
+def test_per_group_mode_refuses_client_state_it_does_not_keep(tiny_dict, train):
+    tiny_dict["mode"] = "per-group"
+    tiny_dict["train"].update(train)
+    with pytest.raises(InputError, match="per-group mode runs fedavg and fedprox"):
+        parse_config(tiny_dict)
