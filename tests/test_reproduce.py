@@ -52,6 +52,8 @@ def test_sweep_expands_to_valid_configs_in_both_modes(name):
         assert (c.data.sizes, c.data.dirichlet_counts, c.train.lr, c.train.batch_size, c.train.eval_every,
                 c.train.budget, c.topology.edges * c.topology.clients_per_edge) == \
             ("uniform", "floor", 0.001, 5, 5, 1e6, 300)
+        assert (c.train.model, c.train.momentum, c.train.weight_decay, c.train.client_state) == \
+            ("resnet-1", 0.9, 1e-4, "persistent")
         assert quick[0].data.dataset == "digits"
 
 
@@ -71,6 +73,12 @@ def test_paper_numbers_parse_cite_their_source_and_match_a_point(name):
                 float(row[m.name])
         for key, path in rep.keys.items():
             assert float(row[key]) in [float(v) for v in sweep["axes"][path]]
+
+
+def test_figs10_12_runs_fedprox_and_scaffold_as_points():
+    configs = reproduce.point_configs(reproduce.load("figs10-12"), False)
+    assert [(c.train.algorithm, c.train.mu) for c in configs] == [("fedavg", 0.0), ("fedprox", 0.01), ("scaffold", 0.0)]
+    assert [a.grouping["policy"] for a in configs[0].arms] == ["covg", "rg", "cdg", "kldg", "fedclar"]
 
 
 def test_table1_numbers_are_the_papers():
@@ -112,8 +120,8 @@ def test_tiny_quick_reproduction_runs_end_to_end(tmp_path, monkeypatch, capsys):
 
 def test_data_path_uses_the_papers_dataset_with_the_authors_settings(tmp_path, capsys):
     sweep, base, _ = reproduce.resolve(reproduce.load("table1"), False, str(tmp_path))
-    assert (base["data"]["dataset"], base["data"]["path"], base["train"]["lr"], base["train"]["batch_size"]) == \
-        ("cifar10", str(tmp_path.resolve()), 0.01, 10)
+    assert (base["data"]["dataset"], base["data"]["path"], base["train"]["lr"], base["train"]["batch_size"],
+            base["train"]["model"]) == ("cifar10", str(tmp_path.resolve()), 0.01, 10, "resnet-3")
     assert cli.main(["reproduce", "hcct-table4", "--data-path", str(tmp_path), "--output", str(tmp_path / "o")]) == 2
     assert "already uses the paper's dataset" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
