@@ -18,7 +18,6 @@ runs them with :func:`experiments.sweep.run_sweep` (any backend; a rerun resumes
 """
 from __future__ import annotations
 
-import copy
 import csv
 import json
 import tomllib
