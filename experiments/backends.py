@@ -15,13 +15,15 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 from pathlib import Path
 
-from emulator.errors import InputError
+from emulator.errors import DivergenceError, InputError
 
 BACKENDS = ("local", "ray")
 
 
 def run_task(config_json: str, run_dir: str, arm: int) -> str:
-    """Run (or resume) one arm of one single-seed config; returns the arm directory."""
+    """Run (or resume) one arm of one single-seed config; returns the arm directory. A diverged
+    arm is a result (its manifest says so, see :func:`experiments.runner.diverged_runs`), not an
+    error that stops the other tasks."""
     import torch
 
     from emulator.config import parse_config
@@ -39,7 +41,10 @@ def run_task(config_json: str, run_dir: str, arm: int) -> str:
         world = build_world(config)
         plan = plan_arm(world, arm)
         arm_dir = Path(run_dir) / plan.arm.name
-        arm_runner(config)(world, plan, arm_dir)
+        try:
+            arm_runner(config)(world, plan, arm_dir)
+        except DivergenceError:
+            pass   # the arm wrote its tables with stop reason "diverged"; the other tasks go on
         return str(arm_dir)
     finally:
         torch.set_num_threads(threads)

@@ -14,7 +14,7 @@ from . import cost_cli, group_cli, study_cli
 
 
 def _cmd_run(args) -> int:
-    from .runner import config_from_run_dir, default_config, load_config, run_experiment
+    from .runner import config_from_run_dir, default_config, load_config, report_diverged, run_experiment
 
     if args.resume and args.config:
         raise InputError("run: give a CONFIG or --resume RUN_DIR, not both")
@@ -37,7 +37,7 @@ def _cmd_run(args) -> int:
         print("\nacc_at_common_cost: accuracy at the smallest final cost of any arm of the same seed")
         print(f"results: {run_dir}/  (summary.csv, runs.csv, seed-<s>/<arm>/results.csv, ledger.parquet)")
         print(f"plot:    {run_dir / 'accuracy_vs_cost.png'}")
-        return 0
+        return report_diverged(run_dir)
     with_cols = ["arm", "groups", "group_size", "avg_cov", "rounds", "cost", "sim_time_s", "final_acc",
                  "acc_at_common_cost", "stop"]
     if "cost_to_target" in summary:

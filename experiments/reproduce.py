@@ -301,6 +301,7 @@ def run(name: str, *, quick: bool = False, backend: str = "local", jobs: int | N
     from emulator.io import atomic_write, check_writable
 
     from .report import build_report
+    from .runner import report_diverged
     from .sweep import run_sweep
 
     rep = load(name)
@@ -334,7 +335,7 @@ def run(name: str, *, quick: bool = False, backend: str = "local", jobs: int | N
     if claims:
         print(ranking(table))
     print(f"\ntable: {out / (name + '.csv')}\nfigure: {fig}\nreport: {report}\nnotes: {out / 'NOTES.txt'}")
-    return 0
+    return report_diverged(out)
 
 
 def ranking(table) -> str:

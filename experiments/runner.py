@@ -214,6 +214,31 @@ def finish_seed(config: RunConfig, run_dir: Path) -> pd.DataFrame:
     return summary
 
 
+def diverged_runs(root: Path) -> list[str]:
+    """'<arm dir>: <message>' for every arm under ``root`` (a run, multi-seed run or sweep) that
+    stopped because its model diverged or collapsed."""
+    out = []
+    for path in sorted(Path(root).rglob("manifest.json")):
+        manifest = json.loads(path.read_text())
+        if manifest.get("stop_reason") == "diverged":
+            out.append(f"{path.parent.relative_to(root)}: {manifest.get('message', '')}")
+    return out
+
+
+def report_diverged(root: Path) -> int:
+    """The exit code of a finished multi-run command: 1 (after one line per diverged arm on
+    stderr) when any arm under ``root`` diverged, else 0. Diverged arms stay in the tables."""
+    import sys
+
+    runs = diverged_runs(root)
+    for line in runs:
+        print(f"groupfel: training diverged: {line}", file=sys.stderr)
+    if runs:
+        print(f"groupfel: {len(runs)} arm run(s) diverged; their rows up to the divergence are in the tables "
+              f"(manifest stop_reason = \"diverged\")", file=sys.stderr)
+    return 1 if runs else 0
+
+
 def finish(config: RunConfig, run_dir: Path) -> pd.DataFrame:
     """The tables and plots of a multi-seed run whose (seed, arm) tasks are all complete."""
     from .plots import plot_bands

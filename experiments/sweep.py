@@ -255,7 +255,9 @@ def _cmd_sweep(args) -> int:
     print(summary[cols].to_string(index=False))
     print(f"\nmean [95 % CI] over seeds {list(sweep.seeds)}; paired differences from the first arm in summary.csv")
     print(f"results: {root}/  (runs.csv, summary.csv, <point>/..., <metric>_vs_<axis>.png)")
-    return 0
+    from .runner import report_diverged
+
+    return report_diverged(Path(root))
 
 
 def add_sweep_parser(sub) -> None:

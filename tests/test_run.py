@@ -345,3 +345,26 @@ def test_seeds_run_every_arm_on_every_seed(tiny_dict, tmp_path, capsys):
     assert main(["run", "--resume", str(tmp_path / "run"), "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "paired difference from covg-esrcov" in out and "Over 3 seeds" in out
+
+
+def test_a_diverged_arm_of_a_multi_seed_run_does_not_stop_the_others(tiny_dict, tmp_path, capsys):
+    """Seeds and sweeps run (seed, arm) tasks: one that diverges keeps its rows, the others still
+    run, the tables are written, and the command exits 1 naming the diverged run."""
+    import tomli_w
+
+    tiny_dict["topology"]["clients_per_edge"] = 10
+    tiny_dict["train"].update(lr=1.0, rounds=16)
+    tiny_dict.pop("seed")
+    tiny_dict.update(seeds=[3], output_dir=str(tmp_path), name="mixed")
+    tiny_dict["arms"] = [{"name": "u", "grouping": {"policy": "covg", "min_group_size": 2, "max_cov": 0.5},
+                          "sampling": {"policy": "esrcov", "groups_per_round": 2}, "aggregation": "unbiased"},
+                         {"name": "rg", "grouping": {"policy": "rg", "min_group_size": 2},
+                          "sampling": {"policy": "random", "groups_per_round": 2}}]
+    config = tmp_path / "mixed.toml"
+    config.write_text(tomli_w.dumps(tiny_dict))
+    assert main(["run", str(config), "--jobs", "1", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "training diverged: seed-3/u:" in err and "collapsed" in err and "seed-3/rg" not in err
+    runs = pd.read_csv(tmp_path / "mixed" / "runs.csv")
+    assert set(runs["arm"]) == {"u", "rg"} and runs.loc[runs["arm"] == "rg", "round"].max() == 16
+    assert (tmp_path / "mixed" / "summary.csv").exists()
