@@ -146,9 +146,16 @@ class SamplingConfig(_Strict):
 class ArmConfig(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.+-]+$")
     grouping: dict[str, Any] = Field(default_factory=lambda: {"policy": "covg"})
-    sampling: SamplingConfig = SamplingConfig(groups_per_round=4)
+    # None: global mode samples 4 groups a round; per-group mode trains every group every round.
+    # (None rather than a default object, so that "not set" survives a dump and re-parse.)
+    sampling: SamplingConfig | None = None
     aggregation: str = "biased"
     regroup_every: int | None = Field(None, ge=1)  # Sec. 5.2
+
+    @property
+    def sampler(self) -> SamplingConfig:
+        """The sampling in effect (global mode's default when ``sampling`` is not set)."""
+        return self.sampling if self.sampling is not None else SamplingConfig(groups_per_round=4)
 
 
 class StragglerConfig(_Strict):

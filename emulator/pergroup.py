@@ -244,7 +244,7 @@ def _train(world: World, plan: ArmPlan, state: PerGroupState, fed: Federation, e
            train_data: LocalData | None, on_round: Callable[[int, float, float | None], None] | None) -> str:
     """The round loop; returns the stop reason."""
     cfg, tc, arm = world.config, world.config.train, plan.arm
-    sampled_by_policy = "sampling" in arm.model_fields_set
+    sampled_by_policy = arm.sampling is not None
     while state.t < tc.rounds:
         t = state.t
         if isinstance(plan.grouping, FedClar) and t == plan.grouping.cluster_round:
@@ -256,7 +256,7 @@ def _train(world: World, plan: ArmPlan, state: PerGroupState, fed: Federation, e
         if sampled_by_policy:
             log_p = plan.sampling.log_probabilities(np.array([groups[g].cov for g in ids]))
             S = groups_per_round(len(ids), np.array([groups[g].total_samples for g in ids]),
-                                 groups=arm.sampling.groups_per_round, data_fraction=arm.sampling.data_fraction)
+                                 groups=arm.sampler.groups_per_round, data_fraction=arm.sampler.data_fraction)
             ids = [ids[i] for i in sample_without_replacement(log_p, S, np.random.default_rng((cfg.seed, 1, t)))]
         if tc.budget is not None and state.ledger.total + fed.round_cost(t, [groups[g] for g in ids]) > tc.budget:
             return "budget"
@@ -373,7 +373,7 @@ def run_pergroup_arm(world: World, plan: ArmPlan, arm_dir: Path,
         "rounds_run": state.t, "total_cost_eq5": state.ledger.total, "sim_time_s": state.sim_time,
         "aggregation": "none (per-group mode: every group keeps its own model)",
         "grouping_policy": plan.grouping.name,
-        "sampling_policy": plan.sampling.name if "sampling" in plan.arm.model_fields_set else "all groups",
+        "sampling_policy": plan.sampling.name if plan.arm.sampling is not None else "all groups",
         "groups_per_round": None, "grouping": state.initial_grouping,
         "final_grouping": _summary(world, state, {}), "regroupings": 0,
         "model_parameters": world.engine.n_params, "wall_seconds_last_session": time.perf_counter() - wall0,

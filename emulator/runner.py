@@ -73,8 +73,8 @@ def plan_arm(world: World, index: int) -> ArmPlan:
         if grouping.min_group_size > n:
             raise InputError(f"{where}.grouping.min_group_size: {grouping.min_group_size} exceeds the {n} "
                              f"clients of edge {j}; lower it or raise topology.clients_per_edge")
-    s = arm.sampling.model_dump(exclude={"policy", "groups_per_round", "data_fraction"})
-    sampling = samplings.make(arm.sampling.policy, s, f"{where}.sampling")
+    s = arm.sampler.model_dump(exclude={"policy", "groups_per_round", "data_fraction"})
+    sampling = samplings.make(arm.sampler.policy, s, f"{where}.sampling")
     aggregation = aggregations.make(arm.aggregation, None, f"{where}.aggregation")
     plan = ArmPlan(arm, grouping, sampling, aggregation)
     _check_budget(world, plan, f"arm {arm.name!r}")
@@ -88,7 +88,7 @@ def _needs_training(plan: ArmPlan) -> bool:
 
 def _choose(world: World, plan: ArmPlan, groups: list[Group], log_p: np.ndarray, t: int) -> tuple[int, np.ndarray]:
     """S and the groups the cloud samples in round index t (seeded by t, so a resume draws the same)."""
-    s = plan.arm.sampling
+    s = plan.arm.sampler
     S = groups_per_round(len(groups), np.array([g.total_samples for g in groups]),
                          groups=s.groups_per_round, data_fraction=s.data_fraction)
     return S, sample_without_replacement(log_p, S, np.random.default_rng((world.config.seed, 1, t)))
@@ -121,7 +121,7 @@ def _check_budget(world: World, plan: ArmPlan, where: str) -> None:
 def input_warnings(world: World, plan: ArmPlan, n_groups: int) -> list[str]:
     """What the run accepts but adjusts: printed once (as :class:`InputWarning`) and kept in the manifest."""
     out = config_warnings(world.config)
-    S = plan.arm.sampling.groups_per_round
+    S = plan.arm.sampler.groups_per_round
     if S is not None and S > n_groups:
         out.append(f"{plan.arm.name}: sampling.groups_per_round = {S} exceeds the {n_groups} groups formed; "
                    f"every round samples all {n_groups}")

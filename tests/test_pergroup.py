@@ -204,3 +204,17 @@ def test_local_reference_is_cached_per_seed_and_config(tiny_dict, tmp_path):
     tiny_dict["train"]["lr"] = 0.2                   # another config: the cache is not reused
     world = build_world(parse_config(tiny_dict))
     assert not torch.equal(local_reference(world, tmp_path, LocalData(world, world.local_test)), first)
+
+
+def test_per_group_seeds_train_every_group_as_a_single_seed_run_does(tiny_dict, tmp_path):
+    """A multi-seed (or resumed) run re-reads its config from JSON: an arm that sets no
+    sampling must still train every group every round, so `local` equals its reference."""
+    d = _pergroup(tiny_dict, [{"name": "local", "grouping": {"policy": "local"}}])
+    single = run_experiment(parse_config(d), tmp_path / "single", progress=False)
+    d.pop("seed")
+    d["seeds"] = [3]
+    run_experiment(parse_config(d), tmp_path / "multi", progress=False, jobs=1)
+    multi = pd.read_csv(tmp_path / "multi" / "runs.csv")
+    one = pd.read_csv(tmp_path / "single" / "local" / "results.csv")
+    assert (multi["ipr"] == 0).all() and (multi["rsd"] == 0).all()
+    assert np.allclose(multi["local_error_mean"], one["local_error_mean"]) and len(single) == 1
