@@ -38,8 +38,8 @@ from .compute import LocalSpec, run_group_rounds
 from .federation import Environment, Federation, Group, RoundContext
 from .io import atomic_write, write_json
 from .ledger import CostLedger
-from .runner import (CHECKPOINT, ArmPlan, GroupingResult, _versions, _write_results, form_groups, load_checkpoint,
-                     save_checkpoint)
+from .runner import (CHECKPOINT, ArmPlan, GroupingResult, _versions, _write_results, charge_client_work, form_groups,
+                     load_checkpoint, save_checkpoint)
 from .training import load_flat
 from .world import World
 
@@ -169,19 +169,6 @@ def _load(path: Path) -> PerGroupState:
                          b["ledger"], b["rows"], b["initial_grouping"])
 
 
-def _charge_client_work(state: PerGroupState, env: Environment, world: World, t: int,
-                        work: list[tuple[int, np.ndarray, np.ndarray]]) -> None:
-    """Charge client work outside group rounds (probes, loss evaluations) as training; the clients
-    run it in parallel."""
-    topo = world.topology
-    for j, members, amounts in work:
-        state.ledger.charge(round=t, edge=j, group=-1, group_round=-1, clients=members,
-                            devices=[topo.client_device[c] for c in members], component=TRAINING,
-                            amounts=amounts, start=np.full(len(members), env.now), end=env.now + amounts)
-    if work:
-        env.run(until=env.now + max(float(a.max()) for _, _, a in work))
-
-
 def _initial_state(world: World, plan: ArmPlan, grouping: GroupingResult) -> PerGroupState:
     cfg, n = world.config, world.topology.n_clients
     state = PerGroupState(assign=np.full(n, -1))
@@ -211,7 +198,7 @@ def _ifca_reassign(world: World, plan: ArmPlan, state: PerGroupState, train_data
         state.assign[members] = np.array(rows)[plan.grouping.assign(losses)]
         devices = [topo.client_device[c] for c in members]
         work.append((j, members, len(rows) * FORWARD_FRACTION * world.cost.training_cost(devices, topo.n_samples[members], 1)))
-    _charge_client_work(state, env, world, t, work)
+    charge_client_work(state.ledger, env, world.topology, t, work)
 
 
 def _fedclar_cluster(world: World, plan: ArmPlan, state: PerGroupState, env: Environment, t: int) -> None:
@@ -227,7 +214,7 @@ def _fedclar_cluster(world: World, plan: ArmPlan, state: PerGroupState, env: Env
         models.append((n / n.sum()) @ state.models[state.assign[members]])
         assign[members] = len(models) - 1
     state.models, state.model_edge, state.assign = torch.stack(models), [j for j, _ in clusters], assign
-    _charge_client_work(state, env, world, t, work)
+    charge_client_work(state.ledger, env, world.topology, t, work)
 
 
 def _summary(world: World, state: PerGroupState, base: dict) -> dict:
@@ -348,7 +335,7 @@ def run_pergroup_arm(world: World, plan: ArmPlan, arm_dir: Path,
         grouping = form_groups(world, plan, 0)
         state = _initial_state(world, plan, grouping)
         env = Federation.environment()
-        _charge_client_work(state, env, world, 0, grouping.probe)   # HCCT probe, FedCollab discriminators
+        charge_client_work(state.ledger, env, world.topology, 0, grouping.probe)   # HCCT probe, FedCollab discriminators
         state.sim_time = float(env.now)
         base = {k: v for k, v in grouping.summary().items() if k not in ("n_groups", "groups")}
         state.initial_grouping = _summary(world, state, base) if not isinstance(plan.grouping, Ifca) \

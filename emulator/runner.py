@@ -307,6 +307,19 @@ def _load_checkpoint(path: Path) -> ArmState:
                     control=blob["control"])
 
 
+def charge_client_work(ledger: CostLedger, env, topology, t: int,
+                       work: list[tuple[int, np.ndarray, np.ndarray]]) -> None:
+    """Client work outside group rounds (HCCT's gradient probe, FedCollab's discriminators,
+    IFCA's loss evaluations) is training: charge it (group -1) and let the clients run it in
+    parallel on the simulated clock."""
+    for j, members, amounts in work:
+        ledger.charge(round=t, edge=j, group=-1, group_round=-1, clients=members,
+                      devices=[topology.client_device[c] for c in members], component=TRAINING,
+                      amounts=amounts, start=np.full(len(members), env.now), end=env.now + amounts)
+    if work:
+        env.run(until=env.now + max(float(a.max()) for _, _, a in work))
+
+
 def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
             on_round: Callable[[int, float, float | None], None] | None = None) -> pd.DataFrame:
     """Run (or resume) one arm; write results.{csv,parquet}, ledger.parquet and manifest.json.
@@ -380,20 +393,11 @@ def _run_rounds(world: World, plan: ArmPlan, arm_dir: Path, state: ArmState,
     fed = Federation(RoundContext(env, world.engine.model_bytes, world.cost, state.ledger, topo, cfg.seed,
                                   tc.group_rounds, tc.local_epochs, cfg.faults))
 
-    def charge_probe(t: int, grouping: GroupingResult) -> None:
-        """A gradient probe (HCCT) is training: charge it, and let the clients run it in parallel."""
-        for j, members, amounts in grouping.probe:
-            state.ledger.charge(round=t, edge=j, group=-1, group_round=-1, clients=members,
-                                devices=[topo.client_device[c] for c in members], component=TRAINING,
-                                amounts=amounts, start=np.full(len(members), env.now), end=env.now + amounts)
-        if grouping.probe:
-            env.run(until=env.now + max(float(a.max()) for _, _, a in grouping.probe))
-
     if fresh:   # results' round 0: the initial model, before anything is charged
         state.initial_grouping = grouping.summary()
         _evaluate(world, plan, state, grouping, sampled=[])
     if epoch == state.t:        # a fresh start, or a resume just before a regrouping
-        charge_probe(state.t, grouping)
+        charge_client_work(state.ledger, env, topo, state.t, grouping.probe)
 
     log_p = plan.sampling.log_probabilities(np.array([g.cov for g in grouping.groups]))
     stop_reason, ran = "rounds", []   # ran: the groups of the last round run
@@ -407,7 +411,7 @@ def _run_rounds(world: World, plan: ArmPlan, arm_dir: Path, state: ArmState,
             else:
                 grouping = form_groups(world, plan, epoch, state.weights)
             state.grouping, state.grouping_epoch = grouping.summary(), epoch
-            charge_probe(t, grouping)
+            charge_client_work(state.ledger, env, topo, t, grouping.probe)
             log_p = plan.sampling.log_probabilities(np.array([g.cov for g in grouping.groups]))
             n_total = float(sum(g.total_samples for g in grouping.groups))
         S, chosen = _choose(world, plan, grouping.groups, log_p, t)
