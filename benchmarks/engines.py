@@ -1,6 +1,6 @@
 """One global round of the Table 1 setting: batched vs sequential engine, with a matmul's GFLOP/s.
 
-    python benchmarks/engines.py [--models cnn,mlp,resnet-1] [--repeats 5] [--groups 12] [--size 6] [--threads N]
+    python benchmarks/engines.py [--models cnn,mlp,resnet-1] [--repeats 5] [--groups 12] [--size 6] [--batch 32] [--threads N]
 
 Fashion-MNIST, 12 sampled groups of 6 clients of 20-200 samples (Table 1's client sizes), K = 5,
 E = 2, B = 32: each repeat runs the round's compute (:func:`emulator.compute.run_group_rounds`, one
@@ -43,7 +43,7 @@ def matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
     return 2 * n**3 / statistics.median(times) / 1e9
 
 
-def flops_per_sample(engine: TorchEngine) -> float:
+def flops_per_sample(engine: TorchEngine, B: int) -> float:
     """Forward + backward FLOPs of one training sample (a full batch of B, divided by B)."""
     x, y = engine.x[:B], engine.y[:B]
     if engine.channels_last:
@@ -106,6 +106,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--groups", type=int, default=12)
     ap.add_argument("--size", type=int, default=6)
+    ap.add_argument("--batch", type=int, default=B, help="local batch size (Table 1: 32; the authors' Fashion-MNIST: 5)")
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--formulation", default=None, choices=["stacked", "per-client"],
                     help="force the batched engine's formulation (default: its own choice)")
@@ -116,16 +117,16 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     data, parts, topo, sampled = setup(args.groups, args.size)
     passes = K * E * sum(int(g.n_samples.sum()) for g in sampled.values())
-    print(f"Table 1 round: {args.groups} groups x {args.size} clients, K={K}, E={E}, B={B}, "
+    print(f"Table 1 round: {args.groups} groups x {args.size} clients, K={K}, E={E}, B={args.batch}, "
           f"{passes} sample-passes; torch {torch.__version__}, {os.cpu_count()} CPUs, "
           f"{torch.get_num_threads()} torch threads; medians of {args.repeats}")
     print(f"{'model':9} {'seq s':>7} {'batched s':>9} {'speed-up':>8} {'seq GF/s':>9} {'bat GF/s':>9} "
           f"{'matmul GF/s':>11} {'bat/matmul':>10} {'emulator share':>14} {'formulation':>12}")
     for model in args.models.split(","):
-        seq = TorchEngine(data, parts, model, 0.05, B)
-        bat = BatchedEngine(data, parts, model, 0.05, B, workers=args.workers, formulation=args.formulation)
+        seq = TorchEngine(data, parts, model, 0.05, args.batch)
+        bat = BatchedEngine(data, parts, model, 0.05, args.batch, workers=args.workers, formulation=args.formulation)
         start = seq.initial_weights(0)
-        flops = flops_per_sample(seq) * passes
+        flops = flops_per_sample(seq, args.batch) * passes
         one_round(bat, topo, sampled, start, 0)                                   # warm-up, forks workers
         one_round(seq, topo, sampled, start, 0)
         ts, tb, share, mm = [], [], [], []

@@ -106,9 +106,27 @@ def list_table() -> str:
 
 
 # ----------------------------------------------------------------------------- resolving
-def resolve(rep: Reproduction, quick: bool, data_path: str | None = None) -> tuple[dict, dict, list[str]]:
-    """(sweep, base) as raw dicts with the reproduction's settings (and quick mode's) applied, and
-    one line per setting quick mode changed ("path: full -> quick")."""
+def parse_overrides(items: list[str] | None) -> dict[str, Any]:
+    """``--set PATH=VALUE`` items as {dotted path: value}; VALUE is a TOML value (a bare word is a
+    string: ``train.model=mlp``)."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        path, sep, text = item.partition("=")
+        if not sep or not path.strip() or not text.strip():
+            raise InputError(f"reproduce --set {item!r}: write PATH=VALUE, e.g. --set train.model=mlp")
+        try:
+            value = tomllib.loads(f"v = {text.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = text.strip()
+        out[path.strip()] = value
+    return out
+
+
+def resolve(rep: Reproduction, quick: bool, data_path: str | None = None,
+            overrides: dict[str, Any] | None = None) -> tuple[dict, dict, list[str]]:
+    """(sweep, base) as raw dicts with the reproduction's settings (and quick mode's, then the
+    user's ``overrides``) applied, and one line per setting changed from the paper's run
+    ("path: full -> ours")."""
     from .sweep import set_path
 
     sweep = tomllib.loads((rep.folder / "sweep.toml").read_text())
@@ -138,6 +156,11 @@ def resolve(rep: Reproduction, quick: bool, data_path: str | None = None) -> tup
             if sweep[key] != value:
                 changed.append(f"sweep {key}: {sweep[key]!r} -> {value!r}")
             sweep[key] = value
+    for path, value in (overrides or {}).items():
+        old = _get(base, path)
+        set_path(base, path, value)
+        if old != value:
+            changed.append(f"{path}: {old!r} -> {value!r} (--set)")
     sweep["base"] = "base.toml"
     return sweep, base, changed
 
@@ -158,9 +181,12 @@ def _get(raw: dict, path: str) -> Any:
 
 def point_configs(rep: Reproduction, quick: bool):
     """The validated run config of every point (no running): what the tests check."""
+    return point_configs_of(*resolve(rep, quick)[:2])
+
+
+def point_configs_of(sweep: dict, base: dict):
     from .sweep import SweepConfig, point_configs as configs
 
-    sweep, base, _ = resolve(rep, quick)
     return configs(SweepConfig.model_validate(sweep), base)
 
 
@@ -274,6 +300,9 @@ def notes(rep: Reproduction, quick: bool, changed: list[str], data_path: str | N
     if quick:
         lines.append("quick mode: NOT the paper's setting; scaled down for a first look on 2 cores:")
         lines += [f"  {c}" for c in changed]
+    elif changed:
+        lines.append("changed from the paper's setting:")
+        lines += [f"  {c}" for c in changed]
     if rep.notes:
         lines.append(f"setting: {rep.notes.strip()}")
     return "\n".join(lines)
@@ -295,7 +324,8 @@ def run_study(rep: Reproduction, quick: bool, out: Path) -> int:
 
 
 def run(name: str, *, quick: bool = False, backend: str = "local", jobs: int | None = None,
-        output: str | None = None, data_path: str | None = None, progress: bool = True) -> int:
+        output: str | None = None, data_path: str | None = None, progress: bool = True,
+        overrides: dict[str, Any] | None = None) -> int:
     import tomli_w
 
     from emulator.io import atomic_write, check_writable
@@ -314,8 +344,9 @@ def run(name: str, *, quick: bool = False, backend: str = "local", jobs: int | N
                          "dir", "--output")
     if rep.kind == "study":
         return run_study(rep, quick, out)
-    sweep, base, changed = resolve(rep, quick, data_path)
+    sweep, base, changed = resolve(rep, quick, data_path, overrides)
     sweep["name"] = name
+    point_configs_of(sweep, base)            # a bad --set fails here, before anything is written
     text = notes(rep, quick, changed, data_path)
     print(text)
     out.mkdir(parents=True, exist_ok=True)
@@ -353,7 +384,7 @@ def _cmd_reproduce(args) -> int:
         print(list_table())
         return 0
     return run(args.name, quick=args.quick, backend=args.backend, jobs=args.jobs, output=args.output,
-               data_path=args.data_path, progress=not args.quiet)
+               data_path=args.data_path, progress=not args.quiet, overrides=parse_overrides(args.set))
 
 
 def add_reproduce_parser(sub) -> None:
@@ -366,5 +397,8 @@ def add_reproduce_parser(sub) -> None:
     p.add_argument("--output", metavar="DIR", help="default results/reproductions/NAME[-quick]")
     p.add_argument("--data-path", metavar="DIR",
                    help="the paper's dataset (CIFAR-10 / Speech Commands directory) instead of the stand-in")
+    p.add_argument("--set", action="append", metavar="PATH=VALUE",
+                   help="change a setting of every run (e.g. train.model=mlp where the paper's model is "
+                        "too slow); repeatable; NOTES.txt and the output list each change")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_reproduce)

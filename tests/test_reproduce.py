@@ -142,3 +142,22 @@ def test_per_group_runs_over_several_seeds(tmp_path):
     assert list(summary["arm"]) == ["local", "global"] and (summary["seeds"] == 2).all()
     runs = pd.read_csv(tmp_path / "pg" / "runs.csv")
     assert sorted(runs["seed"].unique()) == [0, 1]
+
+
+def test_set_changes_every_run_and_is_listed_as_a_change_from_the_paper():
+    sweep, base, changed = reproduce.resolve(reproduce.load("table1"), False,
+                                             overrides=reproduce.parse_overrides(["train.model=mlp", "train.lr=0.0064"]))
+    assert (base["train"]["model"], base["train"]["lr"]) == ("mlp", 0.0064)
+    assert changed == ["train.model: 'resnet-1' -> 'mlp' (--set)", "train.lr: 0.001 -> 0.0064 (--set)"]
+    assert all(c.train.model == "mlp" for c in reproduce.point_configs_of(sweep, base))
+    assert "changed from the paper's setting:\n  train.model: 'resnet-1' -> 'mlp' (--set)" in \
+        reproduce.notes(reproduce.load("table1"), False, changed, None)
+
+
+@pytest.mark.parametrize("item, says", [("train.model", "PATH=VALUE"), ("train.batch_size=0", "train.batch_size")])
+def test_bad_set_is_one_line_before_anything_is_written(tmp_path, capsys, item, says):
+    out = tmp_path / "o"
+    assert cli.main(["reproduce", "table1", "--set", item, "--output", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err
+    assert not out.exists()
