@@ -28,6 +28,7 @@ import multiprocessing
 import os
 import weakref
 from collections.abc import Sequence
+from multiprocessing import shared_memory
 from typing import Protocol
 
 import numpy as np
@@ -136,14 +137,15 @@ class TorchEngine:
                       correction: torch.Tensor | None, buf: torch.Tensor | None) -> torch.Tensor:
         """One client's local epochs from ``start``; ``buf`` (P,) is updated in place."""
         params = list(self.model.parameters())
-        spans, offset = [], 0
-        for p in params:
-            spans.append(slice(offset, offset + p.numel()))
-            offset += p.numel()
         load_flat(params, start)
         m, wd, mu = self.momentum, self.weight_decay, self.mu
         if m and buf is None:
             buf = torch.zeros(self.n_params, device=self.device)
+        # per-parameter views of the flat vectors, for torch's multi-tensor (_foreach) updates
+        views = lambda flat: [v.view(p.shape) for v, p in zip(flat.split([p.numel() for p in params]), params)]  # noqa: E731
+        anchor = views(start) if mu else None
+        corr = views(correction) if correction is not None else None
+        bufs = views(buf) if m else None
         self.model.train()
         idx = self.client_samples[client]
         gen = torch.Generator().manual_seed(seed)
@@ -158,17 +160,18 @@ class TorchEngine:
                     p.grad = None
                 F.cross_entropy(self.model(x), self.y[batch]).backward()
                 with torch.no_grad():
-                    for p, s in zip(params, spans):
-                        g = p.grad
-                        if wd:
-                            g = g.add(p, alpha=wd)
-                        if mu:
-                            g = g.add(p - start[s].view(p.shape), alpha=mu)
-                        if correction is not None:
-                            g = g + correction[s].view(p.shape)
-                        if m:
-                            g = buf[s].view(p.shape).mul_(m).add_(g)
-                        p.sub_(g, alpha=lr)
+                    g = [p.grad for p in params]
+                    if wd:
+                        g = torch._foreach_add(g, params, alpha=wd)
+                    if mu:
+                        g = torch._foreach_add(g, torch._foreach_sub(params, anchor), alpha=mu)
+                    if corr is not None:
+                        g = torch._foreach_add(g, corr)
+                    if m:
+                        torch._foreach_mul_(bufs, m)
+                        torch._foreach_add_(bufs, g)
+                        g = bufs
+                    torch._foreach_add_(params, g, alpha=-lr)
         return flatten(params)
 
     @torch.no_grad()
@@ -217,7 +220,7 @@ def _worker_init() -> None:
 
 
 def _worker_run(job):
-    return _WORKER._run_chunk(*job)
+    _WORKER._run_chunk(*job)
 
 
 def _has_conv(model: nn.Module) -> bool:
@@ -349,16 +352,25 @@ class BatchedEngine(TorchEngine):
         return torch.cat([p.reshape(C, -1) for p in params], dim=1)
 
     # ---- per-client formulation ----------------------------------------------------------------
-    def _run_chunk(self, table: np.ndarray, rows, clients, seeds, epochs, lr, correction, momentum):
-        """Runs in a worker: the sequential loop over some clients; numpy in, numpy out."""
+    def _run_chunk(self, table: np.ndarray, rows, clients, seeds, epochs, lr, correction, shm_name: str,
+                   n_rows: int, n_out: int, positions: list[int]):
+        """Runs in a worker: the sequential loop over some clients. Each client's weights (and with
+        persistent state its momentum) go straight into the parent's shared-memory result at its
+        position: no (C, P) arrays pickled back through a pipe."""
         table = torch.from_numpy(table)
-        out = np.empty((len(clients), self.n_params), dtype=np.float32)
-        for i, (client, seed) in enumerate(zip(clients, seeds)):
-            buf = None if momentum is None else torch.from_numpy(momentum[i])
-            out[i] = self._train_client(table[rows[i]], client, seed, epochs, lr,
-                                        None if correction is None else torch.from_numpy(correction[i]),
-                                        buf).numpy()
-        return out, momentum
+        shm = shared_memory.SharedMemory(name=shm_name)
+        try:
+            result = np.ndarray((n_rows, self.n_params), dtype=np.float32, buffer=shm.buf)
+            out, mom = result[:n_out], result[n_out:]
+            for i, (client, seed) in enumerate(zip(clients, seeds)):
+                pos = positions[i]
+                buf = torch.from_numpy(mom[pos]) if len(mom) else None
+                out[pos] = self._train_client(table[rows[i]], client, seed, epochs, lr,
+                                              None if correction is None else torch.from_numpy(correction[i]),
+                                              buf).numpy()
+            del result, out, mom
+        finally:
+            shm.close()
 
     def _chunks(self, clients) -> list[list[int]]:
         """Positions of the clients split into ``workers`` chunks of about equal work (samples)."""
@@ -370,7 +382,7 @@ class BatchedEngine(TorchEngine):
             load[w] += len(self.client_samples[clients[i]])
         return [sorted(c) for c in chunks if c]
 
-    def _pool_map(self, jobs):
+    def _pool_map(self, jobs) -> None:
         if self._pool is None:
             # fork: the workers inherit this engine (through _WORKER) and share the dataset's pages
             global _WORKER
@@ -380,7 +392,7 @@ class BatchedEngine(TorchEngine):
             finally:
                 _WORKER = None
             weakref.finalize(self, self._pool.terminate)
-        return self._pool.map(_worker_run, jobs)
+        self._pool.map(_worker_run, jobs)
 
     def __getstate__(self):
         raise TypeError("BatchedEngine is shared with its workers by fork, never pickled")
@@ -396,19 +408,28 @@ class BatchedEngine(TorchEngine):
                                  momentum=momentum, rows=rows)
         tab = table.cpu().numpy()
         corr = None if correction is None else correction.cpu().numpy()
-        mom = None if momentum is None else momentum.cpu().numpy()
-        jobs, chunks = [], self._chunks(clients)
-        for chunk in chunks:
-            used = sorted({rows[i] for i in chunk})            # send each start model once
-            local = {r: j for j, r in enumerate(used)}
-            jobs.append((tab[used], [local[rows[i]] for i in chunk], [clients[i] for i in chunk],
-                         [seeds[i] for i in chunk], epochs, lr,
-                         None if corr is None else corr[chunk], None if mom is None else mom[chunk]))
-        out = torch.empty(len(clients), self.n_params)
-        for chunk, (weights, bufs) in zip(chunks, self._pool_map(jobs)):
-            out[chunk] = torch.from_numpy(weights)
+        C, P = len(clients), self.n_params
+        rows_total = 2 * C if momentum is not None else C          # weights, then momentum buffers
+        shm = shared_memory.SharedMemory(create=True, size=4 * rows_total * P)
+        try:
+            result = np.ndarray((rows_total, P), dtype=np.float32, buffer=shm.buf)
             if momentum is not None:
-                momentum[chunk] = torch.from_numpy(bufs).to(momentum.device)
+                result[C:] = momentum.cpu().numpy()
+            jobs = []
+            for chunk in self._chunks(clients):
+                used = sorted({rows[i] for i in chunk})            # send each start model once
+                local = {r: j for j, r in enumerate(used)}
+                jobs.append((tab[used], [local[rows[i]] for i in chunk], [clients[i] for i in chunk],
+                             [seeds[i] for i in chunk], epochs, lr,
+                             None if corr is None else corr[chunk], shm.name, rows_total, C, chunk))
+            self._pool_map(jobs)
+            out = torch.from_numpy(result[:C].copy())
+            if momentum is not None:
+                momentum.copy_(torch.from_numpy(result[C:]))
+            del result
+        finally:
+            shm.close()
+            shm.unlink()
         return out.to(self.device)
 
 
