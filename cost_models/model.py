@@ -55,9 +55,11 @@ class CostModel:
         return out
 
     def overhead(self, devices: Sequence[str], group_size: int) -> dict[str, np.ndarray]:
-        """O_g(|g|) for each client and each group operation."""
-        return {op: np.array([float(self.profiles[d].group_overhead[op](group_size)) for d in devices])
-                for op in self.operations}
+        """O_g(|g|) for each client and each group operation (each curve evaluated once per device
+        type: the emulator prices every group of every round)."""
+        per = {d: {op: float(self.profiles[d].group_overhead[op](group_size)) for op in self.operations}
+               for d in set(devices)}
+        return {op: np.array([per[d][op] for d in devices]) for op in self.operations}
 
     def recovery(self, devices: Sequence[str], group_size: int, n_dropped: int) -> dict[str, np.ndarray]:
         """Dropout recovery each survivor pays for the secure-aggregation operations (component
