@@ -21,6 +21,7 @@ convolutions split over worker processes (the fast way for CNNs on a CPU).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import logging
@@ -370,7 +371,8 @@ class BatchedEngine(TorchEngine):
                                               buf).numpy()
             del result, out, mom
         finally:
-            shm.close()
+            with contextlib.suppress(BufferError):   # raised only when an error's traceback holds views
+                shm.close()
 
     def _chunks(self, clients) -> list[list[int]]:
         """Positions of the clients split into ``workers`` chunks of about equal work (samples)."""
@@ -428,7 +430,8 @@ class BatchedEngine(TorchEngine):
                 momentum.copy_(torch.from_numpy(result[C:]))
             del result
         finally:
-            shm.close()
+            with contextlib.suppress(BufferError):
+                shm.close()
             shm.unlink()
         return out.to(self.device)
 
