@@ -21,7 +21,6 @@ convolutions split over worker processes (the fast way for CNNs on a CPU).
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import logging
@@ -29,7 +28,6 @@ import multiprocessing
 import os
 import weakref
 from collections.abc import Sequence
-from multiprocessing import shared_memory
 from typing import Protocol
 
 import numpy as np
@@ -221,7 +219,7 @@ def _worker_init() -> None:
 
 
 def _worker_run(job):
-    _WORKER._run_chunk(*job)
+    return _WORKER._run_chunk(*job)
 
 
 def _has_conv(model: nn.Module) -> bool:
@@ -353,26 +351,16 @@ class BatchedEngine(TorchEngine):
         return torch.cat([p.reshape(C, -1) for p in params], dim=1)
 
     # ---- per-client formulation ----------------------------------------------------------------
-    def _run_chunk(self, table: np.ndarray, rows, clients, seeds, epochs, lr, correction, shm_name: str,
-                   n_rows: int, n_out: int, positions: list[int]):
-        """Runs in a worker: the sequential loop over some clients. Each client's weights (and with
-        persistent state its momentum) go straight into the parent's shared-memory result at its
-        position: no (C, P) arrays pickled back through a pipe."""
+    def _run_chunk(self, table: np.ndarray, rows, clients, seeds, epochs, lr, correction, momentum):
+        """Runs in a worker: the sequential loop over some clients; numpy in, numpy out."""
         table = torch.from_numpy(table)
-        shm = shared_memory.SharedMemory(name=shm_name)
-        try:
-            result = np.ndarray((n_rows, self.n_params), dtype=np.float32, buffer=shm.buf)
-            out, mom = result[:n_out], result[n_out:]
-            for i, (client, seed) in enumerate(zip(clients, seeds)):
-                pos = positions[i]
-                buf = torch.from_numpy(mom[pos]) if len(mom) else None
-                out[pos] = self._train_client(table[rows[i]], client, seed, epochs, lr,
-                                              None if correction is None else torch.from_numpy(correction[i]),
-                                              buf).numpy()
-            del result, out, mom
-        finally:
-            with contextlib.suppress(BufferError):   # raised only when an error's traceback holds views
-                shm.close()
+        out = np.empty((len(clients), self.n_params), dtype=np.float32)
+        for i, (client, seed) in enumerate(zip(clients, seeds)):
+            buf = None if momentum is None else torch.from_numpy(momentum[i])
+            out[i] = self._train_client(table[rows[i]], client, seed, epochs, lr,
+                                        None if correction is None else torch.from_numpy(correction[i]),
+                                        buf).numpy()
+        return out, momentum
 
     def _chunks(self, clients) -> list[list[int]]:
         """Positions of the clients split into ``workers`` chunks of about equal work (samples)."""
@@ -384,7 +372,7 @@ class BatchedEngine(TorchEngine):
             load[w] += len(self.client_samples[clients[i]])
         return [sorted(c) for c in chunks if c]
 
-    def _pool_map(self, jobs) -> None:
+    def _pool_map(self, jobs):
         if self._pool is None:
             # fork: the workers inherit this engine (through _WORKER) and share the dataset's pages
             global _WORKER
@@ -394,7 +382,7 @@ class BatchedEngine(TorchEngine):
             finally:
                 _WORKER = None
             weakref.finalize(self, self._pool.terminate)
-        self._pool.map(_worker_run, jobs)
+        return self._pool.map(_worker_run, jobs)
 
     def __getstate__(self):
         raise TypeError("BatchedEngine is shared with its workers by fork, never pickled")
@@ -410,29 +398,19 @@ class BatchedEngine(TorchEngine):
                                  momentum=momentum, rows=rows)
         tab = table.cpu().numpy()
         corr = None if correction is None else correction.cpu().numpy()
-        C, P = len(clients), self.n_params
-        rows_total = 2 * C if momentum is not None else C          # weights, then momentum buffers
-        shm = shared_memory.SharedMemory(create=True, size=4 * rows_total * P)
-        try:
-            result = np.ndarray((rows_total, P), dtype=np.float32, buffer=shm.buf)
+        mom = None if momentum is None else momentum.cpu().numpy()
+        jobs, chunks = [], self._chunks(clients)
+        for chunk in chunks:
+            used = sorted({rows[i] for i in chunk})            # send each start model once
+            local = {r: j for j, r in enumerate(used)}
+            jobs.append((tab[used], [local[rows[i]] for i in chunk], [clients[i] for i in chunk],
+                         [seeds[i] for i in chunk], epochs, lr,
+                         None if corr is None else corr[chunk], None if mom is None else mom[chunk]))
+        out = torch.empty(len(clients), self.n_params)
+        for chunk, (weights, bufs) in zip(chunks, self._pool_map(jobs)):
+            out[chunk] = torch.from_numpy(weights)
             if momentum is not None:
-                result[C:] = momentum.cpu().numpy()
-            jobs = []
-            for chunk in self._chunks(clients):
-                used = sorted({rows[i] for i in chunk})            # send each start model once
-                local = {r: j for j, r in enumerate(used)}
-                jobs.append((tab[used], [local[rows[i]] for i in chunk], [clients[i] for i in chunk],
-                             [seeds[i] for i in chunk], epochs, lr,
-                             None if corr is None else corr[chunk], shm.name, rows_total, C, chunk))
-            self._pool_map(jobs)
-            out = torch.from_numpy(result[:C].copy())
-            if momentum is not None:
-                momentum.copy_(torch.from_numpy(result[C:]))
-            del result
-        finally:
-            with contextlib.suppress(BufferError):
-                shm.close()
-            shm.unlink()
+                momentum[chunk] = torch.from_numpy(bufs).to(momentum.device)
         return out.to(self.device)
 
 
