@@ -340,6 +340,9 @@ def run(name: str, *, quick: bool = False, backend: str = "local", jobs: int | N
     if data_path and rep.paper_data not in STAND_INS:
         raise InputError(f"reproduce --data-path: {name} already uses the paper's dataset "
                          f"({DATA_NAMES[rep.paper_data]}); leave --data-path out")
+    if overrides and rep.kind == "study":
+        raise InputError(f"reproduce {name} --set: {name} is `groupfel study {name}`, which has no run "
+                         "settings to change; leave --set out")
     out = check_writable(Path(output) if output else Path("results/reproductions") / (name + ("-quick" if quick else "")),
                          "dir", "--output")
     if rep.kind == "study":

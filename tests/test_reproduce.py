@@ -154,10 +154,12 @@ def test_set_changes_every_run_and_is_listed_as_a_change_from_the_paper():
         reproduce.notes(reproduce.load("table1"), False, changed, None)
 
 
-@pytest.mark.parametrize("item, says", [("train.model", "PATH=VALUE"), ("train.batch_size=0", "train.batch_size")])
-def test_bad_set_is_one_line_before_anything_is_written(tmp_path, capsys, item, says):
+@pytest.mark.parametrize("name, item, says", [("table1", "train.model", "PATH=VALUE"),
+                                              ("table1", "train.batch_size=0", "train.batch_size"),
+                                              ("fig6", "train.model=mlp", "leave --set out")])
+def test_bad_set_is_one_line_before_anything_is_written(tmp_path, capsys, name, item, says):
     out = tmp_path / "o"
-    assert cli.main(["reproduce", "table1", "--set", item, "--output", str(out)]) == 2
+    assert cli.main(["reproduce", name, "--set", item, "--output", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and says in err
     assert not out.exists()
