@@ -112,7 +112,7 @@ def test_tiny_quick_reproduction_runs_end_to_end(tmp_path, monkeypatch, capsys):
     assert 0 <= acc["ours"] <= 100
     size = table[table["metric"] == "size_min"].iloc[0]
     assert size["ours"] >= 5 and size["paper"] == 5
-    for f in ("accuracy_vs_cost.png", "report.html", "NOTES.txt"):
+    for f in ("accuracy_vs_cost.png", "accuracy_vs_cost_log.png", "report.html", "NOTES.txt"):
         assert (out / f).stat().st_size > 0
     with open(out / "table1.csv", newline="") as f:
         assert "paper" in next(csv.reader(f))
