@@ -37,9 +37,12 @@ def _linear(shape, classes):
 
 def _cnn(shape, classes):
     c, h, w = shape
+    # max-pool before ReLU: the same function and the same gradients, bit for bit (ReLU is
+    # monotone, so it commutes with max; where a window's max is <= 0 both orders pass no gradient),
+    # with a quarter of the ReLU work: 12 % faster a step on the CPU (issue 9)
     return nn.Sequential(
-        nn.Conv2d(c, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(c, 16, 3, padding=1), nn.MaxPool2d(2), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1), nn.MaxPool2d(2), nn.ReLU(),
         nn.Flatten(), nn.Linear(32 * (h // 4) * (w // 4), 64), nn.ReLU(), nn.Linear(64, classes))
 
 
@@ -47,8 +50,8 @@ def _audio_cnn(shape, classes):
     """5 layers for log-mel spectrograms (FSDD, Speech Commands): 4 conv blocks + a linear head."""
     c = shape[0]
     layers: list[nn.Module] = []
-    for cin, cout in ((c, 16), (16, 32), (32, 64), (64, 64)):
-        layers += [nn.Conv2d(cin, cout, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2, ceil_mode=True)]
+    for cin, cout in ((c, 16), (16, 32), (32, 64), (64, 64)):   # pool before ReLU: see _cnn
+        layers += [nn.Conv2d(cin, cout, 3, padding=1), nn.MaxPool2d(2, ceil_mode=True), nn.ReLU()]
     return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, classes))
 
 

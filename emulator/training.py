@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import mmap
 import multiprocessing
 import os
 import weakref
@@ -218,8 +219,8 @@ def _worker_init() -> None:
     torch.set_num_threads(1)   # one process per core: more threads only contend
 
 
-def _worker_run(job):
-    return _WORKER._run_chunk(*job)
+def _worker_run(job) -> None:
+    _WORKER._run_chunk(*job)
 
 
 def _has_conv(model: nn.Module) -> bool:
@@ -271,7 +272,7 @@ class BatchedEngine(TorchEngine):
             self.model = self.model.to(memory_format=torch.channels_last)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self.workers = 1 if self.device.type != "cpu" or formulation == "stacked" else (workers or cores)
-        self._pool = None
+        self._pool, self._block = None, np.empty((0, self.n_params), dtype=np.float32)
 
     # ---- stacked formulation -------------------------------------------------------------------
     def _loss_fn(self):
@@ -351,16 +352,16 @@ class BatchedEngine(TorchEngine):
         return torch.cat([p.reshape(C, -1) for p in params], dim=1)
 
     # ---- per-client formulation ----------------------------------------------------------------
-    def _run_chunk(self, table: np.ndarray, rows, clients, seeds, epochs, lr, correction, momentum):
-        """Runs in a worker: the sequential loop over some clients; numpy in, numpy out."""
-        table = torch.from_numpy(table)
-        out = np.empty((len(clients), self.n_params), dtype=np.float32)
-        for i, (client, seed) in enumerate(zip(clients, seeds)):
-            buf = None if momentum is None else torch.from_numpy(momentum[i])
-            out[i] = self._train_client(table[rows[i]], client, seed, epochs, lr,
-                                        None if correction is None else torch.from_numpy(correction[i]),
-                                        buf).numpy()
-        return out, momentum
+    def _run_chunk(self, layout: dict[str, int], chunk, rows, clients, seeds, epochs, lr):
+        """Runs in a worker: the sequential loop over some clients (positions ``chunk`` of the
+        call), reading start models, corrections and momentum from the shared block and writing
+        the trained models (and momentum, in place) back into it."""
+        block = torch.from_numpy(self._block)
+        for i, r, client, seed in zip(chunk, rows, clients, seeds):
+            corr = block[layout["correction"] + i] if "correction" in layout else None
+            buf = block[layout["momentum"] + i] if "momentum" in layout else None
+            block[layout["out"] + i] = self._train_client(block[layout["table"] + r], client, seed, epochs, lr,
+                                                          corr, buf)
 
     def _chunks(self, clients) -> list[list[int]]:
         """Positions of the clients split into ``workers`` chunks of about equal work (samples)."""
@@ -372,17 +373,25 @@ class BatchedEngine(TorchEngine):
             load[w] += len(self.client_samples[clients[i]])
         return [sorted(c) for c in chunks if c]
 
-    def _pool_map(self, jobs):
-        if self._pool is None:
-            # fork: the workers inherit this engine (through _WORKER) and share the dataset's pages
+    def _shared_block(self, rows: int) -> torch.Tensor:
+        """A (≥ rows, P) block shared with the workers, (re)forking them when it must grow: models
+        travel through it, not through pickles (pickling cost 5 % of a CNN round)."""
+        if self._pool is None or len(self._block) < rows:
+            if self._pool is not None:
+                self._pool.terminate()
+            # an anonymous shared mapping: the workers forked below see the parent's writes and
+            # the parent theirs; pages are only backed once touched
+            rows = max(rows, 2 * len(self._block))    # grow by doubling: few re-forks in a run
+            self._block = np.frombuffer(mmap.mmap(-1, rows * self.n_params * 4), dtype=np.float32)
+            self._block = self._block.reshape(rows, self.n_params)
             global _WORKER
             _WORKER = self
-            try:
+            try:   # fork: the workers inherit this engine and the dataset's pages, never copies
                 self._pool = multiprocessing.get_context("fork").Pool(self.workers, _worker_init)
             finally:
                 _WORKER = None
             weakref.finalize(self, self._pool.terminate)
-        return self._pool.map(_worker_run, jobs)
+        return torch.from_numpy(self._block)
 
     def __getstate__(self):
         raise TypeError("BatchedEngine is shared with its workers by fork, never pickled")
@@ -396,22 +405,22 @@ class BatchedEngine(TorchEngine):
         if self.workers == 1 or len(clients) == 1:
             return super().train(table, clients, epochs, seeds, lr=lr, correction=correction,
                                  momentum=momentum, rows=rows)
-        tab = table.cpu().numpy()
-        corr = None if correction is None else correction.cpu().numpy()
-        mom = None if momentum is None else momentum.cpu().numpy()
-        jobs, chunks = [], self._chunks(clients)
-        for chunk in chunks:
-            used = sorted({rows[i] for i in chunk})            # send each start model once
-            local = {r: j for j, r in enumerate(used)}
-            jobs.append((tab[used], [local[rows[i]] for i in chunk], [clients[i] for i in chunk],
-                         [seeds[i] for i in chunk], epochs, lr,
-                         None if corr is None else corr[chunk], None if mom is None else mom[chunk]))
-        out = torch.empty(len(clients), self.n_params)
-        for chunk, (weights, bufs) in zip(chunks, self._pool_map(jobs)):
-            out[chunk] = torch.from_numpy(weights)
-            if momentum is not None:
-                momentum[chunk] = torch.from_numpy(bufs).to(momentum.device)
-        return out.to(self.device)
+        C = len(clients)
+        sections = {"table": table, "out": None, "correction": correction, "momentum": momentum}
+        layout, end = {}, 0
+        for name, rows_of in sections.items():
+            if name == "out" or rows_of is not None:
+                layout[name] = end
+                end += C if rows_of is None else len(rows_of)
+        block = self._shared_block(end)
+        for name, rows_of in sections.items():
+            if rows_of is not None:
+                block[layout[name]:layout[name] + len(rows_of)] = rows_of.cpu()
+        self._pool.map(_worker_run, [(layout, chunk, [rows[i] for i in chunk], [clients[i] for i in chunk],
+                                      [seeds[i] for i in chunk], epochs, lr) for chunk in self._chunks(clients)])
+        if momentum is not None:
+            momentum.copy_(block[layout["momentum"]:layout["momentum"] + C])
+        return block[layout["out"]:layout["out"] + C].clone().to(self.device)
 
 
 ENGINES = {"sequential": TorchEngine, "batched": BatchedEngine}

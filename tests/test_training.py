@@ -73,6 +73,23 @@ def test_batched_engine_equals_sequential(digits_parts, model, formulation, algo
     assert not torch.allclose(a[0], a[1], atol=1e-3)
 
 
+def test_worker_block_grows_between_calls(digits_parts):
+    """Models travel to and from the workers through a shared block; a call with more clients than
+    it holds re-forks them with a bigger one, and the results stay the sequential engine's."""
+    data, parts = digits_parts
+    seq = TorchEngine(data, parts, "mlp", lr=0.05, batch_size=8, momentum=0.9)
+    bat = BatchedEngine(data, parts, "mlp", lr=0.05, batch_size=8, momentum=0.9, workers=2,
+                        formulation="per-client")
+    start = seq.initial_weights(0)
+    for clients in ([0, 1], [3, 2, 1, 0], [2, 3]):
+        seeds = [7 + c for c in clients]
+        m_seq, m_bat = torch.ones(len(clients), seq.n_params), torch.ones(len(clients), seq.n_params)
+        a = seq.train(start, clients, 1, seeds, momentum=m_seq)
+        b = bat.train(start, clients, 1, seeds, momentum=m_bat)
+        assert float((a - b).abs().max()) <= 1e-6 and float((m_seq - m_bat).abs().max()) <= 1e-6
+    assert len(bat._block) >= 4 + 4 + 1     # out + momentum + table rows of the largest call
+
+
 def test_padded_steps_change_nothing(digits_parts):
     """A 5-sample client trained beside a 30-sample one (one real step per epoch against four)
     ends exactly where it ends alone, momentum and weight decay included."""
@@ -176,6 +193,35 @@ def test_every_model_builds_and_steps(name):
     out = net(torch.zeros(2, *shape))
     assert out.shape == (2, 10)
     assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in net.modules())
+
+
+@pytest.mark.parametrize("name,shape", [("cnn", (1, 28, 28)), ("audio-cnn", (1, 31, 23))])
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+def test_pooling_before_relu_is_the_textbook_network_bit_for_bit(name, shape, layout):
+    """The conv nets pool before their ReLU (faster); the output and every gradient must equal
+    the usual conv-ReLU-pool order exactly, odd sizes (ceil-mode edge windows) included."""
+    fast = models.build_model(name, shape, 10)
+    textbook = nn.Sequential(*_relu_before_pool(fast))
+    torch.manual_seed(3)
+    x = torch.randn(16, *shape).contiguous(memory_format=layout)
+    y = torch.randint(0, 10, (16,))
+    grads = []
+    for net in (fast, textbook):
+        net.to(memory_format=layout).zero_grad(set_to_none=True)
+        out = net(x)
+        nn.functional.cross_entropy(out, y).backward()
+        grads.append([out.detach()] + [p.grad.clone() for p in net.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+def _relu_before_pool(net: nn.Sequential) -> list[nn.Module]:
+    """The same modules (shared parameters) with every MaxPool-ReLU pair put back as ReLU-MaxPool."""
+    layers = list(net)
+    for i in range(len(layers) - 1):
+        if isinstance(layers[i], nn.MaxPool2d) and isinstance(layers[i + 1], nn.ReLU):
+            layers[i], layers[i + 1] = layers[i + 1], layers[i]
+    assert any(isinstance(a, nn.ReLU) and isinstance(b, nn.MaxPool2d) for a, b in zip(layers, layers[1:]))
+    return layers
 
 
 def test_no_simpy_module_imports_torch():
