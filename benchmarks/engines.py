@@ -86,13 +86,17 @@ def setup(groups: int, size: int, seed: int = 0):
     return data, parts, topo, sampled
 
 
-def one_round(engine, topo, sampled, start, t: int) -> tuple[float, float]:
+def federation(engine, topo) -> Federation:
+    """The SimPy side of a run, made once per arm as the run loop does (its clock and its prices
+    persist across rounds)."""
+    cost = CostModel({"raspberry-pi-4": get_profile("raspberry-pi-4/cifar10-resnet")})
+    return Federation(RoundContext(Federation.environment(), engine.model_bytes, cost, CostLedger(), topo, 0, K, E))
+
+
+def one_round(engine, fed, sampled, start, t: int) -> tuple[float, float]:
     """(wall seconds of the whole global round, seconds inside the engine)."""
     timed = Timed(engine)
-    cost = CostModel({"raspberry-pi-4": get_profile("raspberry-pi-4/cifar10-resnet")})
     t0 = time.perf_counter()
-    fed = Federation(RoundContext(Federation.environment(), engine.model_bytes, cost, CostLedger(), topo,
-                                  0, K, E))
     fed.round_cost(t, list(sampled.values()))                                    # the budget check
     models = run_group_rounds(timed, {g: start for g in sampled}, sampled, t, LocalSpec(0, K, E, 0.05))
     fed.run_round(t, list(sampled.items()))
@@ -127,12 +131,13 @@ def main() -> None:
         bat = BatchedEngine(data, parts, model, 0.05, args.batch, workers=args.workers, formulation=args.formulation)
         start = seq.initial_weights(0)
         flops = flops_per_sample(seq, args.batch) * passes
-        one_round(bat, topo, sampled, start, 0)                                   # warm-up, forks workers
-        one_round(seq, topo, sampled, start, 0)
+        fed_seq, fed_bat = federation(seq, topo), federation(bat, topo)
+        one_round(bat, fed_bat, sampled, start, 0)                                # warm-up, forks workers
+        one_round(seq, fed_seq, sampled, start, 0)
         ts, tb, share, mm = [], [], [], []
-        for r in range(args.repeats):                                             # interleaved, side by side
-            ts.append(one_round(seq, topo, sampled, start, r)[0])
-            wall, inside = one_round(bat, topo, sampled, start, r)
+        for r in range(1, args.repeats + 1):                                      # interleaved, side by side
+            ts.append(one_round(seq, fed_seq, sampled, start, r)[0])
+            wall, inside = one_round(bat, fed_bat, sampled, start, r)
             tb.append(wall)
             share.append((wall - inside) / wall)
             mm.append(matmul_gflops(repeats=3))

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .config import FaultsConfig
-from .federation import Group, client_seed, draw_faults
+from .federation import Group, client_seeds, draw_faults
 from .training import TrainingEngine
 
 ALGORITHMS = ("fedavg", "fedprox", "scaffold")
@@ -74,29 +74,35 @@ def run_group_rounds(engine: TrainingEngine, starts: dict[int, torch.Tensor], gr
         raise ValueError("scaffold needs client variates and the groups' control variates")
     x = dict(starts)
     order = list(groups)
+    full_weights: dict[int, torch.Tensor] = {}            # Line 14's weights with every member alive
     for k in range(spec.group_rounds):
-        members, rows, seeds, alive_of = [], [], [], {}
-        live = []                                         # groups with a survivor this group round
+        members, rows, group_rows, alive_of = [], [], [], {}
+        live, starts_k, row_of = [], [], {}               # groups with a survivor; distinct start models
         for gid in order:
             g = groups[gid]
             dropped, _ = draw_faults(spec.faults, spec.seed, t, k, g.clients)
             alive = ~dropped
             if not alive.any():
                 continue                                  # the group keeps x_g
-            alive_of[gid] = alive
-            for c in g.clients[alive]:
-                members.append(int(c))
-                rows.append(len(live))
-                seeds.append(client_seed(spec.seed, t, k, int(c)))
+            alive_of[gid] = None if not dropped.any() else alive
+            # global mode's first group round starts every group from the same x_t: send it once
+            row = row_of.setdefault(id(x[gid]), len(starts_k))
+            if row == len(starts_k):
+                starts_k.append(x[gid])
+            n_alive = int(alive.sum())
+            members.extend(g.clients[alive].tolist())
+            rows.extend([row] * n_alive)
+            group_rows.extend([len(live)] * n_alive)
             live.append(gid)
         if not members:
             continue
-        table = torch.stack([x[gid] for gid in live])
+        seeds = client_seeds(spec.seed, t, k, np.asarray(members)).tolist()
+        table = torch.stack(starts_k)
         idx = torch.as_tensor(members)
         correction = None
         if scaffold:
             c_table = torch.stack([control[gid] for gid in live])
-            correction = c_table[torch.as_tensor(rows)] - clients.variates[idx]
+            correction = c_table[torch.as_tensor(group_rows)] - clients.variates[idx]
         momentum = clients.momentum[idx] if clients is not None and clients.momentum is not None else None
         local = engine.train(table, members, spec.local_epochs, seeds, lr=spec.lr, correction=correction,
                              momentum=momentum, rows=rows)
@@ -110,12 +116,17 @@ def run_group_rounds(engine: TrainingEngine, starts: dict[int, torch.Tensor], gr
         pos = 0
         for gid in live:
             g, alive = groups[gid], alive_of[gid]
-            n = g.n_samples[alive]
-            w = torch.as_tensor(n / n.sum(), dtype=local.dtype)
-            x[gid] = w @ local[pos:pos + len(n)]           # Line 14 over the survivors
+            if alive is None:
+                if gid not in full_weights:
+                    full_weights[gid] = torch.as_tensor(g.n_samples / g.n_samples.sum(), dtype=local.dtype)
+                w = full_weights[gid]
+            else:
+                n = g.n_samples[alive]
+                w = torch.as_tensor(n / n.sum(), dtype=local.dtype)
+            x[gid] = w @ local[pos:pos + len(w)]          # Line 14 over the survivors
             if scaffold:
-                control[gid] = control[gid] + w @ delta[pos:pos + len(n)]
-            pos += len(n)
+                control[gid] = control[gid] + w @ delta[pos:pos + len(w)]
+            pos += len(w)
     return x
 
 

@@ -20,30 +20,39 @@ COLUMNS = ["round", "edge", "group", "group_round", "client", "device", "compone
 
 class CostLedger:
     def __init__(self):
-        self._blocks: list[dict[str, np.ndarray]] = []
+        # one block per charge call: its scalar columns once, its per-client columns as arrays
+        # (expanded only when read: a round makes a block per group round and component)
+        self._blocks: list[tuple] = []
+        self._loaded: dict[str, np.ndarray] | None = None    # rows restored from a checkpoint
         self.total = 0.0
         self.by_component: dict[str, float] = {}
 
     def charge(self, *, round: int, edge: int, group: int, group_round: int, clients: np.ndarray,
                devices: list[str], component: str, amounts: np.ndarray, start: np.ndarray,
                end: np.ndarray) -> None:
-        n = len(clients)
         amounts = np.asarray(amounts, dtype=float)
-        self._blocks.append({
-            "round": np.full(n, round, dtype=np.int32), "edge": np.full(n, edge, dtype=np.int32),
-            "group": np.full(n, group, dtype=np.int32), "group_round": np.full(n, group_round, dtype=np.int32),
-            "client": np.asarray(clients, dtype=np.int32), "device": np.asarray(devices, dtype=object),
-            "component": np.full(n, component, dtype=object), "amount": amounts,
-            "start": np.asarray(start, dtype=float), "end": np.asarray(end, dtype=float)})
-        self.total += float(amounts.sum())
-        self.by_component[component] = self.by_component.get(component, 0.0) + float(amounts.sum())
+        self._blocks.append((round, edge, group, group_round, component, np.asarray(clients, dtype=np.int32),
+                             devices, amounts, np.asarray(start, dtype=float), np.asarray(end, dtype=float)))
+        total = float(amounts.sum())
+        self.total += total
+        self.by_component[component] = self.by_component.get(component, 0.0) + total
 
     def _columns(self) -> dict[str, np.ndarray]:
         """The charges as recorded (0-based round index)."""
-        if not self._blocks:
+        parts = [] if self._loaded is None else [self._loaded]
+        if self._blocks:
+            b = list(zip(*self._blocks))
+            n = [len(c) for c in b[5]]
+            scalar = lambda i, dtype: np.repeat(np.array(b[i], dtype=dtype), n)  # noqa: E731
+            parts.append({"round": scalar(0, np.int32), "edge": scalar(1, np.int32), "group": scalar(2, np.int32),
+                          "group_round": scalar(3, np.int32), "component": scalar(4, object),
+                          "client": np.concatenate(b[5]),
+                          "device": np.array([d for ds in b[6] for d in ds], dtype=object),
+                          "amount": np.concatenate(b[7]), "start": np.concatenate(b[8]), "end": np.concatenate(b[9])})
+        if not parts:
             return {c: np.array([], dtype=float if c in ("amount", "start", "end") else
                                 object if c in ("device", "component") else np.int32) for c in COLUMNS}
-        return {c: np.concatenate([b[c] for b in self._blocks]) for c in COLUMNS}
+        return {c: np.concatenate([p[c] for p in parts]) for c in COLUMNS}
 
     def frame(self) -> pd.DataFrame:
         """Every charge, rounds numbered from 1."""
@@ -64,7 +73,7 @@ class CostLedger:
         led = cls()
         cols = state["columns"]
         if len(cols["amount"]):
-            led._blocks.append({c: np.asarray(cols[c]) for c in COLUMNS})
+            led._loaded = {c: np.asarray(cols[c]) for c in COLUMNS}
         led.total = float(state["total"])
         led.by_component = dict(state["by_component"])
         return led

@@ -365,12 +365,13 @@ class BatchedEngine(TorchEngine):
 
     def _chunks(self, clients) -> list[list[int]]:
         """Positions of the clients split into ``workers`` chunks of about equal work (samples)."""
-        load = np.zeros(self.workers)
+        sizes = [len(self.client_samples[c]) for c in clients]
+        load = [0] * self.workers
         chunks: list[list[int]] = [[] for _ in range(self.workers)]
-        for i in sorted(range(len(clients)), key=lambda i: -len(self.client_samples[clients[i]])):
-            w = int(load.argmin())
+        for i in sorted(range(len(clients)), key=sizes.__getitem__, reverse=True):   # largest first (LPT)
+            w = load.index(min(load))
             chunks[w].append(i)
-            load[w] += len(self.client_samples[clients[i]])
+            load[w] += sizes[i]
         return [sorted(c) for c in chunks if c]
 
     def _shared_block(self, rows: int) -> torch.Tensor:

@@ -7,7 +7,10 @@ import torch
 from cost_models import CostModel, DeviceProfile, linear, quadratic
 from emulator.compute import LocalSpec, run_group_rounds
 from emulator.config import FaultsConfig, StragglerConfig
-from emulator.federation import Federation, Group, RoundContext, draw_faults
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from emulator.federation import Federation, Group, RoundContext, client_seeds, draw_faults
 from emulator.ledger import CostLedger
 from topologies import Link, build_topology
 
@@ -71,6 +74,20 @@ def test_draws_are_deterministic_per_event():
     assert 10 < a[0].sum() < 40 and np.all(a[1] >= 1) and a[1].max() > 1
     c = draw_faults(f, 7, 3, 2, np.arange(50))
     assert not np.array_equal(a[0], c[0])
+
+
+WORD = st.integers(0, 2**32 - 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.one_of(WORD, st.integers(2**32, 2**70)), t=WORD, k=WORD,
+       clients=st.lists(st.one_of(WORD, st.integers(2**32, 2**40)), max_size=20))
+def test_client_seeds_are_numpys_seed_sequence(seed, t, k, clients):
+    """The vectorised per-event training seeds are SeedSequence's, bit for bit (the runs'
+    numbers, committed results included, depend on them), multi-word integers included."""
+    want = [np.random.SeedSequence((seed, 2, t, k, c)).generate_state(1)[0] for c in clients]
+    got = client_seeds(seed, t, k, np.array(clients, dtype=object).astype(np.uint64) if clients else np.array([], int))
+    assert got.dtype == np.uint32 and got.tolist() == [int(w) for w in want]
 
 
 def test_dropouts_charge_what_was_spent_and_ledger_balances():
