@@ -241,8 +241,8 @@ class BatchedEngine(TorchEngine):
     * ``per-client``: the sequential loop with channels-last convolutions (oneDNN's fast kernels)
       and glibc's allocator told to keep freed memory, the clients split over ``workers`` forked
       processes of one torch thread each (the dataset is shared with them by the fork, never
-      copied), returning numpy arrays. Default on a CPU, where it measured fastest for the MLP
-      and the CNN (benchmarks/engines.py --formulation).
+      copied), the models passing through a shared memory block. Default on a CPU, where it
+      measured fastest for the MLP and the CNN (benchmarks/engines.py --formulation).
 
     A model that ``vmap`` cannot run (e.g. BatchNorm updating running statistics) falls back to
     the per-client loop, with one log line saying so.
