@@ -185,7 +185,7 @@ class Federation:
         devices, nominal = self._price(g)
         dropped, slow = draw_faults(ctx.faults, ctx.seed, t, k, g.clients)
         if not dropped.any():
-            return nominal, dropped, slow
+            return dict(nominal), dropped, slow
         alive = ~dropped
         # a dropped client trained, then left before the group operations (Eq. 5 charges what it
         # spent); survivors pay the secure-aggregation recovery for it
