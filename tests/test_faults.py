@@ -3,13 +3,12 @@ import numpy as np
 import pytest
 import simpy
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cost_models import CostModel, DeviceProfile, linear, quadratic
 from emulator.compute import LocalSpec, run_group_rounds
 from emulator.config import FaultsConfig, StragglerConfig
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from emulator.federation import Federation, Group, RoundContext, client_seeds, draw_faults
 from emulator.ledger import CostLedger
 from topologies import Link, build_topology
