@@ -16,12 +16,16 @@ import numpy as np
 import pandas as pd
 
 COLUMNS = ["round", "edge", "group", "group_round", "client", "device", "component", "amount", "start", "end"]
+DTYPES = {"round": np.int32, "edge": np.int32, "group": np.int32, "group_round": np.int32, "client": np.int32,
+          "device": object, "component": object, "amount": float, "start": float, "end": float}
+SCALARS = ("round", "edge", "group", "group_round", "component")   # one value per charge call
 
 
 class CostLedger:
     def __init__(self):
-        # one block per charge call: its scalar columns once, its per-client columns as arrays
-        # (expanded only when read: a round makes a block per group round and component)
+        # one block per charge call, in COLUMNS order: its scalar columns once, its per-client
+        # columns as arrays (expanded only when read: a round makes a block per group round and
+        # component)
         self._blocks: list[tuple] = []
         self._loaded: dict[str, np.ndarray] | None = None    # rows restored from a checkpoint
         self.total = 0.0
@@ -31,8 +35,9 @@ class CostLedger:
                devices: list[str], component: str, amounts: np.ndarray, start: np.ndarray,
                end: np.ndarray) -> None:
         amounts = np.asarray(amounts, dtype=float)
-        self._blocks.append((round, edge, group, group_round, component, np.asarray(clients, dtype=np.int32),
-                             devices, amounts, np.asarray(start, dtype=float), np.asarray(end, dtype=float)))
+        self._blocks.append((round, edge, group, group_round, np.asarray(clients, dtype=np.int32),
+                             np.asarray(devices, dtype=object), component, amounts,
+                             np.asarray(start, dtype=float), np.asarray(end, dtype=float)))
         total = float(amounts.sum())
         self.total += total
         self.by_component[component] = self.by_component.get(component, 0.0) + total
@@ -41,17 +46,12 @@ class CostLedger:
         """The charges as recorded (0-based round index)."""
         parts = [] if self._loaded is None else [self._loaded]
         if self._blocks:
-            b = list(zip(*self._blocks))
-            n = [len(c) for c in b[5]]
-            scalar = lambda i, dtype: np.repeat(np.array(b[i], dtype=dtype), n)  # noqa: E731
-            parts.append({"round": scalar(0, np.int32), "edge": scalar(1, np.int32), "group": scalar(2, np.int32),
-                          "group_round": scalar(3, np.int32), "component": scalar(4, object),
-                          "client": np.concatenate(b[5]),
-                          "device": np.array([d for ds in b[6] for d in ds], dtype=object),
-                          "amount": np.concatenate(b[7]), "start": np.concatenate(b[8]), "end": np.concatenate(b[9])})
+            blocks = dict(zip(COLUMNS, zip(*self._blocks)))
+            n = [len(c) for c in blocks["client"]]
+            parts.append({c: np.repeat(np.array(v, dtype=DTYPES[c]), n) if c in SCALARS else np.concatenate(v)
+                          for c, v in blocks.items()})
         if not parts:
-            return {c: np.array([], dtype=float if c in ("amount", "start", "end") else
-                                object if c in ("device", "component") else np.int32) for c in COLUMNS}
+            return {c: np.array([], dtype=DTYPES[c]) for c in COLUMNS}
         return {c: np.concatenate([p[c] for p in parts]) for c in COLUMNS}
 
     def frame(self) -> pd.DataFrame:

@@ -383,8 +383,8 @@ class BatchedEngine(TorchEngine):
             # an anonymous shared mapping: the workers forked below see the parent's writes and
             # the parent theirs; pages are only backed once touched
             rows = max(rows, 2 * len(self._block))    # grow by doubling: few re-forks in a run
-            self._block = np.frombuffer(mmap.mmap(-1, rows * self.n_params * 4), dtype=np.float32)
-            self._block = self._block.reshape(rows, self.n_params)
+            raw = mmap.mmap(-1, rows * self.n_params * 4)
+            self._block = np.frombuffer(raw, dtype=np.float32).reshape(rows, self.n_params)
             global _WORKER
             _WORKER = self
             try:   # fork: the workers inherit this engine and the dataset's pages, never copies
