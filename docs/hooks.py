@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import sys
 import types
 import typing
@@ -85,6 +86,14 @@ def on_files(files, config, **kwargs):
     return files
 
 
+# Sphinx roles in docstrings (:class:`X`) reach the HTML as ":class:<code>X</code>": keep the code.
+_ROLE = re.compile(r":(?:class|func|meth|mod|attr|data|obj|exc):(?=<code>)")
+
+
+def on_page_content(html, page, **kwargs):
+    return _ROLE.sub("", html) if page.file.src_uri.startswith("reference/api/") else html
+
+
 # --- API reference -------------------------------------------------------------------------------
 
 def api_page(title: str, module: str, intro: str) -> str:
@@ -149,8 +158,8 @@ def _constraints(field) -> str:
 
 
 def _default(field) -> str:
-    from pydantic_core import PydanticUndefined
     from pydantic import BaseModel
+    from pydantic_core import PydanticUndefined
     if isinstance(field.default, BaseModel):
         return "its table's defaults"
     if field.default_factory is not None:
