@@ -191,23 +191,48 @@ def _policy_tables(registry, heading: str) -> list[str]:
     return lines + [""]
 
 
+def _nested(annotation) -> list[tuple[type, bool]]:
+    """The config models inside a field's type, each with whether it is a list of them."""
+    from pydantic import BaseModel
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [(annotation, False)]
+    out = []
+    for arg in typing.get_args(annotation):
+        listed = typing.get_origin(annotation) is list
+        out += [(m, listed or is_list) for m, is_list in _nested(arg)]
+    return out
+
+
+def _sections(root) -> list[tuple[str, str, type]]:
+    """Every config model reachable from the root, found by walking the field types (so a new
+    table appears by itself), as (title, dotted path, model); a model used at several places
+    (client_link, edge_link) gets one section naming them all."""
+    paths: dict[type, list[tuple[str, bool]]] = {}
+
+    def visit(model, where: str, listed: bool) -> None:     # depth first: a table, then its sub-tables
+        if model in paths:
+            paths[model].append((where, listed))
+            return
+        paths[model] = [(where, listed)]
+        for name, field in model.model_fields.items():
+            for sub, is_list in _nested(field.annotation):
+                visit(sub, f"{where}.{name}" if where else name, is_list)
+
+    visit(root, "", False)
+    sections = []
+    for model, places in paths.items():
+        where, listed = places[0]
+        title = ("Top level" if not where else
+                 ", ".join(f"`[[{w}]]`" if lst else f"`[{w}]`" for w, lst in places))
+        sections.append((title, where, model))
+    return sections
+
+
 def config_reference() -> str:
     sys.path.insert(0, str(ROOT))
     from emulator import config as c
 
-    sections = [
-        ("Top level", "", c.RunConfig),
-        ("`[data]`", "data", c.DataConfig),
-        ("`[[data.types]]`", "data.types", c.ClientTypeConfig),
-        ("`[topology]`", "topology", c.TopologyConfig),
-        ("`client_link`, `edge_link` (in `[topology]`)", "topology.client_link", c.LinkConfig),
-        ("`[cost]`", "cost", c.CostConfig),
-        ("`[train]`", "train", c.TrainConfig),
-        ("`[faults]`", "faults", c.FaultsConfig),
-        ("`[faults.straggler]`", "faults.straggler", c.StragglerConfig),
-        ("`[[arms]]`", "arms", c.ArmConfig),
-        ("`sampling` (in `[[arms]]`)", "arms.sampling", c.SamplingConfig),
-    ]
+    sections = _sections(c.RunConfig)
     missing: list[str] = []
     out = ["# Config reference", "",
            "Every key of a run config (TOML), generated at build time from the pydantic models in "

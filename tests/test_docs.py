@@ -18,10 +18,12 @@ import shutil
 import subprocess
 import sys
 import tomllib
+import typing
 from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import BaseModel
 
 from cost_models import read_profiles
 from emulator import config as config_models
@@ -62,13 +64,23 @@ def test_site_builds_strict_with_every_page(site):
     assert "report-default.png" in _page(site, "guide/report") and (site / "report-default.png").is_file()
 
 
+def _models_in(annotation) -> list[type]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+
+
 @need_site
 def test_config_reference_lists_every_field(site):
     html = _page(site, "reference/config")
-    for model in (config_models.RunConfig, config_models.DataConfig, config_models.TopologyConfig,
-                  config_models.CostConfig, config_models.TrainConfig, config_models.FaultsConfig,
-                  config_models.ArmConfig, config_models.SamplingConfig, config_models.StragglerConfig,
-                  config_models.ClientTypeConfig, config_models.LinkConfig):
+    models, todo = [], [config_models.RunConfig]          # every model reachable from RunConfig
+    while todo:
+        model = todo.pop()
+        if model not in models:
+            models.append(model)
+            todo += [t for f in model.model_fields.values() for t in _models_in(f.annotation)]
+    assert len(models) >= 10
+    for model in models:
         for name, field in model.model_fields.items():
             assert f"<code>{name}</code>" in html, f"{model.__name__}.{name} missing from the config reference"
             assert field.description, f"{model.__name__}.{name} has no description"
