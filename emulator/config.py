@@ -20,33 +20,46 @@ class ClientTypeConfig(_Strict):
     shift) and what makes it differ: label weights (label-shift), a rotation in degrees
     (feature-shift) or a label permutation (concept-shift)."""
 
-    clients: int = Field(ge=1)
-    samples: int | None = Field(None, ge=2)           # per client, train + local test; default: [data] sizes
-    label_weights: list[float] | None = None          # label-shift: the type's label distribution
-    rotation: float | None = None                      # feature-shift: degrees, counter-clockwise
-    permutation: list[int] | None = None               # concept-shift: label c becomes permutation[c]
+    clients: int = Field(ge=1, description="Number of clients of this type.")
+    samples: int | None = Field(None, ge=2, description="Samples per client (training plus local test); "
+                                "unset: drawn as `[data] sizes` says.")
+    label_weights: list[float] | None = Field(None, description="label-shift: the type's label distribution "
+                                              "(one weight per label; exact counts by largest remainder).")
+    rotation: float | None = Field(None, description="feature-shift: rotation of the type's images, in "
+                                   "degrees counter-clockwise.")
+    permutation: list[int] | None = Field(None, description="concept-shift: label c becomes permutation[c].")
 
 
 class DataConfig(_Strict):
-    dataset: Literal["digits", "fashion-mnist", "fsdd", "cifar10", "speech-commands"] = "digits"
-    path: str | None = None
-    # dirichlet: Group-FEL; shards: HCCT's CIFAR-10; label/feature/concept-shift: FedCollab Sec. 5.1
-    partition: Literal["dirichlet", "shards", "label-shift", "feature-shift", "concept-shift"] = "dirichlet"
-    alpha: float = Field(0.1, gt=0)
-    # dirichlet: exactly n_i samples per client, or floor(q_ic·n_i) per class (the authors' code)
-    dirichlet_counts: Literal["exact", "floor"] = "exact"
-    n_shards: int = Field(100, ge=1)                   # shards: label shards over all clients
-    # client sample counts: normal (Group-FEL paper), uniform (randint(min, max + 1), the Group-FEL
-    # authors' code), half-normal (HCCT's H(1), scaled to mean_samples)
-    sizes: Literal["normal", "uniform", "half-normal"] = "normal"
-    min_samples: int = Field(20, ge=1)
-    max_samples: int = Field(200, ge=1)
-    mean_samples: float | None = Field(None, gt=0)   # default: midpoint of [min, max]
-    std_samples: float | None = Field(None, ge=0)    # default: (max - min) / 4
-    types: list[ClientTypeConfig] | None = None      # label/feature/concept-shift; default: FedCollab's four
-    # share of each client's samples held out as its local test split (same distribution, disjoint
-    # from its training samples); default: 0.2 in per-group mode, none in global mode
-    test_fraction: float | None = Field(None, ge=0, lt=1)
+    dataset: Literal["digits", "fashion-mnist", "fsdd", "cifar10", "speech-commands"] = Field(
+        "digits", description="The dataset. digits is bundled with scikit-learn; the others are read from `path`.")
+    path: str | None = Field(None, description="The dataset's directory. fashion-mnist: the idx files "
+                             "(default /usr/share/datasets/fashion-mnist, or $GROUPFEL_FASHION_MNIST); "
+                             "fsdd: the recordings; cifar10, speech-commands: the dataset's directory.")
+    partition: Literal["dirichlet", "shards", "label-shift", "feature-shift", "concept-shift"] = Field(
+        "dirichlet", description="How data is placed on clients: dirichlet (Group-FEL), shards (HCCT's "
+        "CIFAR-10), label-, feature- or concept-shift client types (FedCollab Sec. 5.1).")
+    alpha: float = Field(0.1, gt=0, description="dirichlet: the Dirichlet concentration of each client's "
+                         "label shares (smaller: more skew).")
+    dirichlet_counts: Literal["exact", "floor"] = Field(
+        "exact", description="dirichlet: exact gives each client exactly n_i samples; floor gives "
+        "floor(q_ic·n_i) of class c (the Group-FEL authors' code, so fewer than n_i).")
+    n_shards: int = Field(100, ge=1, description="shards: single-label shards dealt over all clients.")
+    sizes: Literal["normal", "uniform", "half-normal"] = Field(
+        "normal", description="Client sample counts: normal (Group-FEL paper: Normal(mean, std) clipped "
+        "to [min, max]), uniform (randint(min, max + 1), the Group-FEL authors' code), half-normal "
+        "(HCCT's H(1), scaled so its mean is mean_samples).")
+    min_samples: int = Field(20, ge=1, description="Fewest samples a client holds.")
+    max_samples: int = Field(200, ge=1, description="Most samples a client holds (≥ min_samples).")
+    mean_samples: float | None = Field(None, gt=0, description="Mean client size; unset: the midpoint of "
+                                       "[min_samples, max_samples].")
+    std_samples: float | None = Field(None, ge=0, description="normal sizes: standard deviation; unset: "
+                                      "(max_samples - min_samples) / 4.")
+    types: list[ClientTypeConfig] | None = Field(None, description="label/feature/concept-shift: the client "
+                                                 "types; unset: FedCollab's four.")
+    test_fraction: float | None = Field(None, ge=0, lt=1, description="Share of each client's samples held "
+                                        "out as its local test split (same distribution, disjoint from its "
+                                        "training samples); unset: 0.2 in per-group mode, none in global mode.")
 
     @model_validator(mode="after")
     def _range(self):
@@ -66,16 +79,22 @@ SHIFTS = {"label-shift": "label_weights", "feature-shift": "rotation", "concept-
 
 
 class LinkConfig(_Strict):
-    bandwidth_mbps: float = Field(gt=0)
-    latency_s: float = Field(ge=0)
+    bandwidth_mbps: float = Field(gt=0, description="Link bandwidth in Mbit/s.")
+    latency_s: float = Field(ge=0, description="One-way latency in seconds.")
 
 
 class TopologyConfig(_Strict):
-    edges: int = Field(3, ge=1)
-    clients_per_edge: int | list[int] = 100
-    devices: dict[str, float] = Field(default_factory=lambda: {"raspberry-pi-4": 1.0})
-    client_link: LinkConfig = LinkConfig(bandwidth_mbps=20.0, latency_s=0.02)
-    edge_link: LinkConfig = LinkConfig(bandwidth_mbps=1000.0, latency_s=0.01)
+    edges: int = Field(3, ge=1, description="Number of edge servers.")
+    clients_per_edge: int | list[int] = Field(100, description="Clients on each edge, or a list with one "
+                                              "count per edge.")
+    devices: dict[str, float] = Field(default_factory=lambda: {"raspberry-pi-4": 1.0},
+                                      description="Device name → share of the clients (normalised, with a "
+                                      "warning, if the shares do not sum to 1). Each device needs a profile "
+                                      "`<device>/<cost.task>`.")
+    client_link: LinkConfig = Field(LinkConfig(bandwidth_mbps=20.0, latency_s=0.02),
+                                    description="The link between a client and its edge.")
+    edge_link: LinkConfig = Field(LinkConfig(bandwidth_mbps=1000.0, latency_s=0.01),
+                                  description="The link between an edge and the cloud.")
 
     @model_validator(mode="after")
     def _sizes(self):
@@ -93,34 +112,49 @@ class TopologyConfig(_Strict):
 
 
 class CostConfig(_Strict):
-    task: str = "cifar10-resnet"
-    # None: the algorithm's curve (train.algorithm: fedprox, scaffold) where every profile has one, else sgd
-    training: str | None = None
-    # None: ["secagg"], or ["scaffold-secagg"] (model + variates, twice the parameters) under scaffold
-    group_operations: list[str] | None = None
-    profiles_file: str | None = None  # a CSV of extra profiles (same columns as the shipped one)
+    task: str = Field("cifar10-resnet", description="The task half of each device's profile name "
+                      "`<device>/<task>`.")
+    training: str | None = Field(None, description="The training curve H (sgd, fedprox, scaffold, ...); "
+                                 "unset: train.algorithm's curve where every profile has one, else sgd.")
+    group_operations: list[str] | None = Field(None, description="The group operations O_g charged, each "
+                                               "its own ledger component; unset: [\"secagg\"], or "
+                                               "[\"scaffold-secagg\"] (model + variates) under scaffold.")
+    profiles_file: str | None = Field(None, description="A CSV or TOML file of your own curves (the shipped "
+                                      "file's columns). A profile named like a shipped one replaces only the "
+                                      "curves it has; the shipped profile supplies the rest.")
 
 
 class TrainConfig(_Strict):
-    model: Literal["mlp", "mlp3", "cnn", "audio-cnn", "resnet-1", "resnet-3"] = "cnn"
-    # batched: a whole group round per engine call; sequential: one client after another (reference)
-    engine: Literal["sequential", "batched"] = "batched"   # batched measured faster for every model (README)
-    workers: int | None = Field(None, ge=1)                # batched engine's processes (None: one per core)
-    device: str = "cpu"                                    # a torch device, e.g. "cuda"
-    algorithm: Literal["fedavg", "fedprox", "scaffold"] = "fedavg"
-    mu: float = Field(0.0, ge=0)                           # FedProx proximal weight (0 = FedAvg)
-    lr: float = Field(0.05, gt=0)
-    lr_decay: float = Field(1.0, gt=0, le=1)               # lr × lr_decay^t in global round t
-    momentum: float = Field(0.0, ge=0, lt=1)
-    weight_decay: float = Field(0.0, ge=0)
-    client_state: Literal["fresh", "persistent"] = "fresh"  # persistent: clients keep momentum buffers
-    batch_size: int = Field(32, ge=1)
-    group_rounds: int = Field(5, ge=1)     # K
-    local_epochs: int = Field(2, ge=1)     # E
-    rounds: int | None = Field(100, ge=1)  # T; None = until the budget is spent
-    budget: float | None = Field(None, gt=0)  # Eq. 5 cost budget (the paper: 1e6)
-    eval_every: int = Field(1, ge=1)
-    target_accuracy: float | None = Field(None, gt=0, le=1)  # summary: cost to first reach it
+    model: Literal["mlp", "mlp3", "cnn", "audio-cnn", "resnet-1", "resnet-3"] = Field(
+        "cnn", description="The model every client trains (see Algorithms: models).")
+    engine: Literal["sequential", "batched"] = Field(
+        "batched", description="batched: a whole group round per engine call (measured faster for every "
+        "model); sequential: one client after another (the readable reference).")
+    workers: int | None = Field(None, ge=1, description="The batched engine's processes on a CPU; unset: one "
+                                "per core.")
+    device: str = Field("cpu", description="A torch device, e.g. \"cuda\".")
+    algorithm: Literal["fedavg", "fedprox", "scaffold"] = Field(
+        "fedavg", description="The training algorithm.")
+    mu: float = Field(0.0, ge=0, description="FedProx's proximal weight (algorithm = \"fedprox\"; 0 gives "
+                      "FedAvg exactly).")
+    lr: float = Field(0.05, gt=0, description="The clients' SGD learning rate.")
+    lr_decay: float = Field(1.0, gt=0, le=1, description="The learning rate in global round t is "
+                            "lr × lr_decay^t.")
+    momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum (the Group-FEL authors: 0.9).")
+    weight_decay: float = Field(0.0, ge=0, description="SGD weight decay (the Group-FEL authors: 1e-4).")
+    client_state: Literal["fresh", "persistent"] = Field(
+        "fresh", description="persistent: each client keeps its momentum buffers across rounds (the "
+        "Group-FEL authors' code); fresh: new buffers every round.")
+    batch_size: int = Field(32, ge=1, description="Local mini-batch size.")
+    group_rounds: int = Field(5, ge=1, description="K: group rounds per global round.")
+    local_epochs: int = Field(2, ge=1, description="E: local epochs per group round.")
+    rounds: int | None = Field(100, ge=1, description="T: the most global rounds; unset: run until the "
+                               "budget is spent.")
+    budget: float | None = Field(None, gt=0, description="Eq. 5 cost budget (the paper: 1e6): a round that "
+                                 "would cross it is not run; an error if the first round would.")
+    eval_every: int = Field(1, ge=1, description="Evaluate the global model every this many rounds.")
+    target_accuracy: float | None = Field(None, gt=0, le=1, description="The summary reports the cost to "
+                                          "first reach this test accuracy.")
 
     @model_validator(mode="after")
     def _stop(self):
@@ -132,9 +166,11 @@ class TrainConfig(_Strict):
 
 
 class SamplingConfig(_Strict):
-    policy: str = "random"
-    groups_per_round: int | None = Field(None, ge=1)
-    data_fraction: float | None = Field(None, gt=0, le=1)
+    policy: str = Field("random", description="The sampling policy (see Policies below).")
+    groups_per_round: int | None = Field(None, ge=1, description="S: groups sampled each round (capped at "
+                                         "the groups formed, with a warning).")
+    data_fraction: float | None = Field(None, gt=0, le=1, description="Instead of groups_per_round: S is "
+                                        "the number of average-sized groups holding this share of the data.")
 
     @model_validator(mode="after")
     def _one(self):
@@ -144,13 +180,18 @@ class SamplingConfig(_Strict):
 
 
 class ArmConfig(_Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.+-]+$")
-    grouping: dict[str, Any] = Field(default_factory=lambda: {"policy": "covg"})
-    # None: global mode samples 4 groups a round; per-group mode trains every group every round.
-    # (None rather than a default object, so that "not set" survives a dump and re-parse.)
-    sampling: SamplingConfig | None = None
-    aggregation: str = "biased"
-    regroup_every: int | None = Field(None, ge=1)  # Sec. 5.2
+    name: str = Field(pattern=r"^[A-Za-z0-9_.+-]+$", description="The arm's name (its directory in the run).")
+    grouping: dict[str, Any] = Field(default_factory=lambda: {"policy": "covg"},
+                                     description="`policy` names the grouping policy; the other keys are its "
+                                     "parameters (see Policies below).")
+    # None rather than a default object, so that "not set" survives a dump and re-parse.
+    sampling: SamplingConfig | None = Field(None, description="How the cloud samples groups; unset: global "
+                                            "mode samples 4 groups a round at random, per-group mode trains "
+                                            "every group every round.")
+    aggregation: str = Field("biased", description="The cloud's aggregation rule: biased, unbiased (Eq. 4) "
+                             "or stabilized (Eq. 39).")
+    regroup_every: int | None = Field(None, ge=1, description="Regroup the clients every this many rounds "
+                                      "(Sec. 5.2); unset: group once.")
 
     @property
     def sampler(self) -> SamplingConfig:
@@ -163,33 +204,40 @@ class StragglerConfig(_Strict):
     max(1, exp(N(0, sigma²))) (half the clients at nominal speed, the rest slower); ``pareto``
     draws 1 + Lomax(shape) (a heavy tail: a few clients very slow)."""
 
-    distribution: Literal["lognormal", "pareto"] = "lognormal"
-    sigma: float = Field(0.5, gt=0)
-    shape: float = Field(3.0, gt=0)
+    distribution: Literal["lognormal", "pareto"] = Field("lognormal", description="The slowdown's "
+                                                         "distribution.")
+    sigma: float = Field(0.5, gt=0, description="lognormal: σ of the underlying normal.")
+    shape: float = Field(3.0, gt=0, description="pareto: the Lomax shape (smaller: heavier tail).")
 
 
 class FaultsConfig(_Strict):
-    dropout: float = Field(0.0, ge=0, le=1)          # probability a client drops per group round
-    straggler: StragglerConfig | None = None
-    # recovery per dropped member when a profile has no "<op>-recovery" curve:
-    # recovery_multiple × O_op(|g|) / |g| per survivor (see cost_models.model.CostModel.recovery)
-    recovery_multiple: float = Field(1.0, ge=0)
+    dropout: float = Field(0.0, ge=0, le=1, description="Probability that a client drops in a group round: "
+                           "it pays its training, not the group operations, and its update is excluded.")
+    straggler: StragglerConfig | None = Field(None, description="Compute slowdowns (simulated time only); "
+                                              "unset: none.")
+    recovery_multiple: float = Field(1.0, ge=0, description="Recovery cost per dropped member when a profile "
+                                     "has no `<op>-recovery` curve: recovery_multiple × O_op(|g|) / "
+                                     "|g| per survivor (cost_models.model.CostModel.recovery).")
 
 
 class RunConfig(_Strict):
-    name: str = Field("run", pattern=r"^[A-Za-z0-9_.+-]+$")
-    # global: Group-FEL's one cloud model; per-group: every group keeps its own model (HCCT,
-    # FedCollab), evaluated on the clients' local test splits
-    mode: Literal["global", "per-group"] = "global"
-    seed: int = 0
-    seeds: list[int] | None = Field(None, min_length=1)   # several seeds: every arm runs on each
-    output_dir: str = "results"
-    data: DataConfig = DataConfig()
-    topology: TopologyConfig = TopologyConfig()
-    cost: CostConfig = CostConfig()
-    train: TrainConfig = TrainConfig()
-    faults: FaultsConfig = FaultsConfig()
-    arms: list[ArmConfig] = Field(min_length=1)
+    name: str = Field("run", pattern=r"^[A-Za-z0-9_.+-]+$", description="The run directory is "
+                      "`<output_dir>/<name>`.")
+    mode: Literal["global", "per-group"] = Field(
+        "global", description="global: Group-FEL's one cloud model; per-group: every group keeps its own "
+        "model (HCCT, FedCollab), evaluated on the clients' local test splits.")
+    seed: int = Field(0, description="The seed of a single-seed run: same config and seed give the same "
+                      "tables.")
+    seeds: list[int] | None = Field(None, min_length=1, description="Instead of seed: every arm runs on each "
+                                    "seed; means with 95 % confidence intervals.")
+    output_dir: str = Field("results", description="Where run directories go.")
+    data: DataConfig = Field(DataConfig(), description="The `[data]` table.")
+    topology: TopologyConfig = Field(TopologyConfig(), description="The `[topology]` table.")
+    cost: CostConfig = Field(CostConfig(), description="The `[cost]` table.")
+    train: TrainConfig = Field(TrainConfig(), description="The `[train]` table.")
+    faults: FaultsConfig = Field(FaultsConfig(), description="The `[faults]` table.")
+    arms: list[ArmConfig] = Field(min_length=1, description="One or more `[[arms]]`; all share data, "
+                                  "topology and costs.")
 
     @model_validator(mode="after")
     def _arms(self):

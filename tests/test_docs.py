@@ -1,0 +1,167 @@
+"""The documentation site: it builds strictly, renders in Chromium, and its examples run.
+
+* ``mkdocs build --strict`` of the whole site (any broken link, missing page or config field
+  without a description fails it), then two pages screenshotted in headless Chromium: real PNGs,
+  not blank, with the theme's stylesheet applied.
+* The generated config reference lists every field of every config model, so it cannot drift.
+* Every TOML block of docs/ runs as printed, as the README's do (tests/test_readme.py): a run
+  config for one round, a sweep file validated point by point, a profile file parsed. A config
+  naming ``calib/profile.csv`` gets one written by ``groupfel calibrate`` from measurements in
+  ``groupfel measure``'s CSV format.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+import typing
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pydantic import BaseModel
+
+from cost_models import read_profiles
+from emulator import config as config_models
+from emulator.config import parse_config
+from experiments.runner import run_experiment
+from experiments.sweep import SweepConfig, point_configs, points
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+MKDOCS = all(importlib.util.find_spec(m) for m in ("mkdocs", "material", "mkdocstrings_handlers.python"))
+need_site = pytest.mark.skipif(not MKDOCS, reason="mkdocs, mkdocs-material or mkdocstrings[python] is not "
+                               "installed: pip install -e '.[docs]' (.ci/run does)")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def _page(site: Path, rel: str) -> str:
+    return (site / rel / "index.html").read_text() if rel else (site / "index.html").read_text()
+
+
+@need_site
+def test_site_builds_strict_with_every_page(site):
+    for rel in ["", "guide/run", "guide/calibrate", "algorithms", "cost-models", "reproductions",
+                "benchmarks", "reference/config", "reference/api/policies", "reference/api/cost-models"]:
+        assert (site / rel / "index.html").is_file(), rel
+    # the reproductions page includes experiments/reproductions/README.md rather than copying it
+    assert "Full size, 3 seeds" in _page(site, "reproductions")
+    # mkdocstrings rendered the docstrings, not just the page's heading
+    assert "CoV-Grouping" in _page(site, "reference/api/policies")
+    assert "report-default.png" in _page(site, "guide/report") and (site / "report-default.png").is_file()
+
+
+def _models_in(annotation) -> list[type]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+
+
+@need_site
+def test_config_reference_lists_every_field(site):
+    html = _page(site, "reference/config")
+    models, todo = [], [config_models.RunConfig]          # every model reachable from RunConfig
+    while todo:
+        model = todo.pop()
+        if model not in models:
+            models.append(model)
+            todo += [t for f in model.model_fields.values() for t in _models_in(f.annotation)]
+    assert len(models) >= 10
+    for model in models:
+        for name, field in model.model_fields.items():
+            assert f"<code>{name}</code>" in html, f"{model.__name__}.{name} missing from the config reference"
+            assert field.description, f"{model.__name__}.{name} has no description"
+    assert "<code>esrcov</code>" in html and "<code>max_cov</code>" in html   # the policies' table
+
+
+def _screenshot(url: str, path: Path, size: str = "1280,1000") -> np.ndarray:
+    from PIL import Image
+
+    proc = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                           f"--window-size={size}", "--virtual-time-budget=5000", f"--screenshot={path}", url],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0 and path.is_file(), proc.stderr[-2000:]
+    with Image.open(path) as img:
+        assert img.format == "PNG" and img.size == tuple(int(v) for v in size.split(","))
+        return np.asarray(img.convert("RGB"), dtype=np.int16)
+
+
+@need_site
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium; .ci/run does)")
+@pytest.mark.parametrize("rel", ["", "reference/config"])
+def test_page_renders_in_chromium(site, rel, tmp_path, capsys):
+    shot = tmp_path / f"{rel.replace('/', '-') or 'home'}.png"
+    px = _screenshot((site / rel / "index.html").as_uri(), shot)
+    with capsys.disabled():
+        print(f"\ndocs screenshot: {shot}")
+    # not blank: many distinct colours and a good share of ink on the page
+    assert len(np.unique(px.reshape(-1, 3), axis=0)) > 50
+    assert (px.sum(axis=2) < 600).mean() > 0.01
+    # Material's stylesheet applied: its coloured header bar spans the top of the page
+    header = px[5:40, :, :]
+    assert ((header[..., 2] - header[..., 0]) > 40).mean() > 0.5, "no coloured header: theme CSS not loaded"
+
+
+# --- every TOML block of docs/ runs as printed ----------------------------------------------------
+
+BLOCKS = [(md.relative_to(ROOT).as_posix(), i, block)
+          for md in sorted(DOCS.rglob("*.md"))
+          for i, block in enumerate(re.findall(r"^```toml\n(.*?)^```", md.read_text(), re.S | re.M))]
+
+
+def test_docs_have_toml_blocks():
+    assert len(BLOCKS) >= 4
+
+
+def _calibrated_profile(cwd: Path) -> None:
+    """calib/profile.csv as in docs/guide/calibrate.md: measurements in `groupfel measure`'s CSV format
+    (a quadratic secagg and a linear sgd curve, with noise), fitted by `groupfel calibrate`."""
+    rng = np.random.default_rng(0)
+    rows = ["# groupfel measure: secagg", "operation,method,device,group_size,n_samples,seconds"]
+    for s in range(2, 13, 2):
+        for _ in range(2):
+            rows.append(f"secagg,secagg,raspberry-pi-4,{s},,{(2e-6 * s * s + 1e-4 * s + 3e-4) * rng.uniform(0.95, 1.05):.9g}")
+    for n in range(16, 129, 16):
+        rows.append(f"training,sgd,raspberry-pi-4,,{n},{(1.2e-4 * n + 5e-3) * rng.uniform(0.95, 1.05):.9g}")
+    (cwd / "measurements.csv").write_text("\n".join(rows) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "experiments.cli", "calibrate", "measurements.csv",
+                           "--task", "cifar10-resnet", "--out", "calib/"],
+                          cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("where,index,block", BLOCKS, ids=[f"{w}#{i}" for w, i, _ in BLOCKS])
+def test_docs_toml_block_runs(where, index, block, tmp_path, monkeypatch):
+    data = tomllib.loads(block)
+    if "curves" in data:                       # a profile file
+        path = tmp_path / "profile.toml"
+        path.write_text(block)
+        assert read_profiles(path)
+        return
+    if "base" in data:                         # a sweep file: its base is the shipped one
+        sweep = SweepConfig.model_validate(data)
+        base = tomllib.loads((ROOT / "experiments/configs/sweeps" / sweep.base).read_text())
+        assert len(point_configs(sweep, base)) == len(points(sweep)) > 1
+        return
+    monkeypatch.chdir(tmp_path)
+    if data.get("cost", {}).get("profiles_file") == "calib/profile.csv":
+        _calibrated_profile(tmp_path)
+    config = parse_config(data)
+    data.setdefault("train", {})["rounds"] = 1
+    data["output_dir"] = str(tmp_path)
+    summary = run_experiment(parse_config(data), tmp_path / config.name, progress=False)
+    assert (summary["rounds"] == 1).all() and len(summary) == len(config.arms)
