@@ -430,12 +430,15 @@ def _run_rounds(world: World, plan: ArmPlan, arm_dir: Path, state: ArmState,
         spec = LocalSpec(cfg.seed, tc.group_rounds, tc.local_epochs, tc.lr * tc.lr_decay ** t, tc.algorithm,
                          cfg.faults)
         control = {g: state.control for g in sampled} if scaffold else None
+        if scaffold:   # the sampled clients' c_i before the round: the cloud moves c by their changes
+            members = np.concatenate([g.clients for g in sampled.values()])
+            before = state.clients.variates[torch.as_tensor(members)].clone()
         models = run_group_rounds(world.engine, {g: state.weights for g in sampled}, sampled, t, spec,
                                   state.clients, control)                   # compute, then time:
         fed.run_round(t, list(sampled.items()))
         x = sum(float(w) * models[int(g)] for w, g in zip(weights, chosen))   # Line 15 / Eq. 4 / Eq. 39
         if scaffold:
-            state.control = aggregate_control(state.control, control, chosen, weights)
+            state.control = aggregate_control(state.control, state.clients.variates, before, members, topo.n_samples)
         growth = float(torch.linalg.vector_norm(x) / torch.linalg.vector_norm(state.weights))
         if not (np.isfinite(growth) and growth < DIVERGENCE_GROWTH):
             raise DivergenceError(
