@@ -7,11 +7,13 @@ import pytest
 import simpy
 import torch
 
+from emulator.compute import LocalSpec, run_group_rounds
 from emulator.config import parse_config
 from emulator.errors import InputError
 from emulator.pergroup import (FORWARD_FRACTION, LocalData, PerGroupState, _ifca_reassign, ipr_rsd,
                                local_reference, run_pergroup_arm)
-from emulator.runner import plan_arm, run_arm
+from emulator.federation import Group
+from emulator.runner import CHECKPOINT, plan_arm, run_arm
 from emulator.world import build_world
 from experiments.runner import run_experiment
 from policies import groupings
@@ -218,3 +220,43 @@ def test_per_group_seeds_train_every_group_as_a_single_seed_run_does(tiny_dict, 
     one = pd.read_csv(tmp_path / "single" / "local" / "results.csv")
     assert (multi["ipr"] == 0).all() and (multi["rsd"] == 0).all()
     assert np.allclose(multi["local_error_mean"], one["local_error_mean"]) and len(single) == 1
+
+
+def test_fedclar_in_global_mode_trains_one_model_per_cluster(tiny_dict, tmp_path):
+    """After cluster_round each cluster keeps its own model, trained only by its members, and the
+    evaluated global model is the sample-weighted mean of every cluster's model. Two concepts with
+    reversed labels, one cluster sampled a round."""
+    d = _two_concepts(tiny_dict, [{"name": "fedclar", "grouping": {"policy": "fedclar", "min_group_size": 2,
+                                                                   "cluster_round": 1, "threshold": 0.9},
+                                   "sampling": {"policy": "random", "groups_per_round": 1}}]).model_dump()
+    d.update(mode="global")
+    d["data"]["test_fraction"] = None
+    d["train"].update(rounds=4, eval_every=1)
+    cfg = parse_config(d)
+    world = build_world(cfg)
+    seen = {}
+
+    def record(t, cost, acc):
+        blob = torch.load(tmp_path / "a" / CHECKPOINT, weights_only=True)
+        seen[t] = (blob["weights"], blob["cluster_models"])
+    full = run_arm(world, plan_arm(world, 0), tmp_path / "a", record)
+    clusters = json.loads((tmp_path / "a" / "fedclar-clusters.json").read_text())["clusters"]
+    assert sorted(sorted(c["clients"]) for c in clusters) == [[0, 1, 2], [3, 4, 5]]   # by concept
+    assert seen[1][1] is None                                      # one global model before clustering
+    x1, (x2, m2) = seen[1][0], seen[2]
+    assert m2.shape == (2, world.engine.n_params)
+    changed = [g for g in range(2) if not torch.equal(m2[g], x1)]
+    assert len(changed) == 1                                       # the sampled cluster trained; the other kept x_1
+    g = changed[0]
+    tc = cfg.train
+    spec = LocalSpec(cfg.seed, tc.group_rounds, tc.local_epochs, tc.lr * tc.lr_decay ** 1, tc.algorithm, cfg.faults)
+    members = np.array(clusters[g]["clients"])
+    group = Group(0, members, world.topology.n_samples[members], 0.0)
+    by_hand = run_group_rounds(world.engine, {g: x1}, {g: group}, 1, spec)[g]
+    assert torch.equal(m2[g], by_hand)                             # what that cluster trained from x_1
+    n = np.array([world.topology.n_samples[c["clients"]].sum() for c in clusters], dtype=float)
+    for t in (2, 3, 4):
+        x, m = seen[t]
+        torch.testing.assert_close(x, torch.as_tensor(n / n.sum(), dtype=torch.float64).float() @ m, atol=1e-6, rtol=0)
+    assert not torch.equal(seen[4][1][0], seen[4][1][1])
+    _kill_after_round_2_and_resume(run_arm, cfg, full, tmp_path / "b")
