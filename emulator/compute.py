@@ -71,11 +71,14 @@ class ClientState:
 
 def run_group_rounds(engine: TrainingEngine, starts: dict[int, torch.Tensor], groups: dict[int, Group], t: int,
                      spec: LocalSpec, clients: ClientState | None = None,
-                     control: dict[int, torch.Tensor] | None = None) -> dict[int, torch.Tensor]:
+                     control: dict[int, torch.Tensor] | None = None,
+                     uploads: dict[int, torch.Tensor] | None = None) -> dict[int, torch.Tensor]:
     """K group rounds of round ``t`` for every group in ``groups``, each from its own start model
     (global mode: x_t for every group; per-group mode: each group's own). Returns each group's
     model x^g_{t,K}. SCAFFOLD: ``control`` holds each group's starting variate and is updated in
-    place to its c_g after the K group rounds; ``clients.variates`` are updated."""
+    place to its c_g after the K group rounds; ``clients.variates`` are updated. ``uploads``, if
+    given, receives each client's update (start − trained model) of the last group round it
+    trained in: the gradient it uploaded (HCCT Alg. 1 lines 11, 18), up to the factor lr."""
     scaffold = spec.algorithm == "scaffold"
     if scaffold and (control is None or clients is None or clients.variates is None):
         raise ValueError("scaffold needs client variates and the groups' control variates")
@@ -115,6 +118,9 @@ def run_group_rounds(engine: TrainingEngine, starts: dict[int, torch.Tensor], gr
                              momentum=momentum, rows=rows)
         if momentum is not None:
             clients.momentum[idx] = momentum
+        if uploads is not None:
+            for r, c in enumerate(members):
+                uploads[c] = table[rows[r]] - local[r]
         if scaffold:
             tau = torch.tensor([engine.steps(c, spec.local_epochs) for c in members], dtype=local.dtype)
             new = -correction + (table[torch.as_tensor(rows)] - local) / (tau[:, None] * spec.lr)
