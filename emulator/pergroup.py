@@ -409,7 +409,7 @@ def run_pergroup_arm(world: World, plan: ArmPlan, arm_dir: Path,
         grouping = form_groups(world, ArmPlan(plan.arm, LocalGrouping(), None, None) if alg1 else plan, 0)
         state = _initial_state(world, plan, grouping)
         if alg1:
-            state.gradients = torch.zeros(world.topology.n_clients, world.engine.n_params)
+            state.gradients = state.models.new_zeros(world.topology.n_clients, world.engine.n_params)
             state.uploaded = np.zeros(world.topology.n_clients, dtype=bool)
         env = Federation.environment()
         charge_client_work(state.ledger, env, world.topology, 0, grouping.probe)   # HCCT probe, FedCollab discriminators
