@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import platform
 import queue
@@ -134,7 +135,7 @@ def task_device(configured: str, gpus_per_task: float, gpu_ids: Sequence, cuda: 
         what = "Ray assigned it no GPU" if not gpu_ids else "torch there has no CUDA"
         raise InputError(f"--gpus-per-task: the task on node {node} asked for GPUs but {what}; install a CUDA "
                          f"build of torch on the GPU nodes or drop --gpus-per-task")
-    return configured if configured.startswith("cuda") else "cuda"
+    return "cuda"
 
 
 def _node() -> str:
@@ -225,7 +226,8 @@ def ray_task(config_json: str, arm: int, files: dict[str, bytes], dataset, gpus_
             elif kind == "error":
                 thread.join()
                 if isinstance(payload, InputError):   # e.g. a dataset this node lacks: name the node
-                    raise InputError(f"on node {node}: {payload}") from None
+                    hint = "; or pass --ship-data to send the dataset from the driver" if "data." in str(payload) else ""
+                    raise InputError(f"on node {node}: {payload}{hint}") from None
                 raise payload
             else:
                 break
@@ -265,11 +267,10 @@ def _lost(task, losses: dict, limit: int, why: str, resume: str) -> None:
                               f"kept, so {resume}")
 
 
-def run_tasks(tasks: Sequence, *, backend: str = "local", jobs: int | None = None, address: str | None = None,
-              ray: RayOptions | None = None, on_start: Callable | None = None,
-              on_done: Callable | None = None) -> None:
-    """Run every task (an object with ``config_json``, ``run_dir``, ``arm``); ``on_start(task)``
-    and ``on_done(task)`` report progress in this process (each once per task, retries included)."""
+def check_backend(backend: str, jobs: int | None = None, address: str | None = None,
+                  ray: RayOptions | None = None, *, connect: bool = True) -> RayOptions:
+    """Refuse bad backend flags, and with Ray connect and check the cluster has the GPUs asked
+    for, before anything is written; returns the Ray options in effect."""
     if backend not in BACKENDS:
         raise InputError(f"--backend: {backend!r} is not one of {', '.join(BACKENDS)}")
     if jobs is not None and jobs < 1:
@@ -279,8 +280,20 @@ def run_tasks(tasks: Sequence, *, backend: str = "local", jobs: int | None = Non
         options = dataclasses.replace(options, address=address)
     if backend == "local" and options != RayOptions():
         raise InputError("--address, --gpus-per-task, --ship-data and --py-module need --backend ray")
+    if backend == "ray" and connect:
+        _check_gpus(start_ray(jobs, options), options)
+    return options
+
+
+def run_tasks(tasks: Sequence, *, backend: str = "local", jobs: int | None = None, address: str | None = None,
+              ray: RayOptions | None = None, on_start: Callable | None = None,
+              on_done: Callable | None = None) -> None:
+    """Run every task (an object with ``config_json``, ``run_dir``, ``arm``); ``on_start(task)``
+    and ``on_done(task)`` report progress in this process (each once per task, retries included)."""
     if not tasks:
+        check_backend(backend, jobs, address, ray, connect=False)
         return
+    options = check_backend(backend, jobs, address, ray)
     on_start = on_start or (lambda task: None)
     on_done = on_done or (lambda task: None)
     if backend == "ray":
@@ -351,10 +364,10 @@ def start_ray(jobs: int | None, options: RayOptions | str | None = None):
     env = runtime_env(options)
     try:
         if address:
-            ray.init(address=address, runtime_env=env, log_to_driver=False)
+            ray.init(address=address, runtime_env=env, log_to_driver=False, logging_level=logging.WARNING)
         else:   # "local": a new instance even when /tmp/ray/ray_current_cluster names a running one
             ray.init(address="local", num_cpus=jobs or len(os.sched_getaffinity(0)), runtime_env=env,
-                     log_to_driver=False, include_dashboard=False)
+                     log_to_driver=False, include_dashboard=False, logging_level=logging.WARNING)
     except ray.exceptions.AuthenticationError:
         raise InputError(f"--address {address}: the cluster wants its token; set RAY_AUTH_TOKEN (or "
                          f"RAY_AUTH_TOKEN_PATH) to the token printed by 'ray get-auth-token' on the head node"
@@ -399,7 +412,6 @@ def land(run_dir: Path, files: dict[str, bytes], final: bool) -> None:
 
 def _run_ray(tasks: Sequence, jobs: int | None, options: RayOptions, on_start: Callable, on_done: Callable) -> None:
     ray = start_ray(jobs, options)
-    _check_gpus(ray, options)
     from topologies import load_dataset
 
     data: dict = {}   # (dataset, path) -> object ref, with ship_data

@@ -152,9 +152,10 @@ def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: boo
     run_dir = Path(run_dir) if run_dir else Path(config.output_dir) / config.name
     if config.seeds is None:
         return _run_single(config, run_dir, force=force, progress=progress)
-    from .backends import run_tasks
+    from .backends import check_backend, run_tasks
 
     validate(config, run_dir, force=force)
+    check_backend(backend, jobs, address, ray)   # a cluster without the GPUs asked for: before any file
     tasks = prepare(config, run_dir, force=force)
     todo = [t for t in tasks if not t.done]
     with tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"{config.name}: seed x arm runs",

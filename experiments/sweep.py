@@ -142,7 +142,7 @@ def run_sweep(path: str | Path, *, backend: str = "local", jobs: int | None = No
               ray=None) -> pd.DataFrame:
     """Validate every point, run every unfinished (point, seed, arm) task, write the sweep tables
     (``ray``: :class:`experiments.backends.RayOptions`)."""
-    from .backends import BACKENDS, run_tasks
+    from .backends import BACKENDS, check_backend, run_tasks
     from .runner import prepare, validate
 
     if backend not in BACKENDS:
@@ -154,6 +154,7 @@ def run_sweep(path: str | Path, *, backend: str = "local", jobs: int | None = No
     for i, (config, point) in enumerate(zip(configs, pts)):
         label = f"sweep point {point_name(i)} ({', '.join(f'{p}={v!r}' for p, v in point.items())}): "
         validate(config, root / point_name(i), force=force, where=label)
+    check_backend(backend, jobs, address, ray)   # a cluster without the GPUs asked for: before any file
     write_json(root / "sweep.json", {"sweep": json.loads(sweep.model_dump_json()),
                                      "points": {point_name(i): p for i, p in enumerate(pts)}})
     table = pd.DataFrame([{"point": point_name(i), **p} for i, p in enumerate(pts)])
