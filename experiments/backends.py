@@ -368,7 +368,7 @@ def start_ray(jobs: int | None, options: RayOptions | str | None = None):
         else:   # "local": a new instance even when /tmp/ray/ray_current_cluster names a running one
             ray.init(address="local", num_cpus=jobs or len(os.sched_getaffinity(0)), runtime_env=env,
                      log_to_driver=False, include_dashboard=False, logging_level=logging.WARNING)
-    except ray.exceptions.AuthenticationError:
+    except getattr(ray.exceptions, "AuthenticationError", ()):   # token auth: Ray >= 2.5x
         raise InputError(f"--address {address}: the cluster wants its token; set RAY_AUTH_TOKEN (or "
                          f"RAY_AUTH_TOKEN_PATH) to the token printed by 'ray get-auth-token' on the head node"
                          ) from None
