@@ -192,10 +192,9 @@ def ray_task(config_json: str, arm: int, files: dict[str, bytes], dataset, gpus_
     import torch
 
     node = _node()
-    import ray
-
-    device = task_device(json.loads(config_json)["train"].get("device", "cpu"), gpus_per_task,
-                         ray.get_gpu_ids(), torch.cuda.is_available(), node)
+    gpu_ids = __import__("ray").get_gpu_ids() if gpus_per_task else []
+    device = task_device(json.loads(config_json)["train"].get("device", "cpu"), gpus_per_task, gpu_ids,
+                         torch.cuda.is_available(), node)
     with tempfile.TemporaryDirectory(prefix="groupfel-task-") as tmp:
         run_dir = Path(tmp)
         _unpack(run_dir, files)

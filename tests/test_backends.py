@@ -110,3 +110,41 @@ def test_landed_files_mark_the_arm_complete_last_and_drop_its_checkpoint(tmp_pat
     assert task.done and not (arm / "checkpoint.pt").exists() and (arm / "results.csv").read_text() == "r\n"
     with pytest.raises(ValueError, match="outside its run directory"):
         land(Path(task.run_dir), {"../evil": b""}, final=False)
+
+
+def _files_of(run_dir: Path) -> dict[str, bytes]:
+    return {p.relative_to(run_dir).as_posix(): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("mode", ["global", "per-group"])
+def test_a_task_streams_checkpoints_and_resumes_from_one_with_equal_files(tmp_path, tiny_dict, mode):
+    """What a Ray task sends (run here as the plain generator it is): a checkpoint after each
+    evaluation, then every file. Restarted from a streamed checkpoint, it ends with the same
+    results and ledger as an undisturbed task and as the local pool's worker."""
+    from experiments.backends import ray_task
+
+    if mode == "per-group":
+        tiny_dict.update(mode="per-group", topology={"edges": 1, "clients_per_edge": 6})
+        tiny_dict["arms"] = [{"name": "ifca", "grouping": {"policy": "ifca", "n_clusters": 2}}]
+    config_json = json.dumps(json.loads(parse_config(tiny_dict).model_dump_json()))
+    run_task(config_json, str(tmp_path / "local"), 0)
+    arm = tiny_dict["arms"][0]["name"]
+
+    messages = list(ray_task(config_json, 0, {}, None, 0.0))
+    kinds = [k for k, _ in messages]
+    assert kinds == ["checkpoint"] * (len(kinds) - 1) + ["done"] and len(kinds) >= tiny_dict["train"]["rounds"]
+    assert f"{arm}/checkpoint.pt" in messages[1][1]
+    whole = tmp_path / "whole"
+    for kind, files in messages:
+        land(whole, files, final=kind == "done")
+    # a retry: the driver's copy after the second checkpoint, as _driver_files ships it
+    partial = tmp_path / "partial"
+    for kind, files in messages[:2]:
+        land(partial, files, final=False)
+    resumed_msgs = list(ray_task(config_json, 0, _files_of(partial), None, 0.0))
+    assert len(resumed_msgs) < len(messages)            # it resumed: fewer rounds left to stream
+    land(partial, resumed_msgs[-1][1], final=True)
+    for d in (whole, partial):
+        for name in ("results.csv", "ledger.parquet"):
+            assert (d / arm / name).read_bytes() == (tmp_path / "local" / arm / name).read_bytes(), (d, name)
+        assert not (d / arm / "checkpoint.pt").exists()
