@@ -6,6 +6,7 @@ Starts a one-node cluster with ``ray start`` (2 CPUs, 127.0.0.1, no token), then
 
 1. a small sweep (digits MLP, 2 points x 2 seeds x 2 arms, 20 rounds) on the local pool (2 workers)
    and on the cluster (``--address``): wall time of each, and whether the tables are equal;
+   (the pool runs once more after the cluster, to show how much the machine's load moves a timing);
 2. a 2-seed run on the cluster, undisturbed and with one worker killed (SIGKILL) right after the
    driver received a checkpoint: the extra wall time, the rounds the rerun task redid, and
    whether the tables are equal.
@@ -140,8 +141,12 @@ def main() -> None:
         t = time.perf_counter()
         run_sweep(tmp / "sweep.toml", output=tmp / "cluster", backend="ray", ray=options, progress=False)
         cluster_s = time.perf_counter() - t
-        print(f"sweep (8 tasks): local pool {local_s:.1f} s, loopback cluster {cluster_s:.1f} s "
-              f"(incl. connecting and shipping the code); tables equal: {equal(tmp / 'local', tmp / 'cluster')}")
+        t = time.perf_counter()   # the pool again: how much the machine's load moves a timing
+        run_sweep(tmp / "sweep.toml", output=tmp / "local2", jobs=2, progress=False)
+        local2_s = time.perf_counter() - t
+        print(f"sweep (8 tasks): local pool {local_s:.1f} s, loopback cluster {cluster_s:.1f} s (incl. connecting "
+              f"and shipping the code), local pool again {local2_s:.1f} s; load average {os.getloadavg()[0]:.1f}; "
+              f"tables equal: {equal(tmp / 'local', tmp / 'cluster')}")
 
         import tomllib
 
