@@ -12,3 +12,8 @@ class DivergenceError(RuntimeError):
 class InputWarning(UserWarning):
     """Input accepted with an adjustment the user should know about (e.g. device shares normalised).
     The CLI prints it once on one line; a run also records it in each arm's manifest.json."""
+
+
+class WorkerLostError(RuntimeError):
+    """A task kept losing its worker process or node (killed, out of memory); the message says how
+    to resume. Exit code 1."""

@@ -121,9 +121,13 @@ def build_engine(config: RunConfig, dataset: Dataset, topology: Topology) -> Tor
     return ENGINES[t.engine](dataset, topology.client_samples, t.model, t.lr, t.batch_size, t.device, **kwargs)
 
 
-def build_world(config: RunConfig) -> World:
+def build_world(config: RunConfig, dataset: Dataset | None = None) -> World:
+    """``dataset``: the loaded ``config.data`` dataset, where the caller has it (a Ray task whose
+    node lacks the files gets it from the driver); else it loads here."""
     cost = build_cost_model(config)  # cheap checks first, before the data loads
-    placement = place_data(config, load_dataset(config.data.dataset, config.data.path))
+    if dataset is None:
+        dataset = load_dataset(config.data.dataset, config.data.path)
+    placement = place_data(config, dataset)
     dataset, topology = placement.dataset, placement.topology
     t = config.train
     try:

@@ -1,29 +1,80 @@
 """Where (seed, arm) tasks run: ``local`` (a process pool, one worker per core, one torch thread
 per worker) or ``ray`` (Ray tasks on a local instance or the cluster at ``address``).
 
-A task carries only its config (JSON) and its run directory: the worker builds the world, so the
-dataset loads inside the worker and is never shipped with the task. Every task runs with one torch
-thread on either backend, so both give the same numbers. With Ray on a cluster, the run directory
-must be on a file system every node sees, and groupfel installed on every node.
+A task carries its config (JSON): the worker builds the world, so the dataset loads inside the
+worker (or, with ``ship_data``, comes from the driver through Ray's object store). Every task runs
+with one torch thread on either backend, so both give the same numbers.
+
+The local pool's workers write into the run directory. A Ray task never touches the driver's disk:
+it runs its arm in a private temporary directory, streams every checkpoint back to the driver as
+it is written, and returns the arm's files (results, ledger, manifest) at the end; the driver writes
+them all. So no node needs a shared file system, and a killed driver resumes from the checkpoints it
+holds. The code travels to the workers through Ray's ``runtime_env`` (``py_modules``): groupfel
+need not be installed on the nodes.
+
+A task whose worker or node dies is run again from the driver's latest copy of its checkpoint; the
+run loop's randomness is derived from (seed, round), so the rerun gives the numbers an undisturbed
+run gives, and a loss costs at most the rounds since the last checkpoint (``train.eval_every``).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
-from collections.abc import Callable, Sequence
+import platform
+import queue
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
-from emulator.errors import DivergenceError, InputError
+from emulator.errors import DivergenceError, InputError, WorkerLostError
+from emulator.io import atomic_write
 
 BACKENDS = ("local", "ray")
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("emulator", "experiments", "policies", "cost_models", "topologies")
+# Large committed outputs that no worker imports.
+EXCLUDES = ["__pycache__", "*.pyc", "experiments/reproductions", "reproductions"]
+# How many times one task may lose its worker (killed, node gone) before the run stops.
+MAX_LOSSES = 3
+MANIFEST = "manifest.json"
+CHECKPOINT = "checkpoint.pt"
 
 
-def run_task(config_json: str, run_dir: str, arm: int) -> str:
-    """Run (or resume) one arm of one single-seed config; returns the arm directory. A diverged
-    arm is a result (its manifest says so, see :func:`experiments.runner.diverged_runs`), not an
-    error that stops the other tasks."""
+@dataclass(frozen=True)
+class RayOptions:
+    """How ``--backend ray`` runs: the cluster, the resources of a task, what travels to the nodes."""
+    address: str | None = None        # None: RAY_ADDRESS if set, else a new local instance
+    gpus_per_task: float = 0.0        # > 0: tasks ask Ray for GPUs and train on CUDA
+    ship_data: bool = False           # send the dataset through the object store (nodes lack its files)
+    py_modules: tuple[str, ...] = ()  # plug-in modules or packages (paths) the workers import
+    max_losses: int = MAX_LOSSES
+
+    def __post_init__(self):
+        g = self.gpus_per_task
+        if g < 0 or (g > 1 and g != int(g)):
+            raise InputError(f"--gpus-per-task: {g:g} is not a GPU share Ray accepts; give a fraction in (0, 1] "
+                             f"(tasks share a GPU) or a whole number of GPUs")
+        for path in self.py_modules:
+            if not Path(path).exists():
+                raise InputError(f"--py-module {path}: no such file or directory; give the path of a plug-in "
+                                 f"module (.py) or package directory")
+
+
+# ---- one task, on whichever worker -------------------------------------------------------------
+
+def _execute(config_json: str, run_dir: Path, arm: int, *, dataset=None, device: str | None = None,
+             on_round: Callable | None = None) -> Path:
+    """Run (or resume) one arm of one single-seed config into ``run_dir/<arm>``. A diverged arm is
+    a result (its manifest says so, see :func:`experiments.runner.diverged_runs`), not an error
+    that stops the other tasks."""
     import torch
 
     from emulator.config import parse_config
@@ -37,18 +88,153 @@ def run_task(config_json: str, run_dir: str, arm: int) -> str:
     try:
         raw = json.loads(config_json)
         # the backend already runs one task per core: the batched engine forks no workers of its own
-        config = parse_config({**raw, "train": {**raw["train"], "workers": 1}})
-        world = build_world(config)
+        train = {**raw["train"], "workers": 1, **({"device": device} if device else {})}
+        config = parse_config({**raw, "train": train})
+        world = build_world(config, dataset=dataset)
         plan = plan_arm(world, arm)
         arm_dir = Path(run_dir) / plan.arm.name
         try:
-            arm_runner(config)(world, plan, arm_dir)
+            arm_runner(config)(world, plan, arm_dir, on_round)
         except DivergenceError:
             pass   # the arm wrote its tables with stop reason "diverged"; the other tasks go on
-        return str(arm_dir)
+        record_device(arm_dir, config.train.device)
+        return arm_dir
     finally:
         torch.set_num_threads(threads)
 
+
+def describe_device(device: str) -> str:
+    """The hardware a run trained on, for its manifest (numbers are deterministic per device type)."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(dev)})"
+    return f"{dev.type} ({platform.machine()})"
+
+
+def record_device(arm_dir: Path, device: str) -> None:
+    path = Path(arm_dir) / MANIFEST
+    if path.exists():
+        manifest = json.loads(path.read_text())
+        manifest["device"] = describe_device(device)
+        atomic_write(path, lambda p: p.write_text(json.dumps(manifest, indent=2, default=str) + "\n"))
+
+
+def run_task(config_json: str, run_dir: str, arm: int) -> str:
+    """A local pool task: run (or resume) one arm in ``run_dir``; returns the arm directory."""
+    return str(_execute(config_json, Path(run_dir), arm))
+
+
+def task_device(configured: str, gpus_per_task: float, gpu_ids: Sequence, cuda: bool, node: str) -> str | None:
+    """The torch device of a Ray task: CUDA where it asked for GPUs and Ray assigned some (Ray sets
+    CUDA_VISIBLE_DEVICES, so the first visible one is the task's); else the config's (None)."""
+    if not gpus_per_task:
+        return None
+    if not gpu_ids or not cuda:
+        what = "Ray assigned it no GPU" if not gpu_ids else "torch there has no CUDA"
+        raise InputError(f"--gpus-per-task: the task on node {node} asked for GPUs but {what}; install a CUDA "
+                         f"build of torch on the GPU nodes or drop --gpus-per-task")
+    return "cuda"
+
+
+def _node() -> str:
+    import socket
+
+    try:
+        import ray
+
+        return f"{ray.util.get_node_ip_address()} ({socket.gethostname()})"
+    except Exception:   # outside Ray
+        return socket.gethostname()
+
+
+def _pack(root: Path, since: dict[str, int] | None = None) -> dict[str, bytes]:
+    """Every file under ``root`` (relative path -> bytes); with ``since``, only those whose
+    modification stamp changed (``since`` is updated)."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        if not path.is_file() or path.name.startswith("."):   # skip atomic_write's temporaries
+            continue
+        rel = path.relative_to(root).as_posix()
+        if since is not None:
+            stamp = path.stat().st_mtime_ns
+            if since.get(rel) == stamp:
+                continue
+            since[rel] = stamp
+        out[rel] = path.read_bytes()
+    return out
+
+
+def _unpack(root: Path, files: dict[str, bytes]) -> None:
+    for rel, data in files.items():
+        path = (root / rel).resolve()
+        if not path.is_relative_to(root.resolve()):
+            raise ValueError(f"{rel}: a task file outside its run directory")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+def _writable(dataset):
+    """The object store hands out read-only arrays; the engine wants its own."""
+    import numpy as np
+
+    return dataclasses.replace(dataset, **{f.name: np.array(getattr(dataset, f.name))
+                                           for f in dataclasses.fields(dataset)
+                                           if isinstance(getattr(dataset, f.name), np.ndarray)})
+
+
+def ray_task(config_json: str, arm: int, files: dict[str, bytes], dataset, gpus_per_task: float
+             ) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """A Ray task (a generator): run one arm in a private temporary directory seeded with the
+    driver's copy of it (``files``: a checkpoint to resume from, caches); yield ("checkpoint",
+    changed files) after every round that wrote some, then ("done", every file)."""
+    import torch
+
+    node = _node()
+    gpu_ids = __import__("ray").get_gpu_ids() if gpus_per_task else []
+    device = task_device(json.loads(config_json)["train"].get("device", "cpu"), gpus_per_task, gpu_ids,
+                         torch.cuda.is_available(), node)
+    with tempfile.TemporaryDirectory(prefix="groupfel-task-") as tmp:
+        run_dir = Path(tmp)
+        _unpack(run_dir, files)
+        stamps: dict[str, int] = {}
+        _pack(run_dir, stamps)   # what the driver already holds
+        messages: queue.Queue = queue.Queue()
+
+        def on_round(t, cost, acc):
+            changed = _pack(run_dir, stamps)
+            if changed:
+                messages.put(("checkpoint", changed))
+
+        def work():
+            try:
+                _execute(config_json, run_dir, arm, dataset=_writable(dataset) if dataset is not None else None,
+                         device=device, on_round=on_round)
+                messages.put(("done", None))
+            except BaseException as exc:   # handed to the generator, which raises it in Ray's thread
+                messages.put(("error", exc))
+
+        # The arm runs in a thread so this generator can stream its checkpoints as they appear.
+        thread = threading.Thread(target=work, name="groupfel-arm", daemon=True)
+        thread.start()
+        while True:
+            kind, payload = messages.get()
+            if kind == "checkpoint":
+                yield kind, payload
+            elif kind == "error":
+                thread.join()
+                if isinstance(payload, InputError):   # e.g. a dataset this node lacks: name the node
+                    hint = "; or pass --ship-data to send the dataset from the driver" if "data." in str(payload) else ""
+                    raise InputError(f"on node {node}: {payload}{hint}") from None
+                raise payload
+            else:
+                break
+        thread.join()
+        yield "done", _pack(run_dir)
+
+
+# ---- the local process pool --------------------------------------------------------------------
 
 def _context():
     """Workers fork from a server process that imported torch and the emulator but never ran a
@@ -63,20 +249,54 @@ def default_jobs(n_tasks: int) -> int:
     return max(1, min(n_tasks, len(os.sched_getaffinity(0))))
 
 
-def run_tasks(tasks: Sequence, *, backend: str = "local", jobs: int | None = None, address: str | None = None,
-              on_start: Callable | None = None, on_done: Callable | None = None) -> None:
-    """Run every task (an object with ``config_json``, ``run_dir``, ``arm``); ``on_start(task)``
-    and ``on_done(task)`` report progress in this process."""
+def _label(task) -> str:
+    raw = json.loads(task.config_json)
+    return f"seed {raw['seed']} arm {raw['arms'][task.arm]['name']!r} ({task.run_dir})"
+
+
+def _note(text: str) -> None:
+    print(f"groupfel: warning: {text}", file=sys.stderr, flush=True)
+
+
+def _lost(task, losses: dict, limit: int, why: str, resume: str) -> None:
+    """Count one loss of ``task``; past ``limit`` the run stops with one line saying how to resume."""
+    losses[id(task)] = losses.get(id(task), 0) + 1
+    if losses[id(task)] > limit:
+        raise WorkerLostError(f"{_label(task)}: {why} {losses[id(task)]} times; finished arms and checkpoints are "
+                              f"kept, so {resume}")
+
+
+def check_backend(backend: str, jobs: int | None = None, address: str | None = None,
+                  ray: RayOptions | None = None, *, connect: bool = True) -> RayOptions:
+    """Refuse bad backend flags, and with Ray connect and check the cluster has the GPUs asked
+    for, before anything is written; returns the Ray options in effect."""
     if backend not in BACKENDS:
         raise InputError(f"--backend: {backend!r} is not one of {', '.join(BACKENDS)}")
     if jobs is not None and jobs < 1:
         raise InputError(f"--jobs: must be >= 1, got {jobs}")
+    options = ray or RayOptions()
+    if address:
+        options = dataclasses.replace(options, address=address)
+    if backend == "local" and options != RayOptions():
+        raise InputError("--address, --gpus-per-task, --ship-data and --py-module need --backend ray")
+    if backend == "ray" and connect:
+        _check_gpus(start_ray(jobs, options), options)
+    return options
+
+
+def run_tasks(tasks: Sequence, *, backend: str = "local", jobs: int | None = None, address: str | None = None,
+              ray: RayOptions | None = None, on_start: Callable | None = None,
+              on_done: Callable | None = None) -> None:
+    """Run every task (an object with ``config_json``, ``run_dir``, ``arm``); ``on_start(task)``
+    and ``on_done(task)`` report progress in this process (each once per task, retries included)."""
     if not tasks:
+        check_backend(backend, jobs, address, ray, connect=False)
         return
+    options = check_backend(backend, jobs, address, ray)
     on_start = on_start or (lambda task: None)
     on_done = on_done or (lambda task: None)
     if backend == "ray":
-        _run_ray(tasks, jobs, address, on_start, on_done)
+        _run_ray(tasks, jobs, options, on_start, on_done)
         return
     jobs = jobs or default_jobs(len(tasks))
     if jobs == 1:
@@ -85,49 +305,184 @@ def run_tasks(tasks: Sequence, *, backend: str = "local", jobs: int | None = Non
             run_task(task.config_json, task.run_dir, task.arm)
             on_done(task)
         return
-    with ProcessPoolExecutor(jobs, mp_context=_context()) as pool:
-        pending, queue = {}, list(tasks)
-        while queue or pending:
-            while queue and len(pending) < jobs:     # submit as workers free up: on_start is honest
-                task = queue.pop(0)
-                on_start(task)
-                pending[pool.submit(run_task, task.config_json, task.run_dir, task.arm)] = task
-            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in finished:
-                task = pending.pop(fut)
-                fut.result()          # re-raise a worker's error here
-                on_done(task)
+    _run_pool(tasks, jobs, on_start, on_done)
 
 
-def start_ray(jobs: int | None, address: str | None):
+def _run_pool(tasks: Sequence, jobs: int, on_start: Callable, on_done: Callable) -> None:
+    """The process pool. A worker the OS kills (kill -9, the out-of-memory killer) breaks the pool:
+    the tasks it held are submitted again to a new pool and resume from their checkpoints."""
+    queue_, started, losses = list(tasks), set(), {}
+    while queue_:
+        with ProcessPoolExecutor(jobs, mp_context=_context()) as pool:
+            pending, broken = {}, False
+            while (queue_ or pending) and not broken:
+                while queue_ and len(pending) < jobs:     # submit as workers free up: on_start is honest
+                    task = queue_.pop(0)
+                    if id(task) not in started:
+                        started.add(id(task))
+                        on_start(task)
+                    pending[pool.submit(run_task, task.config_json, task.run_dir, task.arm)] = task
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    try:
+                        fut.result()          # re-raise a worker's error here
+                    except BrokenProcessPool:
+                        broken = True
+                        continue
+                    on_done(pending.pop(fut))
+            if broken:
+                lost = list(pending.values())
+                for task in lost:
+                    _lost(task, losses, MAX_LOSSES, "lost its worker process (killed, e.g. by the out-of-memory "
+                          "killer)", "rerun the same command to resume")
+                _note(f"a worker process died (killed, e.g. out of memory); running its {len(lost)} unfinished "
+                      f"task(s) again from their checkpoints")
+                queue_ = lost + queue_
+
+
+# ---- Ray ---------------------------------------------------------------------------------------
+
+def runtime_env(options: RayOptions) -> dict:
+    """The code the workers import: groupfel's packages as this driver has them, and any plug-ins."""
+    modules = [str(ROOT / p) for p in PACKAGES] + [str(Path(p).resolve()) for p in options.py_modules]
+    return {"py_modules": modules, "excludes": EXCLUDES}
+
+
+def start_ray(jobs: int | None, options: RayOptions | str | None = None):
+    """Connect to the cluster at ``options.address`` (or $RAY_ADDRESS), else start a private local
+    instance: never a cluster found on this machine that nobody asked for."""
+    if not isinstance(options, RayOptions):
+        options = RayOptions(address=options)
     try:
         import ray
     except ImportError:
         raise InputError("--backend ray: Ray is not installed; pip install 'groupfel[ray]'") from None
-    if not ray.is_initialized():
-        root = str(Path(__file__).resolve().parents[1])
-        env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}}
+    if ray.is_initialized():
+        return ray
+    address = options.address or os.environ.get("RAY_ADDRESS")
+    env = runtime_env(options)
+    try:
         if address:
-            ray.init(address=address, runtime_env=env, log_to_driver=False)
-        else:
-            ray.init(num_cpus=jobs or len(os.sched_getaffinity(0)), runtime_env=env, log_to_driver=False,
-                     include_dashboard=False)
+            ray.init(address=address, runtime_env=env, log_to_driver=False, logging_level=logging.WARNING)
+        else:   # "local": a new instance even when /tmp/ray/ray_current_cluster names a running one
+            ray.init(address="local", num_cpus=jobs or len(os.sched_getaffinity(0)), runtime_env=env,
+                     log_to_driver=False, include_dashboard=False, logging_level=logging.WARNING)
+    except getattr(ray.exceptions, "AuthenticationError", ()):   # token auth: Ray >= 2.5x
+        raise InputError(f"--address {address}: the cluster wants its token; set RAY_AUTH_TOKEN (or "
+                         f"RAY_AUTH_TOKEN_PATH) to the token printed by 'ray get-auth-token' on the head node"
+                         ) from None
+    except ConnectionError as exc:
+        raise InputError(f"--address {address}: cannot connect ({str(exc).splitlines()[0]}); check the address "
+                         f"that 'ray start --head' printed and that the head node is running") from None
     return ray
 
 
-def _run_ray(tasks, jobs, address, on_start, on_done) -> None:
-    ray = start_ray(jobs, address)
-    remote = ray.remote(num_cpus=1, max_retries=0)(run_task)
-    refs = {}
+def _check_gpus(ray, options: RayOptions) -> None:
+    have = ray.cluster_resources().get("GPU", 0)
+    if options.gpus_per_task and have < options.gpus_per_task:
+        raise InputError(f"--gpus-per-task {options.gpus_per_task:g}: the cluster has {have:g} GPUs; start GPU "
+                         f"nodes with 'ray start --num-gpus N' or drop --gpus-per-task")
+
+
+def _driver_files(task) -> dict[str, bytes]:
+    """What a task needs from the driver's copy of its run directory: the arm's files (a
+    checkpoint to resume from) and the seed's caches (*.pt beside the arms)."""
+    run_dir = Path(task.run_dir)
+    name = json.loads(task.config_json)["arms"][task.arm]["name"]
+    files = {f"{name}/{rel}": data for rel, data in _pack(run_dir / name).items()} if (run_dir / name).is_dir() else {}
+    files.update({p.name: p.read_bytes() for p in run_dir.glob("*.pt")})
+    return files
+
+
+def land(run_dir: Path, files: dict[str, bytes], final: bool) -> None:
+    """Write a task's files into the driver's run directory, each atomically and the manifest (which
+    marks the arm complete) last; a finished arm's checkpoint is removed, as the arm did its own."""
+    run_dir = Path(run_dir)
+    for rel in sorted(files, key=lambda r: r.endswith("/" + MANIFEST)):
+        path = (run_dir / rel).resolve()
+        if not path.is_relative_to(run_dir.resolve()):
+            raise ValueError(f"{rel}: a task file outside its run directory")
+        atomic_write(path, lambda p, data=files[rel]: p.write_bytes(data))
+    if final:
+        for rel in files:
+            if rel.endswith("/" + MANIFEST):
+                (run_dir / rel).parent.joinpath(CHECKPOINT).unlink(missing_ok=True)
+
+
+def _run_ray(tasks: Sequence, jobs: int | None, options: RayOptions, on_start: Callable, on_done: Callable) -> None:
+    ray = start_ray(jobs, options)
+    from topologies import load_dataset
+
+    data: dict = {}   # (dataset, path) -> object ref, with ship_data
+
+    def dataset_ref(task):
+        if not options.ship_data:
+            return None
+        d = json.loads(task.config_json)["data"]
+        key = (d["dataset"], d.get("path"))
+        if key not in data:
+            data[key] = ray.put(load_dataset(*key))
+        return data[key]
+
+    remote = ray.remote(ray_task).options(num_cpus=1, num_gpus=options.gpus_per_task, max_retries=0)
+    running: dict = {}
+    losses: dict = {}
+
+    def submit(task):
+        gen = remote.remote(task.config_json, task.arm, _driver_files(task), dataset_ref(task), options.gpus_per_task)
+        running[gen] = task
+
     for task in tasks:
         on_start(task)
-        refs[remote.remote(task.config_json, task.run_dir, task.arm)] = task
-    while refs:
-        ready, _ = ray.wait(list(refs), num_returns=1)
-        for ref in ready:
-            task = refs.pop(ref)
+        submit(task)
+    while running:
+        ready, _ = ray.wait(list(running), num_returns=1)
+        for gen in ready:
+            task = running[gen]
             try:
-                ray.get(ref)
-            except ray.exceptions.RayTaskError as exc:
+                kind, files = ray.get(next(gen))
+            except StopIteration:    # not reached: "done" ends every task
+                running.pop(gen)
+                continue
+            except ray.exceptions.RayTaskError as exc:   # the arm's own error: stop, as the local pool does
+                running.pop(gen)
+                cause = exc.cause
+                if isinstance(cause, (InputError, DivergenceError, WorkerLostError)):
+                    raise cause from None
                 raise exc.as_instanceof_cause() from None
-            on_done(task)
+            except ray.exceptions.RayError as exc:   # its worker or node died
+                running.pop(gen)
+                _lost(task, losses, options.max_losses, "lost its Ray worker or node",
+                      "rerun the same command to resume from the checkpoints this machine holds")
+                _note(f"{_label(task)}: its Ray worker or node died ({type(exc).__name__}); running it again "
+                      f"from its last checkpoint")
+                submit(task)
+                continue
+            land(Path(task.run_dir), files, final=kind == "done")
+            if kind == "done":
+                running.pop(gen)
+                on_done(task)
+
+
+# ---- command line ------------------------------------------------------------------------------
+
+def add_backend_arguments(parser, what: str) -> None:
+    """--backend, --jobs and the Ray options of a command that runs ``what`` as tasks."""
+    parser.add_argument("--backend", default="local", choices=list(BACKENDS),
+                        help=f"where {what} go: local, a process pool, one worker per core (default); ray: Ray tasks")
+    parser.add_argument("--jobs", type=int, help=f"parallel {what} (default: one per core; with ray, its CPUs)")
+    parser.add_argument("--address", help="with --backend ray: a cluster's address, e.g. 10.0.0.5:6379 (default: "
+                                          "$RAY_ADDRESS, else a new local instance); see docs/cluster.md")
+    parser.add_argument("--gpus-per-task", type=float, default=0.0, metavar="G",
+                        help="with --backend ray: GPUs each task asks for (0.5: two tasks share one); tasks then "
+                             "train on CUDA (default 0: no GPUs)")
+    parser.add_argument("--ship-data", action="store_true",
+                        help="with --backend ray: send the dataset to the nodes through Ray's object store "
+                             "(default: each node reads its own copy at the config's path)")
+    parser.add_argument("--py-module", action="append", default=[], metavar="PATH",
+                        help="with --backend ray: a plug-in module or package the workers need (repeatable)")
+
+
+def ray_options(args) -> RayOptions:
+    return RayOptions(address=args.address, gpus_per_task=args.gpus_per_task, ship_data=args.ship_data,
+                      py_modules=tuple(args.py_module))

@@ -7,13 +7,14 @@ import sys
 import warnings
 from pathlib import Path
 
-from emulator.errors import DivergenceError, InputError
+from emulator.errors import DivergenceError, InputError, WorkerLostError
 from emulator.io import check_writable
 
 from . import cost_cli, group_cli, study_cli
 
 
 def _cmd_run(args) -> int:
+    from .backends import ray_options
     from .runner import config_from_run_dir, default_config, load_config, report_diverged, run_experiment
 
     if args.resume and args.config:
@@ -28,7 +29,7 @@ def _cmd_run(args) -> int:
     check_writable(run_dir, "dir", flag)
     args.run_dir = run_dir   # for the resume hint if interrupted
     summary = run_experiment(config, run_dir, force=args.force, progress=not args.quiet, jobs=args.jobs,
-                             backend=args.backend, address=args.address)
+                             backend=args.backend, ray=ray_options(args))
     if config.seeds is not None:
         from .stats import conclusion, render_summary
 
@@ -108,9 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--output", metavar="RUN_DIR", help="run directory (default: output_dir/name)")
     run.add_argument("--force", action="store_true", help="replace a run of a different config in RUN_DIR")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
-    run.add_argument("--jobs", type=int, help="with seeds: parallel (seed, arm) runs (default: one per core)")
-    run.add_argument("--backend", default="local", choices=["local", "ray"], help="with seeds: where runs go")
-    run.add_argument("--address", help="with --backend ray: the cluster's address (default: a local instance)")
+    from .backends import add_backend_arguments
+
+    add_backend_arguments(run, "(seed, arm) runs of a config with seeds")
     run.set_defaults(func=_cmd_run)
     plot = sub.add_parser("plot", help="plot result columns of runs or sweeps, one line (and band over seeds) per arm")
     plot.add_argument("run_dir", metavar="DIR", nargs="+",
@@ -155,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except DivergenceError as exc:
         print(f"groupfel: training diverged: {exc}", file=sys.stderr)
+        return 1
+    except WorkerLostError as exc:
+        print(f"groupfel: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         run_dir = getattr(args, "run_dir", None)

@@ -145,20 +145,22 @@ def prepare(config: RunConfig, run_dir: Path, *, force: bool = False) -> list[Ta
 
 def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: bool = False,
                    progress: bool = True, jobs: int | None = None, backend: str = "local",
-                   address: str | None = None) -> pd.DataFrame:
+                   address: str | None = None, ray=None) -> pd.DataFrame:
     """Validate everything, then run (or resume) each arm of each seed; returns the summary table.
-    A config with ``seeds`` runs its (seed, arm) tasks on ``backend`` with ``jobs`` workers."""
+    A config with ``seeds`` runs its (seed, arm) tasks on ``backend`` with ``jobs`` workers
+    (``ray``: :class:`experiments.backends.RayOptions`)."""
     run_dir = Path(run_dir) if run_dir else Path(config.output_dir) / config.name
     if config.seeds is None:
         return _run_single(config, run_dir, force=force, progress=progress)
-    from .backends import run_tasks
+    from .backends import check_backend, run_tasks
 
     validate(config, run_dir, force=force)
+    check_backend(backend, jobs, address, ray)   # a cluster without the GPUs asked for: before any file
     tasks = prepare(config, run_dir, force=force)
     todo = [t for t in tasks if not t.done]
     with tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"{config.name}: seed x arm runs",
               unit="run", disable=not progress, dynamic_ncols=True) as bar:
-        run_tasks(todo, backend=backend, jobs=jobs, address=address, on_done=lambda _task: bar.update())
+        run_tasks(todo, backend=backend, jobs=jobs, address=address, ray=ray, on_done=lambda _task: bar.update())
     return finish(config, run_dir)
 
 

@@ -138,9 +138,11 @@ def point_configs(sweep: SweepConfig, base: dict) -> list[RunConfig]:
 
 
 def run_sweep(path: str | Path, *, backend: str = "local", jobs: int | None = None, address: str | None = None,
-              output: str | Path | None = None, force: bool = False, progress: bool = True) -> pd.DataFrame:
-    """Validate every point, run every unfinished (point, seed, arm) task, write the sweep tables."""
-    from .backends import BACKENDS, run_tasks
+              output: str | Path | None = None, force: bool = False, progress: bool = True,
+              ray=None) -> pd.DataFrame:
+    """Validate every point, run every unfinished (point, seed, arm) task, write the sweep tables
+    (``ray``: :class:`experiments.backends.RayOptions`)."""
+    from .backends import BACKENDS, check_backend, run_tasks
     from .runner import prepare, validate
 
     if backend not in BACKENDS:
@@ -152,6 +154,7 @@ def run_sweep(path: str | Path, *, backend: str = "local", jobs: int | None = No
     for i, (config, point) in enumerate(zip(configs, pts)):
         label = f"sweep point {point_name(i)} ({', '.join(f'{p}={v!r}' for p, v in point.items())}): "
         validate(config, root / point_name(i), force=force, where=label)
+    check_backend(backend, jobs, address, ray)   # a cluster without the GPUs asked for: before any file
     write_json(root / "sweep.json", {"sweep": json.loads(sweep.model_dump_json()),
                                      "points": {point_name(i): p for i, p in enumerate(pts)}})
     table = pd.DataFrame([{"point": point_name(i), **p} for i, p in enumerate(pts)])
@@ -176,7 +179,7 @@ def run_sweep(path: str | Path, *, backend: str = "local", jobs: int | None = No
                 bar.update()
             bar.set_postfix_str(f"running {running[0]}" if running else "")
 
-        run_tasks(todo, backend=backend, jobs=jobs, address=address, on_start=on_start, on_done=on_done)
+        run_tasks(todo, backend=backend, jobs=jobs, address=address, ray=ray, on_start=on_start, on_done=on_done)
     summary = finish_sweep(sweep, configs, root)
     summary.attrs["root"] = str(root)
     return summary
@@ -240,8 +243,10 @@ def plot_metric_vs_axis(summary: pd.DataFrame, axes: list[str], axis: str, metri
 
 
 def _cmd_sweep(args) -> int:
-    summary = run_sweep(args.sweep, backend=args.backend, jobs=args.jobs, address=args.address,
-                        output=args.output, force=args.force, progress=not args.quiet)
+    from .backends import ray_options
+
+    summary = run_sweep(args.sweep, backend=args.backend, jobs=args.jobs, output=args.output, force=args.force,
+                        progress=not args.quiet, ray=ray_options(args))
     sweep, _ = load_sweep(args.sweep)
     root = summary.attrs["root"]
     cols = ["point", *summary.attrs["axes"], "arm", "seeds"]
@@ -263,10 +268,9 @@ def _cmd_sweep(args) -> int:
 def add_sweep_parser(sub) -> None:
     p = sub.add_parser("sweep", help="run a sweep file: one multi-seed run per point of its axes")
     p.add_argument("sweep", metavar="SWEEP.toml")
-    p.add_argument("--backend", default="local", choices=["local", "ray"],
-                   help="local: a process pool, one worker per core (default); ray: Ray tasks")
-    p.add_argument("--jobs", type=int, help="parallel runs (default: one per core; with ray, its CPUs)")
-    p.add_argument("--address", help="with --backend ray: a cluster's address (default: a local instance)")
+    from .backends import add_backend_arguments
+
+    add_backend_arguments(p, "(point, seed, arm) runs")
     p.add_argument("--output", metavar="DIR", help="sweep directory (default <output_dir>/<name>)")
     p.add_argument("--force", action="store_true", help="replace points run with a different config")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
