@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -27,8 +27,16 @@ class ClientTypeConfig(_Strict):
     permutation: list[int] | None = None               # concept-shift: label c becomes permutation[c]
 
 
+# A part a config names: a shipped name, an installed plug-in's short name (entry point) or an
+# import path "module:attr". Resolved (imported) only when a run builds its world, never on parsing,
+# so a run directory's config reads back wherever its plug-ins are not installed (report, plot).
+PartName = Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.+-]+(:[A-Za-z_][A-Za-z0-9_.]*)?$")]
+DATASETS = ("digits", "fashion-mnist", "fsdd", "cifar10", "speech-commands")
+MODELS = ("mlp", "mlp3", "cnn", "audio-cnn", "resnet-1", "resnet-3")
+
+
 class DataConfig(_Strict):
-    dataset: Literal["digits", "fashion-mnist", "fsdd", "cifar10", "speech-commands"] = "digits"
+    dataset: PartName = "digits"   # one of DATASETS, a groupfel.datasets entry point, or "module:attr"
     path: str | None = None
     # dirichlet: Group-FEL; shards: HCCT's CIFAR-10; label/feature/concept-shift: FedCollab Sec. 5.1
     partition: Literal["dirichlet", "shards", "label-shift", "feature-shift", "concept-shift"] = "dirichlet"
@@ -102,7 +110,7 @@ class CostConfig(_Strict):
 
 
 class TrainConfig(_Strict):
-    model: Literal["mlp", "mlp3", "cnn", "audio-cnn", "resnet-1", "resnet-3"] = "cnn"
+    model: PartName = "cnn"   # one of MODELS, a groupfel.models entry point, or "module:attr"
     # batched: a whole group round per engine call; sequential: one client after another (reference)
     engine: Literal["sequential", "batched"] = "batched"   # batched measured faster for every model (README)
     workers: int | None = Field(None, ge=1)                # batched engine's processes (None: one per core)
@@ -132,7 +140,7 @@ class TrainConfig(_Strict):
 
 
 class SamplingConfig(_Strict):
-    policy: str = "random"
+    policy: PartName = "random"
     groups_per_round: int | None = Field(None, ge=1)
     data_fraction: float | None = Field(None, gt=0, le=1)
 
@@ -149,7 +157,7 @@ class ArmConfig(_Strict):
     # None: global mode samples 4 groups a round; per-group mode trains every group every round.
     # (None rather than a default object, so that "not set" survives a dump and re-parse.)
     sampling: SamplingConfig | None = None
-    aggregation: str = "biased"
+    aggregation: PartName = "biased"
     regroup_every: int | None = Field(None, ge=1)  # Sec. 5.2
 
     @property
@@ -221,10 +229,24 @@ _FIX = {
 }
 
 
+def parts(config: RunConfig) -> list[tuple[str, str, Any]]:
+    """(config field, kind, name) of every part a config names: its dataset, model and each arm's
+    grouping, sampling and aggregation (any of which may be a plug-in, see :mod:`policies.plugins`)."""
+    out: list[tuple[str, str, Any]] = [("data.dataset", "dataset", config.data.dataset),
+                                       ("train.model", "model", config.train.model)]
+    for i, arm in enumerate(config.arms):
+        out += [(f"arms[{i}].grouping.policy", "grouping", arm.grouping.get("policy")),
+                (f"arms[{i}].sampling.policy", "sampling", arm.sampler.policy),
+                (f"arms[{i}].aggregation", "aggregation", arm.aggregation)]
+    return out
+
+
 def _one_line(exc: ValidationError) -> str:
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"]) or "config"
     msg = _FIX.get(err["type"]) or err["msg"].removeprefix("Value error, ")
+    if err["type"] == "string_pattern_mismatch" and err["loc"][-1] in ("dataset", "model", "policy", "aggregation"):
+        msg = f"{err['input']!r} is neither a name nor an import path \"module:attr\""
     return f"config: {loc}: {msg}"
 
 

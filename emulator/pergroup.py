@@ -364,6 +364,6 @@ def run_pergroup_arm(world: World, plan: ArmPlan, arm_dir: Path,
         "groups_per_round": None, "grouping": state.initial_grouping,
         "final_grouping": _summary(world, state, {}), "regroupings": 0,
         "model_parameters": world.engine.n_params, "wall_seconds_last_session": time.perf_counter() - wall0,
-        "versions": _versions(), "config": json.loads(cfg.model_dump_json())})
+        "versions": _versions(), "plugins": world.plugins, "config": json.loads(cfg.model_dump_json())})
     ckpt.unlink(missing_ok=True)
     return df

@@ -349,7 +349,7 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
         "warnings": state.warnings, "grouping": state.initial_grouping,
         "regroupings": (state.t - 1) // regroup if regroup and state.t else 0,
         "model_parameters": world.engine.n_params, "wall_seconds_last_session": time.perf_counter() - wall0,
-        "versions": _versions(), "config": json.loads(cfg.model_dump_json())})
+        "versions": _versions(), "plugins": world.plugins, "config": json.loads(cfg.model_dump_json())})
     ckpt.unlink(missing_ok=True)
     if diverged:
         raise diverged

@@ -97,9 +97,26 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+class _Parser(argparse.ArgumentParser):
+    """A parser whose help can list the installed plug-ins, read from entry-point metadata (never
+    imported) only when the help is printed."""
+
+    lists_plugins = False
+
+    def format_help(self) -> str:
+        if self.lists_plugins:
+            from policies import plugins
+
+            kinds = [f"{kind}: {', '.join(names)}" for kind in plugins.GROUPS if (names := plugins.installed(kind))]
+            self.epilog = ("A config's dataset, model, grouping, sampling and aggregation also accept a plug-in's "
+                           "import path \"module:attr\". "
+                           + (f"Installed plug-ins: {'; '.join(kinds)}." if kinds else "No plug-ins installed."))
+        return super().format_help()
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="groupfel", description="Group-based hierarchical FL emulator "
-                                     "with cost accounting (Group-FEL).")
+    parser = _Parser(prog="groupfel", description="Group-based hierarchical FL emulator "
+                     "with cost accounting (Group-FEL).")
     parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run an experiment (the embedded default without CONFIG)")
@@ -112,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", default="local", choices=["local", "ray"], help="with seeds: where runs go")
     run.add_argument("--address", help="with --backend ray: the cluster's address (default: a local instance)")
     run.set_defaults(func=_cmd_run)
+    run.lists_plugins = True
     plot = sub.add_parser("plot", help="plot result columns of runs or sweeps, one line (and band over seeds) per arm")
     plot.add_argument("run_dir", metavar="DIR", nargs="+",
                       help="run, multi-seed run or sweep directories (several: overlaid in one figure)")
