@@ -14,7 +14,8 @@ from . import cost_cli, group_cli, study_cli
 
 
 def _cmd_run(args) -> int:
-    from .runner import config_from_run_dir, default_config, load_config, report_diverged, run_experiment
+    from . import api
+    from .runner import config_from_run_dir, default_config, load_config, report_diverged
 
     if args.resume and args.config:
         raise InputError("run: give a CONFIG or --resume RUN_DIR, not both")
@@ -27,8 +28,8 @@ def _cmd_run(args) -> int:
         flag = "--output" if args.output else "config output_dir/name ="
     check_writable(run_dir, "dir", flag)
     args.run_dir = run_dir   # for the resume hint if interrupted
-    summary = run_experiment(config, run_dir, force=args.force, progress=not args.quiet, jobs=args.jobs,
-                             backend=args.backend, address=args.address)
+    summary = api.run(config, run_dir, force=args.force, progress=not args.quiet, jobs=args.jobs,
+                      backend=args.backend, address=args.address).summary
     if config.seeds is not None:
         from .stats import conclusion, render_summary
 

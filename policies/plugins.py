@@ -76,6 +76,10 @@ def _import(spec: str, where: str) -> Any:
         try:
             obj = getattr(obj, part)
         except AttributeError:
+            if module_name == IN_PROCESS:
+                raise InputError(f"{where}: {spec!r} was defined in the process that started this run (a notebook "
+                                 f"or script) and is not defined here; pass the same class again through "
+                                 f"experiments.api.run to resume") from None
             raise InputError(f"{where}: {spec!r}: module {module_name!r} has no attribute {attr!r}") from None
     return obj
 
