@@ -196,6 +196,16 @@ class Study:
 
         return curves_on_grid(self.runs, "cost", "accuracy")
 
+    def describe(self) -> str:
+        """The comparison ``groupfel run`` prints for a multi-seed run: each metric's mean with its
+        95 % CI, the paired differences from the first arm, and the one-sentence conclusion."""
+        from .stats import conclusion, render_summary
+
+        if not self.multi_seed:
+            raise InputError("describe: intervals need several seeds; set seeds = [0, 1, 2] in the config")
+        target = self.config.train.target_accuracy
+        return f"{render_summary(self.summary, target)}\n\n{conclusion(self.summary, target)}"
+
     def arm_dir(self, seed: int | None, arm: str) -> Path:
         if arm not in self.arms:
             raise InputError(f"arm: {arm!r} is not an arm of this run; choose one of {self.arms}")
