@@ -113,6 +113,7 @@ def _cli(args, pythonpath, cwd, timeout=500):
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_external_plugins_give_the_same_numbers_on_the_local_pool_and_on_ray(tmp_path, plugin_dir):
     """The module reaches the pool's workers and Ray's workers through PYTHONPATH (Ray: the backend
     passes it on in the runtime_env)."""
@@ -208,7 +209,8 @@ def test_report_and_plot_never_import_a_plugin(tmp_path, plugin_dir, monkeypatch
     mark.unlink()
     # a fresh process where the plug-in module is not even importable
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    for args in (["report", str(out)], ["plot", str(out), "--out", str(tmp_path / "p.png")]):
+    for args in (["report", str(out)], ["plot", str(out), "--out", str(tmp_path / "p.png")],
+                 ["timeline", str(out / "deal"), "--round", "1", "--out", str(tmp_path / "t.png")]):
         proc = subprocess.run([sys.executable, "-m", "experiments.cli", *args], env=env, cwd=tmp_path,
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr
