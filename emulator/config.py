@@ -31,12 +31,10 @@ class ClientTypeConfig(_Strict):
 # import path "module:attr". Resolved (imported) only when a run builds its world, never on parsing,
 # so a run directory's config reads back wherever its plug-ins are not installed (report, plot).
 PartName = Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.+-]+(:[A-Za-z_][A-Za-z0-9_.]*)?$")]
-DATASETS = ("digits", "fashion-mnist", "fsdd", "cifar10", "speech-commands")
-MODELS = ("mlp", "mlp3", "cnn", "audio-cnn", "resnet-1", "resnet-3")
 
 
 class DataConfig(_Strict):
-    dataset: PartName = "digits"   # one of DATASETS, a groupfel.datasets entry point, or "module:attr"
+    dataset: PartName = "digits"   # topologies.DATASETS, a groupfel.datasets entry point, or "module:attr"
     path: str | None = None
     # dirichlet: Group-FEL; shards: HCCT's CIFAR-10; label/feature/concept-shift: FedCollab Sec. 5.1
     partition: Literal["dirichlet", "shards", "label-shift", "feature-shift", "concept-shift"] = "dirichlet"
@@ -110,7 +108,7 @@ class CostConfig(_Strict):
 
 
 class TrainConfig(_Strict):
-    model: PartName = "cnn"   # one of MODELS, a groupfel.models entry point, or "module:attr"
+    model: PartName = "cnn"   # emulator.models.MODELS, a groupfel.models entry point, or "module:attr"
     # batched: a whole group round per engine call; sequential: one client after another (reference)
     engine: Literal["sequential", "batched"] = "batched"   # batched measured faster for every model (README)
     workers: int | None = Field(None, ge=1)                # batched engine's processes (None: one per core)

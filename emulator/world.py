@@ -10,12 +10,12 @@ import numpy as np
 import torch
 
 from cost_models import CostModel, get_profile, read_profiles
-from topologies import (Dataset, Link, Topology, assign_devices, build_topology, client_sizes,
+from topologies import (DATASETS, Dataset, Link, Topology, assign_devices, build_topology, client_sizes,
                         dirichlet_partition, label_matrix, load_dataset)
 from topologies.partition import (apply_client_types, fedcollab_types, shards_partition, split_local,
                                   weighted_partition)
 
-from .config import DATASETS, SHIFTS, RunConfig, parts
+from .config import SHIFTS, RunConfig, parts
 from .errors import InputError
 from .training import ENGINES, TorchEngine
 
