@@ -138,6 +138,9 @@ class TrainConfig(_Strict):
 
 
 class SamplingConfig(_Strict):
+    # other keys are the policy's parameters (a plug-in's dataclass fields), checked when the arm is planned
+    model_config = ConfigDict(extra="allow", frozen=True)
+
     policy: PartName = "random"
     groups_per_round: int | None = Field(None, ge=1)
     data_fraction: float | None = Field(None, gt=0, le=1)

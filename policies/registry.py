@@ -48,6 +48,8 @@ class Registry(dict):
                              f"or give an import path \"module:Class\"")
         if cls.__dict__.get("name") is None:   # a plug-in is known by the name the config gave it
             cls.name = name
+        if "description" in getattr(self.contract[0], "__annotations__", {}) and not hasattr(cls, "description"):
+            cls.description = name   # what the manifest says of an aggregation rule, unless it says more
         return cls
 
     def make(self, name: str, params: dict[str, Any] | None = None, where: str = "") -> Any:

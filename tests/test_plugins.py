@@ -248,3 +248,41 @@ def test_entry_point_plugins_by_short_name(tmp_path, plugin_dir):
                                                                                    "version": "1.2.3"}
     page = _cli(["report", "out"], tmp_path / "nowhere", tmp_path)
     assert page.returncode == 0, page.stderr
+
+
+def test_sampling_and_aggregation_plugins(tmp_path, plugin_dir, monkeypatch):
+    (plugin_dir / "cloudplug.py").write_text(textwrap.dedent('''
+        from dataclasses import dataclass
+
+        import numpy as np
+
+        from policies import AggregationRule, SamplingPolicy
+
+
+        @dataclass(frozen=True)
+        class Skewed(SamplingPolicy):
+            """The least balanced groups first: w = CoV^power."""
+
+            power: float = 1.0
+
+            def log_weights(self, covs):
+                return self.power * np.log(covs)
+
+
+        @dataclass(frozen=True)
+        class Equal(AggregationRule):
+            def weights(self, n_g, log_pi, n_total):
+                return np.full(len(n_g), 1.0 / len(n_g))
+    '''))
+    monkeypatch.syspath_prepend(str(plugin_dir))
+    path = _tiny(tmp_path, **{'sampling = { policy = "random", groups_per_round = 2 }\n[[arms]]':
+                              'sampling = { policy = "cloudplug:Skewed", groups_per_round = 2, power = 2.0 }\n'
+                              'aggregation = "cloudplug:Equal"\n[[arms]]'})
+    assert main(["run", path, "--output", str(tmp_path / "run"), "--quiet"]) == 0
+    manifest = json.loads((tmp_path / "run" / "deal" / "manifest.json").read_text())
+    assert manifest["sampling_policy"] == "cloudplug:Skewed" and manifest["aggregation"] == "cloudplug:Equal"
+    assert {r["field"]: r["import_path"] for r in manifest["plugins"]} == {
+        "data.dataset": "userplug:digits_even", "train.model": "userplug:tiny_linear",
+        "arms[0].grouping.policy": "userplug:DealByLabel", "arms[0].sampling.policy": "cloudplug:Skewed",
+        "arms[0].aggregation": "cloudplug:Equal"}
+    sys.modules.pop("cloudplug", None)
