@@ -103,6 +103,7 @@ print(json.dumps(study.manifest(1, "covg-esrcov")["plugins"]))
 '''
 
 
+@pytest.mark.slow
 def test_a_class_defined_in_the_notebook_runs_in_process(tiny_dict, tmp_path):
     script = tmp_path / "nb.py"      # run as __main__, as a notebook's cells are
     script.write_text(NOTEBOOK)

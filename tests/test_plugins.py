@@ -200,6 +200,7 @@ def test_wrong_method_signature_and_abstract_policy_are_refused(tmp_path, plugin
         assert f"arms[0].grouping.policy: 'badplug:{attr}' {says}" in err, err
 
 
+@pytest.mark.slow
 def test_report_and_plot_never_import_a_plugin(tmp_path, plugin_dir, monkeypatch):
     monkeypatch.syspath_prepend(str(plugin_dir))
     out = tmp_path / "run"
@@ -217,6 +218,7 @@ def test_report_and_plot_never_import_a_plugin(tmp_path, plugin_dir, monkeypatch
     assert not mark.exists()
 
 
+@pytest.mark.slow
 def test_entry_point_plugins_by_short_name(tmp_path, plugin_dir):
     """A real (tiny) installed distribution: a dist-info with entry_points.txt on sys.path."""
     dist = plugin_dir / "userplug-1.2.3.dist-info"
