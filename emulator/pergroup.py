@@ -43,7 +43,6 @@ from .runner import (CHECKPOINT, ArmPlan, GroupingResult, _versions, _write_resu
 from .training import load_flat
 from .world import World
 
-MODES = ("global", "per-group")
 # A forward pass costs about a third of a training step (forward + backward ≈ 3 forwards), so
 # IFCA's evaluation of k cluster models on n_i samples is charged k·H_i(n_i)/3.
 FORWARD_FRACTION = 1.0 / 3.0
@@ -53,7 +52,7 @@ REFERENCE = "local-reference-seed{seed}.pt"
 def check_mode(world: World, plan: ArmPlan, index: int) -> None:
     """Reject a policy in a mode where it makes no sense, before anything runs."""
     cfg, where = world.config, f"arms[{index}]"
-    modes = getattr(plan.grouping, "modes", MODES)
+    modes = plan.grouping.modes   # a GroupingPolicy declaration
     if cfg.mode not in modes:
         raise InputError(f"{where}.grouping.policy: {plan.grouping.name!r} needs mode = \"{modes[0]}\" at the top "
                          f"of the config (it is mode = \"{cfg.mode}\")")
