@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -30,9 +30,17 @@ class ClientTypeConfig(_Strict):
     permutation: list[int] | None = Field(None, description="concept-shift: label c becomes permutation[c].")
 
 
+# A part a config names: a shipped name, an installed plug-in's short name (entry point) or an
+# import path "module:attr". Resolved (imported) only when a run builds its world, never on parsing,
+# so a run directory's config reads back wherever its plug-ins are not installed (report, plot).
+PartName = Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.+-]+(:[A-Za-z_][A-Za-z0-9_.]*)?$")]
+
+
 class DataConfig(_Strict):
-    dataset: Literal["digits", "fashion-mnist", "fsdd", "cifar10", "speech-commands"] = Field(
-        "digits", description="The dataset. digits is bundled with scikit-learn; the others are read from `path`.")
+    dataset: PartName = Field(
+        "digits", description="The dataset: digits (bundled with scikit-learn), fashion-mnist, fsdd, cifar10 or "
+        "speech-commands (read from `path`), an installed plug-in's short name (entry point "
+        "`groupfel.datasets`), or an import path \"module:function\" of a `(path) -> topologies.Dataset`.")
     path: str | None = Field(None, description="The dataset's directory. fashion-mnist: the idx files "
                              "(default /usr/share/datasets/fashion-mnist, or $GROUPFEL_FASHION_MNIST); "
                              "fsdd: the recordings; cifar10, speech-commands: the dataset's directory.")
@@ -125,8 +133,10 @@ class CostConfig(_Strict):
 
 
 class TrainConfig(_Strict):
-    model: Literal["mlp", "mlp3", "cnn", "audio-cnn", "resnet-1", "resnet-3"] = Field(
-        "cnn", description="The model every client trains (see Algorithms: models).")
+    model: PartName = Field(
+        "cnn", description="The model every client trains: mlp, mlp3, cnn, audio-cnn, resnet-1, resnet-3 (see "
+        "Algorithms: models), an installed plug-in's short name (entry point `groupfel.models`), or an import "
+        "path \"module:function\" of an `(input_shape, num_classes) -> torch.nn.Module`.")
     engine: Literal["sequential", "batched"] = Field(
         "batched", description="batched: a whole group round per engine call (measured faster for every "
         "model); sequential: one client after another (the readable reference).")
@@ -166,7 +176,11 @@ class TrainConfig(_Strict):
 
 
 class SamplingConfig(_Strict):
-    policy: str = Field("random", description="The sampling policy (see Policies below).")
+    # other keys are the policy's parameters (a plug-in's dataclass fields), checked when the arm is planned
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    policy: PartName = Field("random", description="The sampling policy (see Policies below), an installed "
+                             "plug-in's short name, or an import path \"module:Class\".")
     groups_per_round: int | None = Field(None, ge=1, description="S: groups sampled each round (capped at "
                                          "the groups formed, with a warning).")
     data_fraction: float | None = Field(None, gt=0, le=1, description="Instead of groups_per_round: S is "
@@ -188,8 +202,9 @@ class ArmConfig(_Strict):
     sampling: SamplingConfig | None = Field(None, description="How the cloud samples groups; unset: global "
                                             "mode samples 4 groups a round at random, per-group mode trains "
                                             "every group every round.")
-    aggregation: str = Field("biased", description="The cloud's aggregation rule: biased, unbiased (Eq. 4) "
-                             "or stabilized (Eq. 39).")
+    aggregation: PartName = Field("biased", description="The cloud's aggregation rule: biased, unbiased "
+                                  "(Eq. 4) or stabilized (Eq. 39), an installed plug-in's short name, or an "
+                                  "import path \"module:Class\".")
     regroup_every: int | None = Field(None, ge=1, description="Regroup the clients every this many rounds "
                                       "(Sec. 5.2); unset: group once.")
 
@@ -269,10 +284,24 @@ _FIX = {
 }
 
 
+def parts(config: RunConfig) -> list[tuple[str, str, Any]]:
+    """(config field, kind, name) of every part a config names: its dataset, model and each arm's
+    grouping, sampling and aggregation (any of which may be a plug-in, see :mod:`policies.plugins`)."""
+    out: list[tuple[str, str, Any]] = [("data.dataset", "dataset", config.data.dataset),
+                                       ("train.model", "model", config.train.model)]
+    for i, arm in enumerate(config.arms):
+        out += [(f"arms[{i}].grouping.policy", "grouping", arm.grouping.get("policy")),
+                (f"arms[{i}].sampling.policy", "sampling", arm.sampler.policy),
+                (f"arms[{i}].aggregation", "aggregation", arm.aggregation)]
+    return out
+
+
 def _one_line(exc: ValidationError) -> str:
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"]) or "config"
     msg = _FIX.get(err["type"]) or err["msg"].removeprefix("Value error, ")
+    if err["type"] == "string_pattern_mismatch" and err["loc"][-1] in ("dataset", "model", "policy", "aggregation"):
+        msg = f"{err['input']!r} is neither a name nor an import path \"module:attr\""
     return f"config: {loc}: {msg}"
 
 

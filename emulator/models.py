@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 from torch import nn
 
+from .errors import InputError
+
 ModelBuilder = Callable[[tuple[int, ...], int], nn.Module]
 
 
@@ -105,7 +107,22 @@ MODELS: dict[str, ModelBuilder] = {
 }
 
 
+def model_builder(name: str, where: str = "train.model") -> ModelBuilder:
+    """The builder ``name`` stands for: a shipped model, an installed ``groupfel.models`` entry
+    point, or ``module:attr``, a callable ``(input_shape, num_classes) -> torch.nn.Module``."""
+    if name in MODELS:
+        return MODELS[name]
+    from policies import plugins
+
+    builder = plugins.load("model", name, where, plugins.check_callable(("input_shape", "num_classes")))
+    if builder is None:
+        raise InputError(f"{where}: unknown model {name!r}; choose one of {sorted(MODELS) + plugins.installed('model')} "
+                         f"or give an import path \"module:function\"")
+    return builder
+
+
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
-    return MODELS[name](tuple(input_shape), num_classes)
+    model = model_builder(name)(tuple(input_shape), num_classes)
+    if not isinstance(model, nn.Module):
+        raise InputError(f"train.model: {name!r} returned {type(model).__name__}, not a torch.nn.Module")
+    return model

@@ -53,7 +53,6 @@ from .runner import (CHECKPOINT, ArmPlan, GroupingResult, _layer_slices, _versio
 from .training import load_flat
 from .world import World
 
-MODES = ("global", "per-group")
 # A forward pass costs about a third of a training step (forward + backward ≈ 3 forwards), so
 # IFCA's evaluation of k cluster models on n_i samples is charged k·H_i(n_i)/3.
 FORWARD_FRACTION = 1.0 / 3.0
@@ -63,7 +62,7 @@ REFERENCE = "local-reference-seed{seed}.pt"
 def check_mode(world: World, plan: ArmPlan, index: int) -> None:
     """Reject a policy in a mode where it makes no sense, before anything runs."""
     cfg, where = world.config, f"arms[{index}]"
-    modes = getattr(plan.grouping, "modes", MODES)
+    modes = plan.grouping.modes   # a GroupingPolicy declaration
     if cfg.mode not in modes:
         raise InputError(f"{where}.grouping.policy: {plan.grouping.name!r} needs mode = \"{modes[0]}\" at the top "
                          f"of the config (it is mode = \"{cfg.mode}\")")
@@ -441,6 +440,6 @@ def run_pergroup_arm(world: World, plan: ArmPlan, arm_dir: Path,
         "groups_per_round": None, "grouping": state.initial_grouping,
         "final_grouping": _summary(world, state, {}), "regroupings": max(state.t - 1, 0) if hcct_alg1(plan) else 0,
         "model_parameters": world.engine.n_params, "wall_seconds_last_session": time.perf_counter() - wall0,
-        "versions": _versions(), "config": json.loads(cfg.model_dump_json())})
+        "versions": _versions(), "plugins": world.plugins, "config": json.loads(cfg.model_dump_json())})
     ckpt.unlink(missing_ok=True)
     return df

@@ -83,7 +83,7 @@ def plan_arm(world: World, index: int) -> ArmPlan:
 
 def _needs_training(plan: ArmPlan) -> bool:
     """Whether forming the groups trains (HCCT's gradient probe, FedCollab's discriminators)."""
-    return bool(getattr(plan.grouping, "needs_gradients", False) or getattr(plan.grouping, "needs_distances", False))
+    return bool(plan.grouping.needs_gradients or plan.grouping.needs_distances)   # GroupingPolicy declarations
 
 
 def _choose(world: World, plan: ArmPlan, groups: list[Group], log_p: np.ndarray, t: int) -> tuple[int, np.ndarray]:
@@ -199,12 +199,12 @@ def form_groups(world: World, plan: ArmPlan, epoch: int, weights: torch.Tensor |
         labels = topo.label_counts[members]
         view = EdgeView(labels)
         devices = [topo.client_device[c] for c in members]
-        if getattr(plan.grouping, "needs_gradients", False):
+        if plan.grouping.needs_gradients:
             if weights is None:
                 weights = world.engine.initial_weights(world.config.seed)
             view = EdgeView(labels, _probe_gradients(world, members, j, epoch, weights), _layer_slices(world.engine))
             probe.append((j, members, world.cost.training_cost(devices, topo.n_samples[members], 1)))
-        if getattr(plan.grouping, "needs_distances", False):
+        if plan.grouping.needs_distances:
             spec = DiscriminatorSpec(rounds=plan.grouping.discriminator_rounds)
             features = discriminator_features(world.dataset.x_train, world.dataset.y_train, world.dataset.num_classes)
             D, m = discriminator_distances(features, [topo.client_samples[c] for c in members],
@@ -351,7 +351,7 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path,
         "warnings": state.warnings, "grouping": state.initial_grouping,
         "regroupings": (state.t - 1) // regroup if regroup and state.t else 0,
         "model_parameters": world.engine.n_params, "wall_seconds_last_session": time.perf_counter() - wall0,
-        "versions": _versions(), "config": json.loads(cfg.model_dump_json())})
+        "versions": _versions(), "plugins": world.plugins, "config": json.loads(cfg.model_dump_json())})
     ckpt.unlink(missing_ok=True)
     if diverged:
         raise diverged

@@ -10,12 +10,12 @@ import numpy as np
 import torch
 
 from cost_models import CostModel, get_profile, read_profiles
-from topologies import (Dataset, Link, Topology, assign_devices, build_topology, client_sizes,
+from topologies import (DATASETS, Dataset, Link, Topology, assign_devices, build_topology, client_sizes,
                         dirichlet_partition, label_matrix, load_dataset)
 from topologies.partition import (apply_client_types, fedcollab_types, shards_partition, split_local,
                                   weighted_partition)
 
-from .config import SHIFTS, RunConfig
+from .config import SHIFTS, RunConfig, parts
 from .errors import InputError
 from .training import ENGINES, TorchEngine
 
@@ -28,6 +28,7 @@ class World:
     cost: CostModel
     engine: TorchEngine
     local_test: list[np.ndarray] = field(default_factory=list)  # per client, indices into dataset.x_train
+    plugins: list[dict] = field(default_factory=list)   # the manifest's record of each plug-in the config names
 
 
 @dataclass(frozen=True)
@@ -121,13 +122,59 @@ def build_engine(config: RunConfig, dataset: Dataset, topology: Topology) -> Tor
     return ENGINES[t.engine](dataset, topology.client_samples, t.model, t.lr, t.batch_size, t.device, **kwargs)
 
 
+def resolve_parts(config: RunConfig) -> list[dict]:
+    """Import and check every plug-in the config names (one-line errors naming the field), before
+    any work; what the manifest keeps of each (:func:`policies.plugins.record`)."""
+    from policies import aggregations, groupings, plugins, samplings
+
+    from .models import MODELS, model_builder
+
+    out, seen = [], set()
+    for where, kind, name in parts(config):
+        if not isinstance(name, str) or (kind == "dataset" and name in DATASETS) or (kind == "model" and name in MODELS):
+            continue
+        registry = {"grouping": groupings, "sampling": samplings, "aggregation": aggregations}.get(kind)
+        if registry is not None and name in registry:
+            continue
+        if kind == "dataset":
+            obj = _dataset_loader(name)
+        elif kind == "model":
+            obj = model_builder(name, where)
+        else:
+            obj = registry.resolve(name, where)
+        if (kind, name) not in seen:
+            seen.add((kind, name))
+            out.append(plugins.record(kind, name, where, obj))
+    return out
+
+
+def _dataset_loader(name: str):
+    from policies import plugins
+
+    fn = plugins.load("dataset", name, "data.dataset", plugins.check_callable(("path",)))
+    if fn is None:
+        raise InputError(f"data.dataset: unknown dataset {name!r}; choose one of "
+                         f"{list(DATASETS) + plugins.installed('dataset')} or give an import path \"module:function\"")
+    return fn
+
+
+def load_data(config: RunConfig) -> Dataset:
+    """The config's dataset: a shipped one, or a plug-in's ``(path) -> topologies.Dataset``."""
+    d = config.data
+    if d.dataset in DATASETS:
+        return load_dataset(d.dataset, d.path)
+    dataset = _dataset_loader(d.dataset)(d.path)
+    if not isinstance(dataset, Dataset):
+        raise InputError(f"data.dataset: {d.dataset!r} returned {type(dataset).__name__}, not a topologies.Dataset")
+    return dataset
+
+
 def build_world(config: RunConfig, dataset: Dataset | None = None) -> World:
     """``dataset``: the loaded ``config.data`` dataset, where the caller has it (a Ray task whose
     node lacks the files gets it from the driver); else it loads here."""
+    plugins = resolve_parts(config)   # a bad plug-in fails here, before anything loads
     cost = build_cost_model(config)  # cheap checks first, before the data loads
-    if dataset is None:
-        dataset = load_dataset(config.data.dataset, config.data.path)
-    placement = place_data(config, dataset)
+    placement = place_data(config, load_data(config) if dataset is None else dataset)
     dataset, topology = placement.dataset, placement.topology
     t = config.train
     try:
@@ -135,4 +182,5 @@ def build_world(config: RunConfig, dataset: Dataset | None = None) -> World:
     except (RuntimeError, AssertionError) as exc:
         raise InputError(f"train.device: {t.device!r} is not usable here ({str(exc).splitlines()[0]}); "
                          f"use \"cpu\"") from None
-    return World(config, dataset, topology, cost, build_engine(config, dataset, topology), placement.local_test)
+    return World(config, dataset, topology, cost, build_engine(config, dataset, topology), placement.local_test,
+                 plugins)

@@ -411,17 +411,18 @@ def land(run_dir: Path, files: dict[str, bytes], final: bool) -> None:
 
 def _run_ray(tasks: Sequence, jobs: int | None, options: RayOptions, on_start: Callable, on_done: Callable) -> None:
     ray = start_ray(jobs, options)
-    from topologies import load_dataset
+    from emulator.config import RunConfig
+    from emulator.world import load_data
 
     data: dict = {}   # (dataset, path) -> object ref, with ship_data
 
     def dataset_ref(task):
         if not options.ship_data:
             return None
-        d = json.loads(task.config_json)["data"]
-        key = (d["dataset"], d.get("path"))
-        if key not in data:
-            data[key] = ray.put(load_dataset(*key))
+        config = RunConfig.model_validate_json(task.config_json)
+        key = (config.data.dataset, config.data.path)
+        if key not in data:   # a shipped dataset or a plug-in's, loaded once on the driver
+            data[key] = ray.put(load_data(config))
         return data[key]
 
     remote = ray.remote(ray_task).options(num_cpus=1, num_gpus=options.gpus_per_task, max_retries=0)

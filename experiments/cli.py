@@ -14,8 +14,8 @@ from . import cost_cli, group_cli, study_cli
 
 
 def _cmd_run(args) -> int:
-    from .backends import ray_options
-    from .runner import config_from_run_dir, default_config, load_config, report_diverged, run_experiment
+    from . import api
+    from .runner import config_from_run_dir, default_config, load_config, report_diverged
 
     if args.resume and args.config:
         raise InputError("run: give a CONFIG or --resume RUN_DIR, not both")
@@ -28,8 +28,9 @@ def _cmd_run(args) -> int:
         flag = "--output" if args.output else "config output_dir/name ="
     check_writable(run_dir, "dir", flag)
     args.run_dir = run_dir   # for the resume hint if interrupted
-    summary = run_experiment(config, run_dir, force=args.force, progress=not args.quiet, jobs=args.jobs,
-                             backend=args.backend, ray=ray_options(args))
+    summary = api.run(config, run_dir, force=args.force, progress=not args.quiet, jobs=args.jobs,
+                      backend=args.backend, address=args.address, gpus_per_task=args.gpus_per_task,
+                      ship_data=args.ship_data, py_modules=tuple(args.py_module)).summary
     if config.seeds is not None:
         from .stats import conclusion, render_summary
 
@@ -98,9 +99,26 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+class _Parser(argparse.ArgumentParser):
+    """A parser whose help can list the installed plug-ins, read from entry-point metadata (never
+    imported) only when the help is printed."""
+
+    lists_plugins = False
+
+    def format_help(self) -> str:
+        if self.lists_plugins:
+            from policies import plugins
+
+            kinds = [f"{kind}: {', '.join(names)}" for kind in plugins.GROUPS if (names := plugins.installed(kind))]
+            self.epilog = ("A config's dataset, model, grouping, sampling and aggregation also accept a plug-in's "
+                           "import path \"module:attr\". "
+                           + (f"Installed plug-ins: {'; '.join(kinds)}." if kinds else "No plug-ins installed."))
+        return super().format_help()
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="groupfel", description="Group-based hierarchical FL emulator "
-                                     "with cost accounting (Group-FEL).")
+    parser = _Parser(prog="groupfel", description="Group-based hierarchical FL emulator "
+                     "with cost accounting (Group-FEL).")
     parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run an experiment (the embedded default without CONFIG)")
@@ -113,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_backend_arguments(run, "(seed, arm) runs of a config with seeds")
     run.set_defaults(func=_cmd_run)
+    run.lists_plugins = True
     plot = sub.add_parser("plot", help="plot result columns of runs or sweeps, one line (and band over seeds) per arm")
     plot.add_argument("run_dir", metavar="DIR", nargs="+",
                       help="run, multi-seed run or sweep directories (several: overlaid in one figure)")

@@ -69,11 +69,10 @@ def read_label_matrix(path: str | Path) -> tuple[np.ndarray, np.ndarray, list[st
 
 
 def make_policy(name: str, min_group_size: int | None, max_cov: float | None):
-    if name not in groupings:
-        raise InputError(f"--policy: unknown grouping policy {name!r}; choose one of {sorted(groupings)}")
-    if groupings[name].needs_gradients:
-        raise InputError(f"--policy {name}: needs client gradients, which a label matrix does not hold; "
-                         f"use it in 'groupfel run' or choose one of "
+    cls = groupings.resolve(name, "--policy")   # a shipped name, an installed plug-in or module:Class
+    if cls.needs_gradients or cls.needs_distances is True:
+        raise InputError(f"--policy {name}: needs client {'gradients' if cls.needs_gradients else 'distances'}, "
+                         f"which a label matrix does not hold; use it in 'groupfel run' or choose one of "
                          f"{sorted(n for n, c in groupings.items() if not c.needs_gradients)}")
     params = {k: v for k, v in (("min_group_size", min_group_size), ("max_cov", max_cov)) if v is not None}
     flag = {"min_group_size": "--min-group-size", "max_cov": "--max-cov"}
@@ -147,9 +146,12 @@ def add_group_parser(sub) -> None:
     p = sub.add_parser("group", help="partition clients of a label-count CSV with a grouping policy")
     usable = sorted(n for n, c in groupings.items() if not c.needs_gradients)
     probed = sorted(n for n, c in groupings.items() if c.needs_gradients)
+    installed = [n for n in groupings.names() if n not in groupings]   # entry points: metadata, not imported
     p.add_argument("--policy", required=True,
                    help=f"grouping policy: {', '.join(usable)} ({', '.join(probed)} group on client gradients, "
-                        f"which a label matrix does not hold: use them in 'groupfel run')")
+                        f"which a label matrix does not hold: use them in 'groupfel run')"
+                        + (f"; installed plug-ins: {', '.join(installed)}" if installed else "")
+                        + "; or a plug-in's import path module:Class")
     p.add_argument("--label-matrix", required=True, metavar="FILE.csv",
                    help="clients × labels counts with a header; optional 'edge' column")
     p.add_argument("--min-group-size", type=int, default=None, help="MinGS (default: the policy's)")

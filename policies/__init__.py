@@ -1,7 +1,9 @@
 """Pluggable policies: grouping at the edge, sampling and aggregation at the cloud.
 
 Each kind has a registry (``groupings``, ``samplings``, ``aggregations``) mapping the name used
-in configs to a dataclass; ``registry.make(name, params)`` validates the parameters.
+in configs to a dataclass; ``registry.make(name, params)`` validates the parameters. A name that is
+not registered resolves as a plug-in (an installed entry point or ``"module:Class"``,
+:mod:`policies.plugins`).
 """
 from importlib import import_module
 

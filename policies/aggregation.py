@@ -31,6 +31,9 @@ class AggregationRule(ABC):
         probabilities log π_g."""
 
 
+aggregations.contract = (AggregationRule, "weights", ("n_g", "log_pi", "n_total"))
+
+
 @aggregations.register("biased")
 @dataclass(frozen=True)
 class Biased(AggregationRule):

@@ -54,14 +54,36 @@ class EdgeGrouping:
 
 
 class GroupingPolicy(ABC):
-    """Partition one edge's clients. Subclasses are dataclasses whose fields are the config keys."""
+    """Partition one edge's clients. Subclasses are dataclasses whose fields are the config keys.
+
+    A policy declares, at class level, what the run loop must give it and where it runs; the
+    loop reads these declarations and knows no policy by name. A policy that needs only label
+    counts (CoVG, RG and most plug-ins) keeps the defaults.
+
+    * ``needs_label_counts``: :attr:`EdgeView.label_counts` is filled (always true today).
+    * ``needs_gradients``: a probe epoch fills :attr:`EdgeView.gradients` (HCCT); charged as training.
+    * ``needs_distances``: the clients' discriminators fill :attr:`EdgeView.distances` (FedCollab
+      Alg. 1); may be a property when a parameter decides it.
+    * ``regroup``: how membership changes after the first grouping: ``"interval"`` (the arm's
+      ``regroup_every`` calls :meth:`group` again), ``"cluster"`` (a one-off clustering of the
+      clients' updates at a round of the policy's own, FedCLAR) or ``"every-round"`` (the clients
+      re-join clusters from the models' losses every round, IFCA).
+    * ``modes``: the run modes (``"global"``, ``"per-group"``) the policy makes sense in.
+    """
 
     name: ClassVar[str]
+    needs_label_counts: ClassVar[bool] = True
     needs_gradients: ClassVar[bool] = False  # the runner then fills EdgeView.gradients by a probe step
+    needs_distances: ClassVar[bool] = False  # the runner then fills EdgeView.distances (discriminators)
+    regroup: ClassVar[Literal["interval", "cluster", "every-round"]] = "interval"
+    modes: ClassVar[tuple[str, ...]] = ("global", "per-group")
     min_group_size: int
 
     @abstractmethod
     def group(self, view: EdgeView, rng: np.random.Generator) -> EdgeGrouping: ...
+
+
+groupings.contract = (GroupingPolicy, "group", ("view", "rng"))
 
 
 def _check_common(min_group_size: int, leftover: str) -> None:

@@ -56,6 +56,7 @@ class Ifca(GroupingPolicy):
     n_clusters: int = 5
     min_group_size: int = 1
     modes: ClassVar[tuple[str, ...]] = ("per-group",)
+    regroup: ClassVar[str] = "every-round"
 
     def __post_init__(self):
         if not isinstance(self.n_clusters, int) or self.n_clusters < 1:
@@ -88,6 +89,7 @@ class FedClar(GroupingPolicy):
     cluster_round: int = 10
     threshold: float = 0.5
     modes: ClassVar[tuple[str, ...]] = BOTH
+    regroup: ClassVar[str] = "cluster"
 
     def __post_init__(self):
         RandomGrouping(self.min_group_size)   # validates min_group_size

@@ -1,4 +1,5 @@
-"""Name -> class registries, so ``policy = "covg"`` in a config finds the class."""
+"""Name -> class registries, so ``policy = "covg"`` in a config finds the class, and
+``policy = "mypkg.mod:MyPolicy"`` (or an installed entry point's short name) finds a plug-in."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,15 +7,22 @@ from typing import Any, TypeVar
 
 from emulator.errors import InputError
 
+from . import plugins
+
 T = TypeVar("T")
 
 
 class Registry(dict):
-    """Maps a policy name to a dataclass; ``make`` validates the parameters from a config."""
+    """Maps a policy name to a dataclass; ``make`` validates the parameters from a config.
+
+    Names not registered here resolve as plug-ins (:mod:`policies.plugins`): an entry point of
+    the kind's group, or ``module:attr``, checked against the kind's contract (``contract``:
+    base class, method name, its parameters after self)."""
 
     def __init__(self, kind: str):
         super().__init__()
         self.kind = kind
+        self.contract: tuple[type, str, tuple[str, ...]] | None = None
 
     def register(self, name: str):
         def deco(cls: type[T]) -> type[T]:
@@ -23,11 +31,30 @@ class Registry(dict):
             return cls
         return deco
 
+    def names(self) -> list[str]:
+        """Shipped names, then installed plug-ins' short names (read from metadata, not imported)."""
+        return sorted(self) + [n for n in plugins.installed(self.kind) if n not in self]
+
+    def resolve(self, name: str, where: str = "") -> type:
+        """The class ``name`` stands for; ``where`` is the config field that named it."""
+        where = where or self.kind
+        if name in self:
+            return self[name]
+        cls = None
+        if isinstance(name, str) and self.contract is not None:
+            cls = plugins.load(self.kind, name, where, plugins.check_class(*self.contract))
+        if cls is None:
+            raise InputError(f"{where}: unknown {self.kind} policy {name!r}; choose one of {self.names()} "
+                             f"or give an import path \"module:Class\"")
+        if cls.__dict__.get("name") is None:   # a plug-in is known by the name the config gave it
+            cls.name = name
+        if "description" in getattr(self.contract[0], "__annotations__", {}) and not hasattr(cls, "description"):
+            cls.description = name   # what the manifest says of an aggregation rule, unless it says more
+        return cls
+
     def make(self, name: str, params: dict[str, Any] | None = None, where: str = "") -> Any:
         where = where or self.kind
-        if name not in self:
-            raise InputError(f"{where}.policy: unknown {self.kind} policy {name!r}; choose one of {sorted(self)}")
-        cls = self[name]
+        cls = self.resolve(name, f"{where}.policy")
         params = dict(params or {})
         fields = {f.name for f in dataclasses.fields(cls) if f.init}
         for key in params:

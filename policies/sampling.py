@@ -36,6 +36,9 @@ class SamplingPolicy(ABC):
         return logw - logsumexp(logw)
 
 
+samplings.contract = (SamplingPolicy, "log_weights", ("covs",))
+
+
 @samplings.register("random")
 @dataclass(frozen=True)
 class Uniform(SamplingPolicy):

@@ -7,6 +7,7 @@ import torch
 from emulator.config import parse_config
 from emulator.errors import InputError
 from emulator.runner import CHECKPOINT, plan_arm, run_arm
+from emulator.training import BatchedEngine, TorchEngine
 from emulator.world import build_cost_model, build_world
 
 
@@ -57,10 +58,12 @@ def test_persistent_momentum_changes_the_run(tiny_dict, tmp_path):
 
 def test_batched_and_sequential_runs_agree(tiny_dict, tmp_path):
     tiny_dict["arms"] = tiny_dict["arms"][:1]
-    tiny_dict["train"].update(rounds=3, algorithm="fedprox", mu=0.01, momentum=0.5)
+    tiny_dict["train"].update(rounds=3, algorithm="fedprox", mu=0.01, momentum=0.5, engine="sequential")
     seq = run_arm(w := build_world(parse_config(tiny_dict)), plan_arm(w, 0), tmp_path / "seq")
-    tiny_dict["train"]["engine"] = "batched"
+    assert type(w.engine) is TorchEngine          # one client after another
+    tiny_dict["train"].update(engine="batched", workers=2)
     bat = run_arm(w := build_world(parse_config(tiny_dict)), plan_arm(w, 0), tmp_path / "bat")
+    assert type(w.engine) is BatchedEngine        # a whole group round per call, over 2 processes
     np.testing.assert_allclose(seq["loss"], bat["loss"], rtol=1e-5)
     pd.testing.assert_series_equal(seq["cost"], bat["cost"])
 

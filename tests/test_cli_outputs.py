@@ -152,6 +152,7 @@ def test_measure_suggests_the_installed_command(tmp_path, capsys):
     assert f"fit it with: groupfel calibrate {out}" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("study", ["fig5", "fig6", "fig7"])
 def test_study_figures_show_all_their_text(tmp_path, monkeypatch, study):
     """Nothing is cut off at the figure's edge, and fig7 explains its label colours."""

@@ -3,6 +3,8 @@ import re
 import shutil
 import subprocess
 
+import pytest
+
 from emulator.config import parse_config
 from experiments.cli import main
 from experiments.runner import run_experiment
@@ -14,6 +16,7 @@ def chromium(*args, timeout=180):
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_report_renders_in_chromium(tiny_dict, tmp_path, capsys):
     tiny_dict.update(seeds=[0, 1])
     tiny_dict["train"].update(rounds=3, target_accuracy=0.3)

@@ -89,6 +89,7 @@ def test_table1_numbers_are_the_papers():
     assert rows["1.0", "0.1"]["accuracy"] == "65.08"
 
 
+@pytest.mark.slow
 def test_tiny_quick_reproduction_runs_end_to_end(tmp_path, monkeypatch, capsys):
     """table1 with one point, one seed pair and a tiny budget: the table has ours and the paper's."""
     root = tmp_path / "reproductions"

@@ -317,6 +317,7 @@ def test_cli_plot_of_a_run(tiny_config, tmp_path, capsys):
     assert main(["plot", str(tmp_path / "empty")]) == 2
 
 
+@pytest.mark.slow
 def test_seeds_run_every_arm_on_every_seed(tiny_dict, tmp_path, capsys):
     tiny_dict["seeds"] = [0, 1, 2]
     tiny_dict["train"].update(rounds=4, target_accuracy=0.3)

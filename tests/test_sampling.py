@@ -124,6 +124,7 @@ def test_inclusion_probabilities_cap_at_one_and_sum_to_s():
     assert np.exp(inclusion_log_probabilities(np.log(p), 5)) == pytest.approx(np.ones(5))
 
 
+@pytest.mark.slow
 def test_esrcov_extreme_skew_stays_exact_by_monte_carlo():
     """ESRCoV's log p spans thousands: the sampler works in log space, takes the dominant groups
     with certainty and draws the rest with frequencies π_g. 20000 draws: a binomial frequency

@@ -53,6 +53,7 @@ def test_too_many_dropouts_refused():
         secure_sum(q, dropped=[0, 1, 2])
 
 
+@pytest.mark.slow
 def test_measured_cost_superlinear_in_group_size():
     """Per-client work is O(n² + n·m) (Shamir sharing and reconstruction are the n² part) but the
     n·X25519 term dominates small groups, so the sizes reach 160. The fit is T(n) = a·n² + b·n

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from emulator.ledger import CostLedger
 
@@ -25,6 +26,7 @@ print(json.dumps(heavy))
 """
 
 
+@pytest.mark.slow
 def test_commands_that_train_nothing_do_not_import_torch(tmp_path):
     rng = np.random.default_rng(0)
     pd.DataFrame(rng.integers(0, 20, size=(30, 4)), columns=list("abcd")).to_csv(tmp_path / "l.csv", index=False)

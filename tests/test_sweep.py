@@ -96,6 +96,7 @@ def _cli(*args):
     return [sys.executable, "-m", "experiments.cli", *args], env
 
 
+@pytest.mark.slow
 def test_killed_sweep_resumes_and_finished_points_are_skipped(tmp_path):
     path = write_sweep(tmp_path, '"arms.0.grouping.min_group_size" = [2, 3]')
     whole = run_sweep(path, output=tmp_path / "whole", jobs=1, progress=False)
@@ -123,6 +124,7 @@ def test_killed_sweep_resumes_and_finished_points_are_skipped(tmp_path):
     assert {p: p.stat().st_mtime_ns for p in out.glob("p*/seed-*/*/results.csv")} == stamps
 
 
+@pytest.mark.slow
 def test_sweep_tables_have_axes_seeds_and_cis(tmp_path):
     path = write_sweep(tmp_path, '"arms.0.grouping.min_group_size" = [2, 3]\n"data.alpha" = [0.3, 1.0]',
                        extra='mode = "zip"')
@@ -142,6 +144,7 @@ def test_sweep_tables_have_axes_seeds_and_cis(tmp_path):
     assert "groupfel sweep: out" in page and page.count("data:image/png;base64,") >= 5 + 8
 
 
+@pytest.mark.slow
 def test_local_and_ray_backends_give_equal_tables(tmp_path):
     import ray
 
