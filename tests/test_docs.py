@@ -144,9 +144,44 @@ def _calibrated_profile(cwd: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+def _page_modules(page: str) -> dict[str, str]:
+    """The Python modules a page defines: a ```python block whose first line is ``# name.py``, or
+    one right after a sentence ending "Save it as `name.py`:"."""
+    text = (ROOT / page).read_text()
+    out = {}
+    for m in re.finditer(r"(?:Save it as `(\w+)\.py`:\s*\n\s*)?^```python\n(.*?)^```", text, re.S | re.M):
+        first = re.match(r"# (\w+)\.py\n", m.group(2))
+        name = m.group(1) or (first.group(1) if first else None)
+        if name:
+            out[name] = m.group(2)
+    return out
+
+
+def _write_digits_npz(path: Path) -> None:
+    """data.npz as docs/plugins.md's example dataset reads it, from scikit-learn's digits."""
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype(np.float32)
+    path.mkdir(parents=True)
+    np.savez(path / "data.npz", x_train=x[:1400], y_train=y[:1400].astype(np.int64),
+             x_test=x[1400:], y_test=y[1400:].astype(np.int64))
+
+
 @pytest.mark.parametrize("where,index,block", BLOCKS, ids=[f"{w}#{i}" for w, i, _ in BLOCKS])
 def test_docs_toml_block_runs(where, index, block, tmp_path, monkeypatch):
     data = tomllib.loads(block)
+    if "project" in data:                      # a pyproject.toml excerpt: its entry points name the page's modules
+        modules = _page_modules(where)
+        for group, entries in data["project"]["entry-points"].items():
+            assert group.startswith("groupfel.")
+            assert all(target.split(":")[0] in modules for target in entries.values())
+        return
+    for name, source in _page_modules(where).items():   # the page's plug-in modules, importable as the page says
+        (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    if data.get("data", {}).get("path") == "data/mine":
+        _write_digits_npz(tmp_path / "data/mine")
     if "curves" in data:                       # a profile file
         path = tmp_path / "profile.toml"
         path.write_text(block)
