@@ -514,6 +514,11 @@ def ranking(table) -> str:
 
 
 def _cmd_reproduce(args) -> int:
+    if args.render:
+        from . import readme_render
+
+        print(readme_render.write())
+        return 0
     if args.list or not args.name:
         if not args.list:
             raise InputError(f"reproduce: give NAME or --list; names: {', '.join(names())}")
@@ -537,4 +542,6 @@ def add_reproduce_parser(sub) -> None:
                    help="change a setting of every run (e.g. train.model=mlp where the paper's model is "
                         "too slow); repeatable; NOTES.txt and the output list each change")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--render", action="store_true",
+                   help="rewrite experiments/reproductions/README.md from its template and the committed results")
     p.set_defaults(func=_cmd_reproduce)

@@ -202,3 +202,31 @@ def test_bad_set_is_one_line_before_anything_is_written(tmp_path, capsys, name, 
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and says in err
     assert not out.exists()
+
+
+def test_the_committed_readme_is_the_rendering_of_the_committed_results():
+    """Every number the reproductions README quotes comes from a committed CSV: it cannot drift."""
+    from experiments import readme_render
+
+    assert readme_render.README.read_text() == readme_render.render(), \
+        "experiments/reproductions/README.md is stale: run `groupfel reproduce --render`"
+    assert "{{" not in readme_render.README.read_text()
+
+
+def test_render_reads_the_numbers_from_the_files(tmp_path, monkeypatch):
+    """A hand-computed case: two seeds' curves, interpolated at a cost and paired."""
+    from experiments import readme_render
+
+    d = tmp_path / "x" / "quick"
+    d.mkdir(parents=True)
+    pd.DataFrame({"point": "p00", "arm": ["a", "a", "b", "b"] * 2, "seed": [0] * 4 + [1] * 4,
+                  "round": [0, 2] * 4, "cost": [0, 100] * 4,
+                  "accuracy": [0.1, 0.5, 0.1, 0.3, 0.1, 0.7, 0.1, 0.3]}).to_csv(d / "runs.csv", index=False)
+    (tmp_path / "t.md").write_text('a at 50: {{ at_cost("x", "quick", 50, "a") }}; '
+                                   'a - b at 100: {{ paired_at_cost("x", "quick", 100, "a", "b", digits=1) }}')
+    monkeypatch.setattr(readme_render, "ROOT", tmp_path)
+    # a: 30 % and 40 % at cost 50 (midway from 10 %); a − b at 100: 20 and 40 points, t interval ±127
+    assert readme_render.render(tmp_path / "t.md") == "a at 50: 35.00; a - b at 100: 30.0 [-97.1, 157.1]"
+    (tmp_path / "bad.md").write_text('{{ at_cost("x", "quick", 50, "zz") }}')
+    with pytest.raises(ValueError, match=r"bad\.md: \{\{ at_cost\(\"x\", \"quick\", 50, \"zz\"\) \}\}: KeyError"):
+        readme_render.render(tmp_path / "bad.md")
