@@ -159,6 +159,14 @@ def cost_to(name: str, mode: str, accuracy: float, arm: str, digits: int = 0, **
     return text if len(costs) == n else f"{text} ({len(costs)} of {n} seeds)"
 
 
+def diverged(name: str, mode: str, match: str = "") -> str:
+    """How many (seed, arm) runs diverged, from ``diverged.txt`` (one line per run, as the run
+    printed it; absent: none), counting the lines that contain ``match``."""
+    path = ROOT / name / mode / "diverged.txt"
+    lines = [line for line in path.read_text().splitlines() if match in line] if path.is_file() else []
+    return str(len(lines))
+
+
 def span(name: str, mode: str, metric: str, digits: int = 0, width: bool = True) -> str:
     """The range over ``NAME.csv``'s rows of ``metric``: of its CI widths (``width``) or its CI ends."""
     t = _csv(name, mode, f"{name}.csv")
@@ -261,7 +269,7 @@ def base_sources(quick: bool = False) -> str:
 
 
 FUNCTIONS = {f.__name__: f for f in (ours, paper, summary, cell, summary_ci, at_cost, at_round, at_cost_over,
-                                     paired_at_cost, paired_points, cost_to, span, seeds, fmt, table1, arms_table, grid,
+                                     paired_at_cost, paired_points, cost_to, diverged, span, seeds, fmt, table1, arms_table, grid,
                                      table2, sources, base_sources)}
 
 

@@ -462,7 +462,7 @@ def run(name: str, *, quick: bool = False, backend: str = "local", jobs: int | N
     from emulator.io import atomic_write, check_writable
 
     from .report import build_report
-    from .runner import report_diverged
+    from .runner import diverged_runs, report_diverged
     from .sweep import run_sweep
 
     rep = load(name)
@@ -494,6 +494,8 @@ def run(name: str, *, quick: bool = False, backend: str = "local", jobs: int | N
     fig_log = figure(rep, out, out / "accuracy_vs_cost_log.png", log_cost=True)
     report = build_report(out)
     atomic_write(out / "NOTES.txt", lambda p: p.write_text(text + "\n"))
+    # one line per (seed, arm) run that stopped diverged, so that the committed folder records it
+    atomic_write(out / "diverged.txt", lambda p: p.write_text("".join(f"{line}\n" for line in diverged_runs(out))))
     claims = [r for r in paper_rows(rep) if "claim" in r]
     print(f"\nours: mean [95 % CI] over seeds {sweep['seeds']}; paper: {rep.paper} {rep.figure}")
     print(render(table))
