@@ -11,9 +11,16 @@ engine's ``mu``). SCAFFOLD (Karimireddy et al. 2020, Alg. 1, option II) keeps a 
 c_i for every client across rounds, sampled or not, and a server variate c at the cloud. In the
 hierarchy a group plays SCAFFOLD's server for its K group rounds: its variate c_g starts at the
 cloud's c; client i trains with gradient correction c_g − c_i, then sets
-c_i⁺ = c_i − c_g + (x_g − y_i) / (τ_i·lr) (τ_i its local steps) and c_g moves by the
-sample-weighted mean of its survivors' c_i⁺ − c_i, next to x_g. The cloud aggregates the c_g with
-the same weights as the models (:func:`aggregate_control`).
+c_i⁺ = c_i − c_g + (x_g − y_i) / (τ_i·lr) (τ_i its local steps).
+
+The variates are means weighted **by samples** at both levels (SCAFFOLD's uniform 1/N is the
+case of equal n_i): SCAFFOLD's server step c ← c + (1/N) Σ_{i∈S} Δc_i keeps c the mean of all N
+clients' c_i, sampled or not. In the hierarchy a group's c_g moves, after each group round, by
+Σ_{i∈survivors} (n_i/n_g) (c_i⁺ − c_i) with n_g the samples of all of its members (a dropped
+member's c_i does not change and counts as a zero change); the cloud's c moves, after the round,
+by Σ_{i∈sampled} (n_i/n) (c_i⁺ − c_i) with n the samples of all N clients of the topology
+(:func:`aggregate_control`). So c is always Σ_i (n_i/n) c_i over every client, however few groups
+a round samples, whoever drops out, and across a resume (c and every c_i are checkpointed).
 """
 from __future__ import annotations
 
@@ -64,11 +71,14 @@ class ClientState:
 
 def run_group_rounds(engine: TrainingEngine, starts: dict[int, torch.Tensor], groups: dict[int, Group], t: int,
                      spec: LocalSpec, clients: ClientState | None = None,
-                     control: dict[int, torch.Tensor] | None = None) -> dict[int, torch.Tensor]:
+                     control: dict[int, torch.Tensor] | None = None,
+                     uploads: dict[int, torch.Tensor] | None = None) -> dict[int, torch.Tensor]:
     """K group rounds of round ``t`` for every group in ``groups``, each from its own start model
     (global mode: x_t for every group; per-group mode: each group's own). Returns each group's
     model x^g_{t,K}. SCAFFOLD: ``control`` holds each group's starting variate and is updated in
-    place to its c_g after the K group rounds; ``clients.variates`` are updated."""
+    place to its c_g after the K group rounds; ``clients.variates`` are updated. ``uploads``, if
+    given, receives each client's update (start − trained model) of the last group round it
+    trained in: the gradient it uploaded (HCCT Alg. 1 lines 11, 18), up to the factor lr."""
     scaffold = spec.algorithm == "scaffold"
     if scaffold and (control is None or clients is None or clients.variates is None):
         raise ValueError("scaffold needs client variates and the groups' control variates")
@@ -108,6 +118,9 @@ def run_group_rounds(engine: TrainingEngine, starts: dict[int, torch.Tensor], gr
                              momentum=momentum, rows=rows)
         if momentum is not None:
             clients.momentum[idx] = momentum
+        if uploads is not None:
+            for r, c in enumerate(members):
+                uploads[c] = table[rows[r]] - local[r]
         if scaffold:
             tau = torch.tensor([engine.steps(c, spec.local_epochs) for c in members], dtype=local.dtype)
             new = -correction + (table[torch.as_tensor(rows)] - local) / (tau[:, None] * spec.lr)
@@ -124,14 +137,21 @@ def run_group_rounds(engine: TrainingEngine, starts: dict[int, torch.Tensor], gr
                 n = g.n_samples[alive]
                 w = torch.as_tensor(n / n.sum(), dtype=local.dtype)
             x[gid] = w @ local[pos:pos + len(w)]          # Line 14 over the survivors
-            if scaffold:
-                control[gid] = control[gid] + w @ delta[pos:pos + len(w)]
+            if scaffold:   # the survivors' changes over all members (a dropped member: no change)
+                n = torch.as_tensor(g.n_samples, dtype=torch.float64)
+                share = (n / n.sum())[torch.as_tensor(alive)] if alive is not None else n / n.sum()
+                control[gid] = control[gid] + (share @ delta[pos:pos + len(w)].double()).to(delta.dtype)
             pos += len(w)
     return x
 
 
-def aggregate_control(c: torch.Tensor, control: dict[int, torch.Tensor], chosen: np.ndarray,
-                      weights: np.ndarray) -> torch.Tensor:
-    """The cloud's SCAFFOLD variate: c moves by the aggregation-weighted changes of the groups'
-    variates (the weights of Line 15 / Eq. 4 / Eq. 39, as for the models)."""
-    return c + sum(float(w) * (control[int(g)] - c) for w, g in zip(weights, chosen))
+def aggregate_control(c: torch.Tensor, variates: torch.Tensor, before: torch.Tensor, sampled: np.ndarray,
+                      n_samples: np.ndarray) -> torch.Tensor:
+    """The cloud's SCAFFOLD variate after a round (SCAFFOLD Alg. 1, server update, by samples):
+    c + Σ_{i∈S} (n_i/n) (c_i⁺ − c_i), with S the clients of the sampled groups, ``before`` their
+    variates c_i when the round started (rows in the order of ``sampled``), ``variates`` every
+    client's after it, and n the samples of all N clients (``n_samples``). Keeps c the
+    sample-weighted mean of every client's c_i."""
+    idx = torch.as_tensor(np.asarray(sampled, dtype=np.int64))
+    share = torch.as_tensor(n_samples[sampled] / n_samples.sum(), dtype=torch.float64)
+    return c + (share @ (variates[idx] - before).double()).to(c.dtype)

@@ -10,9 +10,17 @@ the mean, std, min and max of the clients' local test error (HCCT Table 5) and I
 and caches in the run directory (``local-reference-seed<seed>.pt``).
 
 Membership can change while training: ``ifca`` reassigns every client to its lowest-loss cluster
-model every round, ``fedclar`` clusters the clients' updates at its ``cluster_round``. The work
-clients do for that (IFCA's loss evaluations, FedCLAR's probe epoch) is charged as training with
-group and group_round −1, like the HCCT probe in global mode.
+model every round, ``fedclar`` clusters the clients' updates at its ``cluster_round``, and
+``hcct`` / ``hcct-e`` with ``schedule = "alg1"`` (the default here) follow HCCT Alg. 1: at t = 0
+every client is its own group; at the start of every epoch t ≥ 1 Alg. 2 merges the current groups
+on the clients' gradients. Those gradients are the ones the clients uploaded while training (each
+client's last update, start − trained model, over the round's lr): Alg. 1 partitions at epoch t
+on g_i^t, which a client only has once it has trained, so we use its latest upload, the previous
+epoch's, and charge nothing (HCCT Sec. 5.1: the partition "does not incur any additional cost
+for clients"). A client with no upload yet (its group was not sampled, or it dropped out every
+time) runs a probe epoch from its current model instead, which *is* charged. The work clients
+do for all this (IFCA's loss evaluations, FedCLAR's probe epoch, HCCT's probes) is charged as
+training with group and group_round −1, like the HCCT probe in global mode.
 """
 from __future__ import annotations
 
@@ -30,6 +38,8 @@ import torch
 from cost_models import TRAINING
 from policies import groups_per_round, sample_without_replacement
 from policies.cov import cov_of_counts
+from policies.grouping import EdgeView
+from policies.hcct import HCCTGrouping
 from policies.pergroup import FedClar, Ifca, LocalGrouping
 
 from .errors import InputError
@@ -38,8 +48,8 @@ from .compute import LocalSpec, run_group_rounds
 from .federation import Environment, Federation, Group, RoundContext
 from .io import atomic_write, write_json
 from .ledger import CostLedger
-from .runner import (CHECKPOINT, ArmPlan, GroupingResult, _versions, _write_results, charge_client_work, form_groups,
-                     load_checkpoint, save_checkpoint)
+from .runner import (CHECKPOINT, ArmPlan, GroupingResult, _layer_slices, _versions, _write_results, charge_client_work,
+                     form_groups, load_checkpoint, save_checkpoint)
 from .training import load_flat
 from .world import World
 
@@ -57,6 +67,9 @@ def check_mode(world: World, plan: ArmPlan, index: int) -> None:
     if cfg.mode not in modes:
         raise InputError(f"{where}.grouping.policy: {plan.grouping.name!r} needs mode = \"{modes[0]}\" at the top "
                          f"of the config (it is mode = \"{cfg.mode}\")")
+    if isinstance(plan.grouping, HCCTGrouping) and cfg.mode == "global" and plan.grouping.schedule == "alg1":
+        raise InputError(f"{where}.grouping.schedule: \"alg1\" (HCCT Alg. 1) runs in per-group mode; in global mode "
+                         f"use \"once\" (and regroup_every to re-partition)")
     if isinstance(plan.grouping, FedClar) and plan.arm.regroup_every is not None:
         raise InputError(f"{where}.regroup_every: fedclar regroups once, at its cluster_round; remove it")
     if cfg.mode == "per-group":
@@ -64,8 +77,8 @@ def check_mode(world: World, plan: ArmPlan, index: int) -> None:
             raise InputError("data.test_fraction: per-group mode evaluates on the clients' local test splits; "
                              "set it > 0 (or leave it out: 0.2)")
         if plan.arm.regroup_every is not None:
-            raise InputError(f"{where}.regroup_every: per-group mode keeps its groups and their models "
-                             f"(HCCT Alg. 1 partitions once); remove it")
+            raise InputError(f"{where}.regroup_every: per-group mode keeps its groups and their models (HCCT "
+                             f"re-partitions by its grouping.schedule); remove it")
         if cfg.train.rounds is None:
             raise InputError("train.rounds: per-group mode needs a number of rounds (the local-training "
                              "reference trains that many); set it")
@@ -74,13 +87,17 @@ def check_mode(world: World, plan: ArmPlan, index: int) -> None:
 # -- the seam to the engine: one round of K group rounds for each group from its own model --------
 
 def train_groups(world: World, fed: Federation, t: int, starts: dict[int, torch.Tensor],
-                 groups: dict[int, Group]) -> dict[int, torch.Tensor]:
+                 groups: dict[int, Group], uploads: dict[int, torch.Tensor] | None = None) -> dict[int, torch.Tensor]:
     """Round t for the groups in ``starts`` ({group id: start model}): K group rounds each,
     computed by :func:`~emulator.compute.run_group_rounds`, then timed and charged by ``fed``;
-    returns {group id: model}."""
+    returns {group id: model}. ``uploads`` receives each client's gradient (its last update / lr)."""
     tc, ctx = world.config.train, fed.ctx
-    spec = LocalSpec(ctx.seed, ctx.group_rounds, ctx.local_epochs, tc.lr * tc.lr_decay ** t, tc.algorithm, ctx.faults)
-    models = run_group_rounds(world.engine, starts, {g: groups[g] for g in starts}, t, spec)
+    lr = tc.lr * tc.lr_decay ** t
+    spec = LocalSpec(ctx.seed, ctx.group_rounds, ctx.local_epochs, lr, tc.algorithm, ctx.faults)
+    models = run_group_rounds(world.engine, starts, {g: groups[g] for g in starts}, t, spec, uploads=uploads)
+    if uploads is not None:
+        for c in uploads:
+            uploads[c] = uploads[c] / lr
     fed.run_round(t, [(g, groups[g]) for g in starts])
     return models
 
@@ -144,6 +161,8 @@ class PerGroupState:
     ledger: CostLedger = field(default_factory=CostLedger)
     rows: list[dict] = field(default_factory=list)
     initial_grouping: dict | None = None
+    gradients: torch.Tensor | None = None    # HCCT Alg. 1: each client's latest uploaded gradient (N, P)
+    uploaded: np.ndarray | None = None      # ... and whether it has one
 
     def groups(self, world: World) -> dict[int, Group]:
         """The groups of the current assignment: model row -> its members."""
@@ -159,14 +178,16 @@ class PerGroupState:
 def _save(path: Path, s: PerGroupState) -> None:
     blob = {"t": s.t, "models": s.models, "model_edge": list(s.model_edge), "assign": torch.as_tensor(s.assign),
             "sim_time": s.sim_time, "round_time": s.round_time, "ledger": s.ledger.state(), "rows": s.rows,
-            "initial_grouping": s.initial_grouping}
+            "initial_grouping": s.initial_grouping, "gradients": s.gradients,
+            "uploaded": None if s.uploaded is None else torch.as_tensor(s.uploaded)}
     save_checkpoint(path, blob)
 
 
 def _load(path: Path) -> PerGroupState:
     b = load_checkpoint(path)
     return PerGroupState(b["t"], b["models"], b["model_edge"], b["assign"].numpy(), b["sim_time"], b["round_time"],
-                         b["ledger"], b["rows"], b["initial_grouping"])
+                         b["ledger"], b["rows"], b["initial_grouping"], b.get("gradients"),
+                         None if b.get("uploaded") is None else b["uploaded"].numpy())
 
 
 def _initial_state(world: World, plan: ArmPlan, grouping: GroupingResult) -> PerGroupState:
@@ -217,6 +238,50 @@ def _fedclar_cluster(world: World, plan: ArmPlan, state: PerGroupState, env: Env
     charge_client_work(state.ledger, env, world.topology, t, work)
 
 
+def hcct_alg1(plan: ArmPlan) -> bool:
+    """Whether the arm runs HCCT's Alg. 1 schedule (per-group mode's default for hcct, hcct-e)."""
+    return isinstance(plan.grouping, HCCTGrouping) and (plan.grouping.schedule or "alg1") == "alg1"
+
+
+def _hcct_repartition(world: World, plan: ArmPlan, state: PerGroupState, env: Environment, t: int) -> None:
+    """HCCT Alg. 1 line 6 at epoch t ≥ 1: on each edge, Alg. 2 merges the current groups on the
+    clients' latest uploaded gradients; a merged group starts from its members' sample-weighted
+    mean model (Alg. 1 line 15). A client without an upload runs a charged probe epoch first."""
+    topo, tc = world.topology, world.config.train
+    missing = np.flatnonzero(~state.uploaded)
+    work = []
+    lr = tc.lr * tc.lr_decay ** t
+    for j in np.unique(topo.client_edge[missing]):
+        members = missing[topo.client_edge[missing] == j]
+        seeds = np.random.default_rng((world.config.seed, 5, t, int(j))).integers(2**31, size=len(members))
+        rows = state.assign[members]
+        trained = world.engine.train(state.models, members.tolist(), 1, seeds.tolist(), lr=lr, rows=rows.tolist())
+        state.gradients[members] = (state.models[rows] - trained) / lr
+        state.uploaded[members] = True
+        devices = [topo.client_device[c] for c in members]
+        work.append((int(j), members, world.cost.training_cost(devices, topo.n_samples[members], 1)))
+    charge_client_work(state.ledger, env, topo, t, work)
+    models, edges, assign = [], [], np.full(topo.n_clients, -1)
+    slices = _layer_slices(world.engine)
+    for j in range(topo.n_edges):
+        clients = topo.clients_of(j)
+        local = {int(c): i for i, c in enumerate(clients)}
+        current = [np.array([local[int(c)] for c in np.flatnonzero(state.assign == m)])
+                   for m in range(len(state.models)) if state.model_edge[m] == j and (state.assign == m).any()]
+        view = EdgeView(topo.label_counts[clients], state.gradients[clients].cpu().numpy().astype(np.float64), slices)
+        for group in plan.grouping.repartition(view, current):
+            members = clients[group]
+            old = np.unique(state.assign[members])
+            if len(old) == 1:
+                models.append(state.models[old[0]])
+            else:
+                n = torch.as_tensor([topo.n_samples[state.assign == m].sum() for m in old], dtype=state.models.dtype)
+                models.append((n / n.sum()) @ state.models[old])
+            edges.append(j)
+            assign[members] = len(models) - 1
+    state.models, state.model_edge, state.assign = torch.stack(models), edges, assign
+
+
 def _summary(world: World, state: PerGroupState, base: dict) -> dict:
     groups = list(state.groups(world).values())
     sizes = np.array([g.size for g in groups])
@@ -232,12 +297,16 @@ def _train(world: World, plan: ArmPlan, state: PerGroupState, fed: Federation, e
     """The round loop; returns the stop reason."""
     cfg, tc, arm = world.config, world.config.train, plan.arm
     sampled_by_policy = arm.sampling is not None
+    alg1 = hcct_alg1(plan)
+    uploads: dict[int, torch.Tensor] | None = {} if alg1 else None
     while state.t < tc.rounds:
         t = state.t
         if isinstance(plan.grouping, FedClar) and t == plan.grouping.cluster_round:
             _fedclar_cluster(world, plan, state, env, t)
         if isinstance(plan.grouping, Ifca):
             _ifca_reassign(world, plan, state, train_data, env, t)
+        if alg1 and t > 0:
+            _hcct_repartition(world, plan, state, env, t)
         groups = state.groups(world)
         ids = sorted(groups)
         if sampled_by_policy:
@@ -248,9 +317,13 @@ def _train(world: World, plan: ArmPlan, state: PerGroupState, fed: Federation, e
         if tc.budget is not None and state.ledger.total + fed.round_cost(t, [groups[g] for g in ids]) > tc.budget:
             return "budget"
         before = state.sim_time
-        models = train_groups(world, fed, t, {g: state.models[g] for g in ids}, groups)
+        models = train_groups(world, fed, t, {g: state.models[g] for g in ids}, groups, uploads)
         for g, x in models.items():
             state.models[g] = x
+        if uploads:
+            clients = np.array(sorted(uploads))
+            state.gradients[clients] = torch.stack([uploads.pop(c) for c in clients])
+            state.uploaded[clients] = True
         state.round_time = float(env.now) - before
         state.t, state.sim_time = t + 1, float(env.now)
         acc = None
@@ -332,8 +405,12 @@ def run_pergroup_arm(world: World, plan: ArmPlan, arm_dir: Path,
         state = _load(ckpt)
         env = Federation.environment(state.sim_time)
     else:
-        grouping = form_groups(world, plan, 0)
+        alg1 = hcct_alg1(plan)   # HCCT Alg. 1: t = 0, every client its own group, nothing probed
+        grouping = form_groups(world, ArmPlan(plan.arm, LocalGrouping(), None, None) if alg1 else plan, 0)
         state = _initial_state(world, plan, grouping)
+        if alg1:
+            state.gradients = state.models.new_zeros(world.topology.n_clients, world.engine.n_params)
+            state.uploaded = np.zeros(world.topology.n_clients, dtype=bool)
         env = Federation.environment()
         charge_client_work(state.ledger, env, world.topology, 0, grouping.probe)   # HCCT probe, FedCollab discriminators
         state.sim_time = float(env.now)
@@ -362,7 +439,7 @@ def run_pergroup_arm(world: World, plan: ArmPlan, arm_dir: Path,
         "grouping_policy": plan.grouping.name,
         "sampling_policy": plan.sampling.name if plan.arm.sampling is not None else "all groups",
         "groups_per_round": None, "grouping": state.initial_grouping,
-        "final_grouping": _summary(world, state, {}), "regroupings": 0,
+        "final_grouping": _summary(world, state, {}), "regroupings": max(state.t - 1, 0) if hcct_alg1(plan) else 0,
         "model_parameters": world.engine.n_params, "wall_seconds_last_session": time.perf_counter() - wall0,
         "versions": _versions(), "config": json.loads(cfg.model_dump_json())})
     ckpt.unlink(missing_ok=True)

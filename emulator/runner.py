@@ -31,7 +31,7 @@ from .compute import ClientState, LocalSpec, aggregate_control, run_group_rounds
 from .config import ArmConfig, config_warnings
 from .discriminator import DiscriminatorSpec, discriminator_distances, discriminator_features
 from .errors import DivergenceError, InputError, InputWarning
-from .fedclar import global_mode_groups
+from .fedclar import fedclar_global_model, global_mode_groups
 from .federation import Federation, Group, RoundContext
 from .io import atomic_write, write_json
 from .ledger import CostLedger
@@ -240,6 +240,7 @@ class ArmState:
     warnings: list[str] = field(default_factory=list)   # input accepted with an adjustment (not checkpointed)
     clients: ClientState | None = None      # SCAFFOLD variates, persistent momentum buffers
     control: torch.Tensor | None = None     # SCAFFOLD's server variate c
+    cluster_models: torch.Tensor | None = None   # FedCLAR after its cluster_round: one model per cluster
 
 
 def _versions() -> dict:
@@ -296,7 +297,8 @@ def _save_checkpoint(path: Path, state: ArmState) -> None:
                            "round_time": state.round_time, "ledger": state.ledger.state(), "rows": state.rows,
                            "initial_grouping": state.initial_grouping, "grouping": state.grouping,
                            "grouping_epoch": state.grouping_epoch,
-                           "clients": state.clients.state() if state.clients else None, "control": state.control})
+                           "clients": state.clients.state() if state.clients else None, "control": state.control,
+                           "cluster_models": state.cluster_models})
 
 
 def _load_checkpoint(path: Path) -> ArmState:
@@ -304,7 +306,7 @@ def _load_checkpoint(path: Path) -> ArmState:
     return ArmState(blob["t"], blob["weights"], blob["sim_time"], blob["round_time"], blob["ledger"], blob["rows"],
                     blob["initial_grouping"], blob["grouping"], blob["grouping_epoch"],
                     clients=ClientState.from_state(blob["clients"]) if blob["clients"] else None,
-                    control=blob["control"])
+                    control=blob["control"], cluster_models=blob.get("cluster_models"))
 
 
 def charge_client_work(ledger: CostLedger, env, topology, t: int,
@@ -408,6 +410,7 @@ def _run_rounds(world: World, plan: ArmPlan, arm_dir: Path, state: ArmState,
             if t == clar:
                 groups, work = global_mode_groups(world, plan.grouping, state.weights, t, arm_dir)
                 grouping = GroupingResult(groups, 0, 0, work)
+                state.cluster_models = state.weights.repeat(len(groups), 1)   # every cluster starts from x_t
             else:
                 grouping = form_groups(world, plan, epoch, state.weights)
             state.grouping, state.grouping_epoch = grouping.summary(), epoch
@@ -430,12 +433,19 @@ def _run_rounds(world: World, plan: ArmPlan, arm_dir: Path, state: ArmState,
         spec = LocalSpec(cfg.seed, tc.group_rounds, tc.local_epochs, tc.lr * tc.lr_decay ** t, tc.algorithm,
                          cfg.faults)
         control = {g: state.control for g in sampled} if scaffold else None
-        models = run_group_rounds(world.engine, {g: state.weights for g in sampled}, sampled, t, spec,
-                                  state.clients, control)                   # compute, then time:
+        if scaffold:   # the sampled clients' c_i before the round: the cloud moves c by their changes
+            members = np.concatenate([g.clients for g in sampled.values()])
+            before = state.clients.variates[torch.as_tensor(members)].clone()
+        clustered = state.cluster_models is not None   # FedCLAR: each cluster trains its own model
+        starts = {g: state.cluster_models[g] if clustered else state.weights for g in sampled}
+        models = run_group_rounds(world.engine, starts, sampled, t, spec, state.clients, control)   # compute, then time:
         fed.run_round(t, list(sampled.items()))
-        x = sum(float(w) * models[int(g)] for w, g in zip(weights, chosen))   # Line 15 / Eq. 4 / Eq. 39
+        if clustered:
+            x = fedclar_global_model(state.cluster_models, models, grouping.groups)
+        else:
+            x = sum(float(w) * models[int(g)] for w, g in zip(weights, chosen))   # Line 15 / Eq. 4 / Eq. 39
         if scaffold:
-            state.control = aggregate_control(state.control, control, chosen, weights)
+            state.control = aggregate_control(state.control, state.clients.variates, before, members, topo.n_samples)
         growth = float(torch.linalg.vector_norm(x) / torch.linalg.vector_norm(state.weights))
         if not (np.isfinite(growth) and growth < DIVERGENCE_GROWTH):
             raise DivergenceError(

@@ -45,16 +45,25 @@ def relative_variance_layer(grads: np.ndarray, layer_slices: tuple[slice, ...]) 
     return int(np.argmax(ratios))
 
 
-def hcct_partition(grads: np.ndarray, sizes: np.ndarray, alpha: float) -> list[list[int]]:
-    """HCCT Alg. 2 on gradient rows ``grads`` (clients × M) of clients holding ``sizes`` samples."""
-    n = len(grads)
+def hcct_partition(grads: np.ndarray, sizes: np.ndarray, alpha: float,
+                   groups: list[list[int]] | None = None) -> list[list[int]]:
+    """HCCT Alg. 2 on gradient rows ``grads`` (clients × M) of clients holding ``sizes`` samples,
+    merging from the current partition ``groups`` {C_k} (Alg. 2's second argument; default: every
+    client alone, Eq. 12). Groups only merge: every returned group is a union of given ones."""
     d = sizes.astype(float)
     norms = np.maximum(np.linalg.norm(grads, axis=1), _EPS)
     G = d[:, None] * grads                      # D_i g_i: sums to D_G g_G (Eq. 13)
     N = grads / norms[:, None]                  # unit gradients: Σ cos = ⟨Σ ĝ_i, g_G⟩/‖g_G‖
+    if groups is None:
+        members = [[i] for i in range(len(grads))]
+        D, count = d.copy(), np.ones(len(grads))
+    else:                                       # each group's sums over its members
+        members = [sorted(int(i) for i in g) for g in groups]
+        G = np.stack([G[m].sum(axis=0) for m in members])
+        N = np.stack([N[m].sum(axis=0) for m in members])
+        D, count = np.array([d[m].sum() for m in members]), np.array([float(len(m)) for m in members])
+    n = len(members)
     A, B = G @ G.T, N @ G.T
-    D, count = d.copy(), np.ones(n)
-    members = [[i] for i in range(n)]
     alive = np.ones(n, dtype=bool)
 
     def utility_after_merge() -> np.ndarray:
@@ -63,7 +72,7 @@ def hcct_partition(grads: np.ndarray, sizes: np.ndarray, alpha: float) -> list[l
         sq = np.diag(A)[:, None] + np.diag(A)[None, :] + 2 * A
         return -alpha * (count[:, None] + count[None, :]) / (D[:, None] + D[None, :]) + dot / np.sqrt(np.maximum(sq, _EPS**2))
 
-    own = -alpha * count / D + np.diag(B) / np.sqrt(np.maximum(np.diag(A), _EPS**2))  # Eq. 12
+    own = -alpha * count / D + np.diag(B) / np.sqrt(np.maximum(np.diag(A), _EPS**2))  # Eqs. 12, 14
     benefit = utility_after_merge() - own[:, None] - own[None, :]                     # Eq. 15
     np.fill_diagonal(benefit, -np.inf)
     while alive.sum() > 1:
@@ -91,27 +100,47 @@ def hcct_partition(grads: np.ndarray, sizes: np.ndarray, alpha: float) -> list[l
     return [members[k] for k in np.flatnonzero(alive)]
 
 
+SCHEDULES = ("alg1", "once")
+
+
 @groupings.register("hcct")
 @dataclass(frozen=True)
 class HCCTGrouping(GroupingPolicy):
-    """HCCT (HCCT Alg. 2, Eqs. 9, 13-17) on the clients' full probe gradients.
+    """HCCT (HCCT Alg. 2, Eqs. 9, 13-17) on the clients' full gradients.
 
     The number of groups is HCCT's own choice. With ``min_group_size`` > 1, groups smaller than
     MinGS are then merged, smallest first, into the group whose summed utility (Eq. 14) drops
     least (:func:`policies.grouping.enforce_min_size`); 1 (default) keeps HCCT's partition.
     ``alpha`` is Eq. 9's trade-off between data volume and gradient similarity, in samples.
     The random generator is not used: HCCT is deterministic given the gradients.
+
+    ``schedule`` says when the partition is made (per-group mode, :mod:`emulator.pergroup`):
+
+    * ``"alg1"`` (HCCT Alg. 1, lines 2-7; per-group mode's default): at t = 0 every client is its
+      own group and trains alone; at every epoch t ≥ 1 :meth:`repartition` runs Alg. 2 from the
+      current groups on the gradients the clients uploaded while training, so groups only merge.
+    * ``"once"``: :meth:`group` partitions once, from singletons, on gradients of a probe epoch
+      from the initial model, and the groups stay. Global mode's only schedule (there
+      ``regroup_every`` re-partitions from a probe of the current global model).
+    ``None`` is the mode's default.
     """
 
     needs_gradients: ClassVar[bool] = True
     min_group_size: int = 1
     alpha: float = 10.0
+    schedule: str | None = None
 
     def __post_init__(self):
         if not isinstance(self.min_group_size, int) or self.min_group_size < 1:
             raise ValueError(f"min_group_size must be an integer >= 1, got {self.min_group_size!r}")
         if not self.alpha > 0:
             raise ValueError(f"alpha must be > 0 (HCCT Eq. 9), got {self.alpha!r}")
+        if self.schedule is not None and self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)} (\"alg1\": HCCT Alg. 1, re-partition "
+                             f"every epoch; \"once\": partition once), got {self.schedule!r}")
+        if self.schedule == "alg1" and self.min_group_size > 1:
+            raise ValueError("schedule \"alg1\" starts from singletons (HCCT Alg. 1), so min_group_size must be 1; "
+                             "use schedule = \"once\" for a minimum group size")
 
     def _gradients(self, view: EdgeView) -> np.ndarray:
         if view.gradients is None:
@@ -126,6 +155,12 @@ class HCCTGrouping(GroupingPolicy):
             groups, touched = enforce_min_size(
                 groups, self.min_group_size, lambda m: -group_utility(grads, sizes, m, self.alpha))
         return EdgeGrouping([np.array(g, dtype=int) for g in groups], leftover_clients=touched)
+
+    def repartition(self, view: EdgeView, groups: list[np.ndarray]) -> list[np.ndarray]:
+        """ClientPartition({g_i^t}, {C_k}) (HCCT Alg. 1 line 6, Alg. 2): merge the current
+        ``groups`` (row indices of ``view``) by their gradients; unions of them."""
+        merged = hcct_partition(self._gradients(view), view.n_samples, self.alpha, [list(g) for g in groups])
+        return [np.array(sorted(g), dtype=int) for g in merged]
 
 
 @groupings.register("hcct-e")

@@ -79,8 +79,10 @@ class FedClar(GroupingPolicy):
     of ``min_group_size`` (RG) until ``cluster_round``; then each client's update (its model
     after one local epoch minus the model it started from) is clustered by average-linkage
     hierarchical clustering on cosine distance, cut at ``threshold``, and every cluster becomes a
-    group (starting from its members' sample-weighted mean model in per-group mode; in global mode
-    the clusters are the groups Group-FEL samples from afterwards)."""
+    group that keeps and trains its own model (starting from its members' sample-weighted mean
+    model; in global mode, from the global model, the clusters being the groups Group-FEL samples
+    from afterwards and the evaluated global model the clusters' sample-weighted mean, see
+    :mod:`emulator.fedclar`)."""
 
     min_group_size: int = 5
     cluster_round: int = 10

@@ -89,3 +89,35 @@ def test_per_group_mode_refuses_client_state_it_does_not_keep(tiny_dict, train):
     tiny_dict["train"].update(train)
     with pytest.raises(InputError, match="per-group mode runs fedavg and fedprox"):
         parse_config(tiny_dict)
+
+
+def test_scaffold_server_variate_is_the_mean_of_every_clients_variate(tiny_dict, tmp_path):
+    """SCAFFOLD Alg. 1's server step keeps c = Σ_i (n_i/n) c_i over all N clients, sampled or not:
+    2 of 4 groups a round, 30 % dropouts, K = 2, and a resume; checked after every round."""
+    tiny_dict["arms"] = tiny_dict["arms"][1:]                 # random groups of 3, 2 of the 4 a round
+    tiny_dict["train"].update(algorithm="scaffold", rounds=5, eval_every=1)
+    tiny_dict["faults"] = {"dropout": 0.3}
+    config = parse_config(tiny_dict)
+    world = build_world(config)
+    share = torch.as_tensor(world.topology.n_samples / world.topology.n_samples.sum(), dtype=torch.float64)
+    checked, untouched = [], []
+
+    def check(arm_dir, kill_at=None):
+        def on_round(t, cost, acc):
+            blob = torch.load(arm_dir / CHECKPOINT, weights_only=True)
+            v, c = blob["clients"]["variates"], blob["control"]
+            assert c.abs().max() > 0
+            torch.testing.assert_close(c.double(), share @ v.double(), atol=1e-6, rtol=0)
+            untouched.append(int((v.abs().sum(1) == 0).sum()))
+            checked.append(t)
+            if t == kill_at:
+                raise Killed
+        return on_round
+
+    full = run_arm(world, plan_arm(world, 0), tmp_path / "full", check(tmp_path / "full"))
+    with pytest.raises(Killed):
+        run_arm(world, plan_arm(world, 0), tmp_path / "killed", check(tmp_path / "killed", kill_at=2))
+    resumed = run_arm(w := build_world(config), plan_arm(w, 0), tmp_path / "killed", check(tmp_path / "killed"))
+    assert checked == [1, 2, 3, 4, 5, 1, 2, 3, 4, 5]
+    assert untouched[0] > 0                # partial participation: after round 1 some c_i are still 0
+    pd.testing.assert_frame_equal(full, resumed, check_exact=True)

@@ -7,14 +7,17 @@ import pytest
 import simpy
 import torch
 
+from emulator.compute import LocalSpec, run_group_rounds
 from emulator.config import parse_config
 from emulator.errors import InputError
 from emulator.pergroup import (FORWARD_FRACTION, LocalData, PerGroupState, _ifca_reassign, ipr_rsd,
                                local_reference, run_pergroup_arm)
-from emulator.runner import plan_arm, run_arm
+from emulator.federation import Group
+from emulator.runner import CHECKPOINT, plan_arm, run_arm
 from emulator.world import build_world
 from experiments.runner import run_experiment
 from policies import groupings
+from policies.hcct import hcct_partition
 from policies.pergroup import FedClar, Ifca
 
 
@@ -218,3 +221,119 @@ def test_per_group_seeds_train_every_group_as_a_single_seed_run_does(tiny_dict, 
     one = pd.read_csv(tmp_path / "single" / "local" / "results.csv")
     assert (multi["ipr"] == 0).all() and (multi["rsd"] == 0).all()
     assert np.allclose(multi["local_error_mean"], one["local_error_mean"]) and len(single) == 1
+
+
+def test_fedclar_in_global_mode_trains_one_model_per_cluster(tiny_dict, tmp_path):
+    """After cluster_round each cluster keeps its own model, trained only by its members, and the
+    evaluated global model is the sample-weighted mean of every cluster's model. Two concepts with
+    reversed labels, one cluster sampled a round."""
+    d = _two_concepts(tiny_dict, [{"name": "fedclar", "grouping": {"policy": "fedclar", "min_group_size": 2,
+                                                                   "cluster_round": 1, "threshold": 0.9},
+                                   "sampling": {"policy": "random", "groups_per_round": 1}}]).model_dump()
+    d.update(mode="global")
+    d["data"]["test_fraction"] = None
+    d["train"].update(rounds=4, eval_every=1)
+    cfg = parse_config(d)
+    world = build_world(cfg)
+    seen = {}
+
+    def record(t, cost, acc):
+        blob = torch.load(tmp_path / "a" / CHECKPOINT, weights_only=True)
+        seen[t] = (blob["weights"], blob["cluster_models"])
+    full = run_arm(world, plan_arm(world, 0), tmp_path / "a", record)
+    clusters = json.loads((tmp_path / "a" / "fedclar-clusters.json").read_text())["clusters"]
+    assert sorted(sorted(c["clients"]) for c in clusters) == [[0, 1, 2], [3, 4, 5]]   # by concept
+    assert seen[1][1] is None                                      # one global model before clustering
+    x1, (x2, m2) = seen[1][0], seen[2]
+    assert m2.shape == (2, world.engine.n_params)
+    changed = [g for g in range(2) if not torch.equal(m2[g], x1)]
+    assert len(changed) == 1                                       # the sampled cluster trained; the other kept x_1
+    g = changed[0]
+    tc = cfg.train
+    spec = LocalSpec(cfg.seed, tc.group_rounds, tc.local_epochs, tc.lr * tc.lr_decay ** 1, tc.algorithm, cfg.faults)
+    members = np.array(clusters[g]["clients"])
+    group = Group(0, members, world.topology.n_samples[members], 0.0)
+    by_hand = run_group_rounds(world.engine, {g: x1}, {g: group}, 1, spec)[g]
+    assert torch.equal(m2[g], by_hand)                             # what that cluster trained from x_1
+    n = np.array([world.topology.n_samples[c["clients"]].sum() for c in clusters], dtype=float)
+    for t in (2, 3, 4):
+        x, m = seen[t]
+        torch.testing.assert_close(x, torch.as_tensor(n / n.sum(), dtype=torch.float64).float() @ m, atol=1e-6, rtol=0)
+    assert not torch.equal(seen[4][1][0], seen[4][1][1])
+    _kill_after_round_2_and_resume(run_arm, cfg, full, tmp_path / "b")
+
+
+def _partition(assign) -> list[tuple[int, ...]]:
+    return sorted(tuple(np.flatnonzero(np.asarray(assign) == m).tolist()) for m in np.unique(assign))
+
+
+def test_hcct_alg1_starts_alone_and_merges_every_epoch_from_the_training_gradients(tiny_dict, tmp_path):
+    """HCCT Alg. 1: t = 0 singletons; at every epoch t ≥ 1 Alg. 2 merges the current groups on
+    the gradients the clients uploaded in the last epoch (no probe, nothing extra charged)."""
+    d = _two_concepts(tiny_dict, [{"name": "hcct", "grouping": {"policy": "hcct", "alpha": 10.0}}]).model_dump()
+    d["train"].update(rounds=4, eval_every=1, group_rounds=1)      # HCCT: one local update an epoch
+    cfg = parse_config(d)
+    world = build_world(cfg)
+    seen = {}
+
+    def record(t, cost, acc):
+        blob = torch.load(tmp_path / "a" / CHECKPOINT, weights_only=True)
+        seen[t] = (blob["assign"].numpy(), blob["gradients"], blob["models"])
+    full = run_pergroup_arm(world, plan_arm(world, 0), tmp_path / "a", record)
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert [g["size"] for g in manifest["grouping"]["groups"]] == [1] * 6         # t = 0: every client alone
+    assert manifest["grouping"]["gradient_probe_training_cost"] == 0 and manifest["regroupings"] == 3
+    assert _partition(seen[1][0]) == [(c,) for c in range(6)]
+    ledger = pd.read_parquet(tmp_path / "a" / "ledger.parquet")
+    assert (ledger["group"] >= 0).all()                                         # no probe was charged
+    for t in (1, 2, 3):
+        before, after = _partition(seen[t][0]), _partition(seen[t + 1][0])
+        assert all(sum(set(g) <= set(h) for h in after) == 1 for g in before)   # groups only merge
+        # the partition of round t + 1 is Alg. 2 on round t's uploads, from round t's groups
+        grads = seen[t][1].numpy().astype(np.float64)
+        assert after == sorted(tuple(g) for g in hcct_partition(grads, world.topology.n_samples, 10.0, before))
+    assert _partition(seen[2][0]) == [(0, 1, 2), (3, 4, 5)]                      # by concept after one epoch
+    # the gradients are the round's updates: a client alone in round 1 uploaded x_0 − its model
+    lr = cfg.train.lr
+    x0 = world.engine.initial_weights(cfg.seed)
+    torch.testing.assert_close(seen[1][1], (x0 - seen[1][2][seen[1][0]]) / lr)
+    _kill_after_round_2_and_resume(run_pergroup_arm, cfg, full, tmp_path / "b")   # after the first merge
+    pd.testing.assert_frame_equal(ledger, pd.read_parquet(tmp_path / "b" / "ledger.parquet"), check_exact=True)
+
+
+def test_hcct_alg1_charges_a_probe_to_clients_without_an_upload(tiny_dict, tmp_path):
+    cfg = parse_config(_pergroup(tiny_dict, [{"name": "hcct", "grouping": {"policy": "hcct", "alpha": 1.0},
+                                              "sampling": {"policy": "random", "groups_per_round": 2}}]))
+    world = build_world(cfg)
+    run_pergroup_arm(world, plan_arm(world, 0), tmp_path / "a")
+    ledger = pd.read_parquet(tmp_path / "a" / "ledger.parquet")
+    trained_first = set(ledger.loc[(ledger["round"] == 1) & (ledger["group"] >= 0), "client"])
+    probed = ledger[ledger["group"] == -1]
+    assert len(trained_first) == 2                                              # two singletons sampled
+    assert set(probed.loc[probed["round"] == 2, "client"]) == set(range(6)) - trained_first
+    assert probed["component"].eq("training").all()
+    # each probe is one epoch of training, priced as such
+    topo = world.topology
+    r2 = probed[probed["round"] == 2].sort_values("client")
+    clients = r2["client"].to_numpy()
+    np.testing.assert_allclose(r2["amount"], world.cost.training_cost([topo.client_device[c] for c in clients],
+                                                                       topo.n_samples[clients], 1))
+
+
+def test_hcct_once_partitions_once_from_a_charged_probe(tiny_dict, tmp_path):
+    cfg = parse_config(_pergroup(tiny_dict, [{"name": "hcct", "grouping": {"policy": "hcct", "alpha": 1.0,
+                                                                           "schedule": "once"}}]))
+    world = build_world(cfg)
+    run_pergroup_arm(world, plan_arm(world, 0), tmp_path / "a")
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert manifest["grouping"]["gradient_probe_training_cost"] > 0 and manifest["regroupings"] == 0
+    assert sorted(map(sorted, (g["clients"] for g in manifest["grouping"]["groups"]))) == \
+        sorted(map(sorted, (g["clients"] for g in manifest["final_grouping"]["groups"])))
+
+
+def test_hcct_alg1_is_refused_in_global_mode(tiny_dict, tmp_path):
+    tiny_dict["arms"] = [{"name": "hcct", "grouping": {"policy": "hcct", "schedule": "alg1"},
+                          "sampling": {"policy": "random", "groups_per_round": 2}}]
+    with pytest.raises(InputError, match=r'arms\[0\]\.grouping\.schedule: "alg1" \(HCCT Alg\. 1\) runs in per-group'):
+        run_experiment(parse_config(tiny_dict), tmp_path / "a", progress=False)
+    assert not (tmp_path / "a").exists()

@@ -12,9 +12,10 @@ from policies import EdgeView, groupings
 from policies.hcct import group_utility, hcct_partition, relative_variance_layer
 
 
-def literal_hcct(grads: np.ndarray, sizes: np.ndarray, alpha: float) -> list[list[int]]:
-    """HCCT Alg. 2 straight from Eqs. 13-17: recompute every pair's benefit from the gradients."""
-    groups = [[i] for i in range(len(grads))]
+def literal_hcct(grads: np.ndarray, sizes: np.ndarray, alpha: float, start=None) -> list[list[int]]:
+    """HCCT Alg. 2 straight from Eqs. 13-17: recompute every pair's benefit from the gradients,
+    merging from ``start`` (default singletons)."""
+    groups = [list(g) for g in start] if start is not None else [[i] for i in range(len(grads))]
     while len(groups) > 1:
         best, pair = -np.inf, None
         for a, b in itertools.combinations(range(len(groups)), 2):
@@ -41,6 +42,46 @@ def test_fast_hcct_equals_literal_alg2(seed):
     sizes = rng.integers(5, 200, size=9)
     alpha = float(rng.choice([1.0, 20.0, 200.0]))
     assert _canon(hcct_partition(grads, sizes, alpha)) == _canon(literal_hcct(grads, sizes, alpha))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_alg2_from_the_current_groups_equals_literal_merging_and_only_merges(seed):
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(3, 20))
+    grads = centers[rng.integers(3, size=10)] + 0.6 * rng.normal(size=(10, 20))
+    sizes = rng.integers(5, 200, size=10)
+    alpha = float(rng.choice([1.0, 20.0, 200.0]))
+    start = [list(g) for g in np.array_split(rng.permutation(10), 5)]
+    fast = hcct_partition(grads, sizes, alpha, start)
+    assert _canon(fast) == _canon(literal_hcct(grads, sizes, alpha, start))
+    for g in start:                                   # every current group lies inside one new group
+        assert sum(set(g) <= set(f) for f in fast) == 1
+
+
+def test_alg2_hand_case_orthogonal_pair_merges_iff_alpha_over_d_beats_2_minus_sqrt2():
+    # g1 ⟂ g2, D = 10 each: alone 2(1 − α/10); together g_G = (g1 + g2)/2, cos = 1/√2 each,
+    # 2(1/√2 − α/20): benefit α/10 − (2 − √2) = α/10 − 0.586
+    grads, sizes = np.array([[1.0, 0.0], [0.0, 1.0]]), np.array([10, 10])
+    assert _canon(hcct_partition(grads, sizes, 5.0)) == [(0,), (1,)]
+    assert _canon(hcct_partition(grads, sizes, 10.0)) == [(0, 1)]
+    # 0 ∥ 1 and 2 ∥ 3 (α = 1): from singletons the parallel pairs merge. From the current groups
+    # {0, 2}, {1}, {3}, {0, 2} cannot split: U{0,2} = 2(1/√2 − 0.05) = 1.314, U{1} = U{3} = 0.9;
+    # {0,1,2}: g_G ∝ (2, 1), cos 0.894, 0.894, 0.447, U = 2.236 − 0.1 = 2.136, benefit −0.078;
+    # {1,3}: 0.1 − 0.586 < 0. So nothing merges.
+    grads, sizes = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]]), np.full(4, 10)
+    assert _canon(hcct_partition(grads, sizes, 1.0)) == [(0, 1), (2, 3)]
+    assert _canon(hcct_partition(grads, sizes, 1.0, [[0, 2], [1], [3]])) == [(0, 2), (1,), (3,)]
+    # with α = 3 a 3-client merge pays (1.936 − 1.114 − 0.7 = 0.122 > 0; {1} or {3}, a tie), the
+    # 4-client one then does not (2.528 − 1.936 − 0.7 < 0)
+    assert _canon(hcct_partition(grads, sizes, 3.0, [[0, 2], [1], [3]])) in ([(0, 1, 2), (3,)], [(0, 2, 3), (1,)])
+
+
+def test_hcct_schedule_is_checked():
+    assert groupings.make("hcct", {"schedule": "once", "min_group_size": 3}).schedule == "once"
+    with pytest.raises(ValueError, match="schedule must be one of alg1, once"):
+        groupings.make("hcct", {"schedule": "every"})
+    with pytest.raises(ValueError, match="min_group_size must be 1"):
+        groupings.make("hcct", {"schedule": "alg1", "min_group_size": 3})
 
 
 def softmax_regression_gradients(x: np.ndarray, y: np.ndarray, parts: list[np.ndarray]) -> np.ndarray:

@@ -9,7 +9,8 @@ from torch import nn
 
 from emulator import models
 from emulator.compute import ClientState, LocalSpec, aggregate_control, run_group_rounds
-from emulator.federation import Group
+from emulator.config import FaultsConfig
+from emulator.federation import Group, draw_faults
 from emulator.training import BatchedEngine, TorchEngine
 from topologies import Dataset, load_dataset
 
@@ -162,9 +163,10 @@ def test_scaffold_reaches_the_global_optimum_where_fedavg_drifts():
         spec = LocalSpec(0, 1, 20, 0.1, algo)     # 20 local full-batch steps per round
         for t in range(60):
             control = {0: c} if algo == "scaffold" else None
+            before = clients.variates.clone() if algo == "scaffold" else None
             x = run_group_rounds(engine, {0: x}, {0: group}, t, spec, clients, control)[0]
             if algo == "scaffold":
-                c = aggregate_control(c, control, np.array([0]), np.array([1.0]))
+                c = aggregate_control(c, clients.variates, before, group.clients, group.n_samples)
         final[algo] = float((x - opt).norm() / opt.norm())
     assert final["scaffold"] < 3e-3                          # measured 7e-4
     assert final["fedavg"] > 0.05                            # measured 0.12: client drift
@@ -241,3 +243,26 @@ def test_no_simpy_module_imports_torch():
             if "torch" in imported:
                 offenders.append(str(path.relative_to(ROOT)))
     assert "federation.py" in seen and offenders == []
+
+
+def test_scaffold_group_variate_moves_by_its_survivors_changes_over_all_members(digits_parts):
+    """A group's c_g moves by Σ_{i alive} (n_i/n_g) Δc_i, n_g over every member: a dropped member
+    counts as a zero change (here client 1 of 4 drops in the only group round)."""
+    data, parts = digits_parts
+    engine = TorchEngine(data, parts, "mlp", lr=0.05, batch_size=8)
+    faults = FaultsConfig(dropout=0.4)
+    members = np.arange(4)
+    seed = next(s for s in range(100) if draw_faults(faults, s, 0, 0, members)[0].tolist() == [False, True, False, False])
+    n = np.array([len(p) for p in parts])
+    group = Group(0, members, n, 0.0)
+    clients = ClientState.create(4, engine.n_params, True, False)
+    clients.variates += 0.01 * torch.randn(4, engine.n_params, generator=torch.Generator().manual_seed(1))
+    c = 0.02 * torch.randn(engine.n_params, generator=torch.Generator().manual_seed(2))
+    before, control = clients.variates.clone(), {0: c}
+    run_group_rounds(engine, {0: engine.initial_weights(0)}, {0: group}, 0, LocalSpec(seed, 1, 1, 0.05, "scaffold", faults),
+                     clients, control)
+    change = clients.variates - before
+    assert change[1].abs().max() == 0                                    # client 1 dropped
+    assert (change[[0, 2, 3]].abs().sum(1) > 0).all()
+    expected = c.double() + torch.as_tensor(n / n.sum()) @ change.double()
+    torch.testing.assert_close(control[0].double(), expected, atol=1e-7, rtol=0)
