@@ -137,6 +137,13 @@ def _final(name: str, mode: str, arm: str, point: dict) -> dict[int, float]:
     return {int(seed): float(r.sort_values("cost")["accuracy"].iloc[-1]) * 100 for seed, r in runs.groupby("seed")}
 
 
+def last(name: str, mode: str, column: str, arm: str, digits: int = 1, scale: float = 1.0, **point) -> str:
+    """Mean over seeds of ``column`` at each run's last evaluation in ``runs.csv`` (e.g.
+    ``groups_sampled``: the number of groups trained in the last round)."""
+    runs = _select(_csv(name, mode, "runs.csv"), arm, point)
+    return fmt(float(np.mean([r.sort_values("round")[column].iloc[-1] for _, r in runs.groupby("seed")])) * scale, digits)
+
+
 def paired_points(name: str, mode: str, arm: str, a: dict, b: dict, digits: int = 2) -> str:
     """Paired difference of the final accuracy (points), point ``b`` minus point ``a``, per seed
     (the same seed draws the same partition at both points where the data settings are equal)."""
@@ -269,7 +276,7 @@ def base_sources(quick: bool = False) -> str:
 
 
 FUNCTIONS = {f.__name__: f for f in (ours, paper, summary, cell, summary_ci, at_cost, at_round, at_cost_over,
-                                     paired_at_cost, paired_points, cost_to, diverged, span, seeds, fmt, table1, arms_table, grid,
+                                     paired_at_cost, last, paired_points, cost_to, diverged, span, seeds, fmt, table1, arms_table, grid,
                                      table2, sources, base_sources)}
 
 
