@@ -68,11 +68,16 @@ class DataConfig(_Strict):
     test_fraction: float | None = Field(None, ge=0, lt=1, description="Share of each client's samples held "
                                         "out as its local test split (same distribution, disjoint from its "
                                         "training samples); unset: 0.2 in per-group mode, none in global mode.")
+    test_samples: int | None = Field(None, ge=1, description="Instead of test_fraction: exactly this many of "
+                                     "each client's samples as its local test split (FedCollab Table 4: 350 "
+                                     "on every client, large or small).")
 
     @model_validator(mode="after")
     def _range(self):
         if self.max_samples < self.min_samples:
             raise ValueError("max_samples must be >= min_samples")
+        if self.test_samples is not None and self.test_fraction is not None:
+            raise ValueError("test_samples: give test_samples or test_fraction, not both")
         if self.types is not None and self.partition not in SHIFTS:
             raise ValueError(f"types: only used by partition = {' | '.join(SHIFTS)}; remove it or change partition")
         field = SHIFTS.get(self.partition)

@@ -88,7 +88,7 @@ def place_data(config: RunConfig, dataset: Dataset) -> Placement:
         parts = (dirichlet_partition(dataset.y_train, sizes, d.alpha, m, rng, d.dirichlet_counts == "floor")
                  if d.partition == "dirichlet" else shards_partition(dataset.y_train, sizes, d.n_shards, m, rng))
     devices = assign_devices(n_clients, tc.devices, rng)
-    train, test = split_local(parts, config.test_fraction, np.random.default_rng((config.seed, 7)))
+    train, test = split_local(parts, config.test_fraction, np.random.default_rng((config.seed, 7)), d.test_samples)
     x, y = dataset.x_train, dataset.y_train
     if types:
         x, y, (train, test) = apply_client_types(x, y, [train, test], client_type, types)

@@ -6,6 +6,8 @@ Each reproduction is a folder of ``experiments/reproductions/``:
                         metrics, settings applied on top of the base ([set]) and the quick mode's
                         scaled-down settings ([quick]); ``kind = "study"`` runs a ``groupfel study``
     sweep.toml          a sweep file (experiments.sweep) over the figure's axes
+    [sources]           (in reproduction.toml) where every setting's value comes from: see
+                        :func:`setting_sources`
     base.toml           its base run config (or the sweep names a shared one)
     paper.csv           the paper's numbers (one row per table cell, a ``source`` column citing the
                         table or figure), or its claims (a ``claim`` column) where it gives a figure only
@@ -61,6 +63,7 @@ class Reproduction:
     quick: dict[str, Any] = field(default_factory=dict)  # set / seeds / axes
     needs: str = ""                      # a missing feature: the run is refused with this line
     notes: str = ""                      # the paper's setting and where ours differs
+    sources: dict[str, str] = field(default_factory=dict)  # setting key -> where its value comes from
 
     @property
     def folder(self) -> Path:
@@ -190,6 +193,122 @@ def point_configs_of(sweep: dict, base: dict):
     return configs(SweepConfig.model_validate(sweep), base)
 
 
+# ----------------------------------------------------------------------------- sources
+SOURCE_KINDS = ("paper", "code", "assumed")
+# run bookkeeping, not settings of the experiment (and every arm's name)
+NOT_SETTINGS = {"name", "seed", "seeds", "output_dir", "data.path"}
+
+
+def _leaves(node: Any, prefix: str) -> list[str]:
+    """Dotted paths of every scalar (or list of scalars) under ``node``; tables in lists by index."""
+    if isinstance(node, dict):
+        return [leaf for k, v in node.items() for leaf in _leaves(v, f"{prefix}.{k}" if prefix else str(k))]
+    if isinstance(node, list) and node and all(isinstance(v, dict) for v in node):
+        return [leaf for i, v in enumerate(node) for leaf in _leaves(v, f"{prefix}.{i}")]
+    return [prefix]
+
+
+def _under(path: str, key: str) -> bool:
+    """``path`` is ``key`` or below it; ``*`` in ``key`` matches any one component."""
+    p, k = path.split("."), key.split(".")
+    return len(k) <= len(p) and all(kc in ("*", pc) for kc, pc in zip(k, p))
+
+
+def _best(path: str, table: dict[str, str]) -> str | None:
+    keys = [k for k in table if _under(path, k)]
+    return max(keys, key=lambda k: (len(k.split(".")), -k.count("*"))) if keys else None
+
+
+def _source_tables(rep: Reproduction) -> tuple[dict[str, str], dict[str, str]]:
+    """(the shared base's sources, quick.toml's sources as ``quick.<path>``)."""
+    base: dict[str, str] = {}
+    if rep.kind == "sweep":
+        sweep = tomllib.loads((rep.folder / "sweep.toml").read_text())
+        path = ROOT / f"{Path(sweep['base']).stem}.sources.toml"
+        if (rep.folder / sweep["base"]).resolve().parent == ROOT.resolve() and path.is_file():
+            base = tomllib.loads(path.read_text())
+    quick = {("quick." + k): v for k, v in _quick_shared().get("sources", {}).items()}
+    return base, quick
+
+
+def setting_leaves(rep: Reproduction) -> dict[str, str]:
+    """Every setting a run of ``rep`` uses -> which file sets it: ``rep`` (reproduction.toml or its
+    sweep.toml), ``base`` (the base config) or ``quick`` (quick.toml). Full-mode settings are
+    run-config paths (``data.alpha``), sweep settings ``sweep.seeds`` / ``sweep.axes.<axis>``,
+    quick-mode ones ``quick.<path>``, ``quick.seeds``, ``quick.axes.<axis>``."""
+    out: dict[str, str] = {}
+    if rep.kind == "sweep":
+        sweep = tomllib.loads((rep.folder / "sweep.toml").read_text())
+        base = tomllib.loads((rep.folder / sweep["base"]).read_text())
+        from .sweep import set_path
+
+        for path, value in rep.set.items():
+            set_path(base, path, value)
+        for leaf in _leaves(base, ""):
+            if leaf not in NOT_SETTINGS and not leaf.endswith(".name"):
+                out[leaf] = "rep" if any(_under(leaf, p) for p in rep.set) else "base"
+        out["sweep.seeds"] = "rep"
+        if "mode" in sweep:
+            out["sweep.mode"] = "rep"
+        out.update({f"sweep.axes.{a}": "rep" for a in sweep["axes"]})
+        if rep.quick.get("shared", True):
+            shared = _quick_shared()
+            out.update({f"quick.{p}": "quick" for p in shared.get("set", {})})
+            out["quick.seeds"] = "quick"
+    for path in rep.quick.get("set", {}):
+        out[f"quick.{path}"] = "rep"
+    out.update({f"quick.axes.{a}": "rep" for a in rep.quick.get("axes", {})})
+    for key in ("seeds", "max_clients"):
+        if key in rep.quick:
+            out[f"quick.{key}"] = "rep"
+    return out
+
+
+def setting_sources(rep: Reproduction) -> dict[str, tuple[str, str]]:
+    """Every setting of ``rep`` -> (the sources key that covers it, its source).
+
+    A source is the paper (``paper: Group-FEL Sec. 6.2``), the authors' code (``code: OWNER/REPO
+    FILE``) or an assumption (``assumed: REASON``). Keys are setting paths (see
+    :func:`setting_leaves`); a key covers the settings below it and ``*`` matches one component
+    (``arms.*.grouping.max_cov``); the longest key wins. reproduction.toml's ``[sources]`` must
+    cover every setting it or its sweep sets; a shared base's settings may be covered by its
+    ``<base>.sources.toml`` and quick.toml's by its own ``[sources]``. A setting without a source,
+    a source of no known kind or a key that covers no setting fails with the key's name."""
+    where = f"experiments/reproductions/{rep.name}/reproduction.toml [sources]"
+    for table, name in ((rep.sources, where), *zip(_source_tables(rep), ("the base's sources", "quick.toml [sources]"))):
+        for key, text in table.items():
+            kind, sep, rest = str(text).partition(":")
+            if kind not in SOURCE_KINDS or not sep or not rest.strip():
+                raise InputError(f"{name}: {key!r} = {text!r}: start it with one of "
+                                 f"{', '.join(k + ':' for k in SOURCE_KINDS)} and say which section, file or reason")
+    base, quick = _source_tables(rep)
+    leaves = setting_leaves(rep)
+    out: dict[str, tuple[str, str]] = {}
+    for leaf, origin in leaves.items():
+        key = _best(leaf, rep.sources)
+        table = rep.sources
+        if key is None and origin != "rep":
+            table = base if origin == "base" else quick
+            key = _best(leaf, table)
+        if key is None:
+            raise InputError(f"{where}: no source for {leaf!r}; add \"{leaf}\" = \"paper: ...\", "
+                             "\"code: ...\" or \"assumed: ...\"")
+        out[leaf] = (key, table[key])
+    unused = [k for k in rep.sources if not any(_under(leaf, k) for leaf in leaves)]
+    if unused:
+        raise InputError(f"{where}: {unused[0]!r} names no setting of this reproduction; remove it or fix its path")
+    return out
+
+
+def sources_text(rep: Reproduction, quick: bool) -> list[str]:
+    """One line per sources key in use: ``key: source`` (quick-mode keys only when ``quick``)."""
+    seen: dict[str, str] = {}
+    for leaf, (key, text) in setting_sources(rep).items():
+        if quick or not leaf.startswith("quick."):
+            seen.setdefault(key, text)
+    return [f"{k}: {v}" for k, v in seen.items()]
+
+
 # ----------------------------------------------------------------------------- the table
 def paper_rows(rep: Reproduction) -> list[dict[str, str]]:
     with open(rep.folder / "paper.csv", newline="") as f:
@@ -313,6 +432,8 @@ def notes(rep: Reproduction, quick: bool, changed: list[str], data_path: str | N
         lines += [f"  {c}" for c in changed]
     if rep.notes:
         lines.append(f"setting: {rep.notes.strip()}")
+    lines.append("settings and their sources (paper: the paper's text; code: the authors' code; assumed: ours):")
+    lines += [f"  {line}" for line in sources_text(rep, quick)]
     return "\n".join(lines)
 
 
@@ -326,8 +447,10 @@ def run_study(rep: Reproduction, quick: bool, out: Path) -> int:
     print(notes(rep, quick, [f"max_clients: 10000 -> {kwargs['max_clients']}"] if "max_clients" in kwargs and quick
                 else [], None))
     print(df.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    print(f"\npaper: {rep.figure} is a figure without a table; compare {out / (rep.name + '.png')} with it "
-          f"(this is `groupfel study {rep.name}`)")
+    claims = paper_rows(rep) if (rep.folder / "paper.csv").is_file() else []
+    for c in claims:
+        print(f"paper ({c['source']}): {c['claim']}")
+    print(f"\ncompare {out / (rep.name + '.png')} with the paper's {rep.figure} (this is `groupfel study {rep.name}`)")
     return 0
 
 
@@ -339,10 +462,11 @@ def run(name: str, *, quick: bool = False, backend: str = "local", jobs: int | N
     from emulator.io import atomic_write, check_writable
 
     from .report import build_report
-    from .runner import report_diverged
+    from .runner import diverged_runs, report_diverged
     from .sweep import run_sweep
 
     rep = load(name)
+    setting_sources(rep)                     # every setting names its source, before any work
     if rep.needs:
         raise InputError(f"reproduce {name}: needs {rep.needs}, which this version of groupfel lacks")
     if data_path and rep.paper_data not in STAND_INS:
@@ -370,6 +494,8 @@ def run(name: str, *, quick: bool = False, backend: str = "local", jobs: int | N
     fig_log = figure(rep, out, out / "accuracy_vs_cost_log.png", log_cost=True)
     report = build_report(out)
     atomic_write(out / "NOTES.txt", lambda p: p.write_text(text + "\n"))
+    # one line per (seed, arm) run that stopped diverged, so that the committed folder records it
+    atomic_write(out / "diverged.txt", lambda p: p.write_text("".join(f"{line}\n" for line in diverged_runs(out))))
     claims = [r for r in paper_rows(rep) if "claim" in r]
     print(f"\nours: mean [95 % CI] over seeds {sweep['seeds']}; paper: {rep.paper} {rep.figure}")
     print(render(table))
@@ -390,6 +516,11 @@ def ranking(table) -> str:
 
 
 def _cmd_reproduce(args) -> int:
+    if args.render:
+        from . import readme_render
+
+        print(readme_render.write())
+        return 0
     if args.list or not args.name:
         if not args.list:
             raise InputError(f"reproduce: give NAME or --list; names: {', '.join(names())}")
@@ -413,4 +544,6 @@ def add_reproduce_parser(sub) -> None:
                    help="change a setting of every run (e.g. train.model=mlp where the paper's model is "
                         "too slow); repeatable; NOTES.txt and the output list each change")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--render", action="store_true",
+                   help="rewrite experiments/reproductions/README.md from its template and the committed results")
     p.set_defaults(func=_cmd_reproduce)

@@ -145,3 +145,16 @@ def test_types_must_match_the_topology_and_classes(tiny_dict):
     cfg = _config(tiny_dict, partition="concept-shift", types=[{"clients": 8, "permutation": [0, 1]}])
     with pytest.raises(InputError, match=r"data.types\[0\].permutation: must list each label 0..9"):
         place_data(cfg, data)
+
+
+def test_test_samples_holds_out_the_same_count_on_every_client(tiny_dict):
+    """FedCollab Table 4: 350 local test samples on large and small clients alike."""
+    cfg = _config(tiny_dict, partition="label-shift", min_samples=12, max_samples=40, test_samples=9)
+    placed = place_data(cfg, load_dataset("digits"))
+    assert [len(t) for t in placed.local_test] == [9] * 8
+    assert placed.topology.n_samples.tolist() == [31] * 4 + [3] * 4          # large 40 - 9, small 12 - 9
+    with pytest.raises(InputError, match=r"^data\.test_samples = 12: a client holds only 12"):
+        place_data(_config(tiny_dict, partition="label-shift", min_samples=12, max_samples=40, test_samples=12),
+                   load_dataset("digits"))
+    with pytest.raises(ValueError, match="test_samples or test_fraction, not both"):
+        _config(tiny_dict, test_samples=5, test_fraction=0.2)

@@ -3,6 +3,7 @@ and one tiny reproduction end to end."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import shutil
 import tomllib
 
@@ -49,9 +50,9 @@ def test_sweep_expands_to_valid_configs_in_both_modes(name):
     assert full[0].data.dataset == {"Fashion-MNIST": "fashion-mnist", "FSDD": "fsdd"}.get(paper, paper)
     if rep.paper == "Group-FEL" and name != "fig13":   # the authors' Fashion-MNIST settings at full size
         c = full[-1]   # fig15: the last point has 300 clients
-        assert (c.data.sizes, c.data.dirichlet_counts, c.train.lr, c.train.batch_size, c.train.eval_every,
-                c.train.budget, c.topology.edges * c.topology.clients_per_edge) == \
-            ("uniform", "floor", 0.001, 5, 5, 1e6, 300)
+        assert (c.data.sizes, c.data.dirichlet_counts, c.data.min_samples, c.data.max_samples, c.train.lr,
+                c.train.batch_size, c.train.eval_every, c.train.budget, sum(c.topology.sizes)) == \
+            ("normal", "exact", 20, 200, 0.001, 5, 5, 1e6, 300)   # Group-FEL Sec. 6.2: normal in [20, 200]
         assert (c.train.model, c.train.momentum, c.train.weight_decay, c.train.client_state) == \
             ("resnet-1", 0.9, 1e-4, "persistent")
         assert quick[0].data.dataset == "digits"
@@ -64,7 +65,7 @@ def test_paper_numbers_parse_cite_their_source_and_match_a_point(name):
     assert rows
     sweep = tomllib.loads((rep.folder / "sweep.toml").read_text())
     for row in rows:
-        assert rep.figure.split(" (")[0] in row["source"] and rep.paper in row["source"]
+        assert rep.paper in row["source"] and any(w in row["source"] for w in ("Table", "Fig.", "Sec."))
         if "claim" in row:
             assert row["claim"]
             continue
@@ -81,6 +82,41 @@ def test_figs10_12_runs_fedprox_and_scaffold_as_points():
     assert [a.grouping["policy"] for a in configs[0].arms] == ["covg", "rg", "cdg", "kldg", "fedclar"]
 
 
+def test_fig15_runs_the_papers_client_counts_and_qcid_regroups_every_round():
+    configs = reproduce.point_configs(reproduce.load("fig15"), False)
+    assert sorted({sum(c.topology.sizes) for c in configs}) == [100, 200, 300]
+    assert {c.topology.sizes[0] - c.topology.sizes[-1] for c in configs} <= {0, 1}   # as even as whole clients allow
+    assert all(c.arms[1].grouping["policy"] == "qcid" and c.arms[1].regroup_every == 1 for c in configs)
+
+
+def test_fig8_forms_the_papers_sixty_groups_of_about_five():
+    """Sec. 5.1 samples 12 "among 60 client groups"; Table 1 gives 5.03 clients a group at MaxCoV 1.0."""
+    c = reproduce.point_configs(reproduce.load("fig8"), False)[0]
+    assert {a.grouping["max_cov"] for a in c.arms} == {1.0}
+    assert {a.sampling.groups_per_round for a in c.arms} == {12}
+
+
+@pytest.mark.parametrize("name", reproduce.names())
+def test_every_setting_names_its_source(name):
+    rep = reproduce.load(name)
+    sources = reproduce.setting_sources(rep)
+    assert set(sources) == set(reproduce.setting_leaves(rep))
+    for _, text in sources.values():
+        assert text.split(":")[0] in reproduce.SOURCE_KINDS
+    assert all(line in reproduce.notes(rep, True, [], None) for line in reproduce.sources_text(rep, True))
+
+
+def test_a_setting_without_a_source_fails_with_its_name():
+    rep = reproduce.load("table2")
+    bare = {k: v for k, v in rep.sources.items() if k != "sweep.axes.train.local_epochs"}
+    with pytest.raises(reproduce.InputError, match=r"no source for 'sweep\.axes\.train\.local_epochs'"):
+        reproduce.setting_sources(dataclasses.replace(rep, sources=bare))
+    with pytest.raises(reproduce.InputError, match=r"'train\.lr' = 'the paper': start it with one of paper:"):
+        reproduce.setting_sources(dataclasses.replace(rep, sources={**rep.sources, "train.lr": "the paper"}))
+    with pytest.raises(reproduce.InputError, match=r"'train\.nope' names no setting"):
+        reproduce.setting_sources(dataclasses.replace(rep, sources={**rep.sources, "train.nope": "assumed: x"}))
+
+
 def test_table1_numbers_are_the_papers():
     rows = {(r["alpha"], r["max_cov"]): r for r in reproduce.paper_rows(reproduce.load("table1"))}
     assert len(rows) == 9
@@ -95,10 +131,13 @@ def test_tiny_quick_reproduction_runs_end_to_end(tmp_path, monkeypatch, capsys):
     root = tmp_path / "reproductions"
     shutil.copytree(reproduce.ROOT / "table1", root / "table1")
     shutil.copy(reproduce.ROOT / "groupfel-base.toml", root)
+    shutil.copy(reproduce.ROOT / "groupfel-base.sources.toml", root)
     quick = (reproduce.ROOT / "quick.toml").read_text().replace("8000.0", "1200.0")
     (root / "quick.toml").write_text(quick)
-    with open(root / "table1" / "reproduction.toml", "a") as f:
-        f.write('[quick.axes]\n"data.alpha" = [0.1]\n"arms.0.grouping.max_cov" = [0.5]\n')
+    toml = root / "table1" / "reproduction.toml"
+    toml.write_text(toml.read_text().replace("[sources]\n", '[quick.axes]\n"data.alpha" = [0.1]\n'
+                                             '"arms.0.grouping.max_cov" = [0.5]\n\n[sources]\n'
+                                             '"quick.axes" = "assumed: one point for the test"\n'))
     monkeypatch.setattr(reproduce, "ROOT", root)
     out = tmp_path / "out"
     assert cli.main(["reproduce", "table1", "--quick", "--quiet", "--jobs", "1", "--output", str(out)]) == 0
@@ -164,3 +203,31 @@ def test_bad_set_is_one_line_before_anything_is_written(tmp_path, capsys, name, 
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and says in err
     assert not out.exists()
+
+
+def test_the_committed_readme_is_the_rendering_of_the_committed_results():
+    """Every number the reproductions README quotes comes from a committed CSV: it cannot drift."""
+    from experiments import readme_render
+
+    assert readme_render.README.read_text() == readme_render.render(), \
+        "experiments/reproductions/README.md is stale: run `groupfel reproduce --render`"
+    assert "{{" not in readme_render.README.read_text()
+
+
+def test_render_reads_the_numbers_from_the_files(tmp_path, monkeypatch):
+    """A hand-computed case: two seeds' curves, interpolated at a cost and paired."""
+    from experiments import readme_render
+
+    d = tmp_path / "x" / "quick"
+    d.mkdir(parents=True)
+    pd.DataFrame({"point": "p00", "arm": ["a", "a", "b", "b"] * 2, "seed": [0] * 4 + [1] * 4,
+                  "round": [0, 2] * 4, "cost": [0, 100] * 4,
+                  "accuracy": [0.1, 0.5, 0.1, 0.3, 0.1, 0.7, 0.1, 0.3]}).to_csv(d / "runs.csv", index=False)
+    (tmp_path / "t.md").write_text('a at 50: {{ at_cost("x", "quick", 50, "a") }}; '
+                                   'a - b at 100: {{ paired_at_cost("x", "quick", 100, "a", "b", digits=1) }}')
+    monkeypatch.setattr(readme_render, "ROOT", tmp_path)
+    # a: 30 % and 40 % at cost 50 (midway from 10 %); a − b at 100: 20 and 40 points, t interval ±127
+    assert readme_render.render(tmp_path / "t.md") == "a at 50: 35.00; a - b at 100: 30.0 [-97.1, 157.1]"
+    (tmp_path / "bad.md").write_text('{{ at_cost("x", "quick", 50, "zz") }}')
+    with pytest.raises(ValueError, match=r"bad\.md: \{\{ at_cost\(\"x\", \"quick\", 50, \"zz\"\) \}\}: KeyError"):
+        readme_render.render(tmp_path / "bad.md")

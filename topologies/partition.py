@@ -199,14 +199,19 @@ def fedcollab_types(partition: str, n_clients: int, num_classes: int, large: int
     return types
 
 
-def split_local(parts: list[np.ndarray], fraction: float, rng: np.random.Generator
-                ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def split_local(parts: list[np.ndarray], fraction: float, rng: np.random.Generator,
+                count: int | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Each client's samples split at random into (train, local test): the test split holds
-    round(fraction·n_i) samples (at least one when ``fraction`` > 0, never all), so it follows the
-    client's own distribution and is disjoint from its training samples."""
+    round(fraction·n_i) samples (at least one when ``fraction`` > 0, never all), or exactly
+    ``count`` when given, so it follows the client's own distribution and is disjoint from its
+    training samples."""
     train, test = [], []
+    if count is not None and parts and min(len(p) for p in parts) <= count:
+        raise InputError(f"data.test_samples = {count}: a client holds only {min(len(p) for p in parts)} "
+                         "samples, which leaves none to train on; give every client more samples or lower it")
     for p in parts:
-        k = 0 if fraction <= 0 else min(len(p) - 1, max(1, int(round(fraction * len(p)))))
+        k = count if count is not None else (
+            0 if fraction <= 0 else min(len(p) - 1, max(1, int(round(fraction * len(p))))))
         order = rng.permutation(p)
         test.append(np.sort(order[:k]))
         train.append(np.sort(order[k:]))

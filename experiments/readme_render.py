@@ -1,0 +1,306 @@
+"""The reproductions README, rendered from the committed results (``groupfel reproduce --render``).
+
+``experiments/reproductions/README.template.md`` is the README's text with every number taken
+from a result file written as ``{{ expression }}``: a call of one of the functions below on a
+reproduction's committed ``NAME/MODE/`` folder (``quick`` or ``full``): its table ``NAME.csv``, its
+``sweep-summary.csv`` and every evaluation in ``runs.csv``. ``render()`` evaluates them, so the
+README cannot quote a number its files do not hold; a test checks that the committed README is
+the rendering of the committed files.
+
+Accuracies are in %, formatted ``mean [95 % CI low, high]`` over seeds; paired differences are
+per seed (same partition), arm minus reference. "At cost c" interpolates each run's accuracy
+linearly between its evaluations (``np.interp`` on cost), then averages over seeds.
+"""
+from __future__ import annotations
+
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .stats import mean_ci
+
+ROOT = Path(__file__).parent / "reproductions"
+TEMPLATE = ROOT / "README.template.md"
+README = ROOT / "README.md"
+EXPR = re.compile(r"\{\{(.*?)\}\}", re.S)
+
+
+@cache
+def _csv(name: str, mode: str, file: str) -> pd.DataFrame:
+    return pd.read_csv(ROOT / name / mode / file)
+
+
+def _select(df: pd.DataFrame, arm: str | None, point: dict[str, Any]) -> pd.DataFrame:
+    if arm is not None:
+        df = df[df["arm"] == arm]
+    for col, value in point.items():
+        col = col if col in df else {"clients": "topology.clients_per_edge", "alpha": "data.alpha", "max_cov": "arms.0.grouping.max_cov",
+               "regroup": "arms.0.regroup_every", "algorithm": "train.algorithm", "K": "train.group_rounds",
+               "E": "train.local_epochs", "size": "arms.0.grouping.min_group_size"}.get(col, col)
+        as_number = pd.to_numeric(df[col], errors="coerce")
+        if isinstance(value, (int, float)) and as_number.notna().any():
+            df = df[as_number == float(value)]
+        else:
+            df = df[df[col].astype(str) == str(value)]
+    if df.empty:
+        raise KeyError(f"no rows for arm={arm!r} {point}")
+    return df
+
+
+def fmt(value: float, digits: int = 2) -> str:
+    return "—" if value != value else f"{value:,.{digits}f}"
+
+
+def _ci(mean: float, low: float, high: float, digits: int) -> str:
+    if low != low:
+        return fmt(mean, digits)
+    return f"{fmt(mean, digits)} [{fmt(low, digits)}, {fmt(high, digits)}]"
+
+
+# ----------------------------------------------------------------------------- NAME.csv
+def ours(name: str, mode: str, metric: str, arm: str | None = None, digits: int = 2, ci: bool = True,
+         **point) -> str:
+    """Ours from ``NAME.csv``: mean [95 % CI] of ``metric`` (the table's own unit)."""
+    table = _csv(name, mode, f"{name}.csv")
+    r = _select(table[table["metric"] == metric], arm, point).iloc[0]
+    return _ci(r["ours"], r["ci95_low"], r["ci95_high"], digits) if ci else fmt(r["ours"], digits)
+
+
+def paper(name: str, metric: str, arm: str | None = None, digits: int = 2, **point) -> str:
+    """The paper's number from ``NAME/paper.csv``."""
+    df = _select(pd.read_csv(ROOT / name / "paper.csv"), arm, point)
+    return fmt(float(df[metric].iloc[0]), digits)
+
+
+# ----------------------------------------------------------------------------- sweep-summary.csv
+def summary(name: str, mode: str, column: str, arm: str | None = None, digits: int = 2, scale: float = 1.0,
+            **point) -> str:
+    """A ``sweep-summary.csv`` column (e.g. ``groups``, ``group_size``, ``rounds``,
+    ``overhead_share``); for a ``_mean`` column with ``ci``, see :func:`summary_ci`."""
+    r = _select(_csv(name, mode, "sweep-summary.csv"), arm, point).iloc[0]
+    return fmt(float(r[column]) * scale, digits)
+
+
+def cell(name: str, mode: str, file: str, column: str, digits: int = 2, scale: float = 1.0, **point) -> str:
+    """One value of any committed CSV (e.g. a study's ``fig5.csv``), the row chosen by ``point``."""
+    r = _select(_csv(name, mode, file), None, point).iloc[0]
+    return fmt(float(r[column]) * scale, digits)
+
+
+def summary_ci(name: str, mode: str, metric: str, arm: str | None = None, digits: int = 2, scale: float = 100.0,
+               **point) -> str:
+    """``metric``'s mean [CI] (``final_acc``, ``acc_at_common_cost``, their ``_diff`` against the
+    first arm ...) from ``sweep-summary.csv``, times ``scale``."""
+    r = _select(_csv(name, mode, "sweep-summary.csv"), arm, point).iloc[0]
+    return _ci(*(float(r[f"{metric}_{k}"]) * scale for k in ("mean", "ci95_low", "ci95_high")), digits)
+
+
+# ----------------------------------------------------------------------------- runs.csv
+def _at(name: str, mode: str, arm: str, x: str, at: float, point: dict) -> dict[int, float]:
+    runs = _select(_csv(name, mode, "runs.csv"), arm, point)
+    out = {}
+    for seed, r in runs.groupby("seed"):
+        r = r.sort_values(x)
+        out[int(seed)] = float(np.interp(at, r[x].to_numpy(float), r["accuracy"].to_numpy(float))) * 100
+    return out
+
+
+def at_cost(name: str, mode: str, cost: float, arm: str, digits: int = 2, ci: bool = False, **point) -> str:
+    """Mean accuracy (%) over seeds at Eq. 5 cost ``cost``, each run interpolated between evaluations."""
+    m = mean_ci(list(_at(name, mode, arm, "cost", cost, point).values()))
+    return _ci(*m, digits) if ci else fmt(m[0], digits)
+
+
+def at_round(name: str, mode: str, round: int, arm: str, digits: int = 2, **point) -> str:
+    """Mean accuracy (%) over seeds at round ``round``."""
+    return fmt(float(np.mean(list(_at(name, mode, arm, "round", round, point).values()))), digits)
+
+
+def at_cost_over(name: str, mode: str, cost: float, arm: str, over: dict[str, list], digits: int = 2,
+                 **point) -> str:
+    """Mean accuracy (%) at ``cost`` over seeds and every point of ``over`` (e.g. all MaxCoV)."""
+    keys = list(over)
+    values = []
+    for combo in np.array(np.meshgrid(*[over[k] for k in keys])).T.reshape(-1, len(keys)):
+        values += _at(name, mode, arm, "cost", cost, {**point, **dict(zip(keys, combo))}).values()
+    return fmt(float(np.mean(values)), digits)
+
+
+def paired_at_cost(name: str, mode: str, cost: float, arm: str, ref: str, digits: int = 2, **point) -> str:
+    """Paired difference arm − ref (accuracy points) at ``cost``: mean [95 % CI] over seeds."""
+    a, b = _at(name, mode, arm, "cost", cost, point), _at(name, mode, ref, "cost", cost, point)
+    return _ci(*mean_ci([a[s] - b[s] for s in a if s in b]), digits)
+
+
+def _final(name: str, mode: str, arm: str, point: dict) -> dict[int, float]:
+    runs = _select(_csv(name, mode, "runs.csv"), arm, point)
+    return {int(seed): float(r.sort_values("cost")["accuracy"].iloc[-1]) * 100 for seed, r in runs.groupby("seed")}
+
+
+def last(name: str, mode: str, column: str, arm: str, digits: int = 1, scale: float = 1.0, **point) -> str:
+    """Mean over seeds of ``column`` at each run's last evaluation in ``runs.csv`` (e.g.
+    ``groups_sampled``: the number of groups trained in the last round)."""
+    runs = _select(_csv(name, mode, "runs.csv"), arm, point)
+    return fmt(float(np.mean([r.sort_values("round")[column].iloc[-1] for _, r in runs.groupby("seed")])) * scale, digits)
+
+
+def paired_points(name: str, mode: str, arm: str, a: dict, b: dict, digits: int = 2) -> str:
+    """Paired difference of the final accuracy (points), point ``b`` minus point ``a``, per seed
+    (the same seed draws the same partition at both points where the data settings are equal)."""
+    x, y = _final(name, mode, arm, a), _final(name, mode, arm, b)
+    return _ci(*mean_ci([y[s] - x[s] for s in x if s in y]), digits)
+
+
+def cost_to(name: str, mode: str, accuracy: float, arm: str, digits: int = 0, **point) -> str:
+    """Eq. 5 cost of the first evaluation at or above ``accuracy`` (%): mean [95 % CI] over the
+    seeds that reach it, and how many do when not all."""
+    runs = _select(_csv(name, mode, "runs.csv"), arm, point)
+    costs, n = [], runs["seed"].nunique()
+    for _, r in runs.groupby("seed"):
+        hit = r[r["accuracy"] * 100 >= accuracy]
+        if len(hit):
+            costs.append(float(hit["cost"].iloc[0]))
+    if not costs:
+        return "never"
+    text = _ci(*mean_ci(costs), digits)
+    return text if len(costs) == n else f"{text} ({len(costs)} of {n} seeds)"
+
+
+def diverged(name: str, mode: str, match: str = "") -> str:
+    """How many (seed, arm) runs diverged, from ``diverged.txt`` (one line per run, as the run
+    printed it; absent: none), counting the lines that contain ``match``."""
+    path = ROOT / name / mode / "diverged.txt"
+    lines = [line for line in path.read_text().splitlines() if match in line] if path.is_file() else []
+    return str(len(lines))
+
+
+def span(name: str, mode: str, metric: str, digits: int = 0, width: bool = True) -> str:
+    """The range over ``NAME.csv``'s rows of ``metric``: of its CI widths (``width``) or its CI ends."""
+    t = _csv(name, mode, f"{name}.csv")
+    t = t[t["metric"] == metric]
+    if width:
+        w = t["ci95_high"] - t["ci95_low"]
+        return f"{fmt(w.min(), digits)}-{fmt(w.max(), digits)}"
+    return f"[{fmt(t['ci95_low'].min(), digits)}, {fmt(t['ci95_high'].max(), digits)}]"
+
+
+def seeds(name: str, mode: str) -> str:
+    """How many seeds the folder's runs hold."""
+    return str(_csv(name, mode, "runs.csv")["seed"].nunique())
+
+
+def _g(value: float) -> str:
+    return f"{value:.3g}"
+
+
+# ----------------------------------------------------------------------------- tables
+def table1(mode: str) -> str:
+    """Group-FEL Table 1: per α × MaxCoV, group sizes [min, max] (mean), mean CoV and accuracy,
+    ours (means over seeds of each seed's initial grouping) beside the paper's."""
+    t = _csv("table1", mode, "table1.csv")
+    lines = ["| α, MaxCoV | ours: sizes | paper: sizes | ours: CoV | paper: CoV | ours: acc % | paper: acc % |",
+             "|---|---|---|---|---|---|---|"]
+    for (a, c), g in t.groupby(["alpha", "max_cov"], sort=True):
+        m = {r["metric"]: r for _, r in g.iterrows()}
+        ci = {k: _ci(m[k]["ours"], m[k]["ci95_low"], m[k]["ci95_high"], d) for k, d in
+              (("size_mean", 2), ("cov", 2), ("accuracy", 2))}
+        pm = {k: m[k]["paper"] for k in m}
+        lines.append(f"| {a}, {c} | [{_g(m['size_min']['ours'])}, {_g(m['size_max']['ours'])}] ({ci['size_mean']}) "
+                     f"| [{_g(pm['size_min'])}, {_g(pm['size_max'])}] ({fmt(pm['size_mean'])}) | {ci['cov']} "
+                     f"| {fmt(pm['cov'])} | {ci['accuracy']} | {fmt(pm['accuracy'])} |")
+    return "\n".join(lines)
+
+
+def arms_table(name: str, mode: str, costs: tuple[float, ...] = (), first: str = "arm", **point) -> str:
+    """One row per arm: groups (mean size), mean CoV, rounds, accuracy % at the budget and at the
+    common cost (mean [95 % CI]), then the mean accuracy at each of ``costs`` (the best in bold)."""
+    summ = _select(_csv(name, mode, "sweep-summary.csv"), None, point)
+    arms = list(dict.fromkeys(summ["arm"]))
+    early = {c: {a: float(at_cost(name, mode, c, a, **point).replace(",", "")) for a in arms} for c in costs}
+    head = f"| {first} | groups (size) | mean CoV | rounds | at the budget | at the common cost |" + \
+        "".join(f" at cost {c:,.0f} |" for c in costs)
+    lines = [head, "|---" * (6 + len(costs)) + "|"]
+    for a in arms:
+        r = summ[summ["arm"] == a].iloc[0]
+        cells = []
+        for c in costs:
+            v = early[c][a]
+            cells.append(f"**{fmt(v)}**" if v == max(early[c].values()) else fmt(v))
+        lines.append(f"| {a} | {fmt(r['groups'], 1)} ({fmt(r['group_size'])}) | {fmt(r['avg_cov'])} | {fmt(r['rounds'], 1)} "
+                     f"| {summary_ci(name, mode, 'final_acc', a, **point)} "
+                     f"| {summary_ci(name, mode, 'acc_at_common_cost', a, **point)} |" + "".join(f" {x} |" for x in cells))
+    return "\n".join(lines)
+
+
+def grid(name: str, mode: str, rows: str, cols: str, cell) -> str:
+    """A rows × cols table of ``cell(row_value, col_value)`` over the sweep's points."""
+    summ = _csv(name, mode, "sweep-summary.csv")
+    rv, cv = list(dict.fromkeys(summ[rows])), list(dict.fromkeys(summ[cols]))
+    lines = [f"| {rows.rsplit('.', 1)[-1]} \\ {cols.rsplit('.', 1)[-1]} |" + "".join(f" {c} |" for c in cv),
+             "|---" * (1 + len(cv)) + "|"]
+    for r in rv:
+        lines.append(f"| {r} |" + "".join(f" {cell(r, c)} |" for c in cv))
+    return "\n".join(lines)
+
+
+def table2(mode: str) -> str:
+    """Group-FEL Table 2: K × E, Group-FEL / FedAvg accuracy %, ours (means) then the paper's."""
+    def cell(k, e):
+        o = " / ".join(summary("table2", mode, "final_acc_mean", a, 1, 100, K=k, E=e) for a in ("group-fel", "fedavg"))
+        p = " / ".join(paper("table2", "accuracy", a, 1, K=k, E=e) for a in ("group-fel", "fedavg"))
+        return f"{o} ({p})"
+    return grid("table2", mode, "train.group_rounds", "train.local_epochs", cell)
+
+
+def sources(name: str, quick: bool = True) -> str:
+    """The reproduction's settings and their sources, one bullet per sources key (the shared
+    base's and quick mode's are listed once, in :func:`base_sources`)."""
+    from . import reproduce
+
+    rep = reproduce.load(name)
+    shared = {**reproduce._source_tables(rep)[0], **reproduce._source_tables(rep)[1]}
+    seen: dict[str, str] = {}
+    for leaf, (key, text) in reproduce.setting_sources(rep).items():
+        if (quick or not leaf.startswith("quick.")) and shared.get(key) != text:
+            seen.setdefault(key, text)
+    return "\n".join(f"- `{k}`: {v}" for k, v in seen.items())
+
+
+def base_sources(quick: bool = False) -> str:
+    """The shared Group-FEL base's settings and their sources (``quick``: quick.toml's)."""
+    import tomllib
+
+    table = (tomllib.loads((ROOT / "quick.toml").read_text())["sources"] if quick
+             else tomllib.loads((ROOT / "groupfel-base.sources.toml").read_text()))
+    return "\n".join(f"- `{k}`: {v}" for k, v in table.items())
+
+
+FUNCTIONS = {f.__name__: f for f in (ours, paper, summary, cell, summary_ci, at_cost, at_round, at_cost_over,
+                                     paired_at_cost, last, paired_points, cost_to, diverged, span, seeds, fmt, table1, arms_table, grid,
+                                     table2, sources, base_sources)}
+
+
+def render(template: Path = TEMPLATE) -> str:
+    """The README: the template with every ``{{ expression }}`` evaluated."""
+    _csv.cache_clear()
+
+    def value(m: re.Match) -> str:
+        expr = m.group(1).strip()
+        try:
+            return str(eval(expr, {"__builtins__": {"dict": dict}}, dict(FUNCTIONS)))  # noqa: S307 (our own template)
+        except Exception as e:  # noqa: BLE001
+            raise ValueError(f"{template.name}: {{{{ {expr} }}}}: {type(e).__name__}: {e}") from e
+
+    return EXPR.sub(value, template.read_text())
+
+
+def write(path: Path = README) -> Path:
+    from emulator.io import atomic_write
+
+    text = render()
+    atomic_write(path, lambda p: p.write_text(text))
+    return path
