@@ -108,7 +108,7 @@ def _check_budget(world: World, plan: ArmPlan, where: str) -> None:
     if tc.budget is None or _needs_training(plan):
         return
     grouping = form_groups(world, plan, 0)
-    log_p = plan.sampling.log_probabilities(np.array([g.cov for g in grouping.groups]))
+    log_p = plan.sampling.log_masses(np.array([g.cov for g in grouping.groups]))
     _, chosen = _choose(world, plan, grouping.groups, log_p, 0)
     cfg = world.config
     fed = Federation(RoundContext(Federation.environment(), world.engine.model_bytes, world.cost, CostLedger(), world.topology,
@@ -399,7 +399,7 @@ def _run_rounds(world: World, plan: ArmPlan, arm_dir: Path, state: ArmState,
     if epoch == state.t:        # a fresh start, or a resume just before a regrouping
         charge_client_work(state.ledger, env, topo, state.t, grouping.probe)
 
-    log_p = plan.sampling.log_probabilities(np.array([g.cov for g in grouping.groups]))
+    log_p = plan.sampling.log_masses(np.array([g.cov for g in grouping.groups]))
     stop_reason, ran = "rounds", []   # ran: the groups of the last round run
     while tc.rounds is None or state.t < tc.rounds:
         t = state.t
@@ -412,7 +412,7 @@ def _run_rounds(world: World, plan: ArmPlan, arm_dir: Path, state: ArmState,
                 grouping = form_groups(world, plan, epoch, state.weights)
             state.grouping, state.grouping_epoch = grouping.summary(), epoch
             charge_client_work(state.ledger, env, topo, t, grouping.probe)
-            log_p = plan.sampling.log_probabilities(np.array([g.cov for g in grouping.groups]))
+            log_p = plan.sampling.log_masses(np.array([g.cov for g in grouping.groups]))
             n_total = float(sum(g.total_samples for g in grouping.groups))
         S, chosen = _choose(world, plan, grouping.groups, log_p, t)
         state.groups_per_round = S

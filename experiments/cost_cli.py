@@ -199,7 +199,7 @@ def _whatif_grouped(args) -> int:
         for policy in grouping_policies:
             groups = form_groups(counts, edges, _PolicyGrouper(policy), args.seed, jobs)
             row = grouped_costs(groups, counts, overhead, prof.training[args.training], sc,
-                                sampling.log_probabilities if sampling else None,
+                                sampling.log_masses if sampling else None,
                                 lambda sums: cov_of_counts(sums, norm))
             rows.append({"alpha": alpha, "min_group_size": policy.min_group_size,
                          "max_cov": getattr(policy, "max_cov", None), **row})
