@@ -120,7 +120,7 @@ def _check_budget(world: World, plan: ArmPlan, where: str) -> None:
 
 def input_warnings(world: World, plan: ArmPlan, n_groups: int) -> list[str]:
     """What the run accepts but adjusts: printed once (as :class:`InputWarning`) and kept in the manifest."""
-    out = config_warnings(world.config)
+    out = config_warnings(world.config) + world.cost_warnings
     S = plan.arm.sampler.groups_per_round
     if S is not None and S > n_groups:
         out.append(f"{plan.arm.name}: sampling.groups_per_round = {S} exceeds the {n_groups} groups formed; "

@@ -28,6 +28,7 @@ class World:
     cost: CostModel
     engine: TorchEngine
     local_test: list[np.ndarray] = field(default_factory=list)  # per client, indices into dataset.x_train
+    cost_warnings: list[str] = field(default_factory=list)      # shipped curves clamped at 0 (manifest)
 
 
 @dataclass(frozen=True)
@@ -125,10 +126,14 @@ def build_world(config: RunConfig) -> World:
     cost = build_cost_model(config)  # cheap checks first, before the data loads
     placement = place_data(config, load_dataset(config.data.dataset, config.data.path))
     dataset, topology = placement.dataset, placement.topology
+    counts = np.array([len(s) for s in topology.client_samples])
+    devices = np.array(topology.client_device)
+    notes = cost.check_range(max(config.topology.sizes), {d: counts[devices == d] for d in set(devices)})
     t = config.train
     try:
         torch.empty(0, device=t.device)
     except (RuntimeError, AssertionError) as exc:
         raise InputError(f"train.device: {t.device!r} is not usable here ({str(exc).splitlines()[0]}); "
                          f"use \"cpu\"") from None
-    return World(config, dataset, topology, cost, build_engine(config, dataset, topology), placement.local_test)
+    return World(config, dataset, topology, cost, build_engine(config, dataset, topology), placement.local_test,
+                 notes)
