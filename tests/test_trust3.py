@@ -99,3 +99,28 @@ def test_outlier_rule_flags_at_most_1_in_20_on_clean_proportional_noise():
         y[10] *= 3                                   # one preempted run
         assert fit_curve(x, y, 2, "t")[-1][10]
     assert np.mean(flagged) <= 0.5
+
+
+# --- 7. the README's test command on a machine without a browser -----------------------------------
+
+def _pytest_report_test(tmp_path, **env):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GROUPFEL_")}
+    # no browser on PATH: only the interpreter's directory (chromium lives in /usr/bin)
+    clean.update(PATH=str(tmp_path), PYTHONPATH=str(root), **env)
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                           "tests/test_report.py::test_report_renders_in_chromium"],
+                          cwd=root, env=clean, capture_output=True, text=True, timeout=600)
+
+
+def test_browser_test_skips_with_the_reason_without_a_browser_unless_required(tmp_path):
+    proc = _pytest_report_test(tmp_path, GROUPFEL_BROWSER=str(tmp_path / "no-chromium"))
+    assert proc.returncode == 0 and "1 skipped" in proc.stdout, proc.stdout[-2000:]
+    assert "no Chromium found" in proc.stdout
+    proc = _pytest_report_test(tmp_path, GROUPFEL_BROWSER=str(tmp_path / "no-chromium"), GROUPFEL_REQUIRE_BROWSER="1")
+    assert proc.returncode == 1 and "1 error" in proc.stdout and "GROUPFEL_REQUIRE_BROWSER is set" in proc.stdout
