@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -181,8 +181,8 @@ class RunConfig(_Strict):
     # global: Group-FEL's one cloud model; per-group: every group keeps its own model (HCCT,
     # FedCollab), evaluated on the clients' local test splits
     mode: Literal["global", "per-group"] = "global"
-    seed: int = 0
-    seeds: list[int] | None = Field(None, min_length=1)   # several seeds: every arm runs on each
+    seed: int = Field(0, ge=0)
+    seeds: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=1)   # several seeds: every arm runs on each
     output_dir: str = "results"
     data: DataConfig = DataConfig()
     topology: TopologyConfig = TopologyConfig()
@@ -223,9 +223,9 @@ _FIX = {
 
 def _one_line(exc: ValidationError) -> str:
     err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"]) or "config"
+    loc = ".".join(str(p) for p in err["loc"])
     msg = _FIX.get(err["type"]) or err["msg"].removeprefix("Value error, ")
-    return f"config: {loc}: {msg}"
+    return f"config: {loc}: {msg}" if loc else f"config: {msg}"
 
 
 def parse_config(data: dict[str, Any]) -> RunConfig:
@@ -235,14 +235,30 @@ def parse_config(data: dict[str, Any]) -> RunConfig:
         raise InputError(_one_line(exc)) from None
 
 
-def load_config(path: str | Path) -> RunConfig:
+def read_toml(path: str | Path, what: str) -> dict[str, Any]:
+    """A user's TOML file as a dict; unreadable, binary or invalid files are one-line errors."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise InputError(f"config file {path}: cannot read ({exc.strerror}); check the path") from None
+        raise InputError(f"{what} {path}: cannot read ({exc.strerror}); check the path") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{what} {path}: not a UTF-8 text file (byte 0x{exc.object[exc.start]:02x} at offset "
+                         f"{exc.start}); give a TOML file") from None
     except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"config file {path}: not valid TOML ({exc})") from None
+        raise InputError(f"{what} {path}: not valid TOML ({exc})") from None
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """A user's run config. Config files the tool writes (config.json, holding both ``seed`` and
+    ``seeds``) are read with :func:`parse_config`, which does not apply the checks below."""
+    data = read_toml(path, "config file")
+    if "arms" not in data and ("axes" in data or "base" in data):
+        raise InputError(f"config file {path}: this is a sweep file (it has {'axes' if 'axes' in data else 'base'}), "
+                         f"not a run config; run it with 'groupfel sweep {path}'")
+    if "seed" in data and "seeds" in data:
+        raise InputError(f"config file {path}: seed = {data['seed']!r} and seeds = {data['seeds']!r} are both set, "
+                         f"which is ambiguous; keep seeds (every arm runs on each) or seed (one run)")
     return parse_config(data)
 
 

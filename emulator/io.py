@@ -2,8 +2,10 @@
 (a reader never sees a half-written result file, a kill leaves the old one)."""
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -55,9 +57,24 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         write(Path(tmp))
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
-    except BaseException:
+    except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):   # name the file the user knows, not the temporary
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
         raise
+    except BaseException as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, RuntimeError) and _full(path):   # torch.save reports a full disk as RuntimeError
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from None
+        raise
+
+
+def _full(path: Path, need: int = 1 << 16) -> bool:
+    """Whether the file system holding ``path`` has less than ``need`` bytes left."""
+    try:
+        return shutil.disk_usage(path.parent).free < need
+    except OSError:
+        return False
 
 
 def write_json(path: Path, obj) -> None:

@@ -357,7 +357,14 @@ def run(name: str, *, quick: bool = False, backend: str = "local", jobs: int | N
         return run_study(rep, quick, out)
     sweep, base, changed = resolve(rep, quick, data_path, overrides)
     sweep["name"] = name
-    point_configs_of(sweep, base)            # a bad --set fails here, before anything is written
+    try:
+        point_configs_of(sweep, base)        # a bad --set fails here, before anything is written
+    except InputError as exc:
+        for path, value in (overrides or {}).items():   # name the --set item first
+            if str(exc).startswith(f"config: {path}:"):
+                detail = str(exc).removeprefix(f"config: {path}:").split(" (in sweep point")[0].strip()
+                raise InputError(f"reproduce --set {path}={value!r}: {detail}") from None
+        raise
     text = notes(rep, quick, changed, data_path)
     print(text)
     out.mkdir(parents=True, exist_ok=True)

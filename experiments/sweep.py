@@ -29,7 +29,6 @@ from __future__ import annotations
 import copy
 import itertools
 import json
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,7 +36,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from tqdm import tqdm
 
-from emulator.config import RunConfig, _one_line, parse_config
+from emulator.config import RunConfig, _one_line, parse_config, read_toml
 from emulator.errors import InputError
 from emulator.io import atomic_write, write_json
 
@@ -98,12 +97,7 @@ def set_path(config: dict, path: str, value: Any) -> None:
 
 
 def _read_toml(path: Path, what: str) -> dict:
-    try:
-        return tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise InputError(f"{what} {path}: cannot read ({exc.strerror}); check the path") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{what} {path}: not valid TOML ({exc})") from None
+    return read_toml(path, what)
 
 
 def load_sweep(path: str | Path) -> tuple[SweepConfig, dict]:
@@ -132,8 +126,8 @@ def point_configs(sweep: SweepConfig, base: dict) -> list[RunConfig]:
             raw.pop("seed", None)
             raw.update(name=f"{sweep.name}-{point_name(i)}", seeds=list(sweep.seeds))
             out.append(parse_config(raw))
-        except InputError as exc:
-            raise InputError(f"{label}: {exc}") from None
+        except InputError as exc:   # the field first, then where it was set
+            raise InputError(f"{exc} (in {label})") from None
     return out
 
 

@@ -124,3 +124,156 @@ def test_browser_test_skips_with_the_reason_without_a_browser_unless_required(tm
     assert "no Chromium found" in proc.stdout
     proc = _pytest_report_test(tmp_path, GROUPFEL_BROWSER=str(tmp_path / "no-chromium"), GROUPFEL_REQUIRE_BROWSER="1")
     assert proc.returncode == 1 and "1 error" in proc.stdout and "GROUPFEL_REQUIRE_BROWSER is set" in proc.stdout
+
+
+# --- 2. one clear line, never a traceback ----------------------------------------------------------
+
+def _toml(tmp_path, d, name="c.toml"):
+    import tomli_w
+
+    path = tmp_path / name
+    path.write_text(tomli_w.dumps(d))
+    return path
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("groupfel: error: ") and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d.update(seed=-1), "config: seed: Input should be greater than or equal to 0"),
+    (lambda d: d.pop("seed") and d.update(seeds=[0, -2]), "config: seeds.1: Input should be greater than or equal to 0"),
+    (lambda d: d.update(seed=1, seeds=[0, 1]), "seed = 1 and seeds = [0, 1] are both set, which is ambiguous"),
+    (lambda d: d.pop("seed") and d.update(seeds=[1, 1]), "groupfel: error: config: seeds must be distinct"),
+])
+def test_config_values_the_schema_cannot_hold(tiny_dict, tmp_path, capsys, edit, message):
+    edit(tiny_dict)
+    assert main(["run", str(_toml(tmp_path, tiny_dict)), "--output", str(tmp_path / "run")]) == 2
+    assert message in _one_error_line(capsys)
+    assert not (tmp_path / "run").exists()
+
+
+def test_binary_config_and_sweep_file_given_to_run(tmp_path, capsys):
+    path = tmp_path / "c.toml"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff")
+    assert main(["run", str(path)]) == 2
+    assert "not a UTF-8 text file" in _one_error_line(capsys)
+    sweep = tmp_path / "s.toml"
+    sweep.write_text('name = "s"\nbase = "base.toml"\nseeds = [0, 1]\n[axes]\n"train.lr" = [0.01, 0.1]\n')
+    assert main(["run", str(sweep)]) == 2
+    assert f"this is a sweep file (it has axes), not a run config; run it with 'groupfel sweep {sweep}'" \
+        in _one_error_line(capsys)
+
+
+def test_configs_the_tool_writes_hold_seed_and_seeds_and_still_load(tiny_dict, tmp_path):
+    """config.json holds both fields, and a sweep adds seeds to a base with seed: neither trips
+    the ambiguity check, which is for a user's own config."""
+    from experiments.runner import config_from_run_dir
+    from experiments.sweep import load_sweep, point_configs
+
+    tiny_dict.update(seeds=[0, 1])
+    config = parse_config(tiny_dict)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text(config.model_dump_json())
+    assert "seed" in json.loads(config.model_dump_json())
+    assert config_from_run_dir(tmp_path / "run") == config
+    base = copy_of(tiny_dict)
+    base.pop("seeds")
+    _toml(tmp_path, base, "base.toml")
+    (tmp_path / "s.toml").write_text('name = "s"\nbase = "base.toml"\nseeds = [0, 1]\n[axes]\n"train.lr" = [0.01, 0.1]\n')
+    assert [c.seeds for c in point_configs(*load_sweep(tmp_path / "s.toml"))] == [[0, 1], [0, 1]]
+
+
+def copy_of(d):
+    import copy
+
+    return copy.deepcopy(d)
+
+
+def test_reproduce_set_error_names_the_field_first(tmp_path, capsys):
+    assert main(["reproduce", "fig2b", "--quick", "--set", "train.lr=abc", "--output", str(tmp_path / "r")]) == 2
+    err = _one_error_line(capsys)
+    assert err.startswith("groupfel: error: reproduce --set train.lr='abc': Input should be a valid number")
+    assert not (tmp_path / "r").exists()
+
+
+def test_broken_pipe_is_quiet(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(f"{sys.executable} -m experiments.cli reproduce --list | head -1", shell=True, cwd=root,
+                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
+    assert proc.stdout.count("\n") == 1 and "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr
+
+
+def _write_run_config(tiny_dict, tmp_path, rounds):
+    d = _one_arm(tiny_dict, rounds=rounds, workers=2)
+    d["train"]["model"] = "cnn"
+    return _toml(tmp_path, d), parse_config(d)
+
+
+def test_ctrl_c_prints_one_line_exits_130_and_the_rerun_resumes(tiny_dict, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import pandas as pd
+
+    path, config = _write_run_config(tiny_dict, tmp_path, rounds=60)
+    root = Path(__file__).resolve().parents[1]
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "experiments.cli", "run", str(path), "--output", str(run)],
+                            cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    ckpt, workers = run / "rg-random" / "checkpoint.pt", []
+    deadline = time.time() + 300
+    while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    while not workers and proc.poll() is None and time.time() < deadline:   # the engine's forked workers
+        workers = [int(c) for t in Path(f"/proc/{proc.pid}/task").iterdir()
+                   for c in (t / "children").read_text().split()]
+        time.sleep(0.05)
+    for pid in workers:      # each ignores SIGINT (bit 2 of SigIgn): the parent speaks for the run
+        status = Path(f"/proc/{pid}/status").read_text()
+        assert int(status.split("SigIgn:")[1].split()[0], 16) & (1 << (signal.SIGINT - 1)), pid
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == f"groupfel: interrupted; continue with 'groupfel run --resume {run}'"
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert main(["run", "--resume", str(run), "--quiet"]) == 0
+    run_experiment(config, tmp_path / "ref", progress=False)
+    pd.testing.assert_frame_equal(pd.read_csv(run / "rg-random" / "results.csv"),
+                                  pd.read_csv(tmp_path / "ref" / "rg-random" / "results.csv"))
+
+
+def test_full_disk_is_one_line_and_the_rerun_resumes_with_the_same_numbers(tiny_dict, tmp_path, capsys):
+    import subprocess
+
+    import pandas as pd
+
+    path, config = _write_run_config(tiny_dict, tmp_path, rounds=30)
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40k", "tmpfs", str(small)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        run = small / "run"
+        assert main(["run", str(path), "--output", str(run), "--quiet"]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"groupfel: error: the disk is full: cannot write {run}/")
+        assert "bytes free on" in err[0] and "rerun the same command" in err[0]
+        subprocess.run(["mount", "-o", "remount,size=16m", str(small)], check=True)
+        assert main(["run", str(path), "--output", str(run), "--quiet"]) == 0
+        run_experiment(config, tmp_path / "ref", progress=False)
+        pd.testing.assert_frame_equal(pd.read_csv(run / "rg-random" / "results.csv"),
+                                      pd.read_csv(tmp_path / "ref" / "rg-random" / "results.csv"))
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
