@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -79,3 +80,46 @@ def _full(path: Path, need: int = 1 << 16) -> bool:
 
 def write_json(path: Path, obj) -> None:
     atomic_write(path, lambda p: p.write_text(json.dumps(obj, indent=2, default=str) + "\n"))
+
+
+LOCK_NAME = ".groupfel.lock"
+_held: dict[str, list] = {}   # resolved directory -> [open lock file, depth]: re-entrant in one process
+
+
+@contextmanager
+def run_lock(run_dir: str | Path):
+    """Hold an exclusive OS lock (``fcntl.flock``) on ``run_dir`` while writing it: one writer per
+    run directory. The OS releases it when the process ends, however it ends. A second writer gets
+    :class:`InputError` at once, naming the PID that holds the lock. Re-entrant within a process
+    (``reproduce`` locks its directory, then runs the sweep into it)."""
+    run_dir = Path(run_dir)
+    key = str(run_dir.resolve())
+    if key not in _held:
+        _held[key] = [_acquire(run_dir), 0]
+    _held[key][1] += 1
+    try:
+        yield
+    finally:
+        _held[key][1] -= 1
+        if _held[key][1] == 0:
+            _held.pop(key)[0].close()   # closing releases the lock; the file stays (removing it would race)
+
+
+def _acquire(run_dir: Path):
+    import fcntl
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    f = open(run_dir / LOCK_NAME, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "unknown"
+        f.close()
+        raise InputError(f"{run_dir}: another groupfel process (PID {holder}) is writing this run directory; "
+                         f"wait for it to finish, or write to another directory") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f

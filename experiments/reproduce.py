@@ -334,13 +334,13 @@ def run_study(rep: Reproduction, quick: bool, out: Path) -> int:
 def run(name: str, *, quick: bool = False, backend: str = "local", jobs: int | None = None,
         output: str | None = None, data_path: str | None = None, progress: bool = True,
         overrides: dict[str, Any] | None = None) -> int:
+    from contextlib import ExitStack
+
     import tomli_w
 
-    from emulator.io import atomic_write, check_writable
+    from emulator.io import atomic_write, check_writable, run_lock
 
-    from .report import build_report
-    from .runner import report_diverged
-    from .sweep import run_sweep
+    from .sweep import SweepConfig, run_loaded_sweep
 
     rep = load(name)
     if rep.needs:
@@ -367,10 +367,24 @@ def run(name: str, *, quick: bool = False, backend: str = "local", jobs: int | N
         raise
     text = notes(rep, quick, changed, data_path)
     print(text)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "base.toml", lambda p: p.write_text(tomli_w.dumps(base)))
-    atomic_write(out / "sweep.toml", lambda p: p.write_text(tomli_w.dumps(sweep)))
-    run_sweep(out / "sweep.toml", backend=backend, jobs=jobs, output=out, progress=progress)
+
+    with ExitStack() as held:
+        def write_inputs(root: Path) -> None:   # once every point is valid (its data found), under the lock,
+            held.enter_context(run_lock(root))   # which stays held for the tables and figures below
+            atomic_write(root / "base.toml", lambda p: p.write_text(tomli_w.dumps(base)))
+            atomic_write(root / "sweep.toml", lambda p: p.write_text(tomli_w.dumps(sweep)))
+
+        run_loaded_sweep(SweepConfig.model_validate(sweep), base, backend=backend, jobs=jobs, output=out,
+                         progress=progress, before_write=write_inputs)
+        return _finish(rep, name, out, text, sweep)
+
+
+def _finish(rep: Reproduction, name: str, out: Path, text: str, sweep: dict) -> int:
+    from emulator.io import atomic_write
+
+    from .report import build_report
+    from .runner import report_diverged
+
     table = comparison(rep, out)
     atomic_write(out / f"{name}.csv", lambda p: table.to_csv(p, index=False))
     fig = figure(rep, out, out / "accuracy_vs_cost.png")

@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,7 +39,7 @@ from tqdm import tqdm
 
 from emulator.config import RunConfig, _one_line, parse_config, read_toml
 from emulator.errors import InputError
-from emulator.io import atomic_write, write_json
+from emulator.io import atomic_write, run_lock, write_json
 
 from .stats import METRICS
 
@@ -134,18 +135,42 @@ def point_configs(sweep: SweepConfig, base: dict) -> list[RunConfig]:
 def run_sweep(path: str | Path, *, backend: str = "local", jobs: int | None = None, address: str | None = None,
               output: str | Path | None = None, force: bool = False, progress: bool = True) -> pd.DataFrame:
     """Validate every point, run every unfinished (point, seed, arm) task, write the sweep tables."""
-    from .backends import BACKENDS, run_tasks
-    from .runner import prepare, validate
+    sweep, base = load_sweep(path)
+    return run_loaded_sweep(sweep, base, backend=backend, jobs=jobs, address=address, output=output, force=force,
+                            progress=progress)
+
+
+def run_loaded_sweep(sweep: SweepConfig, base: dict, *, backend: str = "local", jobs: int | None = None,
+                     address: str | None = None, output: str | Path | None = None, force: bool = False,
+                     progress: bool = True, before_write: Callable[[Path], None] | None = None) -> pd.DataFrame:
+    """:func:`run_sweep` of a parsed sweep; ``before_write(root)`` runs once every point is valid,
+    under the directory's lock, before anything else is written."""
+    from .backends import BACKENDS
+    from .runner import validate
 
     if backend not in BACKENDS:
         raise InputError(f"--backend: {backend!r} is not one of {', '.join(BACKENDS)}")
-    sweep, base = load_sweep(path)
+    if jobs is not None and jobs < 1:
+        raise InputError(f"--jobs: must be >= 1, got {jobs}")
     configs = point_configs(sweep, base)
     root = Path(output) if output else Path(sweep.output_dir or configs[0].output_dir) / sweep.name
     pts = points(sweep)
     for i, (config, point) in enumerate(zip(configs, pts)):
         label = f"sweep point {point_name(i)} ({', '.join(f'{p}={v!r}' for p, v in point.items())}): "
         validate(config, root / point_name(i), force=force, where=label)
+    with run_lock(root):
+        return _run_points(sweep, configs, pts, root, backend=backend, jobs=jobs, address=address, force=force,
+                           progress=progress, before_write=before_write)
+
+
+def _run_points(sweep, configs, pts, root, *, backend, jobs, address, force, progress, before_write):
+    from .backends import run_tasks
+    from .runner import check_dir, prepare
+
+    for i, config in enumerate(configs):   # again under the lock: a writer before us may have changed them
+        check_dir(config, root / point_name(i), force=force, where=f"sweep point {point_name(i)}: ")
+    if before_write is not None:
+        before_write(root)
     write_json(root / "sweep.json", {"sweep": json.loads(sweep.model_dump_json()),
                                      "points": {point_name(i): p for i, p in enumerate(pts)}})
     table = pd.DataFrame([{"point": point_name(i), **p} for i, p in enumerate(pts)])

@@ -277,3 +277,84 @@ def test_full_disk_is_one_line_and_the_rerun_resumes_with_the_same_numbers(tiny_
                                       pd.read_csv(tmp_path / "ref" / "rg-random" / "results.csv"))
     finally:
         subprocess.run(["umount", str(small)], check=True)
+
+
+# --- 3. nothing written before validation completes ------------------------------------------------
+
+def test_jobs_0_writes_nothing(tiny_dict, tmp_path, capsys):
+    tiny_dict.pop("seed")
+    tiny_dict.update(seeds=[0, 1])
+    run = tmp_path / "run"
+    assert main(["run", str(_toml(tmp_path, tiny_dict)), "--output", str(run), "--jobs", "0"]) == 2
+    assert "--jobs: must be >= 1" in _one_error_line(capsys)
+    assert not run.exists()
+
+
+def test_reproduce_without_its_dataset_writes_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GROUPFEL_FASHION_MNIST", str(tmp_path / "nowhere"))
+    out = tmp_path / "r"
+    assert main(["reproduce", "hcct-table4", "--quick", "--output", str(out)]) == 2
+    assert "fashion-mnist" in _one_error_line(capsys).lower()
+    assert not out.exists()
+
+
+# --- 4. one writer per run directory ----------------------------------------------------------------
+
+def test_a_second_writer_exits_2_naming_the_holder(tiny_dict, tmp_path, capsys):
+    import os
+    import subprocess
+    import sys
+
+    from emulator.io import run_lock
+
+    run = tmp_path / "run"
+    d = _one_arm(tiny_dict, rounds=1)
+    path = _toml(tmp_path, d)
+    # another process holds the lock (as a running `groupfel run` would)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom emulator.io import run_lock\n"
+                               f"with run_lock({str(run)!r}):\n    print('held', flush=True)\n    time.sleep(60)"],
+                              env={**os.environ, "PYTHONPATH": os.getcwd()}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for argv in (["run", str(path), "--output", str(run)], ["run", "--resume", str(run)]):
+            if argv[1] == "--resume":
+                (run / "config.json").write_text(parse_config(d).model_dump_json())
+            assert main(argv) == 2
+            err = _one_error_line(capsys)
+            assert f"another groupfel process (PID {holder.pid}) is writing this run directory" in err
+        assert not (run / "rg-random").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    # the OS released it with the process: the run goes ahead, and the lock is re-entrant in-process
+    with run_lock(run):
+        assert main(["run", str(path), "--output", str(run), "--force", "--quiet"]) == 0
+    with run_lock(run):
+        pass
+
+
+def test_sweep_into_a_locked_directory_is_refused(tiny_dict, tmp_path, capsys):
+    import multiprocessing
+
+    base = _one_arm(tiny_dict, rounds=1)
+    _toml(tmp_path, base, "base.toml")
+    (tmp_path / "s.toml").write_text('name = "s"\nbase = "base.toml"\nseeds = [0]\n[axes]\n"train.lr" = [0.01]\n')
+    ready, stop = multiprocessing.get_context("fork").Event(), multiprocessing.get_context("fork").Event()
+
+    def hold():
+        from emulator.io import run_lock
+
+        with run_lock(tmp_path / "sw"):
+            ready.set()
+            stop.wait(60)
+
+    p = multiprocessing.get_context("fork").Process(target=hold)
+    p.start()
+    try:
+        assert ready.wait(30)
+        assert main(["sweep", str(tmp_path / "s.toml"), "--output", str(tmp_path / "sw"), "--quiet"]) == 2
+        assert f"(PID {p.pid})" in _one_error_line(capsys)
+        assert not (tmp_path / "sw" / "sweep.json").exists()
+    finally:
+        stop.set()
+        p.join()
