@@ -46,6 +46,15 @@ class Metric:
     ours: str
     scale: float = 1.0
 
+    @property
+    def bounds(self) -> tuple[float, float] | None:
+        """The range the value can take, in the paper's unit (its intervals are clipped to it)."""
+        from .stats import BOUNDS
+
+        key = self.ours.rpartition(".")[2]
+        lo, hi = BOUNDS.get(key, (0.0, float("inf")) if self.ours.startswith("grouping.") else (None, None))
+        return None if lo is None else (lo * self.scale, hi * self.scale)
+
 
 @dataclass(frozen=True)
 class Reproduction:
@@ -234,7 +243,7 @@ def comparison(rep: Reproduction, root: Path):
     """One row per point x arm x metric: the keys, ours (mean, 95 % CI over seeds) and the paper's."""
     import pandas as pd
 
-    from .stats import mean_ci
+    from .stats import clip, mean_ci
     from .sweep import point_name
 
     sweep = json.loads((root / "sweep.json").read_text())
@@ -250,25 +259,34 @@ def comparison(rep: Reproduction, root: Path):
         point_runs = runs[runs["point"] == point_name(i)]
         for arm in arms:
             match = [r for r in paper if "claim" not in r and _matches(r, {**keys, "arm": arm})]
+            bounds = {m.name: m.bounds for m in rep.metrics}
             for metric, values in _per_seed(rep, d, arm, seeds, point_runs).items():
                 mean, low, high = mean_ci(values)
+                low, high, clipped = clip(low, high, bounds[metric])
                 cell = match[0].get(metric, "") if match else ""
                 rows.append({**keys, "arm": arm, "metric": metric, "ours": mean, "ci95_low": low,
-                             "ci95_high": high, "seeds": sum(v == v for v in values),
+                             "ci95_high": high, "ci95_clipped": clipped, "seeds": sum(v == v for v in values),
                              "paper": float(cell) if cell not in ("", None) else float("nan")})
     return pd.DataFrame(rows)
 
 
 def render(table) -> str:
+    from .stats import CLIPPED_NOTE, TWO_SEEDS_NOTE
+
     def cell(r):
         if r["ours"] != r["ours"]:
             return "—"
         ci = f" [{r['ci95_low']:.4g}, {r['ci95_high']:.4g}]" if r["ci95_low"] == r["ci95_low"] else ""
-        return f"{r['ours']:.4g}{ci}"
+        return f"{r['ours']:.4g}{ci}{'†' if bool(r.get('ci95_clipped', False)) else ''}"
 
     shown = table.assign(ours=[cell(r) for _, r in table.iterrows()],
                          paper=[f"{p:.4g}" if p == p else "—" for p in table["paper"]])
-    return shown.drop(columns=["ci95_low", "ci95_high"]).to_string(index=False)
+    text = shown.drop(columns=["ci95_low", "ci95_high", "ci95_clipped"], errors="ignore").to_string(index=False)
+    if "ci95_clipped" in table and table["ci95_clipped"].astype(bool).any():
+        text += "\n" + CLIPPED_NOTE.replace("accuracy in [0, 1]", "accuracy in [0, 1] or [0, 100] %")
+    if len(table) and int(table["seeds"].max()) == 2:
+        text += "\n" + TWO_SEEDS_NOTE
+    return text
 
 
 def figure(rep: Reproduction, root: Path, out: Path, log_cost: bool = False) -> Path:
@@ -405,7 +423,7 @@ def _finish(rep: Reproduction, name: str, out: Path, text: str, sweep: dict) -> 
 def ranking(table) -> str:
     """Ours ranked by the first metric (for figures whose paper claim is an order)."""
     first = table[table["metric"] == table["metric"].iloc[0]].sort_values("ours", ascending=False)
-    keys = [c for c in table.columns if c not in ("metric", "ours", "ci95_low", "ci95_high", "seeds", "paper")]
+    keys = [c for c in table.columns if c not in ("metric", "ours", "ci95_low", "ci95_high", "ci95_clipped", "seeds", "paper")]
     items = [" ".join(str(r[k]) for k in keys) + f" {r['ours']:.4g}" for _, r in first.iterrows()]
     return f"ours, ranked by {first['metric'].iloc[0]}: " + " > ".join(items)
 
