@@ -41,7 +41,7 @@ from emulator.config import RunConfig, _one_line, parse_config, read_toml
 from emulator.errors import InputError
 from emulator.io import atomic_write, run_lock, write_json
 
-from .stats import METRICS
+from .stats import METRICS, add_verdicts
 
 
 class SweepConfig(BaseModel):
@@ -215,7 +215,7 @@ def finish_sweep(sweep: SweepConfig, configs: list[RunConfig], root: Path) -> pd
         r = load_runs(config, d)
         runs.append(r.assign(**cols)[[*cols, *r.columns]])
     runs_df = pd.concat(runs, ignore_index=True)
-    summary_df = pd.concat(summaries, ignore_index=True)
+    summary_df = add_verdicts(pd.concat(summaries, ignore_index=True))   # Holm over the whole sweep
     atomic_write(root / "runs.csv", lambda p: runs_df.to_csv(p, index=False))
     atomic_write(root / "runs.parquet", lambda p: runs_df.to_parquet(p, index=False))
     atomic_write(root / "summary.csv", lambda p: summary_df.to_csv(p, index=False))
