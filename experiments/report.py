@@ -24,7 +24,6 @@ from emulator.config import RunConfig, parse_config
 from emulator.errors import InputError
 from emulator.io import atomic_write
 
-from .plots import band_figure, plt
 from .stats import conclusion, render_summary
 
 
@@ -80,6 +79,8 @@ def load_study(root: Path) -> Study:
 
 
 def _png(fig) -> str:
+    from .plots import plt
+
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     plt.close(fig)
@@ -101,6 +102,8 @@ def _table(df: pd.DataFrame) -> str:
 
 def _profiles_figure(config: RunConfig) -> str:
     from emulator.world import build_cost_model
+
+    from .plots import plt
 
     cost = build_cost_model(config)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6), dpi=100)
@@ -131,6 +134,8 @@ def _ledgers(study: Study) -> pd.DataFrame:
 
 
 def _breakdown(study: Study) -> str:
+    from .plots import plt
+
     led = _ledgers(study)
     n_seeds = led.groupby("arm")["seed"].nunique()
     per_comp = led.pivot_table(index="arm", columns="component", values="amount", aggfunc="sum", sort=False)
@@ -158,6 +163,8 @@ def _breakdown(study: Study) -> str:
 
 
 def _grouping(study: Study) -> str:
+    from .plots import plt
+
     rows, sizes, covs = [], {}, {}
     for a in study.arms:
         m = json.loads((a.path / "manifest.json").read_text())
@@ -248,6 +255,8 @@ window.addEventListener('load', function () {
 def build_report(root: Path, out: Path | None = None) -> Path:
     """Write the HTML page of a run or sweep directory; returns its path."""
     import time
+
+    from .plots import band_figure
 
     t0 = time.perf_counter()
     study = load_study(Path(root))

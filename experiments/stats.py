@@ -14,9 +14,16 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 LEVEL = 0.95
+
+
+def _stats():
+    """scipy.stats, imported when first needed (the command line's parser must not pay for it)."""
+    from scipy import stats
+
+    return stats
+
 # Headline metrics of one (seed, arm): name -> what it is.
 METRICS = {
     "final_acc": "final test accuracy",
@@ -53,10 +60,10 @@ def mean_ci(values, level: float = LEVEL) -> tuple[float, float, float]:
     mean = float(x.mean())
     if len(x) < 2:
         return mean, float("nan"), float("nan")
-    sem = float(stats.sem(x))
+    sem = float(_stats().sem(x))
     if sem == 0:
         return mean, mean, mean
-    low, high = stats.t.interval(level, len(x) - 1, loc=mean, scale=sem)
+    low, high = _stats().t.interval(level, len(x) - 1, loc=mean, scale=sem)
     return mean, float(low), float(high)
 
 
@@ -87,7 +94,7 @@ def paired_p(a, b) -> tuple[float, int]:
     if len(d) < MIN_PAIRS or np.ptp(d) == 0:
         return float("nan"), int(len(d))
     t = d.mean() / (d.std(ddof=1) / np.sqrt(len(d)))
-    return float(2 * stats.t.sf(abs(t), len(d) - 1)), int(len(d))
+    return float(2 * _stats().t.sf(abs(t), len(d) - 1)), int(len(d))
 
 
 def holm(p) -> np.ndarray:
@@ -187,8 +194,8 @@ def curves_on_grid(results: pd.DataFrame, x: str = "cost", y: str = "accuracy", 
         ys = np.stack([np.interp(grid, s[x].to_numpy(float), s[y].to_numpy(float)) for s in seeds])
         mean = ys.mean(axis=0)
         if len(seeds) > 1:
-            sem = stats.sem(ys, axis=0)
-            half = np.where(sem > 0, stats.t.ppf(0.5 + level / 2, len(seeds) - 1) * sem, 0.0)
+            sem = _stats().sem(ys, axis=0)
+            half = np.where(sem > 0, _stats().t.ppf(0.5 + level / 2, len(seeds) - 1) * sem, 0.0)
         else:
             half = np.full_like(mean, np.nan)
         lo_bound, hi_bound = BOUNDS.get(y, (-np.inf, np.inf))   # a band never leaves the metric's range

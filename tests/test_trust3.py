@@ -427,3 +427,18 @@ def test_verdicts_are_holm_corrected_with_the_unadjusted_interval_beside():
     assert s[s["arm"] == "big"].iloc[0]["final_acc_verdict"].startswith("higher (supported: Holm p")
     text = render_summary(s, None)
     assert "Holm's correction over the 18 comparisons" in text and "[95 % CI]" in text
+
+
+# --- 6. start-up --------------------------------------------------------------------------------------
+
+def test_building_the_parser_imports_neither_torch_scipy_nor_matplotlib():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = ("import sys, json\nfrom experiments.cli import build_parser\nbuild_parser()\n"
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'scipy', 'matplotlib'})))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env={"PYTHONPATH": str(root)},
+                          capture_output=True, text=True, check=True)
+    assert json.loads(proc.stdout) == []
