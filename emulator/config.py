@@ -169,11 +169,19 @@ class StragglerConfig(_Strict):
 
 
 class FaultsConfig(_Strict):
-    dropout: float = Field(0.0, ge=0, le=1)          # probability a client drops per group round
+    # probability a client drops per group round; 1 would drop every client of every group round
+    dropout: float = Field(0.0, ge=0, le=1)
     straggler: StragglerConfig | None = None
     # recovery per dropped member when a profile has no "<op>-recovery" curve:
     # recovery_multiple × O_op(|g|) / |g| per survivor (see cost_models.model.CostModel.recovery)
     recovery_multiple: float = Field(1.0, ge=0)
+
+    @model_validator(mode="after")
+    def _trains(self):
+        if self.dropout >= 1:
+            raise ValueError("dropout = 1 drops every client of every group round: nothing would train, and "
+                             "every round's cost would buy nothing; use a value below 1")
+        return self
 
 
 class RunConfig(_Strict):

@@ -94,6 +94,11 @@ def _choose(world: World, plan: ArmPlan, groups: list[Group], log_p: np.ndarray,
     return S, sample_without_replacement(log_p, S, np.random.default_rng((world.config.seed, 1, t)))
 
 
+def norm_growth(growth: float) -> str:
+    """How the global model's norm changed in a round, in words ("grew infx" says nothing)."""
+    return f"grew {growth:.3g}x" if np.isfinite(growth) else "became infinite or NaN (not a number)"
+
+
 def _budget_error(budget: float, first: float, where: str) -> InputError:
     return InputError(f"train.budget: {budget:g} is less than what the first round of {where} costs ({first:.6g}, "
                       f"Eq. 5 with its grouping and sampling), so no round would run; raise it to at least "
@@ -439,7 +444,7 @@ def _run_rounds(world: World, plan: ArmPlan, arm_dir: Path, state: ArmState,
         growth = float(torch.linalg.vector_norm(x) / torch.linalg.vector_norm(state.weights))
         if not (np.isfinite(growth) and growth < DIVERGENCE_GROWTH):
             raise DivergenceError(
-                f"round {t + 1}: the global model's norm grew {growth:.3g}x in one round under "
+                f"round {t + 1}: the global model's norm {norm_growth(growth)} in one round under "
                 f"{plan.aggregation.name} aggregation with {plan.sampling.name} sampling (largest weight "
                 f"{weights.max():.3g}, sum {weights.sum():.3g}); use aggregation = \"stabilized\" (Eq. 39), a "
                 f"flatter sampling policy, or a lower train.lr")

@@ -13,6 +13,12 @@ from emulator.errors import InputError
 from emulator.io import check_writable
 
 
+def _number(v: float) -> str:
+    """A table number: 4 significant digits, but whole thousands written out (10000, never
+    1e+04 beside 9999)."""
+    return f"{v:.0f}" if 1e4 <= abs(v) < 1e9 else f"{v:.4g}"
+
+
 def parse_sizes(text: str, where: str = "--sizes") -> list[int]:
     """``2..30`` (inclusive), ``2..30:4`` (step 4) or ``2,5,10``."""
     m = re.fullmatch(r"\s*(\d+)\s*\.\.\s*(\d+)\s*(?::\s*(\d+))?\s*", text)
@@ -162,7 +168,7 @@ def _cmd_whatif(args) -> int:
     plot_sweep(df, out / "whatif.png", title)
     cols = ["group_size", "groups_per_round", "clients_per_round", "training_per_round", "operations_per_round",
             "total_per_round", "operations_share"]
-    print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(df[cols].to_string(index=False, float_format=_number))
     best = df.loc[df["total_per_round"].idxmin()]
     print(f"\ncheapest per round: group size {int(best.group_size)} ({best.total_per_round:.4g} device s/round)")
     print(f"swept {len(df)} group sizes × {sc.rounds} rounds × {sc.clients} clients in {elapsed:.2f} s")
@@ -261,7 +267,7 @@ def _whatif_grouped(args) -> int:
     cols = [c for c in ("alpha", "min_group_size", "max_cov", "groups", "size_min", "size_mean", "size_max",
                         "cov_mean", "groups_per_round", "training_per_round", "operations_per_round",
                         "total_per_round", "operations_share") if c in df]
-    print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(df[cols].to_string(index=False, float_format=_number))
     print(f"\n{args.policy} grouped {clients} clients on {len(np.unique(edges))} edges, {len(df)} setting(s), "
           f"and priced {sc.rounds} rounds each in {elapsed:.2f} s")
     print(f"table: {out / 'whatif.csv'}\nplot:  {out / 'whatif.png'}")
@@ -304,7 +310,7 @@ def _cmd_timeline(args) -> int:
     rows = load_round(arm_dir, args.round)
     out = check_writable(args.out or arm_dir / f"timeline-round{args.round}.png", "file", "--out")
     plot_timeline(rows, out, f"{arm_dir.name}: global round {args.round}")
-    print(summary(rows).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(summary(rows).to_string(index=False, float_format=_number))
     print(f"\nround {args.round}: charged work spans {rows['start'].min():.4g}..{rows['end'].max():.4g} s "
           f"(simulated); Eq. 5 cost {rows['amount'].sum():.6g}")
     print(f"plot: {out}")

@@ -442,3 +442,28 @@ def test_building_the_parser_imports_neither_torch_scipy_nor_matplotlib():
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, env={"PYTHONPATH": str(root)},
                           capture_output=True, text=True, check=True)
     assert json.loads(proc.stdout) == []
+
+
+# --- 9. friction ----------------------------------------------------------------------------------------
+
+def test_friction_items(tiny_dict, tmp_path, capsys):
+    from emulator.runner import norm_growth
+    from experiments.cli import build_parser
+    from experiments.cost_cli import _number
+
+    whatif = build_parser()._subparsers._group_actions[0].choices["whatif"].format_help()
+    for flag, default in (("--clients", "10000"), ("--rounds", "100"), ("--samples-mean", "50"), ("--seed", "0")):
+        import re
+
+        line = re.search(rf"\n  {flag} [A-Z_]+(.*?)(?=\n  -)", whatif.split("options:")[1], re.S).group(1)
+        assert f"(default {default})" in " ".join(line.split()), (flag, line)
+    assert norm_growth(float("inf")) == "became infinite or NaN (not a number)" and norm_growth(3.0) == "grew 3x"
+    assert [_number(v) for v in (10000.0, 9999.0, 123456.0, 0.07158)] == ["10000", "9999", "123456", "0.07158"]
+    tiny_dict["faults"] = {"dropout": 1.0}
+    with pytest.raises(InputError, match="faults: dropout = 1 drops every client .*nothing would train"):
+        parse_config(tiny_dict)
+
+
+def test_study_fig5_shows_progress(tmp_path, capsys):
+    assert main(["study", "fig5", "--max-clients", "100", "--out", str(tmp_path / "s")]) == 0
+    assert "fig5: timing groupings" in capsys.readouterr().err
