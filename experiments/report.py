@@ -24,7 +24,7 @@ from emulator.config import RunConfig, parse_config
 from emulator.errors import InputError
 from emulator.io import atomic_write
 
-from .stats import conclusion, render_summary
+from .stats import METRICS, conclusion, render_summary
 
 
 @dataclass
@@ -222,13 +222,21 @@ def _summary(study: Study) -> str:
         return (f"<p><b>{html.escape(conclusion(study.summary, target))}</b></p>"
                 f"<pre>{html.escape(text)}</pre>")
     if study.kind == "sweep":
+        from .stats import compact_summary, notes
+
         axes = list(study.extra["sweep"]["axes"])
         cols = ["point", *axes, "arm", "seeds", "target_reached"]
         cols += [c for c in study.summary.columns if c.endswith(("_mean", "_ci95_low", "_ci95_high"))]
         plots = "".join(_png_file(p) for p in sorted(study.root.glob("*_vs_*.png")))
-        return (f"<p>Mean and 95 % CI over seeds {study.extra['sweep']['seeds']}; <code>_diff_</code> "
-                f"columns of summary.csv hold each arm's paired difference from the first.</p>"
-                f"{_table(study.summary[cols])}{plots}")
+        compact = compact_summary(study.summary, ["point", *axes], target is not None)
+        said = compact["acc_at_common_cost vs first arm"]
+        words = (f"{int(said.str.contains(' than ').sum())} of {int((said != 'reference').sum())} arms differ from "
+                 f"their point's first arm in accuracy at equal cost after Holm's correction over the sweep; "
+                 f"{int(said.str.startswith('too few').sum())} comparisons have too few seeds to tell.")
+        foot = "".join(f"<p>{html.escape(n)}</p>" for n in notes(study.summary, METRICS))
+        return (f"<p><b>{html.escape(words)}</b></p><p>Mean [95 % CI] over seeds {study.extra['sweep']['seeds']}.</p>"
+                f"{_table(compact)}{foot}<details><summary>full table (every metric, interval and paired "
+                f"difference: summary.csv)</summary>{_table(study.summary[cols])}</details>{plots}")
     return "<p>One seed: no confidence intervals (give <code>seeds = [0, 1, 2]</code>).</p>" + _table(study.summary)
 
 
@@ -236,7 +244,7 @@ CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;
 h1{font-size:1.5em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:1.6em}
 img{max-width:100%;display:block;margin:.6em 0}pre{background:#f6f6f6;padding:.8em;overflow:auto;font-size:12px}
 table.t{border-collapse:collapse;font-size:12px;margin:.6em 0}table.t td,table.t th{padding:2px 8px;
-border-bottom:1px solid #eee;text-align:right}details{margin:.5em 0}"""
+border-bottom:1px solid #eee;text-align:right;white-space:nowrap}details{margin:.5em 0}"""
 
 CHECK = """<script>
 var errors = 0;

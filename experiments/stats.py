@@ -297,3 +297,23 @@ def conclusion(summary: pd.DataFrame, target: float | None) -> str:
                  f"; no arm differs from {first['arm']} in {' or '.join(words if target is not None else list(words)[:1])} "
                  f"beyond the seeds' noise")
     return text + "."
+
+
+def compact_summary(summary: pd.DataFrame, keys: list[str], with_target: bool) -> pd.DataFrame:
+    """A sweep's summary as a reader wants it: ``keys`` (point and axis values), arm, the headline
+    metrics as mean [95 % CI] and the verdict on accuracy at equal cost against the point's
+    first arm (Holm over the sweep)."""
+    metrics = [m for m in ("final_acc", "acc_at_common_cost", "cost_to_target")
+               if m != "cost_to_target" or with_target]
+    out = summary[[*keys, "arm", "seeds"]].copy()
+    for m in metrics:
+        out[m] = [_ci(r, m).replace("nan", "–") for _, r in summary.iterrows()]
+    if with_target:
+        out["target_reached"] = [f"{k}/{n}" for k, n in zip(summary["target_reached"], summary["seeds"])]
+    first = summary.groupby("point", sort=False)["arm"].transform("first") if "point" in summary else summary["arm"].iloc[0]
+    verdicts = summary.get("acc_at_common_cost_verdict", pd.Series([""] * len(summary))).fillna("")
+    out["acc_at_common_cost vs first arm"] = [
+        "reference" if a == f else (f"{v.split(' (')[0]} than {f}" if "supported:" in v else v)
+        for a, f, v in zip(summary["arm"], first if isinstance(first, pd.Series) else [first] * len(summary), verdicts)]
+    return out
+

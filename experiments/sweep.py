@@ -219,9 +219,12 @@ def finish_sweep(sweep: SweepConfig, configs: list[RunConfig], root: Path) -> pd
     atomic_write(root / "runs.csv", lambda p: runs_df.to_csv(p, index=False))
     atomic_write(root / "runs.parquet", lambda p: runs_df.to_parquet(p, index=False))
     atomic_write(root / "summary.csv", lambda p: summary_df.to_csv(p, index=False))
-    for axis in axes:
+    # zipped axes move together: one plot per metric against the first, the others named in its label
+    plotted = [axes[0]] if sweep.mode == "zip" else axes
+    for axis in plotted:
         for metric in METRICS:
-            plot_metric_vs_axis(summary_df, axes, axis, metric, root / f"{metric}_vs_{axis}.png")
+            plot_metric_vs_axis(summary_df, [] if sweep.mode == "zip" else axes, axis, metric,
+                                root / f"{metric}_vs_{axis}.png", zipped=axes[1:] if sweep.mode == "zip" else [])
     summary_df.attrs["axes"] = axes
     return summary_df
 
@@ -231,49 +234,68 @@ def _cell(value: Any) -> Any:
     return json.dumps(value) if isinstance(value, (list, dict)) else value
 
 
-def plot_metric_vs_axis(summary: pd.DataFrame, axes: list[str], axis: str, metric: str, path: Path) -> None:
+def plot_metric_vs_axis(summary: pd.DataFrame, axes: list[str], axis: str, metric: str, path: Path,
+                        zipped: list[str] | None = None) -> None:
     """``metric`` (mean, 95 % CI error bars) against ``axis``: one line per arm and per value of
-    the other axes."""
-    from .plots import plt
+    the other axes (``zipped``: axes that move with ``axis``, named in the x label); more than
+    ``SMALL_MULTIPLES`` lines become one panel each, on a shared y axis."""
+    from .plots import SMALL_MULTIPLES, plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
     others = [a for a in axes if a != axis]
     values = list(dict.fromkeys(summary[axis]))
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
-    for key, df in summary.groupby(["arm", *others], sort=False):
+    series = list(summary.groupby(["arm", *others], sort=False))
+    n = len(series)
+    cols = min(n, 3) if n > SMALL_MULTIPLES else 1
+    rows = -(-n // cols) if n > SMALL_MULTIPLES else 1
+    fig, grid = plt.subplots(rows, cols, figsize=(6.4 if cols == 1 else 4.2 * cols, 4.2 if rows == 1 else 3.0 * rows),
+                             dpi=110, sharey=True, squeeze=False)
+    panels = list(grid.flat)
+    for i, (key, df) in enumerate(series):
         key = key if isinstance(key, tuple) else (key,)
         label = ", ".join([str(key[0])] + [f"{a}={v}" for a, v in zip(others, key[1:])])
+        ax = panels[i] if n > SMALL_MULTIPLES else panels[0]
         xs = df[axis].to_numpy() if numeric else [values.index(v) for v in df[axis]]
         mean = df[f"{metric}_mean"].to_numpy(float)
         err = [mean - df[f"{metric}_ci95_low"].to_numpy(float), df[f"{metric}_ci95_high"].to_numpy(float) - mean]
-        ax.errorbar(xs, mean, yerr=err, marker="o", ms=4, capsize=3, label=label)
-    if not numeric:
-        ax.set_xticks(range(len(values)), [str(v) for v in values])
-    ax.set_xlabel(axis)
-    ax.set_ylabel(f"{METRICS[metric]} (mean, 95 % CI)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+        ax.errorbar(xs, mean, yerr=err, marker="o", ms=4, capsize=3, label=label,
+                    color=f"C{i % 10}" if n > SMALL_MULTIPLES else None)
+        if n > SMALL_MULTIPLES:
+            ax.set_title(label, fontsize=8)
+    xlabel = axis + (f" (with {', '.join(zipped)} zipped)" if zipped else "")
+    for j, ax in enumerate(panels):
+        if j >= n:
+            ax.set_visible(False)
+            continue
+        if not numeric:
+            ax.set_xticks(range(len(values)), [str(v) for v in values])
+        ax.grid(alpha=0.3)
+        if j >= n - cols:
+            ax.set_xlabel(xlabel, fontsize=8)
+        if j % cols == 0:
+            ax.set_ylabel(f"{METRICS[metric]}\n(mean, 95 % CI)", fontsize=8)
+    if n <= SMALL_MULTIPLES:
+        panels[0].legend(fontsize=7)
     fig.tight_layout()
     atomic_write(path, lambda p: fig.savefig(p, format="png"))
     plt.close(fig)
 
 
 def _cmd_sweep(args) -> int:
+    from .stats import compact_summary, notes
+
     summary = run_sweep(args.sweep, backend=args.backend, jobs=args.jobs, address=args.address,
                         output=args.output, force=args.force, progress=not args.quiet)
     sweep, _ = load_sweep(args.sweep)
     root = summary.attrs["root"]
-    cols = ["point", *summary.attrs["axes"], "arm", "seeds"]
-    for m in METRICS:
-        if summary[f"{m}_mean"].notna().any():
-            summary[m] = [f"{r[m + '_mean']:.4g} [{r[m + '_ci95_low']:.4g}, {r[m + '_ci95_high']:.4g}]"
-                          for _, r in summary.iterrows()]
-            cols.append(m)
-    summary["target_reached"] = [f"{k}/{n}" for k, n in zip(summary["target_reached"], summary["seeds"])]
-    cols.append("target_reached")
-    print(summary[cols].to_string(index=False))
-    print(f"\nmean [95 % CI] over seeds {list(sweep.seeds)}; paired differences from the first arm in summary.csv")
-    print(f"results: {root}/  (runs.csv, summary.csv, <point>/..., <metric>_vs_<axis>.png)")
+    with_target = bool(summary["target_reached"].sum() > 0 or summary["cost_to_target_mean"].notna().any())
+    print(compact_summary(summary, ["point", *summary.attrs["axes"]], with_target).to_string(index=False))
+    for line in notes(summary, METRICS):
+        print(line)
+    k = summary.attrs.get("comparisons", 0)
+    print(f"\nmean [95 % CI] over seeds {list(sweep.seeds)}; verdicts: Holm's correction over the sweep's {k} "
+          f"paired comparisons (every metric in summary.csv), each point's arms against its first")
+    print(f"results: {root}/  (runs.csv, summary.csv, <point>/..., <metric>_vs_<axis>.png; groupfel report {root})")
     from .runner import report_diverged
 
     return report_diverged(Path(root))

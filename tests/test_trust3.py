@@ -467,3 +467,53 @@ def test_friction_items(tiny_dict, tmp_path, capsys):
 def test_study_fig5_shows_progress(tmp_path, capsys):
     assert main(["study", "fig5", "--max-clients", "100", "--out", str(tmp_path / "s")]) == 0
     assert "fig5: timing groupings" in capsys.readouterr().err
+
+
+# --- 8. a sweep's report as readable as a run's --------------------------------------------------------
+
+def test_band_figure_uses_small_multiples_beyond_4_arms():
+    import pandas as pd
+
+    from experiments.plots import band_figure
+
+    rows = [{"arm": f"a{k}", "seed": s, "round": r, "cost": 10.0 * r, "accuracy": 0.1 + 0.1 * r + 0.01 * s}
+            for k in range(5) for s in range(2) for r in range(4)]
+    fig = band_figure({"x": pd.DataFrame(rows)})
+    assert len([ax for ax in fig.axes if ax.get_visible()]) == 5
+    fig = band_figure({"x": pd.DataFrame([r for r in rows if r["arm"] in ("a0", "a1")])})
+    assert len([ax for ax in fig.axes if ax.get_visible()]) == 1
+
+
+def test_zipped_sweep_report_is_compact_with_verdicts_and_one_plot_per_zipped_set(browser, tiny_dict, tmp_path,
+                                                                                   capsys):
+    import re
+    import subprocess
+
+    from experiments.sweep import load_sweep, run_sweep
+
+    tiny_dict.pop("seed")
+    tiny_dict["train"].update(rounds=1)
+    arm = tiny_dict["arms"][1]
+    tiny_dict["arms"] = [{**arm, "name": f"rg-{k}", "grouping": {"policy": "rg", "min_group_size": 3 + (k % 2)}}
+                         for k in range(5)]
+    _toml(tmp_path, tiny_dict, "base.toml")
+    (tmp_path / "s.toml").write_text('name = "z"\nbase = "base.toml"\nseeds = [0]\nmode = "zip"\n[axes]\n'
+                                     '"train.lr" = [0.02, 0.08]\n"train.batch_size" = [8, 16]\n')
+    assert main(["sweep", str(tmp_path / "s.toml"), "--output", str(tmp_path / "sw"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    header = out.splitlines()[0].split()
+    assert header[:5] == ["point", "train.lr", "train.batch_size", "arm", "seeds"] and len(header) < 12
+    assert "reference" in out and "too few seeds (1 pair)" in out and "Holm's correction over the sweep's" in out
+    plots = sorted(p.name for p in (tmp_path / "sw").glob("*_vs_*.png"))
+    assert plots == sorted(f"{m}_vs_train.lr.png" for m in ("final_acc", "acc_at_common_cost", "cost_to_target",
+                                                            "sim_time_s"))
+    assert main(["report", str(tmp_path / "sw")]) == 0
+    page = (tmp_path / "sw" / "report.html").read_text()
+    assert "acc_at_common_cost vs first arm" in page and "<details><summary>full table" in page
+    assert "arms differ from their point" in page
+    dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000",
+                          "--dump-dom", (tmp_path / "sw" / "report.html").as_uri()],
+                         capture_output=True, text=True, timeout=180)
+    body = re.search(r"<body[^>]*>", dom.stdout).group(0)
+    images = int(re.search(r'data-images="(\d+)"', body).group(1))
+    assert images >= 6 and f'data-decoded="{images}"' in body and 'data-errors="0"' in body
