@@ -229,10 +229,10 @@ def _summary(study: Study) -> str:
         cols += [c for c in study.summary.columns if c.endswith(("_mean", "_ci95_low", "_ci95_high"))]
         plots = "".join(_png_file(p) for p in sorted(study.root.glob("*_vs_*.png")))
         compact = compact_summary(study.summary, ["point", *axes], target is not None)
-        said = compact["acc_at_common_cost vs first arm"]
+        said = compact["verdict"]
         words = (f"{int(said.str.contains(' than ').sum())} of {int((said != 'reference').sum())} arms differ from "
                  f"their point's first arm in accuracy at equal cost after Holm's correction over the sweep; "
-                 f"{int(said.str.startswith('too few').sum())} comparisons have too few seeds to tell.")
+                 f"{int(said.str.startswith('too few').sum())} comparisons have too few seeds to tell (verdict column).")
         foot = "".join(f"<p>{html.escape(n)}</p>" for n in notes(study.summary, METRICS))
         return (f"<p><b>{html.escape(words)}</b></p><p>Mean [95 % CI] over seeds {study.extra['sweep']['seeds']}.</p>"
                 f"{_table(compact)}{foot}<details><summary>full table (every metric, interval and paired "

@@ -312,7 +312,7 @@ def compact_summary(summary: pd.DataFrame, keys: list[str], with_target: bool) -
         out["target_reached"] = [f"{k}/{n}" for k, n in zip(summary["target_reached"], summary["seeds"])]
     first = summary.groupby("point", sort=False)["arm"].transform("first") if "point" in summary else summary["arm"].iloc[0]
     verdicts = summary.get("acc_at_common_cost_verdict", pd.Series([""] * len(summary))).fillna("")
-    out["acc_at_common_cost vs first arm"] = [
+    out["verdict"] = [   # accuracy at equal cost against the point's first arm
         "reference" if a == f else (f"{v.split(' (')[0]} than {f}" if "supported:" in v else v)
         for a, f, v in zip(summary["arm"], first if isinstance(first, pd.Series) else [first] * len(summary), verdicts)]
     return out

@@ -293,8 +293,8 @@ def _cmd_sweep(args) -> int:
     for line in notes(summary, METRICS):
         print(line)
     k = summary.attrs.get("comparisons", 0)
-    print(f"\nmean [95 % CI] over seeds {list(sweep.seeds)}; verdicts: Holm's correction over the sweep's {k} "
-          f"paired comparisons (every metric in summary.csv), each point's arms against its first")
+    print(f"\nmean [95 % CI] over seeds {list(sweep.seeds)}; verdict: accuracy at equal cost against the point's "
+          f"first arm, with Holm's correction over the sweep's {k} paired comparisons (every metric in summary.csv)")
     print(f"results: {root}/  (runs.csv, summary.csv, <point>/..., <metric>_vs_<axis>.png; groupfel report {root})")
     from .runner import report_diverged
 
