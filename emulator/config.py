@@ -176,13 +176,6 @@ class FaultsConfig(_Strict):
     # recovery_multiple × O_op(|g|) / |g| per survivor (see cost_models.model.CostModel.recovery)
     recovery_multiple: float = Field(1.0, ge=0)
 
-    @model_validator(mode="after")
-    def _trains(self):
-        if self.dropout >= 1:
-            raise ValueError("dropout = 1 drops every client of every group round: nothing would train, and "
-                             "every round's cost would buy nothing; use a value below 1")
-        return self
-
 
 class RunConfig(_Strict):
     name: str = Field("run", pattern=r"^[A-Za-z0-9_.+-]+$")
@@ -204,6 +197,9 @@ class RunConfig(_Strict):
         if self.mode == "per-group" and (self.train.algorithm == "scaffold" or self.train.client_state == "persistent"):
             raise ValueError("per-group mode runs fedavg and fedprox with fresh client state; use mode = \"global\" "
                              "for train.algorithm = \"scaffold\" or train.client_state = \"persistent\"")
+        if self.faults.dropout >= 1:
+            raise ValueError("faults.dropout = 1 drops every client of every group round: nothing would train, "
+                             "and every round's cost would buy nothing; use a value below 1")
         names = [a.name for a in self.arms]
         if len(set(names)) != len(names):
             raise ValueError("arm names must be unique")

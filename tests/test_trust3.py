@@ -460,7 +460,7 @@ def test_friction_items(tiny_dict, tmp_path, capsys):
     assert norm_growth(float("inf")) == "became infinite or NaN (not a number)" and norm_growth(3.0) == "grew 3x"
     assert [_number(v) for v in (10000.0, 9999.0, 123456.0, 0.07158)] == ["10000", "9999", "123456", "0.07158"]
     tiny_dict["faults"] = {"dropout": 1.0}
-    with pytest.raises(InputError, match="faults: dropout = 1 drops every client .*nothing would train"):
+    with pytest.raises(InputError, match="config: faults.dropout = 1 drops every client .*nothing would train"):
         parse_config(tiny_dict)
 
 
