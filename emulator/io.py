@@ -102,7 +102,28 @@ def run_lock(run_dir: str | Path):
     finally:
         _held[key][1] -= 1
         if _held[key][1] == 0:
-            _held.pop(key)[0].close()   # closing releases the lock; the file stays (removing it would race)
+            _release(_held.pop(key)[0])
+
+
+def _forget_locks() -> None:
+    """In a forked child: close its copies of the lock files without unlocking, so the lock lives
+    exactly as long as the process that took it (a child left behind would otherwise hold it)."""
+    for f, _ in _held.values():
+        f.close()
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_forget_locks)
+
+
+def _release(f) -> None:
+    """Unlock explicitly, then close: processes forked while the lock was held (the training
+    engine's workers) share its open file description, and closing only this process's descriptor
+    would leave the directory locked while they live. The file stays (removing it would race)."""
+    import fcntl
+
+    fcntl.flock(f, fcntl.LOCK_UN)
+    f.close()
 
 
 def _acquire(run_dir: Path):

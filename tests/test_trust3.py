@@ -517,3 +517,26 @@ def test_zipped_sweep_report_is_compact_with_verdicts_and_one_plot_per_zipped_se
     body = re.search(r"<body[^>]*>", dom.stdout).group(0)
     images = int(re.search(r'data-images="(\d+)"', body).group(1))
     assert images >= 6 and f'data-decoded="{images}"' in body and 'data-errors="0"' in body
+
+
+def test_the_lock_lives_with_the_process_not_its_forked_children(tmp_path):
+    """The training engine forks workers while the run holds the lock: the lock must not outlive
+    the run in them (a killed run's orphaned workers would lock the directory for good)."""
+    import multiprocessing
+
+    from emulator.io import run_lock
+
+    ctx = multiprocessing.get_context("fork")
+    with run_lock(tmp_path / "run"):
+        child_ready, stop = ctx.Event(), ctx.Event()
+        child = ctx.Process(target=lambda: (child_ready.set(), stop.wait(60)))
+        child.start()
+        assert child_ready.wait(30)
+    try:
+        probe = ctx.Process(target=lambda: run_lock(tmp_path / "run").__enter__())   # another process locks
+        probe.start()
+        probe.join(30)
+        assert probe.exitcode == 0
+    finally:
+        stop.set()
+        child.join()
