@@ -116,8 +116,13 @@ def verdict(diff: float, p_holm: float, n_pairs: int, level: float = LEVEL) -> s
         return f"{TOO_FEW} ({n_pairs} pair{'s' if n_pairs != 1 else ''}" + \
             (", no spread)" if n_pairs >= MIN_PAIRS else ")")
     if p_holm < 1 - level:
-        return f"{'higher' if diff > 0 else 'lower'} (supported: Holm p = {p_holm:.2g})"
-    return f"not supported (Holm p = {p_holm:.2g})"
+        return f"{'higher' if diff > 0 else 'lower'} (supported: Holm p = {_p(p_holm)})"
+    return f"not supported (Holm p = {_p(p_holm)})"
+
+
+def _p(p: float) -> str:
+    """A p-value in 2 significant digits, or 3 where 2 would print a value below 0.05 as 0.05."""
+    return f"{p:.2g}" if float(f"{p:.2g}") < 0.05 or p >= 0.05 else f"{p:.3g}"
 
 
 def add_verdicts(summary: pd.DataFrame, metrics=None, level: float = LEVEL) -> pd.DataFrame:
