@@ -235,7 +235,9 @@ def test_ctrl_c_prints_one_line_exits_130_and_the_rerun_resumes(tiny_dict, tmp_p
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "experiments.cli", "run", str(path), "--output", str(run)],
                             cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            # as from a terminal: a background shell (nohup ... &) starts us with SIGINT ignored
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     workers, deadline = [], time.time() + 300
     while not workers and proc.poll() is None and time.time() < deadline:   # the engine's forked workers
         workers = [int(c) for t in Path(f"/proc/{proc.pid}/task").iterdir()
