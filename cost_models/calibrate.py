@@ -63,7 +63,10 @@ def read_measurements(paths: list[str | Path]) -> pd.DataFrame:
         cols = set(rows[0]) if rows else set(next(csv.reader(lines), []))
         for need in ("operation", "seconds"):
             if need not in cols:
-                raise InputError(f"{path}: missing column '{need}'; the header needs operation, "
+                hint = ""
+                if lines and ";" in lines[0] and "," not in lines[0]:
+                    hint = " (the header is separated by ';': use commas, e.g. operation,group_size,seconds)"
+                raise InputError(f"{path}: missing column '{need}'{hint}; the header needs operation, "
                                  f"group_size or n_samples, seconds")
         if not cols & set(X_COLUMNS):
             raise InputError(f"{path}: missing column 'group_size' or 'n_samples' (the x of the fit)")
@@ -80,9 +83,14 @@ def read_measurements(paths: list[str | Path]) -> pd.DataFrame:
             i = bad.idxmax()
             raise InputError(f"{df.at[i, 'row']}: column '{col}' must be a number, got {df.at[i, col]!r}")
         df[col] = num
-    if (df["seconds"] < 0).any():
-        i = (df["seconds"] < 0).idxmax()
-        raise InputError(f"{df.at[i, 'row']}: seconds must be >= 0, got {df.at[i, 'seconds']}")
+    rules = (("seconds", lambda v: v >= 0, ">= 0 and finite"),
+             ("group_size", lambda v: (v >= 1) & (v == np.round(v)), "a whole number >= 1 (clients in the group)"),
+             ("n_samples", lambda v: (v >= 1) & (v == np.round(v)), "a whole number >= 1 (samples)"))
+    for col, ok, what in rules:
+        bad = df[col].notna() & ~(np.isfinite(df[col]) & ok(df[col]))
+        if bad.any():
+            i = bad.idxmax()
+            raise InputError(f"{df.at[i, 'row']}: {col} must be {what}, got {df.at[i, col]:g}; fix or delete the row")
     both = df["group_size"].notna() == df["n_samples"].notna()
     if both.any():
         raise InputError(f"{df.at[both.idxmax(), 'row']}: fill exactly one of group_size (group operations) "
@@ -116,11 +124,27 @@ def fit_curve(x: np.ndarray, y: np.ndarray, degree: int, where: str) -> tuple[np
         ci = stats.t.ppf(0.975, dof) * np.sqrt(np.diag(cov))
     else:
         ci = np.full(p, np.nan)
-    scale = 1.4826 * float(np.median(np.abs(resid - np.median(resid))))
-    scale = scale if scale > 0 else max(rmse, 1e-12)
+    scale = _mad(resid) or max(rmse, 1e-12)
     robust = optimize.least_squares(lambda c: X @ c - y, coef, loss="soft_l1", f_scale=scale).x
-    outliers = np.abs(y - X @ robust) / scale > OUTLIER_Z
+    outliers = _outliers(y, X @ robust)
     return coef, ci, r2, rmse, robust, outliers
+
+
+def _mad(r: np.ndarray) -> float:
+    """1.4826 × the median absolute deviation: σ of normal residuals, robust to a few wild ones."""
+    return 1.4826 * float(np.median(np.abs(r - np.median(r))))
+
+
+def _outliers(y: np.ndarray, fitted: np.ndarray) -> np.ndarray:
+    """Points far (robust z > OUTLIER_Z) from the robust fit both in seconds and relative to the
+    fitted time. Timing noise is often proportional to the time (3 % of 10 s is 30 times 3 % of
+    0.3 s), which the absolute z alone reads as outliers at the large sizes, and additive noise
+    the relative z alone reads as outliers at the small ones; a preempted run is far on both."""
+    resid = y - fitted
+    z_abs = np.abs(resid - np.median(resid)) / (_mad(resid) or max(float(np.sqrt(np.mean(resid**2))), 1e-12))
+    rel = resid / np.maximum(np.abs(fitted), 1e-12)
+    z_rel = np.abs(rel - np.median(rel)) / (_mad(rel) or max(float(np.sqrt(np.mean(rel**2))), 1e-12))
+    return (z_abs > OUTLIER_Z) & (z_rel > OUTLIER_Z)
 
 
 def calibrate(df: pd.DataFrame) -> list[Fit]:

@@ -28,13 +28,18 @@ class Polynomial:
     """p(x) = c[0]·x^d + … + c[d] (highest power first, numpy.polyval order).
 
     Fitted curves can dip below zero outside the measured range (the authors' backdoor-distance
-    fit is negative at s = 1), and a negative time is meaningless, so values clamp at 0.
+    fit is negative at s = 1), and a negative time is meaningless, so values clamp at 0; a run
+    refuses a curve that is at or below zero where it can use it (:func:`first_nonpositive`),
+    except the shipped fits, which it records as clamped.
     """
 
     coefficients: tuple[float, ...]
 
+    def raw(self, x):
+        return np.polyval(np.asarray(self.coefficients, dtype=float), x)
+
     def __call__(self, x):
-        return np.maximum(np.polyval(np.asarray(self.coefficients, dtype=float), x), 0.0)
+        return np.maximum(self.raw(x), 0.0)
 
     @property
     def degree(self) -> int:
@@ -74,13 +79,16 @@ class PiecewiseLinear:
         object.__setattr__(self, "x", tuple(xs))
         object.__setattr__(self, "y", tuple(ys))
 
-    def __call__(self, q):
+    def raw(self, q):
         x, y = np.asarray(self.x), np.asarray(self.y)
         q = np.asarray(q, dtype=float)
         inside = np.interp(q, x, y)
         lo = y[0] + (q - x[0]) * (y[1] - y[0]) / (x[1] - x[0])
         hi = y[-1] + (q - x[-1]) * (y[-1] - y[-2]) / (x[-1] - x[-2])
-        return np.maximum(np.where(q < x[0], lo, np.where(q > x[-1], hi, inside)), 0.0)
+        return np.where(q < x[0], lo, np.where(q > x[-1], hi, inside))
+
+    def __call__(self, q):
+        return np.maximum(self.raw(q), 0.0)
 
 
 @dataclass(frozen=True, init=False)
@@ -114,3 +122,19 @@ class MeasuredCurve:
                           f"range [{lo:g}, {hi:g}]; the fitted curve is extrapolating", ExtrapolationWarning,
                           stacklevel=2)
         return np.where((q >= lo) & (q <= hi), self.table(q), self.fit(q))
+
+    def raw(self, q):
+        lo, hi = self.range
+        q = np.asarray(q, dtype=float)
+        return np.where((q >= lo) & (q <= hi), self.table.raw(q), self.fit.raw(q))
+
+
+def first_nonpositive(curve: Curve, xs) -> tuple[float, float] | None:
+    """(x, value) of the first x in ``xs`` where ``curve`` is at or below zero before clamping
+    (or not a number), else None. A cost of zero or less there would be charged as nothing."""
+    xs = np.asarray(xs, dtype=float)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExtrapolationWarning)
+        values = np.asarray(getattr(curve, "raw", curve)(xs), dtype=float)
+    bad = np.flatnonzero(~(values > 0))
+    return (float(xs[bad[0]]), float(values[bad[0]])) if len(bad) else None

@@ -8,7 +8,8 @@ import numpy as np
 
 from emulator.errors import InputError
 
-from .profiles import DeviceProfile, missing_curve_fix
+from .curves import first_nonpositive
+from .profiles import DeviceProfile, missing_curve_fix, shipped_profiles
 
 TRAINING = "training"
 
@@ -40,6 +41,38 @@ class CostModel:
                         f"cost.group_operations: profile {prof.name} (device {device}) has no curve "
                         f"{op!r} (it has {sorted(prof.group_overhead) or 'none'}); choose from those or "
                         f"{missing_curve_fix(prof)}")
+
+    def check_range(self, max_group_size: int, samples: dict[str, np.ndarray], where: str = "cost") -> list[str]:
+        """Refuse a curve at or below zero anywhere this run can use it: its group operations at
+        group sizes 1..``max_group_size``, each device's training curve at its clients' sample
+        counts (``samples``: device → counts). Such a curve would be charged as 0, silently. The
+        shipped fits that dip below zero (backdoor-distance at small groups) stay clamped; the
+        returned warnings say so (the manifest keeps them)."""
+        sizes = np.arange(1, max(1, int(max_group_size)) + 1)
+        notes = []
+        for device, prof in self.profiles.items():
+            shipped = shipped_profiles().get(prof.name)
+            uses = [("training", self.training_method, prof.training[self.training_method],
+                     np.unique(np.asarray(samples.get(device, []), dtype=float)), "samples")]
+            uses += [("group_overhead", op, prof.group_overhead[op], sizes, "group size")
+                     for op in self.operations]
+            uses += [("group_overhead", f"{op}-recovery", prof.group_overhead[f"{op}-recovery"], sizes, "group size")
+                     for op in self.operations if f"{op}-recovery" in prof.group_overhead]
+            for kind, method, curve, xs, unit in uses:
+                bad = first_nonpositive(curve, xs) if len(xs) else None
+                if bad is None:
+                    continue
+                name = f"{prof.name}/{method}"
+                point = f"{bad[1]:.4g} s at {unit} {bad[0]:g}"
+                if shipped is not None and getattr(shipped, kind).get(method) is curve:
+                    notes.append(f"{where}: the shipped curve {name} is {point} (its fit dips below zero there); "
+                                 f"charged as 0 at those points")
+                    continue
+                span = f"group sizes 1..{sizes[-1]}" if unit == "group size" else \
+                    f"sample counts {xs.min():g}..{xs.max():g}"
+                raise InputError(f"{where}: curve {name} is {point}, and this run uses {span}; a cost must be "
+                                 f"positive there: fix the curve's coefficients or points")
+        return notes
 
     @property
     def components(self) -> tuple[str, ...]:

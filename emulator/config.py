@@ -246,9 +246,9 @@ class RunConfig(_Strict):
     mode: Literal["global", "per-group"] = Field(
         "global", description="global: Group-FEL's one cloud model; per-group: every group keeps its own "
         "model (HCCT, FedCollab), evaluated on the clients' local test splits.")
-    seed: int = Field(0, description="The seed of a single-seed run: same config and seed give the same "
+    seed: int = Field(0, ge=0, description="The seed of a single-seed run: same config and seed give the same "
                       "tables.")
-    seeds: list[int] | None = Field(None, min_length=1, description="Instead of seed: every arm runs on each "
+    seeds: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=1, description="Instead of seed: every arm runs on each "
                                     "seed; means with 95 % confidence intervals.")
     output_dir: str = Field("results", description="Where run directories go.")
     data: DataConfig = Field(DataConfig(), description="The `[data]` table.")
@@ -264,6 +264,9 @@ class RunConfig(_Strict):
         if self.mode == "per-group" and (self.train.algorithm == "scaffold" or self.train.client_state == "persistent"):
             raise ValueError("per-group mode runs fedavg and fedprox with fresh client state; use mode = \"global\" "
                              "for train.algorithm = \"scaffold\" or train.client_state = \"persistent\"")
+        if self.faults.dropout >= 1:
+            raise ValueError("faults.dropout = 1 drops every client of every group round: nothing would train, "
+                             "and every round's cost would buy nothing; use a value below 1")
         names = [a.name for a in self.arms]
         if len(set(names)) != len(names):
             raise ValueError("arm names must be unique")
@@ -303,11 +306,11 @@ def parts(config: RunConfig) -> list[tuple[str, str, Any]]:
 
 def _one_line(exc: ValidationError) -> str:
     err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"]) or "config"
+    loc = ".".join(str(p) for p in err["loc"])
     msg = _FIX.get(err["type"]) or err["msg"].removeprefix("Value error, ")
-    if err["type"] == "string_pattern_mismatch" and err["loc"][-1] in ("dataset", "model", "policy", "aggregation"):
+    if err["type"] == "string_pattern_mismatch" and err["loc"] and err["loc"][-1] in ("dataset", "model", "policy", "aggregation"):
         msg = f"{err['input']!r} is neither a name nor an import path \"module:attr\""
-    return f"config: {loc}: {msg}"
+    return f"config: {loc}: {msg}" if loc else f"config: {msg}"
 
 
 def parse_config(data: dict[str, Any]) -> RunConfig:
@@ -317,14 +320,30 @@ def parse_config(data: dict[str, Any]) -> RunConfig:
         raise InputError(_one_line(exc)) from None
 
 
-def load_config(path: str | Path) -> RunConfig:
+def read_toml(path: str | Path, what: str) -> dict[str, Any]:
+    """A user's TOML file as a dict; unreadable, binary or invalid files are one-line errors."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise InputError(f"config file {path}: cannot read ({exc.strerror}); check the path") from None
+        raise InputError(f"{what} {path}: cannot read ({exc.strerror}); check the path") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{what} {path}: not a UTF-8 text file (byte 0x{exc.object[exc.start]:02x} at offset "
+                         f"{exc.start}); give a TOML file") from None
     except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"config file {path}: not valid TOML ({exc})") from None
+        raise InputError(f"{what} {path}: not valid TOML ({exc})") from None
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """A user's run config. Config files the tool writes (config.json, holding both ``seed`` and
+    ``seeds``) are read with :func:`parse_config`, which does not apply the checks below."""
+    data = read_toml(path, "config file")
+    if "arms" not in data and ("axes" in data or "base" in data):
+        raise InputError(f"config file {path}: this is a sweep file (it has {'axes' if 'axes' in data else 'base'}), "
+                         f"not a run config; run it with 'groupfel sweep {path}'")
+    if "seed" in data and "seeds" in data:
+        raise InputError(f"config file {path}: seed = {data['seed']!r} and seeds = {data['seeds']!r} are both set, "
+                         f"which is ambiguous; keep seeds (every arm runs on each) or seed (one run)")
     return parse_config(data)
 
 

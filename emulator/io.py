@@ -2,10 +2,13 @@
 (a reader never sees a half-written result file, a kill leaves the old one)."""
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -55,10 +58,89 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         write(Path(tmp))
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
-    except BaseException:
+    except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):   # name the file the user knows, not the temporary
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
         raise
+    except BaseException as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, RuntimeError) and _full(path):   # torch.save reports a full disk as RuntimeError
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from None
+        raise
+
+
+def _full(path: Path, need: int = 1 << 16) -> bool:
+    """Whether the file system holding ``path`` has less than ``need`` bytes left."""
+    try:
+        return shutil.disk_usage(path.parent).free < need
+    except OSError:
+        return False
 
 
 def write_json(path: Path, obj) -> None:
     atomic_write(path, lambda p: p.write_text(json.dumps(obj, indent=2, default=str) + "\n"))
+
+
+LOCK_NAME = ".groupfel.lock"
+_held: dict[str, list] = {}   # resolved directory -> [open lock file, depth]: re-entrant in one process
+
+
+@contextmanager
+def run_lock(run_dir: str | Path):
+    """Hold an exclusive OS lock (``fcntl.flock``) on ``run_dir`` while writing it: one writer per
+    run directory. The OS releases it when the process ends, however it ends. A second writer gets
+    :class:`InputError` at once, naming the PID that holds the lock. Re-entrant within a process
+    (``reproduce`` locks its directory, then runs the sweep into it)."""
+    run_dir = Path(run_dir)
+    key = str(run_dir.resolve())
+    if key not in _held:
+        _held[key] = [_acquire(run_dir), 0]
+    _held[key][1] += 1
+    try:
+        yield
+    finally:
+        _held[key][1] -= 1
+        if _held[key][1] == 0:
+            _release(_held.pop(key)[0])
+
+
+def _forget_locks() -> None:
+    """In a forked child: close its copies of the lock files without unlocking, so the lock lives
+    exactly as long as the process that took it (a child left behind would otherwise hold it)."""
+    for f, _ in _held.values():
+        f.close()
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_forget_locks)
+
+
+def _release(f) -> None:
+    """Unlock explicitly, then close: processes forked while the lock was held (the training
+    engine's workers) share its open file description, and closing only this process's descriptor
+    would leave the directory locked while they live. The file stays (removing it would race)."""
+    import fcntl
+
+    fcntl.flock(f, fcntl.LOCK_UN)
+    f.close()
+
+
+def _acquire(run_dir: Path):
+    import fcntl
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    f = open(run_dir / LOCK_NAME, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "unknown"
+        f.close()
+        raise InputError(f"{run_dir}: another groupfel process (PID {holder}) is writing this run directory; "
+                         f"wait for it to finish, or write to another directory") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f

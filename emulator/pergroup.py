@@ -309,7 +309,7 @@ def _train(world: World, plan: ArmPlan, state: PerGroupState, fed: Federation, e
         groups = state.groups(world)
         ids = sorted(groups)
         if sampled_by_policy:
-            log_p = plan.sampling.log_probabilities(np.array([groups[g].cov for g in ids]))
+            log_p = plan.sampling.log_masses(np.array([groups[g].cov for g in ids]))
             S = groups_per_round(len(ids), np.array([groups[g].total_samples for g in ids]),
                                  groups=arm.sampler.groups_per_round, data_fraction=arm.sampler.data_fraction)
             ids = [ids[i] for i in sample_without_replacement(log_p, S, np.random.default_rng((cfg.seed, 1, t)))]

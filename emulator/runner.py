@@ -94,6 +94,11 @@ def _choose(world: World, plan: ArmPlan, groups: list[Group], log_p: np.ndarray,
     return S, sample_without_replacement(log_p, S, np.random.default_rng((world.config.seed, 1, t)))
 
 
+def norm_growth(growth: float) -> str:
+    """How the global model's norm changed in a round, in words ("grew infx" says nothing)."""
+    return f"grew {growth:.3g}x" if np.isfinite(growth) else "became infinite or NaN (not a number)"
+
+
 def _budget_error(budget: float, first: float, where: str) -> InputError:
     return InputError(f"train.budget: {budget:g} is less than what the first round of {where} costs ({first:.6g}, "
                       f"Eq. 5 with its grouping and sampling), so no round would run; raise it to at least "
@@ -108,7 +113,7 @@ def _check_budget(world: World, plan: ArmPlan, where: str) -> None:
     if tc.budget is None or _needs_training(plan):
         return
     grouping = form_groups(world, plan, 0)
-    log_p = plan.sampling.log_probabilities(np.array([g.cov for g in grouping.groups]))
+    log_p = plan.sampling.log_masses(np.array([g.cov for g in grouping.groups]))
     _, chosen = _choose(world, plan, grouping.groups, log_p, 0)
     cfg = world.config
     fed = Federation(RoundContext(Federation.environment(), world.engine.model_bytes, world.cost, CostLedger(), world.topology,
@@ -120,7 +125,7 @@ def _check_budget(world: World, plan: ArmPlan, where: str) -> None:
 
 def input_warnings(world: World, plan: ArmPlan, n_groups: int) -> list[str]:
     """What the run accepts but adjusts: printed once (as :class:`InputWarning`) and kept in the manifest."""
-    out = config_warnings(world.config)
+    out = config_warnings(world.config) + world.cost_warnings
     S = plan.arm.sampler.groups_per_round
     if S is not None and S > n_groups:
         out.append(f"{plan.arm.name}: sampling.groups_per_round = {S} exceeds the {n_groups} groups formed; "
@@ -401,7 +406,7 @@ def _run_rounds(world: World, plan: ArmPlan, arm_dir: Path, state: ArmState,
     if epoch == state.t:        # a fresh start, or a resume just before a regrouping
         charge_client_work(state.ledger, env, topo, state.t, grouping.probe)
 
-    log_p = plan.sampling.log_probabilities(np.array([g.cov for g in grouping.groups]))
+    log_p = plan.sampling.log_masses(np.array([g.cov for g in grouping.groups]))
     stop_reason, ran = "rounds", []   # ran: the groups of the last round run
     while tc.rounds is None or state.t < tc.rounds:
         t = state.t
@@ -415,7 +420,7 @@ def _run_rounds(world: World, plan: ArmPlan, arm_dir: Path, state: ArmState,
                 grouping = form_groups(world, plan, epoch, state.weights)
             state.grouping, state.grouping_epoch = grouping.summary(), epoch
             charge_client_work(state.ledger, env, topo, t, grouping.probe)
-            log_p = plan.sampling.log_probabilities(np.array([g.cov for g in grouping.groups]))
+            log_p = plan.sampling.log_masses(np.array([g.cov for g in grouping.groups]))
             n_total = float(sum(g.total_samples for g in grouping.groups))
         S, chosen = _choose(world, plan, grouping.groups, log_p, t)
         state.groups_per_round = S
@@ -449,7 +454,7 @@ def _run_rounds(world: World, plan: ArmPlan, arm_dir: Path, state: ArmState,
         growth = float(torch.linalg.vector_norm(x) / torch.linalg.vector_norm(state.weights))
         if not (np.isfinite(growth) and growth < DIVERGENCE_GROWTH):
             raise DivergenceError(
-                f"round {t + 1}: the global model's norm grew {growth:.3g}x in one round under "
+                f"round {t + 1}: the global model's norm {norm_growth(growth)} in one round under "
                 f"{plan.aggregation.name} aggregation with {plan.sampling.name} sampling (largest weight "
                 f"{weights.max():.3g}, sum {weights.sum():.3g}); use aggregation = \"stabilized\" (Eq. 39), a "
                 f"flatter sampling policy, or a lower train.lr")

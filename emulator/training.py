@@ -27,6 +27,7 @@ import logging
 import mmap
 import multiprocessing
 import os
+import signal
 import weakref
 from collections.abc import Sequence
 from typing import Protocol
@@ -217,6 +218,9 @@ _WORKER: BatchedEngine | None = None
 
 def _worker_init() -> None:
     torch.set_num_threads(1)   # one process per core: more threads only contend
+    # Ctrl-C reaches the whole process group; the parent stops the run and says so in one line,
+    # so the workers ignore it rather than print a KeyboardInterrupt traceback each
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _worker_run(job) -> None:

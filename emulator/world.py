@@ -29,6 +29,7 @@ class World:
     engine: TorchEngine
     local_test: list[np.ndarray] = field(default_factory=list)  # per client, indices into dataset.x_train
     plugins: list[dict] = field(default_factory=list)   # the manifest's record of each plug-in the config names
+    cost_warnings: list[str] = field(default_factory=list)      # shipped curves clamped at 0 (manifest)
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,9 @@ def build_world(config: RunConfig, dataset: Dataset | None = None) -> World:
     cost = build_cost_model(config)  # cheap checks first, before the data loads
     placement = place_data(config, load_data(config) if dataset is None else dataset)
     dataset, topology = placement.dataset, placement.topology
+    counts = np.array([len(s) for s in topology.client_samples])
+    devices = np.array(topology.client_device)
+    notes = cost.check_range(max(config.topology.sizes), {d: counts[devices == d] for d in set(devices)})
     t = config.train
     try:
         torch.empty(0, device=t.device)
@@ -183,4 +187,4 @@ def build_world(config: RunConfig, dataset: Dataset | None = None) -> World:
         raise InputError(f"train.device: {t.device!r} is not usable here ({str(exc).splitlines()[0]}); "
                          f"use \"cpu\"") from None
     return World(config, dataset, topology, cost, build_engine(config, dataset, topology), placement.local_test,
-                 plugins)
+                 plugins, notes)

@@ -163,6 +163,20 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
         print(f"groupfel: warning: {message}", file=sys.stderr)
 
 
+def _disk_full(exc: OSError) -> str:
+    """One line for a full disk: the file, the space left, and that a rerun resumes."""
+    import shutil
+
+    name = Path(exc.filename) if exc.filename else None
+    where = name.parent if name is not None else Path.cwd()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    return (f"the disk is full: cannot write {name if name is not None else 'an output file'} ({free:,} bytes "
+            f"free on {where}'s file system); free some space and rerun the same command: finished work is "
+            f"kept and the run resumes from its last checkpoint")
+
+
 def main(argv: list[str] | None = None) -> int:
     _shown.clear()
     warnings.showwarning = _show_warning
@@ -170,6 +184,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
+    except BrokenPipeError:
+        # stdout went to a reader that stopped (| head): quiet, as a shell tool is
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except OSError as exc:
+        import errno
+
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        print(f"groupfel: error: {_disk_full(exc)}", file=sys.stderr)
+        return 1
     except InputError as exc:
         print(f"groupfel: error: {exc}", file=sys.stderr)
         return 2

@@ -13,6 +13,12 @@ from emulator.errors import InputError
 from emulator.io import check_writable
 
 
+def _number(v: float) -> str:
+    """A table number: 4 significant digits, but whole thousands written out (10000, never
+    1e+04 beside 9999)."""
+    return f"{v:.0f}" if 1e4 <= abs(v) < 1e9 else f"{v:.4g}"
+
+
 def parse_sizes(text: str, where: str = "--sizes") -> list[int]:
     """``2..30`` (inclusive), ``2..30:4`` (step 4) or ``2,5,10``."""
     m = re.fullmatch(r"\s*(\d+)\s*\.\.\s*(\d+)\s*(?::\s*(\d+))?\s*", text)
@@ -98,6 +104,45 @@ def _whatif_curves(args):
     return prof, overhead
 
 
+def _check_whatif_curves(args, prof, overhead, sizes, n_samples) -> None:
+    """A what-if curve at or below zero where it is used is an error (it would be priced as 0);
+    a shipped fit that dips below zero is priced as 0 there, with a warning."""
+    import warnings
+
+    import numpy as np
+
+    from cost_models import shipped_profiles
+    from cost_models.curves import first_nonpositive
+
+    shipped = shipped_profiles().get(prof.name)
+    for flag, kind, method, curve, xs, unit in (
+            ("--profile", "group_overhead", args.profile.rpartition("/")[2], overhead, np.unique(sizes), "group size"),
+            ("--training", "training", args.training, prof.training[args.training], np.unique(n_samples), "samples")):
+        bad = first_nonpositive(curve, xs)
+        if bad is None:
+            continue
+        point = f"{prof.name}/{method} is {bad[1]:.4g} s at {unit} {bad[0]:g}"
+        if shipped is not None and getattr(shipped, kind).get(method) is curve:
+            warnings.warn(f"{flag}: the shipped curve {point} (its fit dips below zero there); priced as 0 there")
+        else:
+            raise InputError(f"{flag}: curve {point}, where this what-if uses it ({unit} {xs.min():g}..{xs.max():g}); "
+                             f"a cost must be positive: fix the curve's coefficients or points")
+
+
+def _check_memory(clients: int, per_client_bytes: int = 64) -> None:
+    """Refuse a what-if whose per-client arrays do not fit in the memory available now."""
+    need = clients * per_client_bytes
+    try:
+        with open("/proc/meminfo") as f:
+            avail = next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return
+    if need > avail:
+        raise InputError(f"--clients {clients}: needs about {need / 2**30:.1f} GiB of memory "
+                         f"({per_client_bytes} bytes a client) but {avail / 2**30:.1f} GiB is available; "
+                         f"lower --clients to at most {avail // per_client_bytes:,}")
+
+
 def _cmd_whatif(args) -> int:
     import time
 
@@ -110,8 +155,11 @@ def _cmd_whatif(args) -> int:
     sc = Scenario(clients=args.clients, samples_mean=args.samples_mean, rounds=args.rounds,
                   group_rounds=args.group_rounds, local_epochs=args.local_epochs,
                   groups_per_round=args.groups_per_round, participation=args.participation, seed=args.seed)
+    _check_memory(sc.clients)
+    group_sizes = parse_sizes(args.group_sizes, "--group-sizes")
+    _check_whatif_curves(args, prof, overhead, group_sizes + [s + 1 for s in group_sizes], sc.sample_counts())
     t0 = time.perf_counter()
-    df = sweep(parse_sizes(args.group_sizes, "--group-sizes"), overhead, prof.training[args.training], sc)
+    df = sweep(group_sizes, overhead, prof.training[args.training], sc)
     elapsed = time.perf_counter() - t0
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "whatif.csv", index=False)
@@ -120,7 +168,7 @@ def _cmd_whatif(args) -> int:
     plot_sweep(df, out / "whatif.png", title)
     cols = ["group_size", "groups_per_round", "clients_per_round", "training_per_round", "operations_per_round",
             "total_per_round", "operations_share"]
-    print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(df[cols].to_string(index=False, float_format=_number))
     best = df.loc[df["total_per_round"].idxmin()]
     print(f"\ncheapest per round: group size {int(best.group_size)} ({best.total_per_round:.4g} device s/round)")
     print(f"swept {len(df)} group sizes × {sc.rounds} rounds × {sc.clients} clients in {elapsed:.2f} s")
@@ -181,6 +229,7 @@ def _whatif_grouped(args) -> int:
         if args.clients_per_edge < 1 or args.clients % args.clients_per_edge:
             raise InputError(f"--clients-per-edge: {args.clients_per_edge} must divide --clients {args.clients}")
         clients = args.clients
+        _check_memory(clients, 64 + 8 * args.labels)
         edges = np.arange(clients) // args.clients_per_edge
     smallest = int(np.bincount(edges)[np.unique(edges)].min())
     for policy in grouping_policies:
@@ -190,6 +239,8 @@ def _whatif_grouped(args) -> int:
     sc = Scenario(clients=clients, samples_mean=args.samples_mean, rounds=args.rounds,
                   group_rounds=args.group_rounds, local_epochs=args.local_epochs,
                   groups_per_round=args.groups_per_round, participation=args.participation, seed=args.seed)
+    _check_whatif_curves(args, prof, overhead, np.arange(1, int(np.bincount(edges).max()) + 1),
+                         counts.sum(axis=1) if args.label_matrix else sc.sample_counts())
     jobs = args.jobs or len(os.sched_getaffinity(0))
     norm = getattr(grouping_policies[0], "normalization", "std")
     rows, t0 = [], time.perf_counter()
@@ -199,7 +250,7 @@ def _whatif_grouped(args) -> int:
         for policy in grouping_policies:
             groups = form_groups(counts, edges, _PolicyGrouper(policy), args.seed, jobs)
             row = grouped_costs(groups, counts, overhead, prof.training[args.training], sc,
-                                sampling.log_probabilities if sampling else None,
+                                sampling.log_masses if sampling else None,
                                 lambda sums: cov_of_counts(sums, norm))
             rows.append({"alpha": alpha, "min_group_size": policy.min_group_size,
                          "max_cov": getattr(policy, "max_cov", None), **row})
@@ -216,7 +267,7 @@ def _whatif_grouped(args) -> int:
     cols = [c for c in ("alpha", "min_group_size", "max_cov", "groups", "size_min", "size_mean", "size_max",
                         "cov_mean", "groups_per_round", "training_per_round", "operations_per_round",
                         "total_per_round", "operations_share") if c in df]
-    print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(df[cols].to_string(index=False, float_format=_number))
     print(f"\n{args.policy} grouped {clients} clients on {len(np.unique(edges))} edges, {len(df)} setting(s), "
           f"and priced {sc.rounds} rounds each in {elapsed:.2f} s")
     print(f"table: {out / 'whatif.csv'}\nplot:  {out / 'whatif.png'}")
@@ -230,14 +281,14 @@ def register_whatif(sub: argparse._SubParsersAction) -> None:
                    help="device/task/operation curve for O_g (default raspberry-pi-4/cifar10-resnet/secagg)")
     w.add_argument("--profiles-file", help="extra profile file (CSV or TOML) to look --profile up in")
     w.add_argument("--training", default="sgd", help="training method of the profile for H (default sgd)")
-    w.add_argument("--clients", type=int, default=10_000)
-    w.add_argument("--samples-mean", type=float, default=50.0, help="mean samples per client (Poisson)")
-    w.add_argument("--rounds", type=int, default=100, help="global rounds T")
-    w.add_argument("--group-rounds", type=int, default=5, help="K")
-    w.add_argument("--local-epochs", type=int, default=2, help="E")
+    w.add_argument("--clients", type=int, default=10_000, help="number of clients (default 10000)")
+    w.add_argument("--samples-mean", type=float, default=50.0, help="mean samples per client, Poisson (default 50)")
+    w.add_argument("--rounds", type=int, default=100, help="global rounds T (default 100)")
+    w.add_argument("--group-rounds", type=int, default=5, help="K (default 5)")
+    w.add_argument("--local-epochs", type=int, default=2, help="E (default 2)")
     w.add_argument("--groups-per-round", type=int, help="S (default: groups holding --participation of clients)")
-    w.add_argument("--participation", type=float, default=0.1, help="share of clients per round when S is unset")
-    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--participation", type=float, default=0.1, help="share of clients per round when S is unset (default 0.1)")
+    w.add_argument("--seed", type=int, default=0, help="seed of the sample counts and draws (default 0)")
     w.add_argument("--out", default="whatif", metavar="DIR", help="output directory (default whatif)")
     g = w.add_argument_group("with a grouping policy (instead of random groups of each --group-sizes)")
     g.add_argument("--policy", help="grouping policy that forms the groups: covg, rg, cdg, kldg, qcid, fedcollab")
@@ -259,7 +310,7 @@ def _cmd_timeline(args) -> int:
     rows = load_round(arm_dir, args.round)
     out = check_writable(args.out or arm_dir / f"timeline-round{args.round}.png", "file", "--out")
     plot_timeline(rows, out, f"{arm_dir.name}: global round {args.round}")
-    print(summary(rows).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(summary(rows).to_string(index=False, float_format=_number))
     print(f"\nround {args.round}: charged work spans {rows['start'].min():.4g}..{rows['end'].max():.4g} s "
           f"(simulated); Eq. 5 cost {rows['amount'].sum():.6g}")
     print(f"plot: {out}")

@@ -21,6 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from tqdm import tqdm  # noqa: E402
 
 from cost_models import get_profile  # noqa: E402
 from emulator.errors import InputError  # noqa: E402
@@ -62,17 +63,23 @@ def _write_csv(df: pd.DataFrame, path: Path) -> None:
     atomic_write(path, lambda p: df.to_csv(p, index=False))
 
 
-def fig5(out: Path, max_clients: int = 10000, seed: int = 0, min_group_size: int = 5) -> pd.DataFrame:
+def fig5(out: Path, max_clients: int = 10000, seed: int = 0, min_group_size: int = 5,
+         progress: bool = True) -> pd.DataFrame:
     """Runtime of every grouping policy (and the straightforward CoVG) vs clients per edge."""
     sizes = [s for s in FIG5_SIZES if s <= max_clients]
     if not sizes:
         raise InputError(f"--max-clients {max_clients}: fig5 times edges of {', '.join(map(str, FIG5_SIZES))} "
                          f"clients; give at least {FIG5_SIZES[0]}")
     rows = []
+    names = [*sorted(groupings), "covg-reference"]
+    bar = tqdm(total=len(sizes) * len(names), desc="fig5: timing groupings", unit="run", disable=not progress,
+               dynamic_ncols=True)
     for n in sizes:
         L = synthetic_label_matrix(n, np.random.default_rng((seed, n)))
         grads = surrogate_gradients(L, seed=seed)
-        for name in [*sorted(groupings), "covg-reference"]:
+        for name in names:
+            bar.set_postfix_str(f"{name} on {n} clients")
+            bar.update()
             limit = FIG5_LIMITS.get(name)
             row = {"policy": name, "clients": n, "seconds": np.nan, "groups": np.nan, "note": ""}
             if limit is not None and n > limit:
@@ -87,6 +94,7 @@ def fig5(out: Path, max_clients: int = 10000, seed: int = 0, min_group_size: int
             row.update(seconds=time.perf_counter() - t0, groups=len(res.groups),
                        note="surrogate gradients (256-d projection of label distributions)" if pol.needs_gradients else "")
             rows.append(row)
+    bar.close()
     df = pd.DataFrame(rows)
     _write_csv(df, out / "fig5.csv")
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)

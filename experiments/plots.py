@@ -42,27 +42,53 @@ def plot_bands(runs: dict[str, pd.DataFrame], path: Path, x: str = "cost", y: st
     return Path(path)
 
 
+SMALL_MULTIPLES = 4   # more series than this: one panel each, not one crowded plot
+
+
 def band_figure(runs: dict[str, pd.DataFrame], x: str = "cost", y: str = "accuracy", title: str = ""):
     from .stats import curves_on_grid
 
-    fig, ax = plt.subplots(figsize=(6.8, 4.4), dpi=120)
+    series = []
     for label, results in runs.items():
         if "seed" not in results:
             results = results.assign(seed=0)
-        curves = curves_on_grid(results, x, y)
-        for arm, c in curves.groupby("arm", sort=False):
-            name = f"{label}: {arm}" if len(runs) > 1 else str(arm)
-            n = int(c["seeds"].iloc[0])
-            line, = ax.plot(c[x], c[f"{y}_mean"], linewidth=1.5, label=f"{name} (mean of {n} seeds)" if n > 1 else name)
-            if n > 1:
-                ax.fill_between(c[x], c[f"{y}_ci95_low"], c[f"{y}_ci95_high"], color=line.get_color(), alpha=0.2,
-                                linewidth=0)
-    ax.set_xlabel(AXES.get(x, x))
-    ax.set_ylabel(AXES.get(y, y) + " (band: 95 % CI over seeds)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    if title:
-        ax.set_title(title)
+        for arm, c in curves_on_grid(results, x, y).groupby("arm", sort=False):
+            series.append((f"{label}: {arm}" if len(runs) > 1 else str(arm), c))
+    many = len(series) > SMALL_MULTIPLES   # one panel per series, the others faint behind it
+    cols = min(len(series), 3) if many else 1
+    rows = -(-len(series) // cols) if many else 1
+    fig, grid = plt.subplots(rows, cols, figsize=(4.4 * cols, 3.2 * rows) if many else (6.8, 4.4), dpi=120,
+                             sharex=True, sharey=True, squeeze=False)
+    panels = list(grid.flat)
+    clipped = any(bool(c["clipped"].any()) for _, c in series if "clipped" in c)
+    for i, (name, c) in enumerate(series):
+        ax = panels[i] if many else panels[0]
+        if many:
+            for _, other in series:
+                ax.plot(other[x], other[f"{y}_mean"], color="0.85", linewidth=0.8)
+            ax.set_title(name, fontsize=8)
+        n = int(c["seeds"].iloc[0])
+        line, = ax.plot(c[x], c[f"{y}_mean"], linewidth=1.5, color=f"C{i % 10}",
+                        label=f"{name} (mean of {n} seeds)" if n > 1 else name)
+        if n > 1:
+            ax.fill_between(c[x], c[f"{y}_ci95_low"], c[f"{y}_ci95_high"], color=line.get_color(), alpha=0.2,
+                            linewidth=0)
+    band = " (band: 95 % CI over seeds" + (", clipped to the range)" if clipped else ")")
+    for j, ax in enumerate(panels):
+        if j >= len(series):
+            ax.set_visible(False)
+            continue
+        ax.grid(alpha=0.3)
+        if j >= len(series) - cols:
+            ax.set_xlabel(AXES.get(x, x))
+        if j % cols == 0:
+            ax.set_ylabel(AXES.get(y, y) + ("" if many else band), fontsize=8 if many else None)
+    if many:
+        fig.suptitle((title + ": " if title else "") + f"one panel per arm, grey: the others{band}", fontsize=9)
+    else:
+        panels[0].legend(fontsize=7)
+        if title:
+            panels[0].set_title(title)
     fig.tight_layout()
     return fig
 

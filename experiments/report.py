@@ -24,8 +24,7 @@ from emulator.config import RunConfig, parse_config
 from emulator.errors import InputError
 from emulator.io import atomic_write
 
-from .plots import band_figure, plt
-from .stats import conclusion, render_summary
+from .stats import METRICS, conclusion, render_summary
 
 
 @dataclass
@@ -80,6 +79,8 @@ def load_study(root: Path) -> Study:
 
 
 def _png(fig) -> str:
+    from .plots import plt
+
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     plt.close(fig)
@@ -101,6 +102,8 @@ def _table(df: pd.DataFrame) -> str:
 
 def _profiles_figure(config: RunConfig) -> str:
     from emulator.world import build_cost_model
+
+    from .plots import plt
 
     cost = build_cost_model(config)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6), dpi=100)
@@ -131,6 +134,8 @@ def _ledgers(study: Study) -> pd.DataFrame:
 
 
 def _breakdown(study: Study) -> str:
+    from .plots import plt
+
     led = _ledgers(study)
     n_seeds = led.groupby("arm")["seed"].nunique()
     per_comp = led.pivot_table(index="arm", columns="component", values="amount", aggfunc="sum", sort=False)
@@ -158,6 +163,8 @@ def _breakdown(study: Study) -> str:
 
 
 def _grouping(study: Study) -> str:
+    from .plots import plt
+
     rows, sizes, covs = [], {}, {}
     for a in study.arms:
         m = json.loads((a.path / "manifest.json").read_text())
@@ -215,13 +222,21 @@ def _summary(study: Study) -> str:
         return (f"<p><b>{html.escape(conclusion(study.summary, target))}</b></p>"
                 f"<pre>{html.escape(text)}</pre>")
     if study.kind == "sweep":
+        from .stats import compact_summary, notes
+
         axes = list(study.extra["sweep"]["axes"])
         cols = ["point", *axes, "arm", "seeds", "target_reached"]
         cols += [c for c in study.summary.columns if c.endswith(("_mean", "_ci95_low", "_ci95_high"))]
         plots = "".join(_png_file(p) for p in sorted(study.root.glob("*_vs_*.png")))
-        return (f"<p>Mean and 95 % CI over seeds {study.extra['sweep']['seeds']}; <code>_diff_</code> "
-                f"columns of summary.csv hold each arm's paired difference from the first.</p>"
-                f"{_table(study.summary[cols])}{plots}")
+        compact = compact_summary(study.summary, ["point", *axes], target is not None)
+        said = compact["verdict"]
+        words = (f"{int(said.str.contains(' than ').sum())} of {int((said != 'reference').sum())} arms differ from "
+                 f"their point's first arm in accuracy at equal cost after Holm's correction over the sweep; "
+                 f"{int(said.str.startswith('too few').sum())} comparisons have too few seeds to tell (verdict column).")
+        foot = "".join(f"<p>{html.escape(n)}</p>" for n in notes(study.summary, METRICS))
+        return (f"<p><b>{html.escape(words)}</b></p><p>Mean [95 % CI] over seeds {study.extra['sweep']['seeds']}.</p>"
+                f"{_table(compact)}{foot}<details><summary>full table (every metric, interval and paired "
+                f"difference: summary.csv)</summary>{_table(study.summary[cols])}</details>{plots}")
     return "<p>One seed: no confidence intervals (give <code>seeds = [0, 1, 2]</code>).</p>" + _table(study.summary)
 
 
@@ -229,7 +244,7 @@ CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;
 h1{font-size:1.5em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:1.6em}
 img{max-width:100%;display:block;margin:.6em 0}pre{background:#f6f6f6;padding:.8em;overflow:auto;font-size:12px}
 table.t{border-collapse:collapse;font-size:12px;margin:.6em 0}table.t td,table.t th{padding:2px 8px;
-border-bottom:1px solid #eee;text-align:right}details{margin:.5em 0}"""
+border-bottom:1px solid #eee;text-align:right;white-space:nowrap}details{margin:.5em 0}"""
 
 CHECK = """<script>
 var errors = 0;
@@ -248,6 +263,8 @@ window.addEventListener('load', function () {
 def build_report(root: Path, out: Path | None = None) -> Path:
     """Write the HTML page of a run or sweep directory; returns its path."""
     import time
+
+    from .plots import band_figure
 
     t0 = time.perf_counter()
     study = load_study(Path(root))

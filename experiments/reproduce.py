@@ -48,6 +48,15 @@ class Metric:
     ours: str
     scale: float = 1.0
 
+    @property
+    def bounds(self) -> tuple[float, float] | None:
+        """The range the value can take, in the paper's unit (its intervals are clipped to it)."""
+        from .stats import BOUNDS
+
+        key = self.ours.rpartition(".")[2]
+        lo, hi = BOUNDS.get(key, (0.0, float("inf")) if self.ours.startswith("grouping.") else (None, None))
+        return None if lo is None else (lo * self.scale, hi * self.scale)
+
 
 @dataclass(frozen=True)
 class Reproduction:
@@ -353,7 +362,7 @@ def comparison(rep: Reproduction, root: Path):
     """One row per point x arm x metric: the keys, ours (mean, 95 % CI over seeds) and the paper's."""
     import pandas as pd
 
-    from .stats import mean_ci
+    from .stats import clip, mean_ci
     from .sweep import point_name
 
     sweep = json.loads((root / "sweep.json").read_text())
@@ -369,25 +378,34 @@ def comparison(rep: Reproduction, root: Path):
         point_runs = runs[runs["point"] == point_name(i)]
         for arm in arms:
             match = [r for r in paper if "claim" not in r and _matches(r, {**keys, "arm": arm})]
+            bounds = {m.name: m.bounds for m in rep.metrics}
             for metric, values in _per_seed(rep, d, arm, seeds, point_runs).items():
                 mean, low, high = mean_ci(values)
+                low, high, clipped = clip(low, high, bounds[metric])
                 cell = match[0].get(metric, "") if match else ""
                 rows.append({**keys, "arm": arm, "metric": metric, "ours": mean, "ci95_low": low,
-                             "ci95_high": high, "seeds": sum(v == v for v in values),
+                             "ci95_high": high, "ci95_clipped": clipped, "seeds": sum(v == v for v in values),
                              "paper": float(cell) if cell not in ("", None) else float("nan")})
     return pd.DataFrame(rows)
 
 
 def render(table) -> str:
+    from .stats import CLIPPED_NOTE, TWO_SEEDS_NOTE
+
     def cell(r):
         if r["ours"] != r["ours"]:
             return "—"
         ci = f" [{r['ci95_low']:.4g}, {r['ci95_high']:.4g}]" if r["ci95_low"] == r["ci95_low"] else ""
-        return f"{r['ours']:.4g}{ci}"
+        return f"{r['ours']:.4g}{ci}{'†' if bool(r.get('ci95_clipped', False)) else ''}"
 
     shown = table.assign(ours=[cell(r) for _, r in table.iterrows()],
                          paper=[f"{p:.4g}" if p == p else "—" for p in table["paper"]])
-    return shown.drop(columns=["ci95_low", "ci95_high"]).to_string(index=False)
+    text = shown.drop(columns=["ci95_low", "ci95_high", "ci95_clipped"], errors="ignore").to_string(index=False)
+    if "ci95_clipped" in table and table["ci95_clipped"].astype(bool).any():
+        text += "\n" + CLIPPED_NOTE.replace("accuracy in [0, 1]", "accuracy in [0, 1] or [0, 100] %")
+    if len(table) and int(table["seeds"].max()) == 2:
+        text += "\n" + TWO_SEEDS_NOTE
+    return text
 
 
 def figure(rep: Reproduction, root: Path, out: Path, log_cost: bool = False) -> Path:
@@ -457,13 +475,13 @@ def run_study(rep: Reproduction, quick: bool, out: Path) -> int:
 def run(name: str, *, quick: bool = False, backend: str = "local", jobs: int | None = None,
         output: str | None = None, data_path: str | None = None, progress: bool = True,
         overrides: dict[str, Any] | None = None) -> int:
+    from contextlib import ExitStack
+
     import tomli_w
 
-    from emulator.io import atomic_write, check_writable
+    from emulator.io import atomic_write, check_writable, run_lock
 
-    from .report import build_report
-    from .runner import diverged_runs, report_diverged
-    from .sweep import run_sweep
+    from .sweep import SweepConfig, run_loaded_sweep
 
     rep = load(name)
     setting_sources(rep)                     # every setting names its source, before any work
@@ -481,13 +499,34 @@ def run(name: str, *, quick: bool = False, backend: str = "local", jobs: int | N
         return run_study(rep, quick, out)
     sweep, base, changed = resolve(rep, quick, data_path, overrides)
     sweep["name"] = name
-    point_configs_of(sweep, base)            # a bad --set fails here, before anything is written
+    try:
+        point_configs_of(sweep, base)        # a bad --set fails here, before anything is written
+    except InputError as exc:
+        for path, value in (overrides or {}).items():   # name the --set item first
+            if str(exc).startswith(f"config: {path}:"):
+                detail = str(exc).removeprefix(f"config: {path}:").split(" (in sweep point")[0].strip()
+                raise InputError(f"reproduce --set {path}={value!r}: {detail}") from None
+        raise
     text = notes(rep, quick, changed, data_path)
     print(text)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "base.toml", lambda p: p.write_text(tomli_w.dumps(base)))
-    atomic_write(out / "sweep.toml", lambda p: p.write_text(tomli_w.dumps(sweep)))
-    run_sweep(out / "sweep.toml", backend=backend, jobs=jobs, output=out, progress=progress)
+
+    with ExitStack() as held:
+        def write_inputs(root: Path) -> None:   # once every point is valid (its data found), under the lock,
+            held.enter_context(run_lock(root))   # which stays held for the tables and figures below
+            atomic_write(root / "base.toml", lambda p: p.write_text(tomli_w.dumps(base)))
+            atomic_write(root / "sweep.toml", lambda p: p.write_text(tomli_w.dumps(sweep)))
+
+        run_loaded_sweep(SweepConfig.model_validate(sweep), base, backend=backend, jobs=jobs, output=out,
+                         progress=progress, before_write=write_inputs)
+        return _finish(rep, name, out, text, sweep)
+
+
+def _finish(rep: Reproduction, name: str, out: Path, text: str, sweep: dict) -> int:
+    from emulator.io import atomic_write
+
+    from .report import build_report
+    from .runner import diverged_runs, report_diverged
+
     table = comparison(rep, out)
     atomic_write(out / f"{name}.csv", lambda p: table.to_csv(p, index=False))
     fig = figure(rep, out, out / "accuracy_vs_cost.png")
@@ -510,7 +549,7 @@ def run(name: str, *, quick: bool = False, backend: str = "local", jobs: int | N
 def ranking(table) -> str:
     """Ours ranked by the first metric (for figures whose paper claim is an order)."""
     first = table[table["metric"] == table["metric"].iloc[0]].sort_values("ours", ascending=False)
-    keys = [c for c in table.columns if c not in ("metric", "ours", "ci95_low", "ci95_high", "seeds", "paper")]
+    keys = [c for c in table.columns if c not in ("metric", "ours", "ci95_low", "ci95_high", "ci95_clipped", "seeds", "paper")]
     items = [" ".join(str(r[k]) for k in keys) + f" {r['ours']:.4g}" for _, r in first.iterrows()]
     return f"ours, ranked by {first['metric'].iloc[0]}: " + " > ".join(items)
 

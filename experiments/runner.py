@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from emulator.config import RunConfig, load_config, parse_config
 from emulator.errors import InputError
-from emulator.io import atomic_write, write_json
+from emulator.io import atomic_write, run_lock, write_json
 
 from .stats import curves_on_grid, per_seed_metrics, summarize_seeds
 
@@ -150,12 +150,21 @@ def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: boo
     A config with ``seeds`` runs its (seed, arm) tasks on ``backend`` with ``jobs`` workers
     (``ray``: :class:`experiments.backends.RayOptions`)."""
     run_dir = Path(run_dir) if run_dir else Path(config.output_dir) / config.name
+    if jobs is not None and jobs < 1:
+        raise InputError(f"--jobs: must be >= 1, got {jobs}")
     if config.seeds is None:
         return _run_single(config, run_dir, force=force, progress=progress)
     from .backends import check_backend, run_tasks
 
     validate(config, run_dir, force=force)
     check_backend(backend, jobs, address, ray)   # a cluster without the GPUs asked for: before any file
+    with run_lock(run_dir):
+        check_dir(config, run_dir, force=force)   # again under the lock: a writer before us may have changed it
+        return _run_seeds(config, run_dir, force=force, progress=progress, jobs=jobs, backend=backend,
+                          address=address, ray=ray, run_tasks=run_tasks)
+
+
+def _run_seeds(config, run_dir, *, force, progress, jobs, backend, address, ray, run_tasks) -> pd.DataFrame:
     tasks = prepare(config, run_dir, force=force)
     todo = [t for t in tasks if not t.done]
     with tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"{config.name}: seed x arm runs",
@@ -176,6 +185,12 @@ def _run_single(config: RunConfig, run_dir: Path, *, force: bool, progress: bool
         check_mode(world, plan, i)
     run = arm_runner(config)
     check_dir(config, run_dir, force=force)
+    with run_lock(run_dir):
+        check_dir(config, run_dir, force=force)   # again under the lock: a writer before us may have changed it
+        return _run_arms(config, run_dir, world, plans, run, force=force, progress=progress)
+
+
+def _run_arms(config, run_dir, world, plans, run, *, force, progress) -> pd.DataFrame:
     if force:
         for plan in plans:
             shutil.rmtree(run_dir / plan.arm.name, ignore_errors=True)

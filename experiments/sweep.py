@@ -29,7 +29,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
-import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,11 +37,11 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from tqdm import tqdm
 
-from emulator.config import RunConfig, _one_line, parse_config
+from emulator.config import RunConfig, _one_line, parse_config, read_toml
 from emulator.errors import InputError
-from emulator.io import atomic_write, write_json
+from emulator.io import atomic_write, run_lock, write_json
 
-from .stats import METRICS
+from .stats import METRICS, add_verdicts
 
 
 class SweepConfig(BaseModel):
@@ -98,12 +98,7 @@ def set_path(config: dict, path: str, value: Any) -> None:
 
 
 def _read_toml(path: Path, what: str) -> dict:
-    try:
-        return tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise InputError(f"{what} {path}: cannot read ({exc.strerror}); check the path") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{what} {path}: not valid TOML ({exc})") from None
+    return read_toml(path, what)
 
 
 def load_sweep(path: str | Path) -> tuple[SweepConfig, dict]:
@@ -132,8 +127,8 @@ def point_configs(sweep: SweepConfig, base: dict) -> list[RunConfig]:
             raw.pop("seed", None)
             raw.update(name=f"{sweep.name}-{point_name(i)}", seeds=list(sweep.seeds))
             out.append(parse_config(raw))
-        except InputError as exc:
-            raise InputError(f"{label}: {exc}") from None
+        except InputError as exc:   # the field first, then where it was set
+            raise InputError(f"{exc} (in {label})") from None
     return out
 
 
@@ -142,12 +137,24 @@ def run_sweep(path: str | Path, *, backend: str = "local", jobs: int | None = No
               ray=None) -> pd.DataFrame:
     """Validate every point, run every unfinished (point, seed, arm) task, write the sweep tables
     (``ray``: :class:`experiments.backends.RayOptions`)."""
-    from .backends import BACKENDS, check_backend, run_tasks
-    from .runner import prepare, validate
+    sweep, base = load_sweep(path)
+    return run_loaded_sweep(sweep, base, backend=backend, jobs=jobs, address=address, output=output, force=force,
+                            progress=progress, ray=ray)
+
+
+def run_loaded_sweep(sweep: SweepConfig, base: dict, *, backend: str = "local", jobs: int | None = None,
+                     address: str | None = None, output: str | Path | None = None, force: bool = False,
+                     progress: bool = True, before_write: Callable[[Path], None] | None = None,
+                     ray=None) -> pd.DataFrame:
+    """:func:`run_sweep` of a parsed sweep; ``before_write(root)`` runs once every point is valid,
+    under the directory's lock, before anything else is written."""
+    from .backends import BACKENDS, check_backend
+    from .runner import validate
 
     if backend not in BACKENDS:
         raise InputError(f"--backend: {backend!r} is not one of {', '.join(BACKENDS)}")
-    sweep, base = load_sweep(path)
+    if jobs is not None and jobs < 1:
+        raise InputError(f"--jobs: must be >= 1, got {jobs}")
     configs = point_configs(sweep, base)
     root = Path(output) if output else Path(sweep.output_dir or configs[0].output_dir) / sweep.name
     pts = points(sweep)
@@ -155,6 +162,19 @@ def run_sweep(path: str | Path, *, backend: str = "local", jobs: int | None = No
         label = f"sweep point {point_name(i)} ({', '.join(f'{p}={v!r}' for p, v in point.items())}): "
         validate(config, root / point_name(i), force=force, where=label)
     check_backend(backend, jobs, address, ray)   # a cluster without the GPUs asked for: before any file
+    with run_lock(root):
+        return _run_points(sweep, configs, pts, root, backend=backend, jobs=jobs, address=address, force=force,
+                           progress=progress, before_write=before_write, ray=ray)
+
+
+def _run_points(sweep, configs, pts, root, *, backend, jobs, address, force, progress, before_write, ray):
+    from .backends import run_tasks
+    from .runner import check_dir, prepare
+
+    for i, config in enumerate(configs):   # again under the lock: a writer before us may have changed them
+        check_dir(config, root / point_name(i), force=force, where=f"sweep point {point_name(i)}: ")
+    if before_write is not None:
+        before_write(root)
     write_json(root / "sweep.json", {"sweep": json.loads(sweep.model_dump_json()),
                                      "points": {point_name(i): p for i, p in enumerate(pts)}})
     table = pd.DataFrame([{"point": point_name(i), **p} for i, p in enumerate(pts)])
@@ -199,13 +219,16 @@ def finish_sweep(sweep: SweepConfig, configs: list[RunConfig], root: Path) -> pd
         r = load_runs(config, d)
         runs.append(r.assign(**cols)[[*cols, *r.columns]])
     runs_df = pd.concat(runs, ignore_index=True)
-    summary_df = pd.concat(summaries, ignore_index=True)
+    summary_df = add_verdicts(pd.concat(summaries, ignore_index=True))   # Holm over the whole sweep
     atomic_write(root / "runs.csv", lambda p: runs_df.to_csv(p, index=False))
     atomic_write(root / "runs.parquet", lambda p: runs_df.to_parquet(p, index=False))
     atomic_write(root / "summary.csv", lambda p: summary_df.to_csv(p, index=False))
-    for axis in axes:
+    # zipped axes move together: one plot per metric against the first, the others named in its label
+    plotted = [axes[0]] if sweep.mode == "zip" else axes
+    for axis in plotted:
         for metric in METRICS:
-            plot_metric_vs_axis(summary_df, axes, axis, metric, root / f"{metric}_vs_{axis}.png")
+            plot_metric_vs_axis(summary_df, [] if sweep.mode == "zip" else axes, axis, metric,
+                                root / f"{metric}_vs_{axis}.png", zipped=axes[1:] if sweep.mode == "zip" else [])
     summary_df.attrs["axes"] = axes
     return summary_df
 
@@ -215,28 +238,48 @@ def _cell(value: Any) -> Any:
     return json.dumps(value) if isinstance(value, (list, dict)) else value
 
 
-def plot_metric_vs_axis(summary: pd.DataFrame, axes: list[str], axis: str, metric: str, path: Path) -> None:
+def plot_metric_vs_axis(summary: pd.DataFrame, axes: list[str], axis: str, metric: str, path: Path,
+                        zipped: list[str] | None = None) -> None:
     """``metric`` (mean, 95 % CI error bars) against ``axis``: one line per arm and per value of
-    the other axes."""
-    from .plots import plt
+    the other axes (``zipped``: axes that move with ``axis``, named in the x label); more than
+    ``SMALL_MULTIPLES`` lines become one panel each, on a shared y axis."""
+    from .plots import SMALL_MULTIPLES, plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
     others = [a for a in axes if a != axis]
     values = list(dict.fromkeys(summary[axis]))
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
-    for key, df in summary.groupby(["arm", *others], sort=False):
+    series = list(summary.groupby(["arm", *others], sort=False))
+    n = len(series)
+    cols = min(n, 3) if n > SMALL_MULTIPLES else 1
+    rows = -(-n // cols) if n > SMALL_MULTIPLES else 1
+    fig, grid = plt.subplots(rows, cols, figsize=(6.4 if cols == 1 else 4.2 * cols, 4.2 if rows == 1 else 3.0 * rows),
+                             dpi=110, sharey=True, squeeze=False)
+    panels = list(grid.flat)
+    for i, (key, df) in enumerate(series):
         key = key if isinstance(key, tuple) else (key,)
         label = ", ".join([str(key[0])] + [f"{a}={v}" for a, v in zip(others, key[1:])])
+        ax = panels[i] if n > SMALL_MULTIPLES else panels[0]
         xs = df[axis].to_numpy() if numeric else [values.index(v) for v in df[axis]]
         mean = df[f"{metric}_mean"].to_numpy(float)
         err = [mean - df[f"{metric}_ci95_low"].to_numpy(float), df[f"{metric}_ci95_high"].to_numpy(float) - mean]
-        ax.errorbar(xs, mean, yerr=err, marker="o", ms=4, capsize=3, label=label)
-    if not numeric:
-        ax.set_xticks(range(len(values)), [str(v) for v in values])
-    ax.set_xlabel(axis)
-    ax.set_ylabel(f"{METRICS[metric]} (mean, 95 % CI)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+        ax.errorbar(xs, mean, yerr=err, marker="o", ms=4, capsize=3, label=label,
+                    color=f"C{i % 10}" if n > SMALL_MULTIPLES else None)
+        if n > SMALL_MULTIPLES:
+            ax.set_title(label, fontsize=8)
+    xlabel = axis + (f" (with {', '.join(zipped)} zipped)" if zipped else "")
+    for j, ax in enumerate(panels):
+        if j >= n:
+            ax.set_visible(False)
+            continue
+        if not numeric:
+            ax.set_xticks(range(len(values)), [str(v) for v in values])
+        ax.grid(alpha=0.3)
+        if j >= n - cols:
+            ax.set_xlabel(xlabel, fontsize=8)
+        if j % cols == 0:
+            ax.set_ylabel(f"{METRICS[metric]}\n(mean, 95 % CI)", fontsize=8)
+    if n <= SMALL_MULTIPLES:
+        panels[0].legend(fontsize=7)
     fig.tight_layout()
     atomic_write(path, lambda p: fig.savefig(p, format="png"))
     plt.close(fig)
@@ -244,22 +287,20 @@ def plot_metric_vs_axis(summary: pd.DataFrame, axes: list[str], axis: str, metri
 
 def _cmd_sweep(args) -> int:
     from .backends import ray_options
+    from .stats import compact_summary, notes
 
     summary = run_sweep(args.sweep, backend=args.backend, jobs=args.jobs, output=args.output, force=args.force,
                         progress=not args.quiet, ray=ray_options(args))
     sweep, _ = load_sweep(args.sweep)
     root = summary.attrs["root"]
-    cols = ["point", *summary.attrs["axes"], "arm", "seeds"]
-    for m in METRICS:
-        if summary[f"{m}_mean"].notna().any():
-            summary[m] = [f"{r[m + '_mean']:.4g} [{r[m + '_ci95_low']:.4g}, {r[m + '_ci95_high']:.4g}]"
-                          for _, r in summary.iterrows()]
-            cols.append(m)
-    summary["target_reached"] = [f"{k}/{n}" for k, n in zip(summary["target_reached"], summary["seeds"])]
-    cols.append("target_reached")
-    print(summary[cols].to_string(index=False))
-    print(f"\nmean [95 % CI] over seeds {list(sweep.seeds)}; paired differences from the first arm in summary.csv")
-    print(f"results: {root}/  (runs.csv, summary.csv, <point>/..., <metric>_vs_<axis>.png)")
+    with_target = bool(summary["target_reached"].sum() > 0 or summary["cost_to_target_mean"].notna().any())
+    print(compact_summary(summary, ["point", *summary.attrs["axes"]], with_target).to_string(index=False))
+    for line in notes(summary, METRICS):
+        print(line)
+    k = summary.attrs.get("comparisons", 0)
+    print(f"\nmean [95 % CI] over seeds {list(sweep.seeds)}; verdict: accuracy at equal cost against the point's "
+          f"first arm, with Holm's correction over the sweep's {k} paired comparisons (every metric in summary.csv)")
+    print(f"results: {root}/  (runs.csv, summary.csv, <point>/..., <metric>_vs_<axis>.png; groupfel report {root})")
     from .runner import report_diverged
 
     return report_diverged(Path(root))

@@ -3,9 +3,11 @@
 p_g = w(1/CoV(g)) / Σ w(1/CoV(g')) with w(x) = x (RCoV), x² (SRCoV) or e^{x²} (ESRCoV), or
 uniform (Random). Everything is computed as log-probabilities: e^{x²} overflows float64 once
 x² > 709.8, i.e. for CoV below ≈ 0.0375 (CoV = 0.05 gives e^{400} ≈ 5e173, still finite), while
-its logarithm is harmless. A CoV of 0 is floored at
-``COV_FLOOR`` so a perfectly balanced group gets (nearly) all the mass instead of a division by
-zero.
+its logarithm is harmless. A CoV of 0 (a perfectly balanced group) has weight +∞: all the
+groups with CoV 0 share the mass equally and nothing is divided by zero. The πps routine works on
+the unnormalised log weights and normalises only among the groups it still has to choose between,
+so a near-zero CoV's huge weight (1/CoV² = 10²⁰ at CoV 10⁻¹⁰) neither makes tied groups' shares
+sum past 1 nor erases the order of the other groups.
 """
 from __future__ import annotations
 
@@ -14,11 +16,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-from scipy.special import logsumexp
 
 from .registry import Registry
-
-COV_FLOOR = 1e-12
 
 samplings = Registry("sampling")
 
@@ -30,10 +29,30 @@ class SamplingPolicy(ABC):
     def log_weights(self, covs: np.ndarray) -> np.ndarray:
         """log w(1/CoV) for each group (any additive constant)."""
 
+    def log_masses(self, covs: np.ndarray) -> np.ndarray:
+        """log w(1/CoV) of each group, unnormalised, +inf for CoV 0: what the πps routine takes
+        (:func:`inclusion_log_probabilities`, :func:`sample_without_replacement`)."""
+        covs = np.asarray(covs, dtype=float)
+        with np.errstate(divide="ignore"):
+            logw = np.asarray(self.log_weights(covs), dtype=float)
+        return np.where(covs == 0.0, np.inf, logw)
+
     def log_probabilities(self, covs: np.ndarray) -> np.ndarray:
-        """log p (Eq. 38), finite for every finite or zero CoV."""
-        logw = self.log_weights(np.maximum(np.asarray(covs, dtype=float), COV_FLOOR))
-        return logw - logsumexp(logw)
+        """log p (Eq. 38); exact under ties: groups with CoV 0 share the mass (the rest get
+        log p = −∞), and near-tied huge weights normalise after subtracting their maximum."""
+        return normalise(self.log_masses(covs))
+
+
+def normalise(logw: np.ndarray) -> np.ndarray:
+    """log of w / Σ w for log weights ``logw`` (+inf: an infinite weight; those share the mass).
+    Shifted by the maximum first, so weights of 10²⁰ that tie stay exact halves (scipy's
+    ``x - logsumexp(x)`` rounds them both to 0)."""
+    logw = np.asarray(logw, dtype=float)
+    top = np.isposinf(logw)
+    if top.any():
+        return np.where(top, -np.log(top.sum()), -np.inf)
+    z = logw - np.max(logw)
+    return z - np.log(np.sum(np.exp(z)))
 
 
 samplings.contract = (SamplingPolicy, "log_weights", ("covs",))
@@ -45,6 +64,9 @@ class Uniform(SamplingPolicy):
     """Random: every group equally likely."""
 
     def log_weights(self, covs):
+        return np.zeros(len(covs))
+
+    def log_masses(self, covs):
         return np.zeros(len(covs))
 
 
@@ -81,11 +103,15 @@ def inclusion_log_probabilities(log_p: np.ndarray, size: int) -> np.ndarray:
     π_g = min(1, c·p_g) with c such that Σ π_g = size: a group with S·p_g ≥ 1 is taken with
     certainty (π = 1) and the rest share the remaining draws in proportion to p, repeated until
     no share exceeds 1. Without certainty groups π_g = S·p_g, the factor in Eq. 4. In log space,
-    so ESRCoV's skewed p (log p down to −10⁴) stay exact.
+    so ESRCoV's skewed p (log p down to −10⁴) stay exact. ``log_p`` may be unnormalised log
+    weights (:meth:`SamplingPolicy.log_masses`); +inf weights (CoV 0) form a top tier: all
+    certain if they fit in ``size``, else they share the draws equally and the rest get none.
     """
     log_p = np.asarray(log_p, dtype=float)
     if not 1 <= size <= len(log_p):
         raise ValueError(f"cannot sample {size} of {len(log_p)} groups")
+    if np.isnan(log_p).any() or np.isneginf(log_p).all():
+        raise ValueError("sampling weights must be numbers, not all zero")
     certain = np.zeros(len(log_p), dtype=bool)
     while True:
         rest = np.flatnonzero(~certain)
@@ -94,10 +120,16 @@ def inclusion_log_probabilities(log_p: np.ndarray, size: int) -> np.ndarray:
         if left == 0:
             log_pi[rest] = -np.inf
             return log_pi
-        log_pi[rest] = log_p[rest] - logsumexp(log_p[rest]) + np.log(left)
+        if np.isneginf(log_p[rest]).all():   # only weightless groups left: share the draws
+            log_pi[rest] = np.log(left / len(rest))
+            return log_pi
+        log_pi[rest] = normalise(log_p[rest]) + np.log(left)
         over = rest[log_pi[rest] >= 0.0]
         if not len(over):
             return log_pi
+        if len(over) >= left:   # ties at π = 1 (or rounding just above it): the largest fill the draws
+            certain[over[np.argsort(-log_pi[over], kind="stable")[:left]]] = True
+            continue
         certain[over] = True
 
 
@@ -117,7 +149,7 @@ def sample_without_replacement(log_p: np.ndarray, size: int, rng: np.random.Gene
     """
     log_pi = inclusion_log_probabilities(log_p, size)
     certain = np.flatnonzero(log_pi >= 0.0)
-    rest = np.flatnonzero(log_pi < 0.0)
+    rest = np.flatnonzero(np.isfinite(log_pi) & (log_pi < 0.0))   # π = 0 groups can never be hit
     left = size - len(certain)
     if left == 0:
         return np.sort(certain)

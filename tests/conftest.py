@@ -1,4 +1,6 @@
 import copy
+import os
+import shutil
 
 import pytest
 
@@ -46,3 +48,33 @@ def code_running_payload():
     """A picklable object whose unpickling creates the given marker file: a stand-in for a
     malicious file's payload."""
     return _Payload
+
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")
+REQUIRE_BROWSER = "GROUPFEL_REQUIRE_BROWSER"
+
+
+def find_browser() -> str | None:
+    """A headless-capable Chromium: $GROUPFEL_BROWSER (a path or a name on PATH) if set, else the
+    first of BROWSERS on PATH."""
+    named = os.environ.get("GROUPFEL_BROWSER")
+    for name in (named,) if named else BROWSERS:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+@pytest.fixture
+def browser() -> str:
+    """The browser's path; without one the test skips, saying why, unless $GROUPFEL_REQUIRE_BROWSER
+    is set (CI, which installs Chromium, sets it), where it fails."""
+    exe = find_browser()
+    if exe is None:
+        looked = os.environ.get("GROUPFEL_BROWSER") or ", ".join(BROWSERS)
+        reason = (f"no Chromium found (looked for {looked} on PATH); install chromium to check the HTML "
+                  f"report in a real browser")
+        if os.environ.get(REQUIRE_BROWSER):
+            pytest.fail(f"{reason} ({REQUIRE_BROWSER} is set, so this test is required)")
+        pytest.skip(reason)
+    return exe

@@ -1,6 +1,5 @@
 """groupfel report: one self-contained HTML page that renders in headless Chromium."""
 import re
-import shutil
 import subprocess
 
 import pytest
@@ -10,14 +9,13 @@ from experiments.cli import main
 from experiments.runner import run_experiment
 
 
-def chromium(*args, timeout=180):
-    exe = shutil.which("chromium") or "/usr/bin/chromium"
+def chromium(exe, *args, timeout=180):
     return subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", *args],
                           capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.slow
-def test_report_renders_in_chromium(tiny_dict, tmp_path, capsys):
+def test_report_renders_in_chromium(browser, tiny_dict, tmp_path, capsys):
     tiny_dict.update(seeds=[0, 1])
     tiny_dict["train"].update(rounds=3, target_accuracy=0.3)
     run = tmp_path / "run"
@@ -29,7 +27,7 @@ def test_report_renders_in_chromium(tiny_dict, tmp_path, capsys):
                     "Makespan", "Versions and wall time", "paired difference from covg-esrcov"):
         assert section in page
 
-    dom = chromium("--virtual-time-budget=10000", "--enable-logging=stderr", "--v=0", "--dump-dom",
+    dom = chromium(browser, "--virtual-time-budget=10000", "--enable-logging=stderr", "--v=0", "--dump-dom",
                    (tmp_path / "report.html").as_uri())
     assert dom.returncode == 0, dom.stderr[-2000:]
     body = re.search(r"<body[^>]*>", dom.stdout).group(0)
@@ -44,7 +42,7 @@ def test_report_renders_in_chromium(tiny_dict, tmp_path, capsys):
     assert (tmp_path / "o.png").stat().st_size > 5000
 
     shot = tmp_path / "report.png"
-    res = chromium("--window-size=1280,5000", f"--screenshot={shot}", (tmp_path / "report.html").as_uri())
+    res = chromium(browser, "--window-size=1280,5000", f"--screenshot={shot}", (tmp_path / "report.html").as_uri())
     assert res.returncode == 0 and shot.stat().st_size > 50_000
     with capsys.disabled():
         print(f"\nreport screenshot: {shot}")

@@ -6,10 +6,10 @@ from policies.sampling import groups_per_round, inclusion_log_probabilities
 
 
 @pytest.mark.parametrize("name", ["random", "rcov", "srcov", "esrcov"])
-def test_probabilities_finite_with_zero_and_tiny_cov(name):
+def test_probabilities_sum_to_one_with_zero_and_tiny_cov(name):
     log_p = samplings.make(name).log_probabilities(np.array([0.0, 0.01, 0.05, 0.5, 2.0]))
     p = np.exp(log_p)
-    assert np.all(np.isfinite(log_p)) and p.sum() == pytest.approx(1.0)
+    assert not np.isnan(log_p).any() and p.sum() == pytest.approx(1.0)
 
 
 def test_esrcov_matches_eq38_where_it_does_not_overflow():
@@ -24,6 +24,57 @@ def test_esrcov_matches_eq38_where_it_does_not_overflow():
 def test_zero_cov_group_takes_the_mass():
     p = np.exp(samplings.make("esrcov").log_probabilities(np.array([0.0, 0.3])))
     assert p[0] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("name", ["rcov", "srcov", "esrcov"])
+def test_several_zero_cov_groups_share_the_mass_and_the_rest_keep_their_order(name):
+    """CoV 0 twice, three times: equal shares (they summed to 2 with the old 1e-12 floor), and
+    draws beyond them go to the others by weight."""
+    policy = samplings.make(name)
+    covs = np.array([0.0, 0.5, 0.0, 0.01, 0.3, 0.0])
+    assert np.exp(policy.log_probabilities(covs)) == pytest.approx([1 / 3, 0, 1 / 3, 0, 0, 1 / 3])
+    w = policy.log_masses(covs)
+    pi = np.exp(inclusion_log_probabilities(w, 2))        # fewer draws than balanced groups
+    assert pi == pytest.approx([2 / 3, 0, 2 / 3, 0, 0, 2 / 3]) and pi.sum() == pytest.approx(2)
+    pi = np.exp(inclusion_log_probabilities(w, 4))        # one draw left for the others, by weight
+    assert pi[[0, 2, 5]] == pytest.approx(1) and pi.sum() == pytest.approx(4)
+    assert pi[3] >= pi[4] >= pi[1] and pi[3] > 0.9 * (name == "esrcov")
+    x2 = {"rcov": 1 / np.array([0.01, 0.3, 0.5]), "srcov": 1 / np.array([0.01, 0.3, 0.5]) ** 2}.get(name)
+    if x2 is not None:   # exact shares of the one draw left: w / Σ w over the finite-weight groups
+        assert pi[[3, 4, 1]] == pytest.approx(x2 / x2.sum())
+    for seed in range(20):
+        chosen = sample_without_replacement(w, 4, np.random.default_rng(seed))
+        assert len(set(chosen.tolist())) == 4 and {0, 2, 5} <= set(chosen.tolist())
+
+
+def test_near_zero_cov_ties_are_exact():
+    """1/CoV² = 1e20 for two groups: each half the mass (scipy's x - logsumexp(x) made both 1),
+    and the other two keep their order once the tied pair is taken."""
+    esr = samplings.make("esrcov")
+    covs = np.array([1e-10, 0.01, 1e-10, 0.02])
+    assert np.exp(esr.log_probabilities(covs)) == pytest.approx([0.5, 0, 0.5, 0])
+    w = esr.log_masses(covs)
+    assert np.exp(inclusion_log_probabilities(w, 1)) == pytest.approx([0.5, 0, 0.5, 0])
+    pi = np.exp(inclusion_log_probabilities(w, 3))
+    assert pi == pytest.approx([1, 1, 1, 0])     # e^{1e4} against e^{2500}: the 0.01 group
+    srcov = samplings.make("srcov")
+    pi = np.exp(inclusion_log_probabilities(srcov.log_masses(np.array([1e-10, 1e-10, 0.1, 0.2])), 3))
+    assert pi == pytest.approx([1, 1, 0.8, 0.2])
+
+
+def test_many_groups_two_balanced_reported_case():
+    """The reported crash: 517 groups, two with CoV exactly 0, ESRCoV, S = 10 (IndexError in
+    sample_without_replacement after every group was marked certain)."""
+    rng = np.random.default_rng(0)
+    covs = rng.uniform(0.2, 2.0, 517)
+    covs[[17, 301]] = 0.0
+    w = samplings.make("esrcov").log_masses(covs)
+    pi = np.exp(inclusion_log_probabilities(w, 10))
+    assert pi.sum() == pytest.approx(10) and pi[[17, 301]] == pytest.approx(1) and pi.max() <= 1
+    order = np.argsort(covs[pi < 1])
+    assert np.all(np.diff(pi[pi < 1][order]) <= 1e-15)   # smaller CoV, larger share
+    chosen = sample_without_replacement(w, 10, np.random.default_rng(3))
+    assert len(set(chosen.tolist())) == 10 and {17, 301} <= set(chosen.tolist())
 
 
 def test_sampling_without_replacement_draws_underflowed_groups_when_needed():

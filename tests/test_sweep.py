@@ -137,11 +137,13 @@ def test_sweep_tables_have_axes_seeds_and_cis(tmp_path):
     summary = pd.read_csv(tmp_path / "out" / "summary.csv")
     assert len(summary) == 4 and {"final_acc_mean", "final_acc_ci95_low", "final_acc_ci95_high",
                                   "acc_at_common_cost_diff_mean"} <= set(summary)
-    assert (tmp_path / "out" / "final_acc_vs_data.alpha.png").stat().st_size > 5000
+    # zipped axes move together: one plot per metric, against the first axis
+    assert (tmp_path / "out" / "final_acc_vs_arms.0.grouping.min_group_size.png").stat().st_size > 5000
+    assert not (tmp_path / "out" / "final_acc_vs_data.alpha.png").exists()
     config = json.loads((tmp_path / "out" / "p01" / "config.json").read_text())
     assert config["data"]["alpha"] == 1.0 and config["arms"][0]["grouping"]["min_group_size"] == 3
     page = build_report(tmp_path / "out").read_text()         # a sweep's report (rendered: test_report.py)
-    assert "groupfel sweep: out" in page and page.count("data:image/png;base64,") >= 5 + 8
+    assert "groupfel sweep: out" in page and page.count("data:image/png;base64,") >= 5 + 4   # 4 metrics, one zipped set
 
 
 @pytest.mark.slow
