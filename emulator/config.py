@@ -338,13 +338,18 @@ def load_config(path: str | Path) -> RunConfig:
     """A user's run config. Config files the tool writes (config.json, holding both ``seed`` and
     ``seeds``) are read with :func:`parse_config`, which does not apply the checks below."""
     data = read_toml(path, "config file")
-    if "arms" not in data and ("axes" in data or "base" in data):
-        raise InputError(f"config file {path}: this is a sweep file (it has {'axes' if 'axes' in data else 'base'}), "
-                         f"not a run config; run it with 'groupfel sweep {path}'")
-    if "seed" in data and "seeds" in data:
-        raise InputError(f"config file {path}: seed = {data['seed']!r} and seeds = {data['seeds']!r} are both set, "
-                         f"which is ambiguous; keep seeds (every arm runs on each) or seed (one run)")
+    check_user_config(data, f"config file {path}", f"groupfel sweep {path}")
     return parse_config(data)
+
+
+def check_user_config(data: dict, where: str, sweep_hint: str = "experiments.api.sweep") -> None:
+    """What only a user's config can get wrong (a TOML file, or a dict given to the Python API)."""
+    if "arms" not in data and ("axes" in data or "base" in data):
+        raise InputError(f"{where}: this is a sweep file (it has {'axes' if 'axes' in data else 'base'}), "
+                         f"not a run config; run it with '{sweep_hint}'")
+    if "seed" in data and "seeds" in data:
+        raise InputError(f"{where}: seed = {data['seed']!r} and seeds = {data['seeds']!r} are both set, "
+                         f"which is ambiguous; keep seeds (every arm runs on each) or seed (one run)")
 
 
 def config_warnings(config: RunConfig) -> list[str]:

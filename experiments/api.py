@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from emulator.config import RunConfig, load_config, parse_config
+from emulator.config import RunConfig, check_user_config, load_config, parse_config
 from emulator.errors import InputError
 from emulator.io import check_writable
 
@@ -74,6 +74,7 @@ def as_config(config: str | Path | dict | RunConfig) -> RunConfig:
     if isinstance(config, (str, Path)):
         return load_config(config)
     if isinstance(config, dict):
+        check_user_config(config, "config")
         return parse_config(_named(copy.deepcopy(config), ""))
     raise InputError(f"config: expected a TOML path, a dict or a RunConfig, got {type(config).__name__}")
 

@@ -361,6 +361,9 @@ def start_ray(jobs: int | None, options: RayOptions | str | None = None):
         return ray
     address = options.address or os.environ.get("RAY_ADDRESS")
     env = runtime_env(options)
+    # The driver reports a task's error itself, in one line; Ray would log the same error again for
+    # the tasks still in flight when the run stops.
+    os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     try:
         if address:
             ray.init(address=address, runtime_env=env, log_to_driver=False, logging_level=logging.WARNING)

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _multi(tiny_dict, seeds=(0, 1)):
+    tiny_dict.pop("seed", None)
     tiny_dict["seeds"] = list(seeds)
     tiny_dict["train"]["rounds"] = 3
     return tiny_dict
