@@ -238,14 +238,28 @@ def test_ctrl_c_prints_one_line_exits_130_and_the_rerun_resumes(tiny_dict, tmp_p
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
                             # as from a terminal: a background shell (nohup ... &) starts us with SIGINT ignored
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    workers, deadline = [], time.time() + 300
-    while not workers and proc.poll() is None and time.time() < deadline:   # the engine's forked workers
-        workers = [int(c) for t in Path(f"/proc/{proc.pid}/task").iterdir()
-                   for c in (t / "children").read_text().split()]
+    def forked_children() -> list[int]:   # the engine's workers: forks of the run (same executable), not
+        exe, out = os.readlink(f"/proc/{proc.pid}/exe"), []   # a short-lived helper it spawns
+        for t in Path(f"/proc/{proc.pid}/task").iterdir():
+            for c in (t / "children").read_text().split():
+                try:
+                    if os.readlink(f"/proc/{c}/exe") == exe:
+                        out.append(int(c))
+                except FileNotFoundError:
+                    pass
+        return out
+
+    checked, deadline = 0, time.time() + 300
+    while not checked and proc.poll() is None and time.time() < deadline:
+        for pid in forked_children():   # each ignores SIGINT (bit 2 of SigIgn): the parent speaks for the run
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except FileNotFoundError:
+                continue
+            assert int(status.split("SigIgn:")[1].split()[0], 16) & (1 << (signal.SIGINT - 1)), pid
+            checked += 1
         time.sleep(0.05)
-    for pid in workers:      # each ignores SIGINT (bit 2 of SigIgn): the parent speaks for the run
-        status = Path(f"/proc/{pid}/status").read_text()
-        assert int(status.split("SigIgn:")[1].split()[0], 16) & (1 << (signal.SIGINT - 1)), pid
+    assert checked, "no engine worker was found to check"
     time.sleep(0.5)          # some rounds run (and checkpoint) before the interrupt
     assert proc.poll() is None, "the run ended before it could be interrupted"
     os.killpg(proc.pid, signal.SIGINT)
