@@ -41,7 +41,7 @@ def _check_overheads(ledger, overhead):
 
 def test_measure_calibrate_run_round_trip(tmp_path):
     sa, tr = tmp_path / "sa.csv", tmp_path / "tr.csv"
-    assert main(["measure", "secagg", "--sizes", "3..6", "--params", "64", "--repeats", "2", "--out", str(sa)]) == 0
+    assert main(["measure", "secagg", "--sizes", "2..6", "--params", "64", "--repeats", "2", "--out", str(sa)]) == 0
     assert main(["measure", "training", "--sizes", "8..40:8", "--model", "mlp", "--repeats", "2",
                  "--device", "local", "--out", str(tr)]) == 0
     assert sa.read_text().startswith("# groupfel measure: secagg\n# cpu: ")

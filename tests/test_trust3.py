@@ -241,7 +241,11 @@ def test_ctrl_c_prints_one_line_exits_130_and_the_rerun_resumes(tiny_dict, tmp_p
     def forked_children() -> list[int]:   # the engine's workers: forks of the run (same executable), not
         exe, out = os.readlink(f"/proc/{proc.pid}/exe"), []   # a short-lived helper it spawns
         for t in Path(f"/proc/{proc.pid}/task").iterdir():
-            for c in (t / "children").read_text().split():
+            try:   # a thread, or a child, may end while we look
+                children = (t / "children").read_text().split()
+            except FileNotFoundError:
+                continue
+            for c in children:
                 try:
                     if os.readlink(f"/proc/{c}/exe") == exe:
                         out.append(int(c))
