@@ -15,8 +15,9 @@ own classifier.
 
 Costs: local training is charged as Eq. 5 training (MAXFL declares its clients' second model,
 :attr:`MaxFL.training_passes`). The forward passes with which clients score models on their
-training data (FedFA's accuracy, MAXFL's and FLSC's losses) are not charged: a passes count per
-group round cannot be declared without the run's E and K.
+training data (FedFA's accuracy, MAXFL's and FLSC's losses) go through ``ctx.score_train``, which
+counts them; each is charged a third of an epoch of Eq. 5 training, as IFCA's
+(``emulator.rounds.FORWARD_FRACTION``), after the round or evaluation that ran it.
 """
 from __future__ import annotations
 

@@ -115,13 +115,34 @@ class _Training:
                 state.momentum = torch.zeros(world.topology.n_clients, world.engine.n_params)
             state.algorithm = self.algorithm.init_state(world.topology.n_clients, start).state()
         self.state = AlgorithmState.from_state(state.algorithm)
+        self.world = world
+        self.scored = np.zeros(world.topology.n_clients)   # forward passes over each client's data, not yet charged
         train_data: list[LocalData] = []
 
         def score_train(weights: torch.Tensor, clients) -> tuple[np.ndarray, np.ndarray]:
             if not train_data:   # built on first use: most algorithms never score
                 train_data.append(LocalData(world, world.topology.client_samples))
-            return train_data[0].score(weights, np.asarray(clients))
+            clients = np.asarray(clients)
+            np.add.at(self.scored, clients, 1.0)
+            return train_data[0].score(weights, clients)
         self.algorithm.bind(AlgorithmContext(world.engine, world.topology.n_samples, score_train, world.config.seed))
+
+    def charge_scoring(self, ledger: CostLedger, env, t: int) -> None:
+        """Charge the forward passes the algorithm ran through ``score_train`` since the last
+        charge (FedFA's accuracies, MAXFL's and FLSC's losses, a plug-in's), each
+        :data:`FORWARD_FRACTION` × H_i(n_i) of Eq. 5 training as IFCA's, as client work."""
+        if not self.scored.any():
+            return
+        topo, work = self.world.topology, []
+        for j in range(topo.n_edges):
+            members = topo.clients_of(j)
+            members = members[self.scored[members] > 0]
+            if len(members):
+                devices = [topo.client_device[c] for c in members]
+                work.append((j, members, self.scored[members] * FORWARD_FRACTION
+                             * self.world.cost.training_cost(devices, topo.n_samples[members], 1)))
+        self.scored[:] = 0.0
+        charge_client_work(ledger, env, topo, t, work)
 
     def save(self, state: ArmState) -> None:
         state.algorithm = self.state.state()
@@ -218,6 +239,7 @@ class GlobalRounds(RoundStrategy):
         models = run_group_rounds(world.engine, starts, sampled, t, _spec(world, t), algorithm, alg_state, scratch,
                                   state.momentum)                                  # compute, then time:
         self.fed.run_round(t, list(sampled.items()))
+        self.training.charge_scoring(state.ledger, self.env, t)
         x = algorithm.aggregate_cloud(alg_state, scratch, weights, [models[int(g)] for g in chosen], members,
                                       world.topology.n_samples)               # Line 15 / Eq. 4 / Eq. 39
         if clustered:
@@ -389,6 +411,8 @@ def train_groups(world: World, fed: Federation, t: int, starts: dict[int, torch.
         for c in uploads:
             uploads[c] = uploads[c] / lr
     fed.run_round(t, [(g, groups[g]) for g in starts])
+    if training is not None:
+        training.charge_scoring(fed.ctx.ledger, fed.ctx.env, t)
     return models
 
 
@@ -538,8 +562,8 @@ class PerGroupRounds(RoundStrategy):
     def evaluate(self, final: bool = False) -> float:
         world, plan, state = self.world, self.plan, self.state
         sampled = [] if final or state.t == 0 else self.ids
-        self._charge_evaluation()
         acc, loss = self.test_data.evaluate(state.models, state.assign, self.fallback, self.personal)
+        self._charge_evaluation()
         ref = self.reference[min(state.t, len(self.reference) - 1)].numpy()
         ipr, rsd = ipr_rsd(acc, ref)
         led, err = state.ledger, 1.0 - acc
@@ -560,17 +584,18 @@ class PerGroupRounds(RoundStrategy):
     def _charge_evaluation(self) -> None:
         """The client training an evaluation's personal models take (the algorithm's
         ``evaluation_passes`` × H_i(n_i): Finetune's fine-tuning, Per-FedAvg's adaptation step),
-        charged as client work like a probe, at every evaluation that computes them."""
-        passes = self.world.algorithm.evaluation_passes
-        if not passes:
-            return
+        charged as client work like a probe, at every evaluation that computes them; then the
+        forward passes with which the personal models were chosen (MAXFL's, FLSC's)."""
         world, state, topo = self.world, self.state, self.world.topology
-        work = []
-        for j in range(topo.n_edges):
-            members = topo.clients_of(j)
-            devices = [topo.client_device[c] for c in members]
-            work.append((j, members, passes * world.cost.training_cost(devices, topo.n_samples[members], 1)))
-        charge_client_work(state.ledger, self.env, topo, state.t, work)
+        passes = world.algorithm.evaluation_passes
+        if passes:
+            work = []
+            for j in range(topo.n_edges):
+                members = topo.clients_of(j)
+                devices = [topo.client_device[c] for c in members]
+                work.append((j, members, passes * world.cost.training_cost(devices, topo.n_samples[members], 1)))
+            charge_client_work(state.ledger, self.env, topo, state.t, work)
+        self.training.charge_scoring(state.ledger, self.env, state.t)
         state.sim_time = float(self.env.now)
 
     # -- membership, by the policy's declared regroup kind --------------------------------------------

@@ -1,6 +1,8 @@
 """HCCT's baselines as algorithms (emulator/baselines_hcct.py): FedFA, MAXFL, FLSC and the
 personalisation layers of HCCT-P, each against a hand-computed case of its definition, then in
 whole per-group runs (and a kill/resume for those with state)."""
+import copy
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -14,7 +16,7 @@ from emulator.driver import ArmState, plan_arm, plan_arms, run_arm
 from emulator.errors import InputError
 from emulator.federation import Group, client_seeds
 from emulator.rng import rng
-from emulator.rounds import _Training
+from emulator.rounds import FORWARD_FRACTION, _Training
 from emulator.world import build_world
 
 
@@ -202,7 +204,29 @@ def test_maxfl_charges_two_training_passes(tiny_dict, tmp_path):
     tiny_dict["train"]["algorithm"] = "fedavg"
     world = build_world(parse_config(tiny_dict))
     fedavg = run_arm(world, plan_arm(world, 0), tmp_path / "fedavg")
-    assert maxfl["training_cost"].iloc[-1] == pytest.approx(2 * fedavg["training_cost"].iloc[-1])
+    topo = world.topology
+    epoch = world.cost.training_cost([topo.client_device[c] for c in range(topo.n_clients)], topo.n_samples, 1).sum()
+    # plus its scoring: 2 models a client when it decides (round 0) and at each of 2 evaluations
+    assert maxfl["training_cost"].iloc[-1] == pytest.approx(2 * fedavg["training_cost"].iloc[-1]
+                                                            + 3 * 2 * FORWARD_FRACTION * epoch)
+
+
+def test_scoring_forward_passes_are_charged_as_training(tiny_dict, tmp_path):
+    """Every model a client scores on its training data is a third of an epoch of Eq. 5 training
+    (FORWARD_FRACTION, as IFCA's): FedFA scores its start model once a group round; MAXFL scores
+    the global model and its own at every evaluation to pick the one it uses."""
+    tiny_dict["train"]["local_epochs"] = 1
+    runs = {}
+    for name in ("fedavg", "fedfa", "maxfl"):
+        world = build_world(_pergroup(copy.deepcopy(tiny_dict), name, rounds=1))
+        runs[name] = run_arm(world, plan_arm(world, 0), tmp_path / name)
+    topo = world.topology
+    epoch = world.cost.training_cost([topo.client_device[c] for c in range(topo.n_clients)], topo.n_samples, 1).sum()
+    assert runs["fedavg"]["training_cost"].iloc[0] == 0.0
+    assert runs["fedfa"]["training_cost"].iloc[-1] == pytest.approx(
+        runs["fedavg"]["training_cost"].iloc[-1] + FORWARD_FRACTION * epoch)
+    # round 0's evaluation: 2 models scored by each client, before any training
+    assert runs["maxfl"]["training_cost"].iloc[0] == pytest.approx(2 * FORWARD_FRACTION * epoch)
 
 
 def test_fedfa_runs_in_global_mode_and_the_others_refuse_it(tiny_dict, tmp_path):
