@@ -1,12 +1,16 @@
 """Output files: check an output path is writable before any work starts, then write atomically
-(a reader never sees a half-written result file, a kill leaves the old one)."""
+(a reader never sees a half-written result file, a kill leaves the old one); worker processes
+exit with the run that started them (:func:`exit_with_parent`)."""
 from __future__ import annotations
 
 import errno
 import json
 import os
+import select
 import shutil
 import tempfile
+import threading
+import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -144,3 +148,36 @@ def _acquire(run_dir: Path):
     f.write(f"{os.getpid()}\n")
     f.flush()
     return f
+
+
+def exit_with_parent(parent: int | None = None, poll_s: float = 0.5) -> None:
+    """Called first in a worker process: exit as soon as process ``parent`` (default: this
+    process's parent) is gone. A run killed by SIGTERM or SIGKILL then takes its workers down with
+    it; an orphan would go on writing its arm's checkpoints while the resumed run writes the same
+    arm. A forkserver's workers name the run's pid: the forkserver outlives the run while any of
+    them lives (each holds its liveness pipe)."""
+    parent = os.getppid() if parent is None else parent
+    try:
+        handle = os.pidfd_open(parent)     # readable once the process has exited (Linux 5.3+)
+    except ProcessLookupError:
+        os._exit(1)
+    except (AttributeError, OSError):
+        handle = None
+
+    def gone() -> bool:
+        if handle is not None:
+            return bool(select.select([handle], [], [], 0)[0])
+        try:
+            os.kill(parent, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass
+        return False
+
+    def watch() -> None:
+        while not gone():
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()

@@ -39,6 +39,7 @@ from torch import nn
 
 from topologies import Dataset
 
+from .io import exit_with_parent
 from .models import build_model
 
 log = logging.getLogger(__name__)
@@ -217,6 +218,7 @@ _WORKER: BatchedEngine | None = None
 
 
 def _worker_init() -> None:
+    exit_with_parent()
     torch.set_num_threads(1)   # one process per core: more threads only contend
     # Ctrl-C reaches the whole process group; the parent stops the run and says so in one line,
     # so the workers ignore it rather than print a KeyboardInterrupt traceback each

@@ -34,7 +34,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from emulator.errors import DivergenceError, InputError, WorkerLostError
-from emulator.io import atomic_write
+from emulator.io import atomic_write, exit_with_parent
 
 from .tasks import MANIFEST, execute
 
@@ -262,7 +262,8 @@ def _run_pool(tasks: Sequence, jobs: int, on_start: Callable, on_done: Callable)
     the tasks it held are submitted again to a new pool and resume from their checkpoints."""
     queue_, started, losses = list(tasks), set(), {}
     while queue_:
-        with ProcessPoolExecutor(jobs, mp_context=_context()) as pool:
+        with ProcessPoolExecutor(jobs, mp_context=_context(), initializer=exit_with_parent,
+                                 initargs=(os.getpid(),)) as pool:
             pending, broken = {}, False
             while (queue_ or pending) and not broken:
                 while queue_ and len(pending) < jobs:     # submit as workers free up: on_start is honest

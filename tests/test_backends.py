@@ -61,6 +61,47 @@ def test_a_pool_worker_killed_by_the_os_is_replaced_and_the_run_completes(tmp_pa
                                       check_exact=True)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_killed_run_takes_its_pool_workers_down_and_resumes_to_the_same_tables(tmp_path, tiny_dict):
+    """SIGTERM to the run (a scheduler's stop): no worker goes on writing an arm's checkpoints
+    behind it, and the same command then finishes with the uninterrupted run's tables."""
+    raw = {**tiny_dict, "seeds": [0, 1], "arms": tiny_dict["arms"][:1], "train": {**tiny_dict["train"], "rounds": 30}}
+    raw.pop("seed")
+    run_experiment(parse_config(raw), tmp_path / "whole", jobs=1, progress=False)
+    import tomli_w
+
+    (tmp_path / "run.toml").write_text(tomli_w.dumps(raw))
+    out = tmp_path / "killed"
+    command = [sys.executable, "-m", "experiments.cli", "run", str(tmp_path / "run.toml"), "--output", str(out),
+               "--jobs", "2", "--quiet"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers, deadline = [], time.time() + 300
+    while not workers and proc.poll() is None and time.time() < deadline:
+        if list(out.glob("seed-*/*/checkpoint.pt")):        # mid-run: the workers hold arms
+            workers = [w for fs in _children(proc.pid) for w in _children(fs)]   # forkserver -> workers
+        time.sleep(0.01)
+    assert workers, "the run finished before it could be killed"
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    deadline = time.time() + 30
+    while any(_alive(w) for w in workers) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(w) for w in workers), "a pool worker outlived the killed run"
+    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    for name in ("runs.csv", "summary.csv"):
+        pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "whole" / name), pd.read_csv(out / name),
+                                      check_exact=True)
+
+
 def test_task_device_asks_for_cuda_only_with_gpus():
     assert task_device("cpu", 0.0, [], False, "n1") is None        # no --gpus-per-task: the config's
     assert task_device("cpu", 0.5, [0], True, "n1") == "cuda"      # Ray's GPU is the first visible one
