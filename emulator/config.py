@@ -5,6 +5,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import InputError
@@ -105,6 +106,17 @@ class LinkConfig(_Strict):
     latency_s: float = Field(ge=0, description="One-way latency in seconds.")
 
 
+class ArrivalsConfig(_Strict):
+    """Clients that join a run after it started (HCCT Sec. 7.3, Fig. 3): clients 0..initial−1
+    train from round 0; the others join in index order, ``per_arrival`` at rounds ``every``,
+    2·``every``, ... (a newcomer starts from the initial model). Per-group mode, with a grouping
+    that places clients every round."""
+
+    initial: int = Field(ge=1, description="Clients present at round 0 (the first ones by index).")
+    every: int = Field(10, ge=1, description="Rounds between arrivals.")
+    per_arrival: int = Field(1, ge=0, description="Clients that join at each arrival (HCCT: N_new).")
+
+
 class TopologyConfig(_Strict):
     edges: int = Field(3, ge=1, description="Number of edge servers.")
     clients_per_edge: int | list[int] = Field(100, description="Clients on each edge, or a list with one "
@@ -117,6 +129,8 @@ class TopologyConfig(_Strict):
                                     description="The link between a client and its edge.")
     edge_link: LinkConfig = Field(LinkConfig(bandwidth_mbps=1000.0, latency_s=0.01),
                                   description="The link between an edge and the cloud.")
+    arrivals: ArrivalsConfig | None = Field(None, description="Clients joining mid-run (HCCT Fig. 3); "
+                                            "unset: every client from round 0.")
 
     @model_validator(mode="after")
     def _sizes(self):
@@ -284,7 +298,29 @@ class RunConfig(_Strict):
             raise ValueError("arm names must be unique")
         if self.seeds is not None and len(set(self.seeds)) != len(self.seeds):
             raise ValueError("seeds must be distinct")
+        self._check_arrivals()
         return self
+
+    def _check_arrivals(self) -> None:
+        a, n = self.topology.arrivals, sum(self.topology.sizes)
+        if a is None:
+            return
+        if self.mode != "per-group":
+            raise ValueError("topology.arrivals: clients join mid-run in per-group mode only; set mode = "
+                             "\"per-group\" or remove topology.arrivals")
+        if a.initial > n:
+            raise ValueError(f"topology.arrivals.initial: {a.initial} is more than the topology's {n} clients; "
+                             f"lower it or add clients")
+        if n > a.initial:
+            if a.per_arrival == 0:
+                raise ValueError(f"topology.arrivals.per_arrival: 0 means no client joins, but the topology has "
+                                 f"{n - a.initial} clients beyond the initial {a.initial}; set clients_per_edge to "
+                                 f"{a.initial} or per_arrival >= 1")
+            last = int(arrival_rounds(a, n)[-1])
+            rounds = self.train.rounds
+            if rounds is not None and last >= rounds:
+                raise ValueError(f"topology.arrivals: the last of {n} clients would join at round {last}, after "
+                                 f"the {rounds} rounds; raise train.rounds above {last} or use fewer clients")
 
     @property
     def test_fraction(self) -> float:
@@ -296,6 +332,16 @@ class RunConfig(_Strict):
     def seed_list(self) -> list[int]:
         """The seeds to run: ``seeds`` when given, else the single ``seed``."""
         return list(self.seeds) if self.seeds is not None else [self.seed]
+
+
+def arrival_rounds(arrivals: ArrivalsConfig | None, n_clients: int) -> np.ndarray:
+    """The round each client joins (HCCT Sec. 7.3, Fig. 3): 0 for the first ``initial``, then
+    ``per_arrival`` clients at each multiple of ``every``, in index order."""
+    out = np.zeros(n_clients, dtype=np.int64)
+    if arrivals is not None and n_clients > arrivals.initial:
+        later = np.arange(n_clients - arrivals.initial)
+        out[arrivals.initial:] = arrivals.every * (1 + later // max(arrivals.per_arrival, 1))
+    return out
 
 
 _FIX = {

@@ -64,6 +64,7 @@ from policies.grouping import EdgeView
 
 from .algorithms import Algorithm, AlgorithmContext, AlgorithmState, FedAvg
 from .compute import LocalSpec, run_group_rounds
+from .config import arrival_rounds
 from .driver import ArmPlan, ArmState, RoundStrategy, budget_error, input_warnings, new_federation, norm_growth, \
     sample_groups
 from .errors import DivergenceError, InputError
@@ -90,6 +91,8 @@ LOSS_BLOWUP = 3.0
 # A forward pass costs about a third of a training step (forward + backward ≈ 3 forwards), so
 # evaluating k cluster models on n_i samples ("every-round" regrouping) is charged k·H_i(n_i)/3.
 FORWARD_FRACTION = 1.0 / 3.0
+# the regroup kinds that place every client every round, so can take clients joining mid-run
+ARRIVAL_KINDS = ("merge", "every-round")
 REFERENCE = "local-reference-seed{seed}.pt"
 
 
@@ -485,6 +488,11 @@ class PerGroupRounds(RoundStrategy):
         if cfg.train.rounds is None:
             raise InputError("train.rounds: per-group mode needs a number of rounds (the local-training "
                              "reference trains that many); set it")
+        if cfg.topology.arrivals is not None and plan.regroup not in ARRIVAL_KINDS:
+            raise InputError(f"{where}.grouping: {plan.grouping.name!r} regroups by {plan.regroup!r}, so it cannot "
+                             f"place clients that join mid-run (topology.arrivals); use a policy that places every "
+                             f"client every round (e.g. hcct with schedule = \"alg1\", ifca) or remove "
+                             f"topology.arrivals")
 
     def __init__(self, world: World, plan: ArmPlan, arm_dir: Path, state: ArmState):
         super().__init__(world, plan, arm_dir, state)
@@ -494,6 +502,7 @@ class PerGroupRounds(RoundStrategy):
         self.train_data = LocalData(world, world.topology.client_samples) if self.kind == "every-round" else None
         self.fallback = world.engine.initial_weights(world.config.seed)
         self.ids: list[int] = []
+        self.arrival = arrival_rounds(world.config.topology.arrivals, world.topology.n_clients)
         algorithm = world.algorithm
         self.personal = None   # evaluate with the group's model, unless the algorithm personalises it
         if type(algorithm).personal_model is not Algorithm.personal_model:
@@ -510,6 +519,7 @@ class PerGroupRounds(RoundStrategy):
             grouping = singletons(world) if merge else form_groups(world, plan.grouping, 0)
             per_edge = plan.grouping.n_clusters if self.kind in ("every-round", "nearest") else None
             _start_models(world, state, grouping, per_edge)
+            state.assign[self.arrival > 0] = -1   # not arrived yet: in no group
             if self.kind in ("merge", "split", "nearest"):   # each client's latest upload
                 state.gradients = state.models.new_zeros(world.topology.n_clients, world.engine.n_params)
                 state.uploaded = np.zeros(world.topology.n_clients, dtype=bool)
@@ -523,6 +533,8 @@ class PerGroupRounds(RoundStrategy):
         state.warnings = input_warnings(world, plan, len(current_groups(world, state)))
 
     def before_round(self, t: int) -> None:
+        if t > 0 and self.kind == "merge":
+            self._arrive(t)
         if self.kind == "cluster" and t == self.plan.grouping.cluster_round:
             self._cluster(t)
         elif self.kind == "every-round":
@@ -565,6 +577,8 @@ class PerGroupRounds(RoundStrategy):
         acc, loss = self.test_data.evaluate(state.models, state.assign, self.fallback, self.personal)
         self._charge_evaluation()
         ref = self.reference[min(state.t, len(self.reference) - 1)].numpy()
+        here = self.arrival <= state.t   # the clients that have joined (all, without topology.arrivals)
+        acc, loss, ref = acc[here], loss[here], ref[here]
         ipr, rsd = ipr_rsd(acc, ref)
         led, err = state.ledger, 1.0 - acc
         training = led.by_component.get(TRAINING, 0.0)
@@ -592,6 +606,7 @@ class PerGroupRounds(RoundStrategy):
             work = []
             for j in range(topo.n_edges):
                 members = topo.clients_of(j)
+                members = members[self.arrival[members] <= state.t]
                 devices = [topo.client_device[c] for c in members]
                 work.append((j, members, passes * world.cost.training_cost(devices, topo.n_samples[members], 1)))
             charge_client_work(state.ledger, self.env, topo, state.t, work)
@@ -606,6 +621,9 @@ class PerGroupRounds(RoundStrategy):
         world, state, topo, work = self.world, self.state, self.world.topology, []
         for j in range(topo.n_edges):
             members = topo.clients_of(j)
+            members = members[self.arrival[members] <= t]
+            if not len(members):
+                continue
             rows = [m for m, e in enumerate(state.model_edge) if e == j]
             losses = np.stack([self.train_data.score(state.models[m], members)[1] for m in rows], axis=1)
             state.assign[members] = np.array(rows)[self.plan.grouping.assign(losses)]
@@ -629,13 +647,27 @@ class PerGroupRounds(RoundStrategy):
         state.models, state.model_edge, state.assign = torch.stack(models), [j for j, _ in clusters], assign
         charge_client_work(state.ledger, self.env, topo, t, work)
 
+    def _arrive(self, t: int) -> None:
+        """The clients that join at round t (``topology.arrivals``, HCCT Sec. 7.3): each its own
+        group from the initial model, without an upload, so that :meth:`_merge` probes it and
+        Alg. 2 places it by the utility of Eqs. 15-16 in the same round."""
+        state, topo = self.state, self.world.topology
+        new = np.flatnonzero(self.arrival == t)
+        if not len(new):
+            return
+        state.models = torch.cat([state.models, self.fallback.expand(len(new), -1)])
+        for c in new:
+            state.model_edge.append(int(topo.client_edge[c]))
+            state.assign[c] = len(state.model_edge) - 1
+        state.uploaded[new] = False
+
     def _merge(self, t: int) -> None:
         """"merge" (HCCT Alg. 1 line 6 at epoch t ≥ 1): on each edge, :meth:`repartition` (Alg. 2)
         merges the current groups on the clients' latest uploaded gradients; a merged group
         starts from its members' sample-weighted mean model (Alg. 1 line 15). A client without
         an upload runs a charged probe epoch first."""
         world, state, topo = self.world, self.state, self.world.topology
-        missing = np.flatnonzero(~state.uploaded)
+        missing = np.flatnonzero(~state.uploaded & (state.assign >= 0))
         work = []
         lr = _lr(world, t)
         for j in np.unique(topo.client_edge[missing]):
@@ -654,6 +686,8 @@ class PerGroupRounds(RoundStrategy):
             local = {int(c): i for i, c in enumerate(clients)}
             current = [np.array([local[int(c)] for c in np.flatnonzero(state.assign == m)])
                        for m in range(len(state.models)) if state.model_edge[m] == j and (state.assign == m).any()]
+            if not current:   # nobody on this edge has joined yet
+                continue
             view = EdgeView(topo.label_counts[clients], state.gradients[clients].cpu().numpy().astype(np.float64),
                             slices)
             for group in self.plan.grouping.repartition(view, current):
