@@ -20,6 +20,7 @@ runs them with :func:`experiments.sweep.run_sweep` (any backend; a rerun resumes
 """
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import tomllib
@@ -147,7 +148,7 @@ def resolve(rep: Reproduction, quick: bool, data_path: str | None = None,
     sweep = tomllib.loads((rep.folder / "sweep.toml").read_text())
     base_path = (rep.folder / sweep["base"]).resolve()
     base = tomllib.loads(base_path.read_text())
-    for path, value in rep.set.items():
+    for path, value in copy.deepcopy(rep.set).items():   # a later setting below a table must not edit rep.set
         set_path(base, path, value)
     path = _get(base, "data.path")
     if path and not Path(path).is_absolute():   # relative to the repository root (shared/ beside it)
@@ -160,7 +161,7 @@ def resolve(rep: Reproduction, quick: bool, data_path: str | None = None,
             set_path(base, path, value)
     elif quick:
         shared = _quick_shared() if rep.quick.get("shared", True) else {}
-        for path, value in {**shared.get("set", {}), **rep.quick.get("set", {})}.items():
+        for path, value in copy.deepcopy({**shared.get("set", {}), **rep.quick.get("set", {})}).items():
             old = _get(base, path)
             set_path(base, path, value)
             if old != value:
