@@ -77,6 +77,7 @@ class Reproduction:
     needs: str = ""                      # a missing feature: the run is refused with this line
     notes: str = ""                      # the paper's setting and where ours differs
     sources: dict[str, str] = field(default_factory=dict)  # setting key -> where its value comes from
+    curves: tuple[str, ...] = ()         # results columns also drawn against the round (a learning-curve figure)
 
     @property
     def folder(self) -> Path:
@@ -90,6 +91,7 @@ def load(name: str) -> Reproduction:
         raise InputError(f"reproduce: no reproduction {name!r}; choose one of {', '.join(names())}")
     raw = tomllib.loads(path.read_text())
     raw["metrics"] = tuple(Metric(**m) for m in raw.get("metrics", []))
+    raw["curves"] = tuple(raw.get("curves", ()))
     return Reproduction(name=name, **raw)
 
 
@@ -412,10 +414,11 @@ def render(table) -> str:
     return text
 
 
-def figure(rep: Reproduction, root: Path, out: Path, log_cost: bool = False) -> Path:
-    """Accuracy against Eq. 5 cost: one mean curve (95 % band over seeds) per point and arm.
-    ``log_cost``: a logarithmic cost axis from the first evaluation on, where methods that meet at
-    a plateau still differ early in training."""
+def figure(rep: Reproduction, root: Path, out: Path, log_cost: bool = False, x: str = "cost",
+           y: str = "accuracy") -> Path:
+    """Accuracy against Eq. 5 cost (or column ``y`` against ``x``): one mean curve (95 % band over
+    seeds) per point and arm. ``log_cost``: a logarithmic cost axis from the first evaluation on,
+    where methods that meet at a plateau still differ early in training."""
     import pandas as pd
 
     from emulator.io import atomic_write
@@ -431,7 +434,7 @@ def figure(rep: Reproduction, root: Path, out: Path, log_cost: bool = False) -> 
                           if runs.groupby("point")[a].nunique().max() == 1 and runs[a].nunique() > 1
                           and not str(df[a].iloc[0]).startswith(("[", "{"))) or point   # an arms list names itself per curve
         labelled[label] = df
-    fig = band_figure(labelled, title=f"{rep.paper} {rep.figure} (groupfel)")
+    fig = band_figure(labelled, x=x, y=y, title=f"{rep.paper} {rep.figure} (groupfel)")
     fig.axes[0].set_ylim(0, 1)   # 2-seed t bands reach far past [0, 1]
     if log_cost:
         fig.axes[0].set_xscale("log", nonpositive="mask")
@@ -541,6 +544,7 @@ def _finish(rep: Reproduction, name: str, out: Path, text: str, sweep: dict) -> 
     atomic_write(out / f"{name}.csv", lambda p: table.to_csv(p, index=False))
     fig = figure(rep, out, out / "accuracy_vs_cost.png")
     fig_log = figure(rep, out, out / "accuracy_vs_cost_log.png", log_cost=True)
+    curves = [figure(rep, out, out / f"{y}_vs_round.png", x="round", y=y) for y in rep.curves]
     report = build_report(out)
     atomic_write(out / "NOTES.txt", lambda p: p.write_text(text + "\n"))
     # one line per (seed, arm) run that stopped diverged, so that the committed folder records it
@@ -552,7 +556,8 @@ def _finish(rep: Reproduction, name: str, out: Path, text: str, sweep: dict) -> 
         print(f"paper ({c['source']}): {c['claim']}")
     if claims:
         print(ranking(table))
-    print(f"\ntable: {out / (name + '.csv')}\nfigure: {fig} (log cost: {fig_log.name})\nreport: {report}\nnotes: {out / 'NOTES.txt'}")
+    print(f"\ntable: {out / (name + '.csv')}\nfigure: {fig} (log cost: {fig_log.name})"
+          + "".join(f"\nfigure: {c}" for c in curves) + f"\nreport: {report}\nnotes: {out / 'NOTES.txt'}")
     return report_diverged(out)
 
 

@@ -154,7 +154,7 @@ def test_tiny_quick_reproduction_runs_end_to_end(tmp_path, monkeypatch, capsys):
     quick = (reproduce.ROOT / "quick.toml").read_text().replace("8000.0", "1200.0")
     (root / "quick.toml").write_text(quick)
     toml = root / "table1" / "reproduction.toml"
-    toml.write_text(toml.read_text().replace("[sources]\n", '[quick.axes]\n"data.alpha" = [0.1]\n'
+    toml.write_text('curves = ["loss"]\n' + toml.read_text().replace("[sources]\n", '[quick.axes]\n"data.alpha" = [0.1]\n'
                                              '"arms.0.grouping.max_cov" = [0.5]\n\n[sources]\n'
                                              '"quick.axes" = "assumed: one point for the test"\n'))
     monkeypatch.setattr(reproduce, "ROOT", root)
@@ -171,7 +171,7 @@ def test_tiny_quick_reproduction_runs_end_to_end(tmp_path, monkeypatch, capsys):
     assert 0 <= acc["ours"] <= 100
     size = table[table["metric"] == "size_min"].iloc[0]
     assert size["ours"] >= 5 and size["paper"] == 5
-    for f in ("accuracy_vs_cost.png", "accuracy_vs_cost_log.png", "report.html", "NOTES.txt"):
+    for f in ("accuracy_vs_cost.png", "accuracy_vs_cost_log.png", "loss_vs_round.png", "report.html", "NOTES.txt"):
         assert (out / f).stat().st_size > 0
     with open(out / "table1.csv", newline="") as f:
         assert "paper" in next(csv.reader(f))
