@@ -292,8 +292,16 @@ def grid(name: str, mode: str, rows: str, cols: str, cell) -> str:
     lines = [f"| {rows.rsplit('.', 1)[-1]} \\ {cols.rsplit('.', 1)[-1]} |" + "".join(f" {c} |" for c in cv),
              "|---" * (1 + len(cv)) + "|"]
     for r in rv:
-        lines.append(f"| {r} |" + "".join(f" {cell(r, c)} |" for c in cv))
+        lines.append(f"| {r} |" + "".join(f" {_or_dash(cell, r, c)} |" for c in cv))
     return "\n".join(lines)
+
+
+def _or_dash(cell, r, c) -> str:
+    """A grid cell, or "—" where that point did not run that arm (HCCT Fig. 6: no K = 10 at N = 10)."""
+    try:
+        return cell(r, c)
+    except IndexError:
+        return "—"
 
 
 def table2(mode: str) -> str:
