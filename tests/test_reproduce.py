@@ -18,7 +18,7 @@ EXPECTED = {"table1": "Table 1", "table2": "Table 2", "fig2b": "Fig. 2(b)", "fig
             "figs10-12": "Figs. 10-12", "fig13": "Fig. 13", "fig14": "Fig. 14", "fig15": "Fig. 15",
             "fig5": "Fig. 5", "fig6": "Fig. 6", "fig7": "Fig. 7", "hcct-table4": "Table 4 (FMNIST)",
             "hcct-table4-digit": "Tables 4-5 (Digit)", "hcct-table4-cifar10": "Table 4 (CIFAR-10)",
-            "hcct-fig3": "Fig. 3", "hcct-fig4": "Fig. 4", "hcct-fig5": "Fig. 5", "hcct-fig6": "Fig. 6",
+            "fig14-fsdd": "Fig. 14 (Speech Commands, Sec. 6.4)", "hcct-fig3": "Fig. 3", "hcct-fig4": "Fig. 4", "hcct-fig5": "Fig. 5", "hcct-fig6": "Fig. 6",
             "fedcollab-table2": "Table 2 (label shift)", "fedcollab-table1": "Table 1 (label shift)",
             "fedcollab-table2-shifts": "Table 2 (feature and concept shift)"}
 
