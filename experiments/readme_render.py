@@ -285,10 +285,11 @@ def methods_table(name: str, mode: str, rows: list, ref: tuple, costs: tuple[flo
     return "\n".join(lines)
 
 
-def grid(name: str, mode: str, rows: str, cols: str, cell) -> str:
-    """A rows × cols table of ``cell(row_value, col_value)`` over the sweep's points."""
+def grid(name: str, mode: str, rows: str, cols: str, cell, order: list | None = None) -> str:
+    """A rows × cols table of ``cell(row_value, col_value)`` over the sweep's points (the columns
+    in ``order`` where given, else as they first appear)."""
     summ = _csv(name, mode, "sweep-summary.csv")
-    rv, cv = list(dict.fromkeys(summ[rows])), list(dict.fromkeys(summ[cols]))
+    rv, cv = list(dict.fromkeys(summ[rows])), order or list(dict.fromkeys(summ[cols]))
     lines = [f"| {rows.rsplit('.', 1)[-1]} \\ {cols.rsplit('.', 1)[-1]} |" + "".join(f" {c} |" for c in cv),
              "|---" * (1 + len(cv)) + "|"]
     for r in rv:
