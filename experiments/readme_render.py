@@ -301,7 +301,7 @@ def _or_dash(cell, r, c) -> str:
     """A grid cell, or "—" where that point did not run that arm (HCCT Fig. 6: no K = 10 at N = 10)."""
     try:
         return cell(r, c)
-    except IndexError:
+    except KeyError:   # _select: no rows for that arm at that point
         return "—"
 
 
@@ -368,7 +368,8 @@ def render(template: Path = TEMPLATE) -> str:
     def value(m: re.Match) -> str:
         expr = m.group(1).strip()
         try:
-            return str(eval(expr, {"__builtins__": {"dict": dict}}, dict(FUNCTIONS)))  # noqa: S307 (our own template)
+            # the functions as globals, so that a lambda in the template (a grid's cell) sees them
+            return str(eval(expr, {"__builtins__": {"dict": dict}, **FUNCTIONS}))  # noqa: S307 (our own template)
         except Exception as e:  # noqa: BLE001
             raise ValueError(f"{template.name}: {{{{ {expr} }}}}: {type(e).__name__}: {e}") from e
 
