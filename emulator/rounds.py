@@ -708,8 +708,31 @@ class PerGroupRounds(RoundStrategy):
                 "grouping_policy": plan.grouping.name,
                 "sampling_policy": plan.sampling.name if plan.arm.sampling is not None else "all groups",
                 "groups_per_round": None, "grouping": state.initial_grouping,
-                "final_grouping": _summary(self.world, state, {}),
+                "final_grouping": _summary(self.world, state, {"objective": self._objective()}),
                 "regroupings": max(state.t - 1, 0) if self.kind == "merge" else 0}
+
+    def _objective(self) -> float | None:
+        """The policy's objective (:meth:`GroupingPolicy.objective`) of the final groups on the
+        clients' last uploads, summed over edges; None without uploads or an objective."""
+        world, state, topo = self.world, self.state, self.world.topology
+        if state.gradients is None:
+            return None
+        total, slices = 0.0, layer_slices(world.engine)
+        for j in range(topo.n_edges):
+            clients = topo.clients_of(j)
+            clients = clients[state.assign[clients] >= 0]
+            if not len(clients):
+                continue
+            local = {int(c): i for i, c in enumerate(clients)}
+            groups = [np.array([local[int(c)] for c in g]) for g in
+                      (np.flatnonzero(state.assign == m) for m in np.unique(state.assign[clients]))]
+            view = EdgeView(topo.label_counts[clients], state.gradients[clients].cpu().numpy().astype(np.float64),
+                            slices)
+            value = self.plan.grouping.objective(view, groups)
+            if value is None:
+                return None
+            total += value
+        return total
 
     def _split(self, t: int) -> None:
         """"split" (CFL): every group whose members all trained in round t − 1 may split

@@ -46,8 +46,9 @@ DATA_NAMES = {"digits": "scikit-learn digits", "fashion-mnist": "Fashion-MNIST",
 @dataclass(frozen=True)
 class Metric:
     """A table column: ``ours`` is a per-seed value: a headline metric of per_seed.csv
-    (``final_acc``), a manifest grouping field (``grouping.size_mean``) or the last evaluation of a
-    results column (``last.ipr``); ``scale`` converts it to the paper's unit (100 for %)."""
+    (``final_acc``), a manifest grouping field (``grouping.size_mean``, or of the final groups in
+    per-group mode, ``final_grouping.objective``) or the last evaluation of a results column
+    (``last.ipr``); ``scale`` converts it to the paper's unit (100 for %)."""
     name: str
     ours: str
     scale: float = 1.0
@@ -338,9 +339,10 @@ def _per_seed(rep: Reproduction, point_dir: Path, arm: str, seeds: list[int], ru
     for m in rep.metrics:
         values = []
         for s in seeds:
-            if m.ours.startswith("grouping."):
+            if m.ours.startswith(("grouping.", "final_grouping.")):
                 manifest = json.loads((point_dir / f"seed-{s}" / arm / "manifest.json").read_text())
-                v = (manifest.get("grouping") or {}).get(m.ours.removeprefix("grouping."))
+                which, _, key = m.ours.partition(".")
+                v = (manifest.get(which) or {}).get(key)
             elif m.ours.startswith("last."):
                 r = runs[(runs["seed"] == s) & (runs["arm"] == arm)]
                 v = r[m.ours.removeprefix("last.")].iloc[-1] if len(r) else None

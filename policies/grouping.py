@@ -114,6 +114,12 @@ class GroupingPolicy(ABC):
         fix it, as ``"<parameter>: <message>"`` (or None for the loop's generic message)."""
         return None
 
+    def objective(self, view: EdgeView, groups: list[np.ndarray]) -> float | None:
+        """The value this policy maximises over a partition of ``view``'s clients into ``groups``
+        (row indices), for the record (per-group mode's manifest: ``final_grouping.objective``);
+        None: the policy has none."""
+        return None
+
 
 groupings.contract = (GroupingPolicy, "group", ("view", "rng"))
 

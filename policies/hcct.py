@@ -174,6 +174,12 @@ class HCCTGrouping(GroupingPolicy):
                 groups, self.min_group_size, lambda m: -group_utility(grads, sizes, m, self.alpha))
         return EdgeGrouping([np.array(g, dtype=int) for g in groups], leftover_clients=touched)
 
+    def objective(self, view: EdgeView, groups: list[np.ndarray]) -> float:
+        """The clients' summed utility Σ_G Σ_{i∈G} U_i (HCCT Eqs. 9, 14; β omitted), which Alg. 2
+        raises with every merge (HCCT Fig. 5's utility)."""
+        grads = self._gradients(view)
+        return float(sum(group_utility(grads, view.n_samples, g, self.alpha) for g in groups))
+
     def repartition(self, view: EdgeView, groups: list[np.ndarray]) -> list[np.ndarray]:
         """ClientPartition({g_i^t}, {C_k}) (HCCT Alg. 1 line 6, Alg. 2): merge the current
         ``groups`` (row indices of ``view``) by their gradients; unions of them."""

@@ -16,7 +16,7 @@ from emulator.driver import CHECKPOINT, plan_arm, run_arm
 from emulator.world import build_world
 from experiments.runner import run_experiment
 from policies import groupings
-from policies.hcct import hcct_partition
+from policies.hcct import group_utility, hcct_partition
 from policies.pergroup import FedClar, Ifca
 
 
@@ -337,3 +337,20 @@ def test_hcct_alg1_is_refused_in_global_mode(tiny_dict, tmp_path):
     with pytest.raises(InputError, match=r'arms\[0\]\.grouping\.schedule: "alg1" \(HCCT Alg\. 1\) runs in per-group'):
         run_experiment(parse_config(tiny_dict), tmp_path / "a", progress=False)
     assert not (tmp_path / "a").exists()
+
+
+def test_hcct_manifest_records_the_final_groups_utility(tiny_dict, tmp_path):
+    """HCCT Fig. 5's utility: Σ over the final groups of group_utility on the last uploads."""
+    cfg = _two_concepts(tiny_dict, [{"name": "hcct", "grouping": {"policy": "hcct", "alpha": 10.0}}])
+    world = build_world(cfg)
+    last = {}
+
+    def record(t, cost, acc):
+        blob = torch.load(tmp_path / "a" / CHECKPOINT, weights_only=True)
+        last.update(assign=blob["assign"].numpy(), grads=blob["gradients"].numpy().astype(np.float64))
+    run_arm(world, plan_arm(world, 0), tmp_path / "a", record)
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    sizes = world.topology.n_samples
+    by_hand = sum(group_utility(last["grads"], sizes, np.flatnonzero(last["assign"] == m), 10.0)
+                  for m in np.unique(last["assign"]))
+    assert manifest["final_grouping"]["objective"] == pytest.approx(by_hand)

@@ -179,3 +179,14 @@ def test_min_group_size_merges_short_groups_where_utility_drops_least(digits):
 def test_needs_gradients():
     with pytest.raises(ValueError, match="gradients"):
         groupings.make("hcct", {}).group(EdgeView(np.ones((3, 2))), None)
+
+
+def test_objective_is_the_summed_utility_by_hand():
+    """Two clients with the same gradient direction in one group (D = 30): U = 2(−α/30 + 1); a
+    third alone with 10 samples: −α/10 + 1 (its own gradient, cosine 1)."""
+    counts = np.array([[10, 0], [0, 20], [5, 5]])
+    grads = np.array([[1.0, 0.0], [2.0, 0.0], [0.0, 3.0]])
+    policy = groupings.make("hcct", {"alpha": 3.0})
+    value = policy.objective(EdgeView(counts, grads), [np.array([0, 1]), np.array([2])])
+    assert value == pytest.approx(2 * (-3.0 / 30 + 1) + (-3.0 / 10 + 1))
+    assert groupings.make("rg", {}).objective(EdgeView(counts), [np.arange(3)]) is None
