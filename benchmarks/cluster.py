@@ -33,10 +33,10 @@ from pathlib import Path  # noqa: E402
 
 import pandas as pd  # noqa: E402
 
-from emulator.config import parse_config  # noqa: E402
-from experiments.backends import RayOptions  # noqa: E402
-from experiments.runner import run_experiment  # noqa: E402
-from experiments.sweep import run_sweep  # noqa: E402
+from groupfel.emulator.config import parse_config  # noqa: E402
+from groupfel.experiments.backends import RayOptions  # noqa: E402
+from groupfel.experiments.runner import run_experiment  # noqa: E402
+from groupfel.experiments.sweep import run_sweep  # noqa: E402
 
 BASE = """
 name = "bench"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sweep import TreeCPU
 
-from experiments.runner import default_config, run_experiment
+from groupfel.experiments.runner import default_config, run_experiment
 
 
 def main() -> None:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from emulator.config import load_config
-from experiments.runner import run_experiment
+from groupfel.emulator.config import load_config
+from groupfel.experiments.runner import run_experiment
 
 CONFIG = Path(__file__).parents[1] / "experiments" / "configs" / "table1-fmnist.toml"
 

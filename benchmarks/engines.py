@@ -3,7 +3,7 @@
     python benchmarks/engines.py [--models cnn,mlp,resnet-1] [--repeats 5] [--groups 12] [--size 6] [--batch 32] [--threads N]
 
 Fashion-MNIST, 12 sampled groups of 6 clients of 20-200 samples (Table 1's client sizes), K = 5,
-E = 2, B = 32: each repeat runs the round's compute (:func:`emulator.compute.run_group_rounds`, one
+E = 2, B = 32: each repeat runs the round's compute (:func:`groupfel.emulator.compute.run_group_rounds`, one
 engine call per group round) and then its simulated time and charges (the SimPy processes, the
 budget pricing), the way the run loop does. Printed per model, medians over the repeats, all in
 one process: the sequential and the batched engine's seconds per round and the ratio, each as
@@ -22,12 +22,12 @@ import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from cost_models import CostModel, get_profile
-from emulator.compute import LocalSpec, run_group_rounds
-from emulator.federation import Federation, Group, RoundContext
-from emulator.ledger import CostLedger
-from emulator.training import BatchedEngine, TorchEngine
-from topologies import Link, build_topology, client_sizes, label_matrix, load_dataset
+from groupfel.cost_models import CostModel, get_profile
+from groupfel.emulator.compute import LocalSpec, run_group_rounds
+from groupfel.emulator.federation import Federation, Group, RoundContext
+from groupfel.emulator.ledger import CostLedger
+from groupfel.emulator.training import BatchedEngine, TorchEngine
+from groupfel.topologies import Link, build_topology, client_sizes, label_matrix, load_dataset
 
 K, E, B = 5, 2, 32
 

@@ -27,7 +27,7 @@ N_CLIENTS, E, B, LR, SEED = 300, 2, 32, 0.05, 0
 
 
 def partitions(n_train: int) -> list[np.ndarray]:
-    from topologies import client_sizes
+    from groupfel.topologies import client_sizes
     rng = np.random.default_rng(SEED)
     sizes = client_sizes(N_CLIENTS, 20, 200, 110, 45, rng)
     perm = rng.permutation(n_train)
@@ -40,7 +40,7 @@ _DATA: dict = {}
 def _client_data():
     """Loaded once per Ray actor process."""
     if not _DATA:
-        from topologies import load_dataset
+        from groupfel.topologies import load_dataset
         d = load_dataset("fashion-mnist")
         _DATA.update(x=torch.from_numpy(d.x_train), y=torch.from_numpy(d.y_train), parts=partitions(len(d.y_train)),
                      shape=d.input_shape, classes=d.num_classes)
@@ -49,7 +49,7 @@ def _client_data():
 
 def _fit(model_name: str, cid: int, parameters: list[np.ndarray]) -> tuple[list[np.ndarray], int]:
     """One Flower client's local training: the same model, E epochs of torch SGD."""
-    from emulator.models import build_model
+    from groupfel.emulator.models import build_model
     d = _client_data()
     idx = torch.as_tensor(d["parts"][cid])
     net = build_model(model_name, d["shape"], d["classes"])
@@ -110,8 +110,8 @@ def flower_rounds(model_name: str, initial: list[np.ndarray], rounds: int) -> li
 
 
 def groupfel_rounds(model_name: str, rounds: int) -> tuple[list[float], list[np.ndarray], str]:
-    from emulator.training import BatchedEngine
-    from topologies import load_dataset
+    from groupfel.emulator.training import BatchedEngine
+    from groupfel.topologies import load_dataset
     d = load_dataset("fashion-mnist")
     parts = partitions(len(d.y_train))
     engine = BatchedEngine(d, parts, model_name, LR, B)

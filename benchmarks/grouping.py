@@ -22,11 +22,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script from anywhere
 
-from emulator.training import TorchEngine  # noqa: E402
-from experiments.grouping_studies import synthetic_label_matrix  # noqa: E402
-from policies import EdgeView, groupings  # noqa: E402
-from policies.reference import covg_reference  # noqa: E402
-from topologies import dirichlet_partition, label_matrix, load_dataset  # noqa: E402
+from groupfel.emulator.training import TorchEngine  # noqa: E402
+from groupfel.experiments.grouping_studies import synthetic_label_matrix  # noqa: E402
+from groupfel.policies import EdgeView, groupings  # noqa: E402
+from groupfel.policies.reference import covg_reference  # noqa: E402
+from groupfel.topologies import dirichlet_partition, label_matrix, load_dataset  # noqa: E402
 
 
 def best_time(fn, repeat: int) -> tuple[float, object]:

@@ -14,9 +14,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from emulator.config import parse_config
-from emulator.driver import plan_arms, run_arm
-from emulator.world import build_world
+from groupfel.emulator.config import parse_config
+from groupfel.emulator.driver import plan_arms, run_arm
+from groupfel.emulator.world import build_world
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ def main() -> None:
                           + "\n".join(",".join(map(str, row)) for row in counts) + "\n")
         commands = {
             "python -c pass": [sys.executable, "-c", "pass"],
-            "groupfel group (100 clients)": [sys.executable, "-m", "experiments.cli", "group", "--policy", "covg",
+            "groupfel group (100 clients)": [sys.executable, "-m", "groupfel.experiments.cli", "group", "--policy", "covg",
                                              "--label-matrix", str(matrix), "--min-group-size", "5"],
             "python -c 'import torch'": [sys.executable, "-c", "import torch"],
         }

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from experiments.sweep import run_sweep
+from groupfel.experiments.sweep import run_sweep
 
 BASE = """
 name = "bench"

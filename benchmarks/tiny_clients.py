@@ -71,7 +71,7 @@ def main() -> int:
             cfg = Path(tmp, f"{name}.toml")
             cfg.write_text(BASE.format(name=name, **SETTINGS[name]))
             t0 = time.perf_counter()
-            proc = subprocess.run([sys.executable, "-m", "experiments.cli", "run", str(cfg), "--quiet",
+            proc = subprocess.run([sys.executable, "-m", "groupfel.experiments.cli", "run", str(cfg), "--quiet",
                                    "--output", str(Path(tmp, name))], env=env, cwd=ROOT,
                                   capture_output=True, text=True)
             wall = time.perf_counter() - t0

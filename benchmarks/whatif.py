@@ -15,11 +15,11 @@ import time
 
 import numpy as np
 
-from cost_models import get_profile
-from cost_models.whatif import Scenario, dirichlet_label_counts, form_groups, group_costs, grouped_costs, sweep
-from experiments.cost_cli import _PolicyGrouper
-from experiments.group_cli import make_policy
-from policies.cov import cov_of_counts
+from groupfel.cost_models import get_profile
+from groupfel.cost_models.whatif import Scenario, dirichlet_label_counts, form_groups, group_costs, grouped_costs, sweep
+from groupfel.experiments.cost_cli import _PolicyGrouper
+from groupfel.experiments.group_cli import make_policy
+from groupfel.policies.cov import cov_of_counts
 
 
 def literal_total(s: int, overhead, training, sc: Scenario) -> float:

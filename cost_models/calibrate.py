@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 from scipy import optimize, stats
 
-from emulator.errors import InputError
+from groupfel.errors import InputError
 
 from .profiles import uncommented
 

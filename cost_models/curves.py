@@ -1,6 +1,6 @@
 """Cost curves: group size → per-client O_g, or sample count → one-epoch H (Eq. 5).
 
-Every curve is a callable ``curve(x) -> float | array`` so :class:`~cost_models.model.CostModel`
+Every curve is a callable ``curve(x) -> float | array`` so :class:`~groupfel.cost_models.model.CostModel`
 does not care which form a profile uses:
 
 - :class:`Polynomial` — the paper's fitted forms (quadratic O_g, linear H).

@@ -1,6 +1,6 @@
 """Measurement harness: time real group operations and training on this machine.
 
-Produces the CSV that :mod:`cost_models.calibrate` reads: columns operation, method, device,
+Produces the CSV that :mod:`groupfel.cost_models.calibrate` reads: columns operation, method, device,
 group_size, n_samples, seconds (one row per repeat), after ``#`` comment lines that record the
 machine. Needs only numpy, torch and ``cryptography`` (runs on a Raspberry Pi; no GPU). The
 training harness times a model its caller builds (the command passes the emulator's model
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from emulator.errors import InputError
+from groupfel.errors import InputError
 
 from .secagg import time_secagg
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emulator.errors import InputError
+from groupfel.errors import InputError
 
 from .curves import first_nonpositive
 from .profiles import DeviceProfile, missing_curve_fix, shipped_profiles

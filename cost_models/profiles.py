@@ -34,7 +34,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from emulator.errors import InputError
+from groupfel.errors import InputError
 
 from .curves import Curve, MeasuredCurve, PiecewiseLinear, Polynomial, linear, quadratic
 

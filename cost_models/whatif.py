@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from emulator.errors import InputError
+from groupfel.errors import InputError
 
 from .curves import Curve
 

@@ -26,7 +26,7 @@ OPTIONAL_PAGES = {"tutorial.ipynb", "plugins.md", "api.md", "cluster.md"}
 
 # (page, title, module, intro); a module that is not in the tree yet is left out of the nav.
 API_PAGES = [
-    ("reference/api/experiments-api.md", "experiments.api", "experiments.api",
+    ("reference/api/experiments-api.md", "groupfel.experiments.api", "groupfel.experiments.api",
      "The Python API: run, load and compare studies from a script or a notebook."),
     ("reference/api/policies.md", "policies", "policies",
      "Grouping, sampling and aggregation policies and their registries."),
@@ -34,7 +34,7 @@ API_PAGES = [
      "Datasets, data placement and the cloud/edge/client graph."),
     ("reference/api/cost-models.md", "cost_models", "cost_models",
      "Cost curves, device profiles, the Eq. 5 cost model, calibration and the what-if sweep."),
-    ("reference/api/config.md", "emulator.config", "emulator.config",
+    ("reference/api/config.md", "groupfel.emulator.config", "groupfel.emulator.config",
      "The run configuration's pydantic models (see also the [config reference](../config.md))."),
 ]
 
@@ -230,7 +230,7 @@ def _sections(root) -> list[tuple[str, str, type]]:
 
 def config_reference() -> str:
     sys.path.insert(0, str(ROOT))
-    from emulator import config as c
+    from groupfel.emulator import config as c
 
     sections = _sections(c.RunConfig)
     missing: list[str] = []
@@ -249,7 +249,7 @@ def config_reference() -> str:
         log.warning("config reference: fields without a description (add Field(description=...) "
                     "in emulator/config.py): %s", ", ".join(missing))
 
-    from policies import aggregations, groupings, samplings
+    from groupfel.policies import aggregations, groupings, samplings
     out += ["## Policies", "",
             "The names an arm's `grouping = { policy = ... }`, `sampling = { policy = ... }` and "
             "`aggregation` accept, read from the registries, with each policy's parameters and "
@@ -257,7 +257,7 @@ def config_reference() -> str:
     out += _policy_tables(groupings, "Grouping (`grouping.policy`)")
     out += _policy_tables(samplings, "Sampling (`sampling.policy`)")
     out += _policy_tables(aggregations, "Aggregation (`aggregation`)")
-    from emulator.algorithms import algorithms
+    from groupfel.emulator.algorithms import algorithms
 
     out += ["## Training algorithms", "",
             "The names `train.algorithm` accepts, with each algorithm's parameters and defaults (the keys "

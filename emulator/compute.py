@@ -4,8 +4,8 @@ A round's membership, dropouts and seeds are fixed before it runs (per-event see
 group round k one engine call trains every surviving client of every sampled group, each from its
 own group's model (Alg. 1, Lines 10-13) unless the algorithm gives it its own (``local_start``),
 and the groups then aggregate over their survivors (Line 14). The SimPy processes of
-:mod:`emulator.federation` replay the same round's time and charges without touching torch. What
-clients optimise and how models aggregate is the training algorithm's (:mod:`emulator.algorithms`):
+:mod:`groupfel.emulator.federation` replay the same round's time and charges without touching torch. What
+clients optimise and how models aggregate is the training algorithm's (:mod:`groupfel.emulator.algorithms`):
 this module calls its hooks and names none.
 """
 from __future__ import annotations

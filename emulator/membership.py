@@ -2,7 +2,7 @@
 grouping policy needs (charged as training with group and group_round −1).
 
 Each edge groups its own clients (Alg. 1, Lines 2-3) with the arm's grouping policy; what the
-policy is given follows its declarations (:class:`policies.GroupingPolicy`): label counts always,
+policy is given follows its declarations (:class:`groupfel.policies.GroupingPolicy`): label counts always,
 the gradients of a probe epoch (``needs_gradients``, HCCT) or the distances of the clients'
 discriminators (``needs_distances``, FedCollab Alg. 1). A policy whose ``regroup`` kind is
 ``"cluster"`` (FedCLAR) clusters the clients' one-epoch updates at its ``cluster_round``
@@ -35,14 +35,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cost_models import TRAINING
-from policies import EdgeView, GroupingPolicy
-from policies.cov import cov_of_counts
+from groupfel.cost_models import TRAINING
+from groupfel.policies import EdgeView, GroupingPolicy
+from groupfel.policies.cov import cov_of_counts
 
 from .discriminator import DiscriminatorSpec, discriminator_distances, discriminator_features
 from .federation import Group
 from .io import write_json
 from .ledger import CostLedger
+from .models import layer_slices
 from .rng import key, rng
 from .world import World
 
@@ -81,20 +82,6 @@ class GroupingResult:
                 "gradient_probe_training_cost": self.probe_cost,
                 "groups": [{"edge": g.edge, "clients": g.clients.tolist(), "size": g.size,
                             "samples": g.total_samples, "cov": g.cov} for g in self.groups]}
-
-
-def layer_slices(engine) -> tuple[slice, ...] | None:
-    """Parameter ranges of each layer (weight and bias of one module) in the flat weight vector."""
-    model = getattr(engine, "model", None)
-    if model is None:
-        return None
-    bounds: dict[str, list[int]] = {}
-    offset = 0
-    for name, p in model.named_parameters():
-        span = bounds.setdefault(name.rsplit(".", 1)[0], [offset, offset])
-        offset += p.numel()
-        span[1] = offset
-    return tuple(slice(a, b) for a, b in bounds.values())
 
 
 def _probe_gradients(world: World, members: np.ndarray, edge: int, epoch: int, start: torch.Tensor) -> np.ndarray:

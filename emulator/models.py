@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from .errors import InputError
+from groupfel.errors import InputError
 
 ModelBuilder = Callable[[tuple[int, ...], int], nn.Module]
 
@@ -112,7 +112,7 @@ def model_builder(name: str, where: str = "train.model") -> ModelBuilder:
     point, or ``module:attr``, a callable ``(input_shape, num_classes) -> torch.nn.Module``."""
     if name in MODELS:
         return MODELS[name]
-    from policies import plugins
+    from groupfel.policies import plugins
 
     builder = plugins.load("model", name, where, plugins.check_callable(("input_shape", "num_classes")))
     if builder is None:
@@ -126,3 +126,17 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
     if not isinstance(model, nn.Module):
         raise InputError(f"train.model: {name!r} returned {type(model).__name__}, not a torch.nn.Module")
     return model
+
+
+def layer_slices(engine) -> tuple[slice, ...] | None:
+    """Parameter ranges of each layer (weight and bias of one module) in the flat weight vector."""
+    model = getattr(engine, "model", None)
+    if model is None:
+        return None
+    bounds: dict[str, list[int]] = {}
+    offset = 0
+    for name, p in model.named_parameters():
+        span = bounds.setdefault(name.rsplit(".", 1)[0], [offset, offset])
+        offset += p.numel()
+        span[1] = offset
+    return tuple(slice(a, b) for a, b in bounds.values())

@@ -7,7 +7,7 @@ minibatch SGD (Alg. 1, Lines 10-13), with the local objective of the configured 
 * FedAvg: the client's mean cross-entropy;
 * FedProx (Li et al. 2020): plus (μ/2)·‖w − w_start‖², gradient μ·(w − w_start);
 * SCAFFOLD (Karimireddy et al. 2020, Alg. 1 line 10): the gradient corrected by c − c_i, passed in
-  per client as ``correction`` (the variates themselves live in :mod:`emulator.compute`).
+  per client as ``correction`` (the variates themselves live in :mod:`groupfel.emulator.compute`).
 
 Every step is torch's SGD: g = ∇f + wd·w (+ the terms above); with momentum m, buf = m·buf + g;
 w ← w − lr·buf. ``momentum`` buffers may be passed in (persistent client state) and are updated in
@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from topologies import Dataset
+from groupfel.topologies import Dataset
 
 from .io import exit_with_parent
 from .models import build_model

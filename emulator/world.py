@@ -9,14 +9,14 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from cost_models import CostModel, get_profile, read_profiles
-from topologies import (DATASETS, Dataset, Link, Topology, assign_devices, build_topology, client_sizes,
+from groupfel.cost_models import CostModel, get_profile, read_profiles
+from groupfel.topologies import (DATASETS, Dataset, Link, Topology, assign_devices, build_topology, client_sizes,
                         dirichlet_partition, label_matrix, load_dataset)
-from topologies.partition import (apply_client_types, fedcollab_types, shards_partition, split_local,
+from groupfel.topologies.partition import (apply_client_types, fedcollab_types, shards_partition, split_local,
                                   weighted_partition)
 
 from .config import SHIFTS, RunConfig, parts
-from .errors import InputError
+from groupfel.errors import InputError
 from .algorithms import Algorithm, FedAvg, algorithms, make_algorithm
 from .training import ENGINES, TorchEngine
 from . import rng as streams
@@ -182,8 +182,8 @@ def build_engine(config: RunConfig, dataset: Dataset, topology: Topology, algori
 
 def resolve_parts(config: RunConfig) -> list[dict]:
     """Import and check every plug-in the config names (one-line errors naming the field), before
-    any work; what the manifest keeps of each (:func:`policies.plugins.record`)."""
-    from policies import aggregations, groupings, plugins, samplings
+    any work; what the manifest keeps of each (:func:`groupfel.policies.plugins.record`)."""
+    from groupfel.policies import aggregations, groupings, plugins, samplings
 
     from .models import MODELS, model_builder
 
@@ -208,7 +208,7 @@ def resolve_parts(config: RunConfig) -> list[dict]:
 
 
 def _dataset_loader(name: str):
-    from policies import plugins
+    from groupfel.policies import plugins
 
     fn = plugins.load("dataset", name, "data.dataset", plugins.check_callable(("path",)))
     if fn is None:
@@ -218,13 +218,13 @@ def _dataset_loader(name: str):
 
 
 def load_data(config: RunConfig) -> Dataset:
-    """The config's dataset: a shipped one, or a plug-in's ``(path) -> topologies.Dataset``."""
+    """The config's dataset: a shipped one, or a plug-in's ``(path) -> groupfel.topologies.Dataset``."""
     d = config.data
     if d.dataset in DATASETS:
         return load_dataset(d.dataset, d.path)
     dataset = _dataset_loader(d.dataset)(d.path)
     if not isinstance(dataset, Dataset):
-        raise InputError(f"data.dataset: {d.dataset!r} returned {type(dataset).__name__}, not a topologies.Dataset")
+        raise InputError(f"data.dataset: {d.dataset!r} returned {type(dataset).__name__}, not a groupfel.topologies.Dataset")
     return dataset
 
 

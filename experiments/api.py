@@ -1,7 +1,7 @@
 """The Python API: everything the ``groupfel`` command does, from a script or a notebook.
 
 ```python
-from experiments import api
+from groupfel.experiments import api
 
 study = api.run("experiment.toml", "results/exp")      # or a dict, or a RunConfig
 study.summary                                          # the tables, as DataFrames
@@ -17,7 +17,7 @@ A class or function defined in a notebook can stand in a dict config wherever a 
 part (``{"grouping": {"policy": MyPolicy, "min_group_size": 4}}``, ``train.model``,
 ``data.dataset``, sampling and aggregation). It runs in this process only (``jobs=1``, the local
 backend); the run's manifest records its qualified name and the sha256 of its source, and resuming
-the run needs the same class passed again. Everything else about plug-ins: :mod:`policies.plugins`.
+the run needs the same class passed again. Everything else about plug-ins: :mod:`groupfel.policies.plugins`.
 """
 from __future__ import annotations
 
@@ -31,9 +31,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from emulator.config import RunConfig, check_user_config, load_config, parse_config
-from emulator.errors import InputError
-from emulator.io import check_writable
+from groupfel.emulator.config import RunConfig, check_user_config, load_config, parse_config
+from groupfel.errors import InputError
+from groupfel.policies.plugins import upgrade_saved
+from groupfel.emulator.io import check_writable
 
 __all__ = ["Study", "run", "load", "sweep", "whatif", "calibrate", "group"]
 
@@ -41,7 +42,7 @@ __all__ = ["Study", "run", "load", "sweep", "whatif", "calibrate", "group"]
 
 def _spec(obj: Any, where: str) -> str:
     """The import path of a class or function given in place of a name."""
-    from policies import plugins
+    from groupfel.policies import plugins
 
     spec = plugins.spec_of(obj)
     if "<locals>" in spec:
@@ -54,7 +55,7 @@ def _named(node: Any, where: str, parent: str = "") -> Any:
     """``node`` with every class or function in a part's place replaced by its import path (a
     grouping policy instance by its import path and fields; a training algorithm instance by its
     import path, its fields going to ``train.algorithm_params``)."""
-    from policies import GroupingPolicy
+    from groupfel.policies import GroupingPolicy
 
     if isinstance(node, dict):
         algorithm = node.get("algorithm") if parent == "train" else None
@@ -85,8 +86,8 @@ def as_config(config: str | Path | dict | RunConfig) -> RunConfig:
 
 
 def _in_process_parts(config: RunConfig) -> list[tuple[str, str]]:
-    from emulator.config import parts
-    from policies.plugins import IN_PROCESS
+    from groupfel.emulator.config import parts
+    from groupfel.policies.plugins import IN_PROCESS
 
     return [(where, name) for where, _, name in parts(config)
             if isinstance(name, str) and name.partition(":")[0] == IN_PROCESS]
@@ -96,15 +97,16 @@ def _check_unchanged(config: RunConfig, run_dir: Path) -> None:
     """A resumed run must use the plug-ins it started with: same sha256 of module file (or source)."""
     started: dict[tuple[str, str], dict] = {}
     for path in sorted(Path(run_dir).rglob("manifest.json")):
-        for rec in json.loads(path.read_text()).get("plugins") or []:
+        for rec in upgrade_saved(json.loads(path.read_text()).get("plugins") or []):
             started.setdefault((rec["kind"], rec["name"]), rec)
     if not started:
         return
-    from emulator.world import resolve_parts
+    from groupfel.emulator.world import resolve_parts
 
     for rec in resolve_parts(config):
         old = started.get((rec["kind"], rec["name"]))
-        if old and old.get("sha256") != rec["sha256"]:
+        ours = (old or {}).get("distribution", {}).get("name") == "groupfel"   # groupfel's own part: its version decides
+        if old and not ours and old.get("sha256") != rec["sha256"]:
             raise InputError(f"{rec['field']}: {rec['name']!r} is not the plug-in this run started with (sha256 "
                              f"{str(old.get('sha256'))[:12]}…, now {str(rec['sha256'])[:12]}…); restore it, or pass "
                              f"--force (force=True) to start the run over")
@@ -151,7 +153,7 @@ def load(run_dir: str | Path) -> "Study":
     path = run_dir / "config.json"
     if not path.exists():
         raise InputError(f"run_dir: {run_dir} holds no config.json; give a directory a run was started in")
-    return Study(run_dir, parse_config(json.loads(path.read_text())))
+    return Study(run_dir, parse_config(upgrade_saved(json.loads(path.read_text()))))
 
 
 @dataclasses.dataclass
@@ -287,7 +289,7 @@ def whatif(group_sizes: Iterable[int] = range(2, 41), *, profile: str = "raspber
     one row per group size with the training and group-operation cost of a round."""
     from types import SimpleNamespace
 
-    from cost_models.whatif import Scenario, sweep as price
+    from groupfel.cost_models.whatif import Scenario, sweep as price
 
     from .cost_cli import _whatif_curves
 
@@ -302,7 +304,7 @@ def calibrate(measurements: str | Path | Sequence[str | Path], out: str | Path |
     """Fit O_g(|g|) and H(n) curves to on-device measurements (``groupfel calibrate``): one row per
     fitted curve; with ``out``, also the profile CSV (``out/profile.csv``) that ``cost.profiles_file``
     takes."""
-    from cost_models.calibrate import calibrate as fit, read_measurements
+    from groupfel.cost_models.calibrate import calibrate as fit, read_measurements
 
     from .cost_cli import write_profile
 
@@ -324,7 +326,7 @@ def group(label_matrix: str | Path | pd.DataFrame | np.ndarray, policy: Any = "c
     installed plug-in's short name, ``"module:Class"``, a GroupingPolicy class (``params`` are its
     fields) or instance. One row per group: edge, size, samples, CoV, clients and label counts;
     ``.attrs["summary"]`` holds the summary ``groupfel group`` prints."""
-    from policies import GroupingPolicy
+    from groupfel.policies import GroupingPolicy
 
     from .group_cli import make_policy, read_label_matrix, run_grouping
 
@@ -342,7 +344,7 @@ def group(label_matrix: str | Path | pd.DataFrame | np.ndarray, policy: Any = "c
     if isinstance(policy, GroupingPolicy):
         pol = policy
     else:
-        from policies import groupings
+        from groupfel.policies import groupings
 
         name = _spec(policy, "policy") if isinstance(policy, type) else policy
         pol = make_policy(name, params.pop("min_group_size", None), params.pop("max_cov", None))

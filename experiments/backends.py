@@ -18,28 +18,35 @@ run gives, and a loss costs at most the rounds since the last checkpoint (``trai
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import logging
 import os
 import queue
+import shutil
 import sys
 import tempfile
 import threading
+import types
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from multiprocessing import get_context
+from functools import cache
+from importlib import import_module
+from importlib.util import find_spec
+from multiprocessing import context
 from pathlib import Path
 
-from emulator.errors import DivergenceError, InputError, WorkerLostError
-from emulator.io import atomic_write, exit_with_parent
+from groupfel.errors import DivergenceError, InputError, WorkerLostError
+from groupfel.emulator.io import atomic_write, exit_with_parent
 
+from . import pool_worker
+from .pool_worker import STARTUP_ERRORS
 from .tasks import MANIFEST, execute
 
 BACKENDS = ("local", "ray")
-ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("emulator", "experiments", "policies", "cost_models", "topologies")
 # Large committed outputs that no worker imports.
 EXCLUDES = ["__pycache__", "*.pyc", "experiments/reproductions", "reproductions"]
@@ -68,7 +75,7 @@ class RayOptions:
                                  f"module (.py) or package directory")
 
 
-# ---- one task, on whichever worker (its body: experiments.tasks.execute) ----------------------
+# ---- one task, on whichever worker (its body: groupfel.experiments.tasks.execute) ----------------------
 
 def run_task(config_json: str, run_dir: str, arm: int) -> str:
     """A local pool task: run (or resume) one arm in ``run_dir``; returns the arm directory."""
@@ -185,13 +192,58 @@ def ray_task(config_json: str, arm: int, files: dict[str, bytes], dataset, gpus_
 
 # ---- the local process pool --------------------------------------------------------------------
 
+class _WorkerProcess(context.ForkServerProcess):
+    """A pool worker that does not re-run the caller's ``__main__``. multiprocessing re-imports the
+    main module in every worker so that functions defined there unpickle; ours run
+    :func:`run_task` and need none of it. Re-running it would start the run again from a script
+    without an ``if __name__ == "__main__":`` guard, and fail for ``python -`` (no file to read)."""
+
+    @staticmethod
+    def _Popen(process_obj):
+        main = sys.modules["__main__"]
+        sys.modules["__main__"] = types.ModuleType("__main__")   # no __file__, no __spec__: nothing to re-run
+        try:
+            return context.ForkServerProcess._Popen(process_obj)
+        finally:
+            sys.modules["__main__"] = main
+
+
+class _WorkerContext(context.ForkServerContext):
+    Process = _WorkerProcess
+
+
 def _context():
     """Workers fork from a server process that imported torch and the emulator but never ran a
     torch op: each worker starts without re-importing them (seconds each), and without the
-    hazard of forking a process whose torch thread pool already ran (this one, after validation)."""
-    ctx = get_context("forkserver")
-    ctx.set_forkserver_preload(["experiments.backends", "emulator.world", "emulator.driver", "emulator.rounds"])
+    hazard of forking a process whose torch thread pool already ran (this one, after validation).
+    The server preloads groupfel's modules only, never the caller's ``__main__``."""
+    _startup_errors_dir()   # in the environment before the server starts: it and its workers see it
+    ctx = _WorkerContext()
+    ctx.set_forkserver_preload(["groupfel.experiments.pool_hook", "groupfel.experiments.backends",
+                                "groupfel.emulator.world", "groupfel.emulator.driver"])
     return ctx
+
+
+# What a pool worker runs first (tests replace it with one that fails, to see the error reported).
+WORKER_SETUP = exit_with_parent
+
+
+def _startup_error(directory: Path) -> str | None:
+    """The first start-up error a worker of this run recorded (:mod:`.pool_worker`)."""
+    found = sorted(directory.iterdir()) if directory.is_dir() else []
+    return found[0].read_text().strip() if found else None
+
+
+def _startup_errors_dir() -> Path:
+    """This process's directory for its workers' start-up errors, empty. Set in the environment
+    before the first pool so the forkserver (started once per process) and its workers see it."""
+    directory = os.environ.get(STARTUP_ERRORS)
+    if not directory or not os.path.isdir(directory):
+        directory = tempfile.mkdtemp(prefix="groupfel-workers-")
+        os.environ[STARTUP_ERRORS] = directory
+    for old in Path(directory).iterdir():
+        old.unlink(missing_ok=True)
+    return Path(directory)
 
 
 def default_jobs(n_tasks: int) -> int:
@@ -261,9 +313,10 @@ def _run_pool(tasks: Sequence, jobs: int, on_start: Callable, on_done: Callable)
     """The process pool. A worker the OS kills (kill -9, the out-of-memory killer) breaks the pool:
     the tasks it held are submitted again to a new pool and resume from their checkpoints."""
     queue_, started, losses = list(tasks), set(), {}
+    errors = _startup_errors_dir()
     while queue_:
-        with ProcessPoolExecutor(jobs, mp_context=_context(), initializer=exit_with_parent,
-                                 initargs=(os.getpid(),)) as pool:
+        with ProcessPoolExecutor(jobs, mp_context=_context(), initializer=pool_worker.start,
+                                 initargs=(os.getpid(), WORKER_SETUP, str(errors))) as pool:
             pending, broken = {}, False
             while (queue_ or pending) and not broken:
                 while queue_ and len(pending) < jobs:     # submit as workers free up: on_start is honest
@@ -281,6 +334,9 @@ def _run_pool(tasks: Sequence, jobs: int, on_start: Callable, on_done: Callable)
                         continue
                     on_done(pending.pop(fut))
             if broken:
+                error = _startup_error(errors)
+                if error:
+                    raise WorkerLostError(f"a worker process failed at start-up: {error}")
                 lost = list(pending.values())
                 for task in lost:
                     _lost(task, losses, MAX_LOSSES, "lost its worker process (killed, e.g. by the out-of-memory "
@@ -292,9 +348,27 @@ def _run_pool(tasks: Sequence, jobs: int, on_start: Callable, on_done: Callable)
 
 # ---- Ray ---------------------------------------------------------------------------------------
 
+@cache
+def package_dir() -> Path:
+    """The ``groupfel`` package as one directory, which Ray ships to the nodes under its name. An
+    installed wheel already is one; a source checkout (an editable install) keeps the subpackages
+    at the repository's root, so they are copied beneath a staged ``groupfel/`` once per process."""
+    top = Path(import_module("groupfel").__file__).parent
+    if all((top / name).is_dir() for name in PACKAGES):
+        return top
+    stage = Path(tempfile.mkdtemp(prefix="groupfel-ray-"))
+    atexit.register(shutil.rmtree, stage, True)
+    skip = shutil.ignore_patterns(*EXCLUDES)
+    shutil.copytree(top, stage / "groupfel", ignore=skip)
+    for name in PACKAGES:
+        source = find_spec(f"groupfel.{name}").submodule_search_locations[0]
+        shutil.copytree(source, stage / "groupfel" / name, ignore=skip)
+    return stage / "groupfel"
+
+
 def runtime_env(options: RayOptions) -> dict:
-    """The code the workers import: groupfel's packages as this driver has them, and any plug-ins."""
-    modules = [str(ROOT / p) for p in PACKAGES] + [str(Path(p).resolve()) for p in options.py_modules]
+    """The code the workers import: groupfel as this driver has it, and any plug-ins."""
+    modules = [str(package_dir())] + [str(Path(p).resolve()) for p in options.py_modules]
     return {"py_modules": modules, "excludes": EXCLUDES}
 
 
@@ -364,8 +438,8 @@ def land(run_dir: Path, files: dict[str, bytes], final: bool) -> None:
 
 def _run_ray(tasks: Sequence, jobs: int | None, options: RayOptions, on_start: Callable, on_done: Callable) -> None:
     ray = start_ray(jobs, options)
-    from emulator.config import RunConfig
-    from emulator.world import load_data
+    from groupfel.emulator.config import RunConfig
+    from groupfel.emulator.world import load_data
 
     data: dict = {}   # (dataset, path) -> object ref, with ship_data
 

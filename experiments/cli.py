@@ -7,8 +7,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from emulator.errors import DivergenceError, InputError, WorkerLostError
-from emulator.io import check_writable
+from groupfel.errors import DivergenceError, InputError, WorkerLostError
+from groupfel.emulator.io import check_writable
 
 from . import cost_cli, group_cli, study_cli
 
@@ -107,7 +107,7 @@ class _Parser(argparse.ArgumentParser):
 
     def format_help(self) -> str:
         if self.lists_plugins:
-            from policies import plugins
+            from groupfel.policies import plugins
 
             kinds = [f"{kind}: {', '.join(names)}" for kind in plugins.GROUPS if (names := plugins.installed(kind))]
             self.epilog = ("A config's dataset, model, grouping, sampling and aggregation also accept a plug-in's "
@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", metavar="FILE.png", help="default RUN_DIR/<y>_vs_<x>.png")
     plot.set_defaults(func=_cmd_plot)
     from .report import add_report_parser
-    from .reproduce import add_reproduce_parser
+    from .reproduce_cli import add_reproduce_parser
     from .sweep import add_sweep_parser
 
     add_sweep_parser(sub)

@@ -10,8 +10,8 @@ import argparse
 import re
 from pathlib import Path
 
-from emulator.errors import InputError
-from emulator.io import atomic_write, check_writable
+from groupfel.errors import InputError
+from groupfel.emulator.io import atomic_write, check_writable
 
 
 def _number(v: float) -> str:
@@ -40,14 +40,14 @@ def write_text(path: Path, text: str) -> Path:
 
 def write_profile(fits, path: Path, task: str) -> Path:
     """The calibrated profile CSV (``cost.profiles_file``) of ``fits`` at ``path``."""
-    from cost_models.calibrate import profile_csv
+    from groupfel.cost_models.calibrate import profile_csv
 
     return write_text(path, profile_csv(fits, task))
 
 
 def _cmd_measure(args) -> int:
-    from cost_models.measure import INPUT_SHAPE, NUM_CLASSES, measure, measurements_csv
-    from emulator.models import build_model
+    from groupfel.cost_models.measure import INPUT_SHAPE, NUM_CLASSES, measure, measurements_csv
+    from groupfel.emulator.models import build_model
 
     default = "16..256:16" if args.operation == "training" else "2..30"
     sizes = parse_sizes(args.sizes or default)
@@ -69,7 +69,7 @@ def _cmd_measure(args) -> int:
 
 
 def _cmd_calibrate(args) -> int:
-    from cost_models.calibrate import calibrate, plot_fit, read_measurements, report
+    from groupfel.cost_models.calibrate import calibrate, plot_fit, read_measurements, report
 
     from .plots import save_png
 
@@ -92,7 +92,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "(default 2..30; training 16..256:16)")
     m.add_argument("--repeats", type=int, default=3, help="measurements per size (default 3)")
     m.add_argument("--params", type=int, help="model parameters for secagg/backdoor (default: --model's)")
-    m.add_argument("--model", default="cnn", choices=["cnn", "mlp"], help="model (emulator.training.build_model)")
+    m.add_argument("--model", default="cnn", choices=["cnn", "mlp"], help="model (groupfel.emulator.training.build_model)")
     m.add_argument("--threads", type=int, default=1, help="torch threads while timing (default 1: one core)")
     m.add_argument("--device", default="local", help="device name written to the CSV (default local)")
     m.add_argument("--out", metavar="FILE.csv", help="output (default measurements-OPERATION.csv)")
@@ -110,7 +110,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _whatif_curves(args):
     """(profile, O_g curve) named by --profile and --training."""
-    from cost_models import get_curve, read_profiles
+    from groupfel.cost_models import get_curve, read_profiles
 
     extra = read_profiles(args.profiles_file) if args.profiles_file else None
     prof, kind, overhead = get_curve(args.profile, extra)
@@ -129,8 +129,8 @@ def _check_whatif_curves(args, prof, overhead, sizes, n_samples) -> None:
 
     import numpy as np
 
-    from cost_models import shipped_profiles
-    from cost_models.curves import first_nonpositive
+    from groupfel.cost_models import shipped_profiles
+    from groupfel.cost_models.curves import first_nonpositive
 
     shipped = shipped_profiles().get(prof.name)
     for flag, kind, method, curve, xs, unit in (
@@ -164,7 +164,7 @@ def _check_memory(clients: int, per_client_bytes: int = 64) -> None:
 def _cmd_whatif(args) -> int:
     import time
 
-    from cost_models.whatif import Scenario, plot_sweep, sweep
+    from groupfel.cost_models.whatif import Scenario, plot_sweep, sweep
 
     out = check_writable(args.out, "dir", "--out")
     if args.policy or args.label_matrix or args.alpha:
@@ -201,7 +201,7 @@ class _PolicyGrouper:
         self.policy = policy
 
     def __call__(self, counts, rng):
-        from policies import EdgeView
+        from groupfel.policies import EdgeView
 
         return self.policy.group(EdgeView(counts), rng).groups
 
@@ -224,9 +224,9 @@ def _whatif_grouped(args) -> int:
     import numpy as np
     import pandas as pd
 
-    from cost_models.whatif import Scenario, dirichlet_label_counts, form_groups, grouped_costs, plot_grouped
-    from policies import samplings
-    from policies.cov import cov_of_counts
+    from groupfel.cost_models.whatif import Scenario, dirichlet_label_counts, form_groups, grouped_costs, plot_grouped
+    from groupfel.policies import samplings
+    from groupfel.policies.cov import cov_of_counts
 
     from .group_cli import make_policy, read_label_matrix
 

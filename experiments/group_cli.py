@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from emulator.errors import InputError
-from policies import EdgeView, groupings
-from policies.cov import cov_of_counts
+from groupfel.errors import InputError
+from groupfel.policies import EdgeView, groupings
+from groupfel.policies.cov import cov_of_counts
 
 
 def read_label_matrix(path: str | Path) -> tuple[np.ndarray, np.ndarray, list[str]]:

@@ -5,7 +5,7 @@
 * ``fig7``: the label make-up of the groups each policy forms on one edge (stacked bars).
 
 Each writes ``figN.csv`` and ``figN.png`` to the output directory. Label matrices come from
-:func:`topologies.dirichlet_partition` (Dir(α) label skew, 20..200 samples per client as in the
+:func:`groupfel.topologies.dirichlet_partition` (Dir(α) label skew, 20..200 samples per client as in the
 paper) over a synthetic label pool. HCCT has no gradients here, so Fig. 5 times it on surrogate
 gradients (label distributions through a fixed random projection); the table says so.
 """
@@ -23,13 +23,13 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from cost_models import get_profile  # noqa: E402
-from emulator.errors import InputError  # noqa: E402
-from emulator.io import atomic_write  # noqa: E402
-from policies import EdgeView, groupings  # noqa: E402
-from policies.cov import cov_of_counts  # noqa: E402
-from policies.reference import covg_reference  # noqa: E402
-from topologies import client_sizes, dirichlet_partition, label_matrix  # noqa: E402
+from groupfel.cost_models import get_profile  # noqa: E402
+from groupfel.errors import InputError  # noqa: E402
+from groupfel.emulator.io import atomic_write  # noqa: E402
+from groupfel.policies import EdgeView, groupings  # noqa: E402
+from groupfel.policies.cov import cov_of_counts  # noqa: E402
+from groupfel.policies.reference import covg_reference  # noqa: E402
+from groupfel.topologies import client_sizes, dirichlet_partition, label_matrix  # noqa: E402
 
 FIG5_SIZES = (100, 300, 1000, 3000, 10000)
 # Largest edge each policy is timed on: beyond it a run takes minutes (or, for HCCT's N×N

@@ -9,7 +9,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from emulator.io import atomic_write  # noqa: E402
+from groupfel.emulator.io import atomic_write  # noqa: E402
 
 AXES = {"cost": "cumulative cost, Eq. 5 (device seconds)", "sim_time_s": "simulated wall-clock time (s)",
         "round": "global round", "accuracy": "test accuracy", "loss": "test loss",
@@ -41,7 +41,7 @@ def plot_curves(results: pd.DataFrame, path: Path, x: str = "cost", y: str = "ac
 def plot_bands(runs: dict[str, pd.DataFrame], path: Path, x: str = "cost", y: str = "accuracy",
                title: str = "") -> Path:
     """Mean curve with its 95 % band per arm of each run (label -> rows with a ``seed`` column),
-    on a common ``x`` grid (:func:`experiments.stats.curves_on_grid`); one seed gives a bare line."""
+    on a common ``x`` grid (:func:`groupfel.experiments.stats.curves_on_grid`); one seed gives a bare line."""
     return save_png(band_figure(runs, x, y, title), path)
 
 
@@ -99,7 +99,7 @@ def band_figure(runs: dict[str, pd.DataFrame], x: str = "cost", y: str = "accura
 def load_results(path: Path) -> pd.DataFrame:
     """Every evaluation row under a directory: a sweep or multi-seed run (runs.csv), a single-seed
     run (<arm>/results.csv) or one arm (results.csv). A sweep's arms are named ``<point>/<arm>``."""
-    from emulator.errors import InputError
+    from groupfel.errors import InputError
 
     path = Path(path)
     if (path / "runs.csv").exists():

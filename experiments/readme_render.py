@@ -377,7 +377,7 @@ def render(template: Path = TEMPLATE) -> str:
 
 
 def write(path: Path = README) -> Path:
-    from emulator.io import atomic_write
+    from groupfel.emulator.io import atomic_write
 
     text = render()
     atomic_write(path, lambda p: p.write_text(text))

@@ -20,9 +20,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from emulator.config import RunConfig, parse_config
-from emulator.errors import InputError
-from emulator.io import atomic_write
+from groupfel.emulator.config import RunConfig, parse_config
+from groupfel.errors import InputError
+from groupfel.policies.plugins import upgrade_saved
+from groupfel.emulator.io import atomic_write
 
 from .stats import METRICS, conclusion, render_summary
 
@@ -52,7 +53,7 @@ def load_study(root: Path) -> Study:
         points = list(meta["points"])
         if not (root / "runs.csv").exists():
             raise InputError(f"report: {root} is an unfinished sweep; rerun its 'groupfel sweep' command first")
-        configs = {p: parse_config(json.loads((root / p / "config.json").read_text())) for p in points}
+        configs = {p: parse_config(upgrade_saved(json.loads((root / p / "config.json").read_text()))) for p in points}
         config = configs[points[0]]
         arms = [ArmRun(f"{p}/{a.name}", s, root / p / f"seed-{s}" / a.name)   # a point may run some arms only
                 for p in points for s in configs[p].seed_list for a in configs[p].arms]
@@ -61,7 +62,7 @@ def load_study(root: Path) -> Study:
         return Study("sweep", root, config, arms, results, pd.read_csv(root / "summary.csv"), meta)
     if not (root / "config.json").exists():
         raise InputError(f"report: {root} holds no config.json; give a run or sweep directory")
-    config = parse_config(json.loads((root / "config.json").read_text()))
+    config = parse_config(upgrade_saved(json.loads((root / "config.json").read_text())))
     if config.seeds is not None:
         if not (root / "runs.csv").exists():
             raise InputError(f"report: {root} is unfinished; resume it with 'groupfel run --resume {root}'")
@@ -102,7 +103,7 @@ def _table(df: pd.DataFrame) -> str:
 
 
 def _profiles_figure(config: RunConfig) -> str:
-    from emulator.world import build_cost_model
+    from groupfel.emulator.world import build_cost_model
 
     from .plots import plt
 
@@ -274,7 +275,7 @@ def build_report(root: Path, out: Path | None = None) -> Path:
              for x in ("cost", "sim_time_s")}
     makespan, versions = _makespan(study)
     seeds = study.config.seed_list
-    from emulator.world import build_cost_model
+    from groupfel.emulator.world import build_cost_model
 
     cost = build_cost_model(study.config)   # training and group operations as resolved from the algorithm
     title = f"groupfel {study.kind}: {study.root.name}"

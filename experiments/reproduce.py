@@ -5,7 +5,7 @@ Each reproduction is a folder of ``experiments/reproductions/``:
     reproduction.toml   what it reproduces (paper, table/figure, data), the table's keys and
                         metrics, settings applied on top of the base ([set]) and the quick mode's
                         scaled-down settings ([quick]); ``kind = "study"`` runs a ``groupfel study``
-    sweep.toml          a sweep file (experiments.sweep) over the figure's axes
+    sweep.toml          a sweep file (groupfel.experiments.sweep) over the figure's axes
     [sources]           (in reproduction.toml) where every setting's value comes from: see
                         :func:`setting_sources`
     base.toml           its base run config (or the sweep names a shared one)
@@ -14,7 +14,7 @@ Each reproduction is a folder of ``experiments/reproductions/``:
 
 ``experiments/reproductions/quick.toml`` holds the scaled-down settings every quick run shares.
 A run resolves the sweep (and base) with those settings, writes them to the output directory,
-runs them with :func:`experiments.sweep.run_sweep` (any backend; a rerun resumes) and writes
+runs them with :func:`groupfel.experiments.sweep.run_sweep` (any backend; a rerun resumes) and writes
 ``<name>.csv`` (ours beside the paper's), ``accuracy_vs_cost.png``, ``report.html`` and
 ``NOTES.txt`` (which dataset stood in for which, what quick mode scaled down).
 """
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from emulator.errors import InputError
+from groupfel.errors import InputError
 
 ROOT = Path(__file__).parent / "reproductions"
 # The papers' datasets and what stands in for them here (neither CIFAR-10, Speech Commands nor
@@ -423,7 +423,7 @@ def figure(rep: Reproduction, root: Path, out: Path, log_cost: bool = False, x: 
     where methods that meet at a plateau still differ early in training."""
     import pandas as pd
 
-    from emulator.io import atomic_write
+    from groupfel.emulator.io import atomic_write
 
     from .plots import band_figure, plt
 
@@ -489,7 +489,7 @@ def run(name: str, *, quick: bool = False, backend: str = "local", jobs: int | N
 
     import tomli_w
 
-    from emulator.io import atomic_write, check_writable, run_lock
+    from groupfel.emulator.io import atomic_write, check_writable, run_lock
 
     from .sweep import SweepConfig, run_loaded_sweep
 
@@ -500,7 +500,7 @@ def run(name: str, *, quick: bool = False, backend: str = "local", jobs: int | N
     if data_path and rep.paper_data not in STAND_INS:
         raise InputError(f"reproduce --data-path: {name} already uses the paper's dataset "
                          f"({DATA_NAMES[rep.paper_data]}); leave --data-path out")
-    from topologies.datasets import DATASETS
+    from groupfel.topologies.datasets import DATASETS
 
     if data_path and rep.paper_data not in DATASETS:
         raise InputError(f"reproduce --data-path: groupfel cannot read {DATA_NAMES[rep.paper_data]}; "
@@ -537,7 +537,7 @@ def run(name: str, *, quick: bool = False, backend: str = "local", jobs: int | N
 
 
 def _finish(rep: Reproduction, name: str, out: Path, text: str, sweep: dict) -> int:
-    from emulator.io import atomic_write
+    from groupfel.emulator.io import atomic_write
 
     from .report import build_report
     from .runner import diverged_runs, report_diverged
@@ -569,37 +569,3 @@ def ranking(table) -> str:
     keys = [c for c in table.columns if c not in ("metric", "ours", "ci95_low", "ci95_high", "ci95_clipped", "seeds", "paper")]
     items = [" ".join(str(r[k]) for k in keys) + f" {r['ours']:.4g}" for _, r in first.iterrows()]
     return f"ours, ranked by {first['metric'].iloc[0]}: " + " > ".join(items)
-
-
-def _cmd_reproduce(args) -> int:
-    if args.render:
-        from . import readme_render
-
-        print(readme_render.write())
-        return 0
-    if args.list or not args.name:
-        if not args.list:
-            raise InputError(f"reproduce: give NAME or --list; names: {', '.join(names())}")
-        print(list_table())
-        return 0
-    return run(args.name, quick=args.quick, backend=args.backend, jobs=args.jobs, output=args.output,
-               data_path=args.data_path, progress=not args.quiet, overrides=parse_overrides(args.set))
-
-
-def add_reproduce_parser(sub) -> None:
-    p = sub.add_parser("reproduce", help="reproduce a paper's table or figure, ours beside the paper's numbers")
-    p.add_argument("name", nargs="?", metavar="NAME", help="a reproduction (see --list)")
-    p.add_argument("--list", action="store_true", help="list every reproduction: paper, table/figure, data")
-    p.add_argument("--quick", action="store_true", help="scaled down to minutes on 2 cores (not the paper's setting)")
-    p.add_argument("--backend", default="local", choices=["local", "ray"], help="where the runs go (default local)")
-    p.add_argument("--jobs", type=int, help="parallel runs (default: one per core)")
-    p.add_argument("--output", metavar="DIR", help="default results/reproductions/NAME[-quick]")
-    p.add_argument("--data-path", metavar="DIR",
-                   help="the paper's dataset (CIFAR-10 / Speech Commands directory) instead of the stand-in")
-    p.add_argument("--set", action="append", metavar="PATH=VALUE",
-                   help="change a setting of every run (e.g. train.model=mlp where the paper's model is "
-                        "too slow); repeatable; NOTES.txt and the output list each change")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--render", action="store_true",
-                   help="rewrite experiments/reproductions/README.md from its template and the committed results")
-    p.set_defaults(func=_cmd_reproduce)

@@ -21,10 +21,10 @@ top level aggregates them::
     curves.csv             accuracy on a common cost grid per arm: mean and band
     accuracy_vs_cost.png   mean curve with its 95 % band; accuracy_vs_time.png likewise
 
-The (seed, arm) pairs run as independent tasks (:mod:`experiments.tasks`) on a backend
-(:mod:`experiments.backends`: a local process pool or Ray); each arm checkpoints, so ``--resume``
+The (seed, arm) pairs run as independent tasks (:mod:`groupfel.experiments.tasks`) on a backend
+(:mod:`groupfel.experiments.backends`: a local process pool or Ray); each arm checkpoints, so ``--resume``
 continues every unfinished one. A single-seed run, a task and validation all plan their arms with
-:func:`experiments.tasks.plan_world` and run them with :func:`emulator.driver.run_arm`.
+:func:`groupfel.experiments.tasks.plan_world` and run them with :func:`groupfel.emulator.driver.run_arm`.
 """
 from __future__ import annotations
 
@@ -37,9 +37,10 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from emulator.config import RunConfig, load_config, parse_config
-from emulator.errors import InputError
-from emulator.io import atomic_write, run_lock, write_json
+from groupfel.emulator.config import RunConfig, load_config, parse_config
+from groupfel.errors import InputError
+from groupfel.policies.plugins import upgrade_saved
+from groupfel.emulator.io import atomic_write, run_lock, write_json
 
 from .stats import curves_on_grid, per_seed_metrics, summarize_seeds
 from .tasks import Task, arm_complete, plan_world
@@ -56,7 +57,7 @@ def config_from_run_dir(run_dir: Path) -> RunConfig:
     path = Path(run_dir) / "config.json"
     if not path.exists():
         raise InputError(f"--resume {run_dir}: no config.json there; give the directory a run was started in")
-    return parse_config(json.loads(path.read_text()))
+    return parse_config(upgrade_saved(json.loads(path.read_text())))
 
 
 def seed_config(config: RunConfig, seed: int) -> RunConfig:
@@ -89,7 +90,7 @@ def _saved_config(path: Path) -> RunConfig | None:
     """The config a run directory was started with (compared as a config, so keys added to the
     schema since, at their defaults, do not count as a change); None if it no longer parses."""
     try:
-        return parse_config(json.loads(path.read_text()))
+        return parse_config(upgrade_saved(json.loads(path.read_text())))
     except (InputError, json.JSONDecodeError):
         return None
 
@@ -115,7 +116,7 @@ def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: boo
                    address: str | None = None, ray=None) -> pd.DataFrame:
     """Validate everything, then run (or resume) each arm of each seed; returns the summary table.
     A config with ``seeds`` runs its (seed, arm) tasks on ``backend`` with ``jobs`` workers
-    (``ray``: :class:`experiments.backends.RayOptions`)."""
+    (``ray``: :class:`groupfel.experiments.backends.RayOptions`)."""
     run_dir = Path(run_dir) if run_dir else Path(config.output_dir) / config.name
     if jobs is not None and jobs < 1:
         raise InputError(f"--jobs: must be >= 1, got {jobs}")
@@ -150,7 +151,7 @@ def _run_single(config: RunConfig, run_dir: Path, *, force: bool, progress: bool
 
 
 def _run_arms(config, run_dir, world, plans, *, force, progress) -> pd.DataFrame:
-    from emulator.driver import run_arm
+    from groupfel.emulator.driver import run_arm
 
     if force:
         for plan in plans:

@@ -1,10 +1,10 @@
-"""``groupfel study fig5|fig6|fig7``: the grouping studies of :mod:`experiments.grouping_studies`.
+"""``groupfel study fig5|fig6|fig7``: the grouping studies of :mod:`groupfel.experiments.grouping_studies`.
 
 The parser lives here, apart from the studies, so that building it imports no plotting or pandas.
 """
 from __future__ import annotations
 
-from emulator.io import check_writable
+from groupfel.emulator.io import check_writable
 
 STUDIES = {"fig5": "grouping runtime", "fig6": "CoV vs overhead", "fig7": "group make-up"}
 

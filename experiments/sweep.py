@@ -14,7 +14,7 @@ Layout of a sweep directory (default ``<base output_dir>/<name>``)::
 
     sweep.json             the sweep and its points (axis values of each)
     points.csv             point -> axis values
-    p00/, p01/, ...        one multi-seed run directory per point (see experiments.runner)
+    p00/, p01/, ...        one multi-seed run directory per point (see groupfel.experiments.runner)
     runs.csv / .parquet    every evaluation: point, axes (one column per dotted path), seed, arm, ...
     summary.csv            one row per point x arm: axes, mean and 95 % CI of each headline metric,
                            paired difference from the first arm
@@ -37,9 +37,9 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from tqdm import tqdm
 
-from emulator.config import RunConfig, _one_line, parse_config, read_toml
-from emulator.errors import InputError
-from emulator.io import atomic_write, run_lock, write_json
+from groupfel.emulator.config import RunConfig, _one_line, parse_config, read_toml
+from groupfel.errors import InputError
+from groupfel.emulator.io import atomic_write, run_lock, write_json
 
 from .stats import METRICS, add_verdicts
 
@@ -136,7 +136,7 @@ def run_sweep(path: str | Path, *, backend: str = "local", jobs: int | None = No
               output: str | Path | None = None, force: bool = False, progress: bool = True,
               ray=None) -> pd.DataFrame:
     """Validate every point, run every unfinished (point, seed, arm) task, write the sweep tables
-    (``ray``: :class:`experiments.backends.RayOptions`)."""
+    (``ray``: :class:`groupfel.experiments.backends.RayOptions`)."""
     sweep, base = load_sweep(path)
     return run_loaded_sweep(sweep, base, backend=backend, jobs=jobs, address=address, output=output, force=force,
                             progress=progress, ray=ray)

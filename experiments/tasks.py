@@ -1,10 +1,10 @@
 """One (seed, arm) task and the one place ``experiments`` assembles a run: :func:`plan_world`
 builds the world and plans its arms (every input error surfaces there), :func:`execute` is a
-task's body on any backend. Both go through :mod:`emulator.driver` (``plan_arms``, ``run_arm``),
+task's body on any backend. Both go through :mod:`groupfel.emulator.driver` (``plan_arms``, ``run_arm``),
 the emulator's single entry point.
 
-The run commands (:mod:`experiments.runner`, :mod:`experiments.sweep`) make tasks and the backends
-(:mod:`experiments.backends`) run them; both import this module, which imports neither of them.
+The run commands (:mod:`groupfel.experiments.runner`, :mod:`groupfel.experiments.sweep`) make tasks and the backends
+(:mod:`groupfel.experiments.backends`) run them; both import this module, which imports neither of them.
 Heavy imports (torch, the emulator's engine) stay inside the functions: a command that trains
 nothing does not pay for them.
 """
@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from emulator.errors import DivergenceError
-from emulator.io import atomic_write
+from groupfel.errors import DivergenceError
+from groupfel.emulator.io import atomic_write
 
 if TYPE_CHECKING:
-    from emulator.config import RunConfig
-    from emulator.driver import ArmPlan
-    from emulator.world import Dataset, World
+    from groupfel.emulator.config import RunConfig
+    from groupfel.emulator.driver import ArmPlan
+    from groupfel.emulator.world import Dataset, World
 
 MANIFEST = "manifest.json"
 
@@ -51,8 +51,8 @@ def plan_world(config: RunConfig, dataset: Dataset | None = None,
     """The world of a single-seed ``config`` and the plans of its arms (or of arm ``only``),
     checked against the world and the run mode: every input error of the arms surfaces here,
     before anything is written."""
-    from emulator.driver import plan_arms
-    from emulator.world import build_world
+    from groupfel.emulator.driver import plan_arms
+    from groupfel.emulator.world import build_world
 
     world = build_world(config, dataset=dataset)
     return world, plan_arms(world, only)
@@ -62,11 +62,11 @@ def execute(config_json: str, run_dir: Path, arm: int, *, dataset=None, device: 
             on_round: Callable | None = None) -> Path:
     """The body of a task on any backend: run (or resume) one arm of one single-seed config into
     ``run_dir/<arm>``. A diverged arm is a result (its manifest says so, see
-    :func:`experiments.runner.diverged_runs`), not an error that stops the other tasks."""
+    :func:`groupfel.experiments.runner.diverged_runs`), not an error that stops the other tasks."""
     import torch
 
-    from emulator.config import parse_config
-    from emulator.driver import run_arm
+    from groupfel.emulator.config import parse_config
+    from groupfel.emulator.driver import run_arm
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)     # one worker per core; the same arithmetic on every backend

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from emulator.errors import InputError
+from groupfel.errors import InputError
 
 
 def load_round(arm_dir: Path, round_: int) -> pd.DataFrame:

@@ -3,7 +3,7 @@
 Each kind has a registry (``groupings``, ``samplings``, ``aggregations``) mapping the name used
 in configs to a dataclass; ``registry.make(name, params)`` validates the parameters. A name that is
 not registered resolves as a plug-in (an installed entry point or ``"module:Class"``,
-:mod:`policies.plugins`).
+:mod:`groupfel.policies.plugins`).
 """
 from importlib import import_module
 

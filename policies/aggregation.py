@@ -1,7 +1,7 @@
 """Global aggregation rules at the cloud (Alg. 1, Line 15; Eq. 4; Eq. 39).
 
 All three return the weight of each sampled group's model in x_{t+1} = Σ_g w_g x^g, given the
-sampled groups' inclusion probabilities π_g (:func:`policies.sampling.inclusion_log_probabilities`).
+sampled groups' inclusion probabilities π_g (:func:`groupfel.policies.sampling.inclusion_log_probabilities`).
 Eq. 4 writes π_g = S·p_g, which is a group's inclusion probability only when S·p_g ≤ 1 for every
 group and groups are drawn so that P(g sampled) = S·p_g; the sampler draws exactly π_g =
 min(1, c·p_g) (systematic πps), so ``unbiased`` is the Horvitz-Thompson estimator and

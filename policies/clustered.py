@@ -1,8 +1,8 @@
 """Clustered-FL baselines of FedCollab's Table 2 (FedCollab Sec. 5.3): ``fedcluster`` (CFL),
-``fesem`` and ``kmeans``, beside ``ifca`` (:mod:`policies.pergroup`) and ``fedcollab``.
+``fesem`` and ``kmeans``, beside ``ifca`` (:mod:`groupfel.policies.pergroup`) and ``fedcollab``.
 
 Each is a grouping policy that declares how membership changes (``regroup``) and gives the hook
-the per-group round strategy (:mod:`emulator.rounds`) calls; the loop knows none of them by name.
+the per-group round strategy (:mod:`groupfel.emulator.rounds`) calls; the loop knows none of them by name.
 
 * ``fedcluster`` (Sattler et al. 2021, "Clustered federated learning", Alg. 1): one cluster to
   start; after every round a cluster whose clients' updates are near a stationary point of their

@@ -13,7 +13,7 @@ per-coalition sums (``np.bincount``), O(N) per client instead of re-evaluating E
 The distance D is the total-variation distance between label distributions (labels are known
 at the edge) by default, or, with ``distance = "discriminator"``, the estimates of FedCollab's
 client discriminators (Alg. 1), which the clients train on their raw samples
-(:mod:`emulator.discriminator`) and the edge receives in ``EdgeView.distances``.
+(:mod:`groupfel.emulator.discriminator`) and the edge receives in ``EdgeView.distances``.
 """
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ class FedCollabGrouping(GroupingPolicy):
     ``capacity`` is the model-capacity constant C of FedCollab Eq. 7 (the paper uses 8-10).
     The number of groups is FedCollab's own choice. With ``min_group_size`` > 1, coalitions
     smaller than MinGS are then merged, smallest first, into the coalition whose merge raises
-    Eq. 10 least (:func:`policies.grouping.enforce_min_size`); 1 (default) keeps the optimum.
+    Eq. 10 least (:func:`groupfel.policies.grouping.enforce_min_size`); 1 (default) keeps the optimum.
 
     ``ablation`` runs FedCollab Sec. 5.5's variants (Table 3): ``"ignore-quantities"`` replaces
     the quantity distribution β by the uniform 1/N (every client weighs the mean sample count),

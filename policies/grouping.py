@@ -192,7 +192,7 @@ class CoVGrouping(GroupingPolicy):
     One greedy step (Alg. 2, Line 5) scores every remaining candidate at once from the group's
     running label counts (one matrix-vector product gives every candidate's sum of squares), so
     a step costs O(|K|·|Y|) and the whole run O(|K|²·|Y|) instead of the printed O(|K|³·|Y|)
-    of :func:`policies.reference.covg_reference`, which yields the same groups. Ties go to the
+    of :func:`groupfel.policies.reference.covg_reference`, which yields the same groups. Ties go to the
     lowest row index.
     """
 

@@ -115,11 +115,11 @@ class HCCTGrouping(GroupingPolicy):
     The number of groups is HCCT's own choice, unless ``n_groups`` fixes it (HCCT Figs. 5-6: Alg. 2
     merges the best pairs, beneficial or not, down to K groups). With ``min_group_size`` > 1, groups smaller than
     MinGS are then merged, smallest first, into the group whose summed utility (Eq. 14) drops
-    least (:func:`policies.grouping.enforce_min_size`); 1 (default) keeps HCCT's partition.
+    least (:func:`groupfel.policies.grouping.enforce_min_size`); 1 (default) keeps HCCT's partition.
     ``alpha`` is Eq. 9's trade-off between data volume and gradient similarity, in samples.
     The random generator is not used: HCCT is deterministic given the gradients.
 
-    ``schedule`` says when the partition is made (per-group mode, :mod:`emulator.rounds`):
+    ``schedule`` says when the partition is made (per-group mode, :mod:`groupfel.emulator.rounds`):
 
     * ``"alg1"`` (HCCT Alg. 1, lines 2-7; per-group mode's default): at t = 0 every client is its
       own group and trains alone; at every epoch t ≥ 1 :meth:`repartition` runs Alg. 2 from the

@@ -2,7 +2,7 @@
 ``fedclar`` (HCCT Sec. 7.1, FedCollab Sec. 5.3, Group-FEL Sec. 7).
 
 ``local`` and ``global`` are fixed partitions. ``ifca`` and ``fedclar`` change membership while
-training, from the models (the per-group round strategy, :mod:`emulator.rounds`, calls
+training, from the models (the per-group round strategy, :mod:`groupfel.emulator.rounds`, calls
 :meth:`Ifca.assign` every round and :meth:`FedClar.cluster` at ``cluster_round``); their
 :meth:`group` gives the partition training starts from. ``modes`` names the run modes a policy
 makes sense in.
@@ -83,7 +83,7 @@ class FedClar(GroupingPolicy):
     group that keeps and trains its own model (starting from its members' sample-weighted mean
     model; in global mode, from the global model, the clusters being the groups Group-FEL samples
     from afterwards and the evaluated global model the clusters' sample-weighted mean, see
-    :mod:`emulator.membership`)."""
+    :mod:`groupfel.emulator.membership`)."""
 
     min_group_size: int = 5
     cluster_round: int = 10

@@ -3,15 +3,15 @@ or by an import path ``"module:attr"``.
 
 | part          | entry-point group        | what ``module:attr`` must be                                  |
 | ------------- | ------------------------ | ------------------------------------------------------------- |
-| grouping      | ``groupfel.groupings``   | a dataclass subclass of :class:`policies.GroupingPolicy`      |
-| sampling      | ``groupfel.samplings``   | a dataclass subclass of :class:`policies.SamplingPolicy`      |
-| aggregation   | ``groupfel.aggregations``| a dataclass subclass of :class:`policies.AggregationRule`     |
+| grouping      | ``groupfel.groupings``   | a dataclass subclass of :class:`groupfel.policies.GroupingPolicy`      |
+| sampling      | ``groupfel.samplings``   | a dataclass subclass of :class:`groupfel.policies.SamplingPolicy`      |
+| aggregation   | ``groupfel.aggregations``| a dataclass subclass of :class:`groupfel.policies.AggregationRule`     |
 | model         | ``groupfel.models``      | a callable ``(input_shape, num_classes) -> torch.nn.Module``  |
-| dataset       | ``groupfel.datasets``    | a callable ``(path: str | None) -> topologies.Dataset``       |
-| algorithm     | ``groupfel.algorithms``  | a dataclass subclass of :class:`emulator.algorithms.Algorithm`|
+| dataset       | ``groupfel.datasets``    | a callable ``(path: str | None) -> groupfel.topologies.Dataset``       |
+| algorithm     | ``groupfel.algorithms``  | a dataclass subclass of :class:`groupfel.emulator.algorithms.Algorithm`|
 
 Every failure to resolve one (module not found, attribute missing, wrong base class, wrong
-signature) is an :class:`~emulator.errors.InputError` naming the config field and the import path.
+signature) is an :class:`~groupfel.errors.InputError` naming the config field and the import path.
 Nothing here imports a plug-in until :func:`load` is called: listing the installed plug-ins
 (:func:`installed`) reads entry-point metadata only, so ``--help``, ``report``, ``plot`` and
 ``timeline`` never run a plug-in's code.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.util
 import inspect
 import marshal
 import sys
@@ -29,12 +30,51 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from emulator.errors import InputError
+from groupfel.errors import InputError
 
 GROUPS = {"grouping": "groupfel.groupings", "sampling": "groupfel.samplings",
           "aggregation": "groupfel.aggregations", "model": "groupfel.models", "dataset": "groupfel.datasets",
           "algorithm": "groupfel.algorithms"}
 IN_PROCESS = "__main__"   # a class or function defined in a notebook or script: this process only
+
+
+# groupfel's top-level modules before they moved beneath ``groupfel`` (``policies.grouping`` is now
+# ``groupfel.policies.grouping``); configs and run directories of that time may name them.
+OLD_TOP_LEVEL = ("emulator", "policies", "topologies", "cost_models", "experiments")
+
+
+def _origin(module: str) -> str | None:
+    """The file ``module`` would load from, without running it (None: no such module)."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    return spec.origin if spec is not None else None
+
+
+def renamed(spec: str) -> str | None:
+    """The current import path of a part of groupfel named by its old top-level module
+    (``"policies.grouping:RandomGrouping"`` -> ``"groupfel.policies.grouping:RandomGrouping"``), or
+    None if ``spec`` names something else: no such module of groupfel, or a module of that old name
+    that is not groupfel's file (a user's own ``policies`` package)."""
+    module = spec.partition(":")[0]
+    if module.split(".")[0] not in OLD_TOP_LEVEL:
+        return None
+    ours, old = _origin(f"groupfel.{module}"), _origin(module)
+    return f"groupfel.{spec}" if ours is not None and old in (None, ours) else None
+
+
+def upgrade_saved(obj: Any) -> Any:
+    """A config or manifest read back from a run directory written before groupfel's modules moved
+    beneath ``groupfel``: every import path of a part of groupfel in its current name (a module
+    of that old name that imports here, a user's own, is left alone)."""
+    if isinstance(obj, dict):
+        return {k: upgrade_saved(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [upgrade_saved(v) for v in obj]
+    if is_import_path(obj):
+        return renamed(obj) or obj
+    return obj
 
 
 def is_import_path(name: object) -> bool:
@@ -63,6 +103,9 @@ def spec_of(obj: Any) -> str:
 
 def _import(spec: str, where: str) -> Any:
     module_name, _, attr = spec.partition(":")
+    if renamed(spec):   # groupfel's own file under its old name: a second copy, whose classes are not ours
+        raise InputError(f"{where}: {spec!r} names groupfel's old top-level module {module_name.split('.')[0]!r}; "
+                         f"groupfel's modules now live beneath groupfel: write {renamed(spec)!r}")
     if not module_name or not attr:
         raise InputError(f"{where}: {spec!r} is not an import path; write \"module:attr\" (e.g. \"mypkg.policies:MyPolicy\")")
     try:
@@ -81,7 +124,7 @@ def _import(spec: str, where: str) -> Any:
             if module_name == IN_PROCESS:
                 raise InputError(f"{where}: {spec!r} was defined in the process that started this run (a notebook "
                                  f"or script) and is not defined here; pass the same class again through "
-                                 f"experiments.api.run to resume") from None
+                                 f"groupfel.experiments.api.run to resume") from None
             raise InputError(f"{where}: {spec!r}: module {module_name!r} has no attribute {attr!r}") from None
     return obj
 

@@ -2,7 +2,7 @@
 
 :func:`covg_reference` is Group-FEL Alg. 2 as printed: every greedy step (Line 5) recomputes the
 CoV (Eq. 31) of ``group ∪ {c}`` from scratch for each candidate ``c``, so it costs
-O(|K|³·|Y|). :class:`policies.grouping.CoVGrouping` must produce the same groups for the same
+O(|K|³·|Y|). :class:`groupfel.policies.grouping.CoVGrouping` must produce the same groups for the same
 random generator; only its speed differs.
 """
 from __future__ import annotations

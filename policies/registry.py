@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, TypeVar
 
-from emulator.errors import InputError
+from groupfel.errors import InputError
 
 from . import plugins
 
@@ -15,7 +15,7 @@ T = TypeVar("T")
 class Registry(dict):
     """Maps a policy name to a dataclass; ``make`` validates the parameters from a config.
 
-    Names not registered here resolve as plug-ins (:mod:`policies.plugins`): an entry point of
+    Names not registered here resolve as plug-ins (:mod:`groupfel.policies.plugins`): an entry point of
     the kind's group, or ``module:attr``, checked against the kind's contract (``contract``:
     base class, method name, its parameters after self)."""
 

@@ -140,7 +140,7 @@ def sample_without_replacement(log_p: np.ndarray, size: int, rng: np.random.Gene
     taken, the others are put in a random order and laid end to end as intervals of length π_g,
     and the points u, u+1, ... (u uniform in [0, 1)) pick the groups whose intervals they hit.
     Each π_g < 1, so no group is hit twice and P(g sampled) = π_g exactly, which makes Eq. 4
-    with π_g in place of S·p_g unbiased (Horvitz-Thompson; :mod:`policies.aggregation`).
+    with π_g in place of S·p_g unbiased (Horvitz-Thompson; :mod:`groupfel.policies.aggregation`).
     Successive sampling (draw, remove, renormalise) has inclusion probabilities that are not
     S·p_g and have no closed form; Sampford's method is exact too but rejects almost every
     attempt when some π_g is close to 1, which ESRCoV's skew produces; conditional Poisson

@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from emulator.config import parse_config
+from groupfel.emulator.config import parse_config
 
 TINY = {
     "name": "tiny",

@@ -4,11 +4,11 @@ import pandas as pd
 import pytest
 import torch
 
-from emulator.config import parse_config
-from emulator.errors import InputError
-from emulator.driver import CHECKPOINT, plan_arm, plan_arms, run_arm
-from emulator.training import BatchedEngine, TorchEngine
-from emulator.world import build_cost_model, build_world
+from groupfel.emulator.config import parse_config
+from groupfel.errors import InputError
+from groupfel.emulator.driver import CHECKPOINT, plan_arm, plan_arms, run_arm
+from groupfel.emulator.training import BatchedEngine, TorchEngine
+from groupfel.emulator.world import build_cost_model, build_world
 
 
 class Killed(Exception):

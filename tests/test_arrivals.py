@@ -6,11 +6,11 @@ import pandas as pd
 import pytest
 import torch
 
-from emulator.config import ArrivalsConfig, arrival_rounds, parse_config
-from emulator.driver import CHECKPOINT, plan_arm, run_arm
-from emulator.errors import InputError
-from emulator.rounds import LocalData
-from emulator.world import build_world
+from groupfel.emulator.config import ArrivalsConfig, arrival_rounds, parse_config
+from groupfel.emulator.driver import CHECKPOINT, plan_arm, run_arm
+from groupfel.errors import InputError
+from groupfel.emulator.rounds.common import LocalData
+from groupfel.emulator.world import build_world
 
 
 def test_arrival_rounds_by_hand():

@@ -10,11 +10,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from emulator.config import parse_config
-from emulator.errors import InputError
-from experiments.backends import RayOptions, land, run_task, run_tasks, task_device
-from experiments.cli import main
-from experiments.runner import prepare, run_experiment
+from groupfel.emulator.config import parse_config
+from groupfel.errors import InputError
+from groupfel.experiments.backends import RayOptions, land, run_task, run_tasks, task_device
+from groupfel.experiments.cli import main
+from groupfel.experiments.runner import prepare, run_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ def test_a_pool_worker_killed_by_the_os_is_replaced_and_the_run_completes(tmp_pa
 
     (tmp_path / "run.toml").write_text(tomli_w.dumps(raw))
     out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "experiments.cli", "run", str(tmp_path / "run.toml"),
+    proc = subprocess.Popen([sys.executable, "-m", "groupfel.experiments.cli", "run", str(tmp_path / "run.toml"),
                              "--output", str(out), "--jobs", "2", "--quiet"],
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -79,7 +79,7 @@ def test_a_killed_run_takes_its_pool_workers_down_and_resumes_to_the_same_tables
 
     (tmp_path / "run.toml").write_text(tomli_w.dumps(raw))
     out = tmp_path / "killed"
-    command = [sys.executable, "-m", "experiments.cli", "run", str(tmp_path / "run.toml"), "--output", str(out),
+    command = [sys.executable, "-m", "groupfel.experiments.cli", "run", str(tmp_path / "run.toml"), "--output", str(out),
                "--jobs", "2", "--quiet"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -162,7 +162,7 @@ def test_a_task_streams_checkpoints_and_resumes_from_one_with_equal_files(tmp_pa
     """What a Ray task sends (run here as the plain generator it is): a checkpoint after each
     evaluation, then every file. Restarted from a streamed checkpoint, it ends with the same
     results and ledger as an undisturbed task and as the local pool's worker."""
-    from experiments.backends import ray_task
+    from groupfel.experiments.backends import ray_task
 
     if mode == "per-group":
         tiny_dict.update(mode="per-group", topology={"edges": 1, "clients_per_edge": 6})
@@ -189,3 +189,22 @@ def test_a_task_streams_checkpoints_and_resumes_from_one_with_equal_files(tmp_pa
         for name in ("results.csv", "ledger.parquet"):
             assert (d / arm / name).read_bytes() == (tmp_path / "local" / arm / name).read_bytes(), (d, name)
         assert not (d / arm / "checkpoint.pt").exists()
+
+
+def test_a_worker_that_fails_at_start_up_reports_its_own_error_in_one_line(tmp_path, tiny_dict, monkeypatch,
+                                                                            capsys):
+    """Not "lost its worker process (killed ...)" four times over: the worker's own error, once."""
+    import tomli_w
+
+    from groupfel.experiments import backends
+
+    monkeypatch.setattr(backends, "WORKER_SETUP", os.setsid)   # setsid(parent) -> TypeError in the worker
+    raw = {**tiny_dict, "seeds": [0, 1], "arms": tiny_dict["arms"][:1], "train": {**tiny_dict["train"], "rounds": 1}}
+    raw.pop("seed")
+    (tmp_path / "run.toml").write_text(tomli_w.dumps(raw))
+    assert main(["run", str(tmp_path / "run.toml"), "--output", str(tmp_path / "out"), "--jobs", "2",
+                 "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "groupfel: error: a worker process failed at start-up: TypeError: posix.setsid() takes no arguments "
+        "(1 given)"], err

@@ -1,4 +1,4 @@
-"""HCCT's baselines as algorithms (emulator/baselines_hcct.py): FedFA, MAXFL, FLSC and the
+"""HCCT's baselines as algorithms (emulator/algorithms/hcct.py): FedFA, MAXFL, FLSC and the
 personalisation layers of HCCT-P, each against a hand-computed case of its definition, then in
 whole per-group runs (and a kill/resume for those with state)."""
 import copy
@@ -8,16 +8,17 @@ import pandas as pd
 import pytest
 import torch
 
-from emulator.algorithms import algorithms
-from emulator.baselines_hcct import fedfa_weights, flsc_aggregate, flsc_choice, maxfl_joins
-from emulator.compute import LocalSpec, run_group_rounds
-from emulator.config import parse_config
-from emulator.driver import ArmState, plan_arm, plan_arms, run_arm
-from emulator.errors import InputError
-from emulator.federation import Group, client_seeds
-from emulator.rng import rng
-from emulator.rounds import FORWARD_FRACTION, _Training
-from emulator.world import build_world
+from groupfel.emulator.algorithms import algorithms
+from groupfel.emulator.algorithms.hcct import fedfa_weights, flsc_aggregate, flsc_choice, maxfl_joins
+from groupfel.emulator.compute import LocalSpec, run_group_rounds
+from groupfel.emulator.config import parse_config
+from groupfel.emulator.arm import ArmState
+from groupfel.emulator.driver import plan_arm, plan_arms, run_arm
+from groupfel.errors import InputError
+from groupfel.emulator.federation import Group, client_seeds
+from groupfel.emulator.rng import rng
+from groupfel.emulator.rounds.common import FORWARD_FRACTION, ArmTraining
+from groupfel.emulator.world import build_world
 
 
 def _pergroup(tiny_dict, algorithm, params=None, grouping=None, rounds=3):
@@ -31,7 +32,7 @@ def _pergroup(tiny_dict, algorithm, params=None, grouping=None, rounds=3):
 def _bound(world):
     """The world's algorithm bound to a fresh run's context (real scoring on the clients' data)."""
     x0 = world.engine.initial_weights(world.config.seed)
-    return _Training(world, ArmState(), True, x0), x0
+    return ArmTraining(world, ArmState(), True, x0), x0
 
 
 def _one_group_round(world, training, x0, clients, seed=3):

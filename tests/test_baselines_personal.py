@@ -1,4 +1,4 @@
-"""FedCollab's Table 1 base algorithms (emulator/baselines_personal.py): each one's update rule on
+"""FedCollab's Table 1 base algorithms (emulator/algorithms/personal.py): each one's update rule on
 a hand-computed case, whole per-group runs alone and "+FedCollab", their charges, and a resume.
 
 The hand-computed cases use softmax regression with one input feature and two classes, flat
@@ -15,13 +15,13 @@ import pandas as pd
 import pytest
 import torch
 
-from emulator.algorithms import AlgorithmContext, GroupUpdate, algorithms, make_algorithm
-from emulator.config import parse_config
-from emulator.driver import CHECKPOINT, plan_arm, plan_arms, run_arm
-from emulator.errors import InputError
-from emulator.training import TorchEngine
-from emulator.world import build_world
-from topologies import Dataset
+from groupfel.emulator.algorithms import AlgorithmContext, GroupUpdate, algorithms, make_algorithm
+from groupfel.emulator.config import parse_config
+from groupfel.emulator.driver import CHECKPOINT, plan_arm, plan_arms, run_arm
+from groupfel.errors import InputError
+from groupfel.emulator.training import TorchEngine
+from groupfel.emulator.world import build_world
+from groupfel.topologies import Dataset
 
 from conftest import TINY
 

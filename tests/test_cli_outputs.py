@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from emulator.errors import InputError
-from emulator.io import atomic_write, check_writable
-from experiments.cli import build_parser, main
+from groupfel.errors import InputError
+from groupfel.emulator.io import atomic_write, check_writable
+from groupfel.experiments.cli import build_parser, main
 
 RESULTS = "arm,round,cost,accuracy\na,0,0.0,0.1\na,1,5.0,0.5\n"
 MEASUREMENTS = "operation,group_size,seconds\nsecagg,2,1.0\nsecagg,3,2.1\nsecagg,4,3.9\nsecagg,5,6.2\n"
@@ -53,9 +53,9 @@ def _commands(tmp: Path, out: str, file_out: str) -> dict[str, list[str]]:
     }
 
 
-WORK = {"run": "experiments.runner.run_experiment", "calibrate": "cost_models.calibrate.calibrate",
-        "measure": "cost_models.measure.measure", "whatif": "cost_models.whatif.sweep",
-        "study": "experiments.grouping_studies.fig7", "plot": "experiments.plots.plot_curves"}
+WORK = {"run": "groupfel.experiments.runner.run_experiment", "calibrate": "groupfel.cost_models.calibrate.calibrate",
+        "measure": "groupfel.cost_models.measure.measure", "whatif": "groupfel.cost_models.whatif.sweep",
+        "study": "groupfel.experiments.grouping_studies.fig7", "plot": "groupfel.experiments.plots.plot_curves"}
 
 
 @pytest.mark.parametrize("command", sorted(WORK))
@@ -121,7 +121,7 @@ def test_interrupt_names_the_real_run_dir(tmp_path, capsys, monkeypatch):
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
-    monkeypatch.setattr("experiments.runner.run_experiment", interrupted)
+    monkeypatch.setattr("groupfel.experiments.runner.run_experiment", interrupted)
     run_dir = tmp_path / "my run"
     assert main(["run", str(tmp_path / "c.toml"), "--output", str(run_dir), "--quiet"]) == 130
     err = capsys.readouterr().err
@@ -158,7 +158,7 @@ def test_study_figures_show_all_their_text(tmp_path, monkeypatch, study):
     """Nothing is cut off at the figure's edge, and fig7 explains its label colours."""
     import matplotlib.pyplot as plt
 
-    from experiments import grouping_studies
+    from groupfel.experiments import grouping_studies
 
     figures = []
     real_save = grouping_studies._save

@@ -14,8 +14,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from emulator.config import parse_config
-from experiments.runner import run_experiment
+from groupfel.emulator.config import parse_config
+from groupfel.experiments.runner import run_experiment
 
 ray = pytest.importorskip("ray")
 
@@ -128,7 +128,7 @@ def _driver(*args, env=None, **kw) -> subprocess.Popen:
 
 
 def _run_on(cluster, config_path: Path, out: Path, *flags: str, env=None) -> subprocess.Popen:
-    return _driver("-m", "experiments.cli", "run", str(config_path), "--output", str(out), "--quiet",
+    return _driver("-m", "groupfel.experiments.cli", "run", str(config_path), "--output", str(out), "--quiet",
                    "--backend", "ray", *flags, env=env)
 
 
@@ -161,8 +161,8 @@ ray.init(address=sys.argv[1], log_to_driver=False)
 @ray.remote(num_cpus=1)
 def view(path):
     try:
-        import emulator
-        code = emulator.__file__
+        import groupfel.emulator as emulator
+        code = groupfel.emulator.__file__
     except ImportError:
         code = None
     return os.listdir(path), code

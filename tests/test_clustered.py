@@ -7,13 +7,14 @@ import pandas as pd
 import pytest
 import torch
 
-from emulator.config import parse_config
-from emulator.driver import ArmState, plan_arm, run_arm
-from emulator.errors import InputError
-from emulator.rounds import PerGroupRounds
-from emulator.world import build_world
-from experiments.runner import run_experiment
-from policies.clustered import FeSEM, FedCluster, KMeansGrouping, bipartition
+from groupfel.emulator.config import parse_config
+from groupfel.emulator.arm import ArmState
+from groupfel.emulator.driver import plan_arm, run_arm
+from groupfel.errors import InputError
+from groupfel.emulator.rounds.per_group import PerGroupRounds
+from groupfel.emulator.world import build_world
+from groupfel.experiments.runner import run_experiment
+from groupfel.policies.clustered import FeSEM, FedCluster, KMeansGrouping, bipartition
 
 from tests.test_pergroup import _kill_after_round_2_and_resume, _two_concepts
 

@@ -2,11 +2,11 @@
 import numpy as np
 import pytest
 
-from cost_models import read_profiles
-from cost_models.calibrate import calibrate, fit_curve, read_measurements
-from experiments.cost_cli import parse_sizes, write_profile
-from emulator.errors import InputError
-from experiments.cli import main
+from groupfel.cost_models import read_profiles
+from groupfel.cost_models.calibrate import calibrate, fit_curve, read_measurements
+from groupfel.experiments.cost_cli import parse_sizes, write_profile
+from groupfel.errors import InputError
+from groupfel.experiments.cli import main
 
 
 def _write(path, text):

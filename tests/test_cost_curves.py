@@ -4,9 +4,9 @@ import warnings
 import numpy as np
 import pytest
 
-from cost_models import (CostModel, ExtrapolationWarning, MeasuredCurve, PiecewiseLinear, Polynomial, get_curve,
+from groupfel.cost_models import (CostModel, ExtrapolationWarning, MeasuredCurve, PiecewiseLinear, Polynomial, get_curve,
                          read_profiles)
-from emulator.errors import InputError
+from groupfel.errors import InputError
 
 
 def test_piecewise_interpolates_and_extends_end_segments():

@@ -5,11 +5,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cost_models import get_profile, read_profiles
-from cost_models.whatif import Scenario, sweep
-from emulator.config import parse_config
-from experiments.cli import main
-from experiments.runner import run_experiment
+from groupfel.cost_models import get_profile, read_profiles
+from groupfel.cost_models.whatif import Scenario, sweep
+from groupfel.emulator.config import parse_config
+from groupfel.experiments.cli import main
+from groupfel.experiments.runner import run_experiment
 
 
 def _config(tmp_path, **over):
@@ -54,7 +54,7 @@ def test_measure_calibrate_run_round_trip(tmp_path):
         cost={"task": "mine", "training": "sgd", "group_operations": ["secagg"], "profiles_file": str(profile)})
     # each charge is the calibrated curve's value: E·H(n_i) for training, O_g(|g|) for secagg
     n_samples = ledger[ledger.component == "training"]
-    from emulator.world import build_world  # the same world the run used: client sample counts
+    from groupfel.emulator.world import build_world  # the same world the run used: client sample counts
     world = build_world(_config(tmp_path, topology={"edges": 2, "clients_per_edge": 5, "devices": {"local": 1.0}},
                                 cost={"task": "mine", "training": "sgd", "group_operations": ["secagg"],
                                       "profiles_file": str(profile)}))
@@ -75,7 +75,7 @@ def test_heterogeneous_devices_each_pay_their_own_curve_with_faults(tmp_path):
     world_cfg = _config(tmp_path, topology={"edges": 2, "clients_per_edge": 5,
                                             "devices": {"raspberry-pi-4": 0.7, "gpu-server": 0.3}},
                         cost={"task": "cifar10-resnet", "training": "sgd", "group_operations": ["backdoor-distance"]})
-    from emulator.world import build_world
+    from groupfel.emulator.world import build_world
     n_all = build_world(world_cfg).topology.n_samples
     for dev in ("raspberry-pi-4", "gpu-server"):
         prof = get_profile(f"{dev}/cifar10-resnet")

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from policies import cov_of_counts, group_cov
+from groupfel.policies import cov_of_counts, group_cov
 
 
 @pytest.mark.parametrize("counts, std, eq31", [

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy.io import wavfile
 
-from emulator.errors import InputError
-from topologies import dirichlet_partition, label_matrix, load_dataset, read_idx
+from groupfel.errors import InputError
+from groupfel.topologies import dirichlet_partition, label_matrix, load_dataset, read_idx
 
 FSDD = Path(__file__).resolve().parents[2] / "shared" / "data" / "fsdd"
 

@@ -5,10 +5,10 @@ import builtins
 import numpy as np
 import pytest
 
-from emulator.config import parse_config
-from emulator.errors import InputError
-from emulator.world import place_data
-from topologies import load_dataset
+from groupfel.emulator.config import parse_config
+from groupfel.errors import InputError
+from groupfel.emulator.world import place_data
+from groupfel.topologies import load_dataset
 
 
 @pytest.fixture(scope="module")

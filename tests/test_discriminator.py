@@ -3,11 +3,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from emulator.config import parse_config
-from emulator.discriminator import DiscriminatorSpec, discriminator_distances, discriminator_features
-from emulator.driver import plan_arm, run_arm
-from emulator.world import build_world
-from topologies import load_dataset
+from groupfel.emulator.config import parse_config
+from groupfel.emulator.discriminator import DiscriminatorSpec, discriminator_distances, discriminator_features
+from groupfel.emulator.driver import plan_arm, run_arm
+from groupfel.emulator.world import build_world
+from groupfel.topologies import load_dataset
 
 
 def test_distances_separate_disjoint_clients_and_not_alike_ones():

@@ -25,11 +25,11 @@ import numpy as np
 import pytest
 from pydantic import BaseModel
 
-from cost_models import read_profiles
-from emulator import config as config_models
-from emulator.config import parse_config
-from experiments.runner import run_experiment
-from experiments.sweep import SweepConfig, point_configs, points
+from groupfel.cost_models import read_profiles
+from groupfel.emulator import config as config_models
+from groupfel.emulator.config import parse_config
+from groupfel.experiments.runner import run_experiment
+from groupfel.experiments.sweep import SweepConfig, point_configs, points
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -137,7 +137,7 @@ def _calibrated_profile(cwd: Path) -> None:
     for n in range(16, 129, 16):
         rows.append(f"training,sgd,raspberry-pi-4,,{n},{(1.2e-4 * n + 5e-3) * rng.uniform(0.95, 1.05):.9g}")
     (cwd / "measurements.csv").write_text("\n".join(rows) + "\n")
-    proc = subprocess.run([sys.executable, "-m", "experiments.cli", "calibrate", "measurements.csv",
+    proc = subprocess.run([sys.executable, "-m", "groupfel.experiments.cli", "calibrate", "measurements.csv",
                            "--task", "cifar10-resnet", "--out", "calib/"],
                           cwd=cwd, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})

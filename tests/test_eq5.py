@@ -3,11 +3,11 @@ import numpy as np
 import pytest
 import simpy
 
-from cost_models import CostModel, DeviceProfile, linear, quadratic
-from emulator.federation import Federation, Group, RoundContext
-from emulator.ledger import CostLedger
-from emulator.training import TorchEngine
-from topologies import Link, build_topology, label_matrix, load_dataset
+from groupfel.cost_models import CostModel, DeviceProfile, linear, quadratic
+from groupfel.emulator.federation import Federation, Group, RoundContext
+from groupfel.emulator.ledger import CostLedger
+from groupfel.emulator.training import TorchEngine
+from groupfel.topologies import Link, build_topology, label_matrix, load_dataset
 
 N = [10, 20, 30, 5, 15]
 

@@ -6,12 +6,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cost_models import CostModel, DeviceProfile, linear, quadratic
-from emulator.compute import LocalSpec, run_group_rounds
-from emulator.config import FaultsConfig, StragglerConfig
-from emulator.federation import Federation, Group, RoundContext, client_seeds, draw_faults
-from emulator.ledger import CostLedger
-from topologies import Link, build_topology
+from groupfel.cost_models import CostModel, DeviceProfile, linear, quadratic
+from groupfel.emulator.compute import LocalSpec, run_group_rounds
+from groupfel.emulator.config import FaultsConfig, StragglerConfig
+from groupfel.emulator.federation import Federation, Group, RoundContext, client_seeds, draw_faults
+from groupfel.emulator.ledger import CostLedger
+from groupfel.topologies import Link, build_topology
 
 MODEL_BYTES = 1_000_000   # 1 s over the 8 Mbps client link, 0.1 s over the 80 Mbps edge link
 

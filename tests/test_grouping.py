@@ -4,10 +4,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from emulator.driver import plan_arm
-from emulator.membership import form_groups
-from emulator.world import build_world
-from policies import EdgeView, cov_of_counts, groupings
+from groupfel.emulator.driver import plan_arm
+from groupfel.emulator.membership import form_groups
+from groupfel.emulator.world import build_world
+from groupfel.policies import EdgeView, cov_of_counts, groupings
 
 
 def literal_alg2(L, min_gs, max_cov, rng):
@@ -70,7 +70,7 @@ def test_drop_rule_reports_what_it_dropped():
 def test_merge_joins_the_group_it_hurts_least():
     # Two complete groups missing label 1 and label 0 respectively; the leftover holds label 1.
     L = np.array([[10, 0], [10, 0], [0, 10], [0, 10], [0, 5]])
-    from policies import resolve_leftover
+    from groupfel.policies import resolve_leftover
     out = resolve_leftover([[0, 1], [2, 3]], [4], "merge", L)
     assert sorted(out.groups[0].tolist()) == [0, 1, 4]
 
@@ -87,6 +87,6 @@ def test_groups_never_cross_edges(tiny_config):
 
 
 def test_unknown_parameter_is_named():
-    from emulator.errors import InputError
+    from groupfel.errors import InputError
     with pytest.raises(InputError, match=r"grouping\.max_covv"):
         groupings.make("covg", {"max_covv": 1}, "grouping")

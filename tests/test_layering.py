@@ -1,25 +1,46 @@
-"""The pluggable layers (policies, topologies, cost models) stand below the emulator: they import
-nothing from ``emulator`` but its ground-floor errors module, and nothing from ``experiments``, so
-data flows one way (the command layer writes their results; the emulator calls them). Above the
-emulator, ``experiments`` and ``benchmarks`` reach arms only through :mod:`emulator.driver`, and
-the run path's modules depend one way: runner -> backends -> tasks."""
+"""The import graph of the ``groupfel`` package shows the design: every import points down and
+none closes a circle.
+
+Floors, bottom up: ``groupfel.errors``; the pluggable layers (``policies``, ``topologies``,
+``cost_models``); the ``emulator``; ``experiments`` (commands, API, studies); the namespace's own
+front (``groupfel/__init__.py``, ``__main__.py``). A module imports only its own floor and those
+below, at any depth (inside functions too: a lazy import is still a dependency), and no chain of
+imports leads back to where it started. Above the emulator, ``experiments`` and ``benchmarks``
+reach arms only through :mod:`groupfel.emulator.driver`, and the run path's modules depend one
+way: runner -> backends -> tasks."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+import networkx as nx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ("policies", "topologies", "cost_models")
-ALLOWED = {"emulator.errors"}
-FORBIDDEN = ("emulator", "experiments")
+FOLDERS = ("emulator", "policies", "topologies", "cost_models", "experiments")
+FLOORS = {"groupfel.errors": 0, "groupfel.policies": 1, "groupfel.topologies": 1, "groupfel.cost_models": 1,
+          "groupfel.emulator": 2, "groupfel.experiments": 3, "groupfel": 4}
 
 
-def _imports(tree: ast.AST, package: str) -> list[tuple[int, str]]:
-    """(line, absolute module) of every import statement in the module, at any depth (inside
-    functions, classes, ``if`` and ``try`` blocks too); ``from emulator import errors`` counts as
-    ``emulator.errors``."""
+def modules(root: Path = ROOT) -> dict[str, tuple[str, Path]]:
+    """Every module of the installed package: name -> (its package, file). The folders at the
+    repository's root install beneath ``groupfel`` (pyproject's package-dir)."""
+    out = {}
+    for top in ("groupfel", *FOLDERS):
+        for path in sorted((root / top).rglob("*.py")) if (root / top).is_dir() else []:
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[0] != "groupfel":
+                parts.insert(0, "groupfel")
+            is_package = parts[-1] == "__init__"
+            name = ".".join(parts[:-1] if is_package else parts)
+            out[name] = (name if is_package else name.rpartition(".")[0], path)
+    return out
+
+
+def imports(tree: ast.AST, package: str) -> list[tuple[int, str]]:
+    """(line, absolute name) of every import at any depth (functions, classes, ``if``/``try``
+    blocks, ``importlib.import_module("...")``); ``from x import y`` gives ``x.y`` (y may be a
+    submodule) and ``x``."""
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -30,85 +51,109 @@ def _imports(tree: ast.AST, package: str) -> list[tuple[int, str]]:
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
-            if module in FORBIDDEN:   # from emulator import world: the submodule is what it imports
-                out += [(node.lineno, f"{module}.{alias.name}") for alias in node.names]
-            else:
-                out.append((node.lineno, module))
+            out += [(node.lineno, f"{module}.{alias.name}") for alias in node.names]
         elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
               and isinstance(node.args[0].value, str)
               and getattr(node.func, "id", getattr(node.func, "attr", None)) in ("__import__", "import_module")):
-            out.append((node.lineno, node.args[0].value))   # importlib.import_module("emulator.io")
+            out.append((node.lineno, node.args[0].value))
     return sorted(out)
 
 
-def violations(root: Path = ROOT) -> list[str]:
-    """'<file>:<line>: imports <module>' for every forbidden import under the layers."""
-    bad = []
-    for layer in LAYERS:
-        for path in sorted((root / layer).rglob("*.py")):
-            package = ".".join(path.relative_to(root).with_suffix("").parts[:-1])
-            for line, module in _imports(ast.parse(path.read_text(), str(path)), package):
-                top = module.split(".")[0]
-                if top in FORBIDDEN and not any(module == a or module.startswith(a + ".") for a in ALLOWED):
-                    bad.append(f"{path.relative_to(root)}:{line}: imports {module}")
-    return bad
+def _target(name: str, known: dict) -> str | None:
+    """The package module an imported name lives in (``groupfel.policies.grouping.EdgeView`` ->
+    ``groupfel.policies.grouping``), or None outside the package."""
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name or None
 
 
-def _module_imports(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
-    package = ".".join(path.relative_to(root).with_suffix("").parts[:-1])
-    return _imports(ast.parse(path.read_text(), str(path)), package)
+def floor(module: str) -> int:
+    """The floor of the longest matching prefix (``groupfel.emulator.io``: the emulator's)."""
+    return FLOORS[max((p for p in FLOORS if module == p or module.startswith(p + ".")), key=len)]
+
+
+def graph(root: Path = ROOT) -> tuple[nx.DiGraph, list[str]]:
+    """The import graph (edges carry ``where``: file:line) and every upward import."""
+    known = modules(root)
+    g, upward = nx.DiGraph(), []
+    for name, (package, path) in known.items():
+        g.add_node(name)
+        for line, imported in imports(ast.parse(path.read_text(), str(path)), package):
+            target = _target(imported, known)
+            # a module's own parent packages (``from . import x``, ``from groupfel.policies import
+            # groupings`` inside policies/) are its own floor; the top namespace's attributes are not
+            if target is None or target == name or (name.startswith(target + ".") and target != "groupfel"):
+                continue
+            where = f"{path.relative_to(root)}:{line}"
+            g.add_edge(name, target, where=where)
+            if floor(target) > floor(name):
+                upward.append(f"{where}: {name} imports {target}, a floor above it")
+    return g, upward
+
+
+def circles(g: nx.DiGraph) -> list[str]:
+    return [" -> ".join(c + [c[0]]) + "  (" + ", ".join(g.edges[a, b]["where"] for a, b in zip(c, c[1:] + c[:1])) + ")"
+            for c in nx.simple_cycles(g)]
+
+
+def test_no_import_circles():
+    found = circles(graph()[0])
+    assert not found, "import circles:\n" + "\n".join(found)
+
+
+def test_every_import_points_down():
+    up = graph()[1]
+    assert not up, "upward imports (errors < policies, topologies, cost_models < emulator < experiments):\n" + \
+        "\n".join(up)
+
+
+def test_the_algorithm_base_imports_no_algorithm():
+    """Each shipped family registers itself, as a plug-in module would; the base knows none."""
+    g = graph()[0]
+    families = [m for m in g if m.startswith("groupfel.emulator.algorithms.") and not m.endswith(".base")]
+    assert families, "no algorithm family modules found"
+    assert not [f for f in families if g.has_edge("groupfel.emulator.algorithms.base", f)]
 
 
 def test_commands_reach_arms_only_through_the_driver():
+    known = modules()
     bad = [f"{path.relative_to(ROOT)}:{line}: imports {module}"
            for folder in ("experiments", "benchmarks") for path in sorted((ROOT / folder).rglob("*.py"))
-           for line, module in _module_imports(path)
-           if module.split(".")[:2] in (["emulator", "runner"], ["emulator", "pergroup"])]
-    assert not bad, "plan and run arms with emulator.driver (plan_arms, run_arm):\n" + "\n".join(bad)
-
-
-def _reaches(start: str) -> set[str]:
-    """The experiments modules ``start`` imports, directly or through others (any depth)."""
-    seen, todo = set(), [start]
-    while todo:
-        path = ROOT / "experiments" / f"{todo.pop()}.py"
-        for _, module in _module_imports(path):
-            parts = module.split(".")
-            if parts[0] == "experiments" and len(parts) > 1 and parts[1] not in seen \
-                    and (ROOT / "experiments" / f"{parts[1]}.py").exists():
-                seen.add(parts[1])
-                todo.append(parts[1])
-    return seen
+           for line, module in imports(ast.parse(path.read_text()), "groupfel.experiments")
+           if (_target(module, known) or "").startswith(("groupfel.emulator.rounds", "groupfel.emulator.arm"))]
+    assert not bad, "plan and run arms with groupfel.emulator.driver (plan_arms, run_arm):\n" + "\n".join(bad)
 
 
 @pytest.mark.parametrize("module", ["backends", "tasks"])
 def test_the_run_path_depends_one_way(module):
-    """runner imports backends and tasks; neither imports runner back (no cycle), and tasks, the
-    one assembly site, imports no other experiments module."""
-    assert (ROOT / "experiments" / f"{module}.py").exists(), f"experiments/{module}.py is missing"
-    reached = _reaches(module)
-    assert "runner" not in reached, f"experiments.{module} imports experiments.runner (via {sorted(reached)})"
+    """runner imports backends and tasks; neither reaches runner (no cycle), and tasks, the one
+    assembly site, imports no other experiments module."""
+    g = graph()[0]
+    reached = nx.descendants(g, f"groupfel.experiments.{module}")
+    assert "groupfel.experiments.runner" not in reached
     if module == "tasks":
-        assert not reached, f"experiments.tasks imports {sorted(reached)}"
+        assert not [m for m in reached if m.startswith("groupfel.experiments.")], sorted(reached)
 
 
-def test_layers_import_only_the_errors_module_from_the_emulator():
-    bad = violations()
-    assert not bad, "policies/, topologies/ and cost_models/ may import only emulator.errors from the emulator " \
-                    "and nothing from experiments:\n" + "\n".join(bad)
-
-
-@pytest.mark.parametrize("source, found", [
-    ("from emulator.io import atomic_write\n", ["cost_models/x.py:1: imports emulator.io"]),
-    ("def f():\n    if True:\n        import emulator.training as t\n", ["cost_models/x.py:3: imports emulator.training"]),
-    ("from emulator import errors, world\n", ["cost_models/x.py:1: imports emulator.world"]),
-    ("class A:\n    def f(self):\n        from experiments.cli import main\n",
-     ["cost_models/x.py:3: imports experiments.cli"]),
-    ("import importlib\nm = importlib.import_module('emulator.world')\n", ["cost_models/x.py:2: imports emulator.world"]),
-    ("from emulator.errors import InputError\nimport emulator.errors\nfrom .curves import Curve\n", []),
+@pytest.mark.parametrize("files, found", [
+    ({"cost_models/x.py": "from groupfel.emulator.io import atomic_write\n"}, ["up"]),
+    ({"cost_models/x.py": "def f():\n    if True:\n        import groupfel.emulator.training as t\n"}, ["up"]),
+    ({"policies/x.py": "class A:\n    def f(self):\n        from groupfel.experiments.cli import main\n"}, ["up"]),
+    ({"topologies/x.py": "import importlib\nm = importlib.import_module('groupfel.emulator.world')\n"}, ["up"]),
+    ({"emulator/x.py": "from groupfel import run\n"}, ["up"]),
+    ({"cost_models/x.py": "from groupfel.errors import InputError\nfrom .y import Curve\n",
+      "cost_models/y.py": "Curve = 1\n"}, []),
+    ({"emulator/a.py": "from .b import B\n", "emulator/b.py": "def f():\n    from .a import A\n"}, ["circle"]),
+    ({"emulator/a.py": "from . import b\n", "emulator/b.py": "from groupfel.emulator import a\n"}, ["circle"]),
 ])
-def test_the_check_sees_imports_at_any_depth(tmp_path, source, found):
-    for layer in LAYERS:
-        (tmp_path / layer).mkdir()
-    (tmp_path / "cost_models" / "x.py").write_text(source)
-    assert violations(tmp_path) == found
+def test_the_check_sees_every_import(tmp_path, files, found):
+    for folder in FOLDERS:
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "groupfel").mkdir()
+    (tmp_path / "groupfel" / "__init__.py").write_text("")
+    (tmp_path / "groupfel" / "errors.py").write_text("")
+    for name, source in files.items():
+        (tmp_path / name).write_text(source)
+    g, up = graph(tmp_path)
+    assert (["up"] if up else []) + (["circle"] if circles(g) else []) == found

@@ -2,11 +2,11 @@
 import numpy as np
 import pytest
 
-from emulator.config import parse_config
-from emulator.errors import InputError
-from emulator.world import place_data
-from topologies import load_dataset
-from topologies.partition import (apply_client_types, client_sizes, dirichlet_partition, fedcollab_types,
+from groupfel.emulator.config import parse_config
+from groupfel.errors import InputError
+from groupfel.emulator.world import place_data
+from groupfel.topologies import load_dataset
+from groupfel.topologies.partition import (apply_client_types, client_sizes, dirichlet_partition, fedcollab_types,
                                   rotate_images, shards_partition, split_local, weighted_partition)
 
 LABELS = np.repeat(np.arange(10), 300)

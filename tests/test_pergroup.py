@@ -6,18 +6,19 @@ import pandas as pd
 import pytest
 import torch
 
-from emulator.compute import LocalSpec, run_group_rounds
-from emulator.config import parse_config
-from emulator.errors import InputError
-from emulator.driver import ArmState
-from emulator.rounds import FORWARD_FRACTION, LocalData, PerGroupRounds, ipr_rsd, local_reference
-from emulator.federation import Group
-from emulator.driver import CHECKPOINT, plan_arm, run_arm
-from emulator.world import build_world
-from experiments.runner import run_experiment
-from policies import groupings
-from policies.hcct import group_utility, hcct_partition
-from policies.pergroup import FedClar, Ifca
+from groupfel.emulator.compute import LocalSpec, run_group_rounds
+from groupfel.emulator.config import parse_config
+from groupfel.errors import InputError
+from groupfel.emulator.arm import ArmState
+from groupfel.emulator.rounds.common import FORWARD_FRACTION, LocalData
+from groupfel.emulator.rounds.per_group import PerGroupRounds, ipr_rsd, local_reference
+from groupfel.emulator.federation import Group
+from groupfel.emulator.driver import CHECKPOINT, plan_arm, run_arm
+from groupfel.emulator.world import build_world
+from groupfel.experiments.runner import run_experiment
+from groupfel.policies import groupings
+from groupfel.policies.hcct import group_utility, hcct_partition
+from groupfel.policies.pergroup import FedClar, Ifca
 
 
 def _pergroup(tiny_dict, arms, clients=6, **data):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from experiments.cli import main
+from groupfel.experiments.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from emulator.algorithms import Algorithm
-from policies import EdgeGrouping, EdgeView, GroupingPolicy
-from topologies import Dataset
+from groupfel.emulator.algorithms import Algorithm
+from groupfel.policies import EdgeGrouping, EdgeView, GroupingPolicy
+from groupfel.topologies import Dataset
 
 IMPORTED = []   # filled on import: the tests check who imported this module
 
@@ -130,7 +130,7 @@ def plugin_dir(tmp_path):
 
 def _cli(args, pythonpath, cwd, timeout=500):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(pythonpath), str(ROOT)]), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "experiments.cli", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "groupfel.experiments.cli", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -177,13 +177,13 @@ def _tiny(tmp_path, **edits):
     ('"userplug:DealByLabel"', '"userplug:Nope"',
      "arms[0].grouping.policy: 'userplug:Nope': module 'userplug' has no attribute 'Nope'"),
     ('"userplug:DealByLabel"', '"userplug:tiny_linear"',
-     "arms[0].grouping.policy: 'userplug:tiny_linear' is not a subclass of policies.GroupingPolicy"),
+     "arms[0].grouping.policy: 'userplug:tiny_linear' is not a subclass of groupfel.policies.GroupingPolicy"),
     ('"userplug:tiny_linear"', '"userplug:DealByLabel"',
      "train.model: 'userplug:DealByLabel' has the wrong signature"),
     ('"userplug:digits_even"', '"userplug:tiny_linear"', "data.dataset: 'userplug:tiny_linear' has the wrong signature"),
     ('"userplug:digits_even"', '"userplug"', "data.dataset: unknown dataset 'userplug'"),
     ('"userplug:ServerMomentum"', '"userplug:DealByLabel"',
-     "train.algorithm: 'userplug:DealByLabel' is not a subclass of emulator.Algorithm"),
+     "train.algorithm: 'userplug:DealByLabel' is not a subclass of groupfel.emulator.Algorithm"),
     ('"userplug:ServerMomentum"', '"fedavgx"', "train.algorithm: unknown algorithm 'fedavgx'"),
     ('beta = 0.5', 'gamma = 0.5', "train.algorithm_params.gamma: not a parameter of algorithm 'userplug:ServerMomentum'"),
     ('"userplug:digits_even"', '"user plug:x"', "data.dataset: 'user plug:x' is neither a name nor an import path"),
@@ -201,7 +201,7 @@ def test_a_bad_plugin_fails_in_one_line_naming_field_and_path(tmp_path, plugin_d
 def test_wrong_method_signature_and_abstract_policy_are_refused(tmp_path, plugin_dir, monkeypatch, capsys):
     (plugin_dir / "badplug.py").write_text(textwrap.dedent('''
         from dataclasses import dataclass
-        from policies import GroupingPolicy
+        from groupfel.policies import GroupingPolicy
 
         @dataclass(frozen=True)
         class TwoArgs(GroupingPolicy):
@@ -238,7 +238,7 @@ def test_report_and_plot_never_import_a_plugin(tmp_path, plugin_dir, monkeypatch
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for args in (["report", str(out)], ["plot", str(out), "--out", str(tmp_path / "p.png")],
                  ["timeline", str(out / "deal"), "--round", "1", "--out", str(tmp_path / "t.png")]):
-        proc = subprocess.run([sys.executable, "-m", "experiments.cli", *args], env=env, cwd=tmp_path,
+        proc = subprocess.run([sys.executable, "-m", "groupfel.experiments.cli", *args], env=env, cwd=tmp_path,
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr
     assert not mark.exists()
@@ -285,7 +285,7 @@ def test_sampling_and_aggregation_plugins(tmp_path, plugin_dir, monkeypatch):
 
         import numpy as np
 
-        from policies import AggregationRule, SamplingPolicy
+        from groupfel.policies import AggregationRule, SamplingPolicy
 
 
         @dataclass(frozen=True)
@@ -324,7 +324,7 @@ def test_an_algorithm_plugin_by_hand(plugin_dir, monkeypatch):
     ((1, 1) - (0.5, 3)) = (0.6, -2); x' = x - v' = (0.4, 3)."""
     import torch
 
-    from emulator.algorithms import make_algorithm
+    from groupfel.emulator.algorithms import make_algorithm
 
     monkeypatch.syspath_prepend(str(plugin_dir))
     alg = make_algorithm("userplug:ServerMomentum", {"beta": 0.5})

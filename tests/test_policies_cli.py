@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.cli import main
-from policies.cov import cov_of_counts
+from groupfel.experiments.cli import main
+from groupfel.policies.cov import cov_of_counts
 
 CSV = "cat,dog,bird,edge\n5,0,1,0\n0,4,4,0\n3,3,3,0\n1,0,9,0\n2,2,0,1\n0,0,7,1\n9,1,1,1\n4,4,0,1\n"
 COUNTS = np.array([[5, 0, 1], [0, 4, 4], [3, 3, 3], [1, 0, 9], [2, 2, 0], [0, 0, 7], [9, 1, 1], [4, 4, 0]])
@@ -97,11 +97,11 @@ def test_studies_write_csv_and_png(tmp_path, capsys):
 
 
 def test_runner_probes_gradients_for_hcct():
-    from emulator.config import RunConfig
-    from emulator.driver import plan_arm
-    from emulator.membership import form_groups
-    from emulator.world import build_world
-    from experiments.runner import default_config
+    from groupfel.emulator.config import RunConfig
+    from groupfel.emulator.driver import plan_arm
+    from groupfel.emulator.membership import form_groups
+    from groupfel.emulator.world import build_world
+    from groupfel.experiments.runner import default_config
 
     d = default_config().model_dump()
     d["topology"].update(edges=2, clients_per_edge=6)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from policies import EdgeView, groupings
-from policies.fedcollab import FedCollabGrouping, coalition_cost, fedcollab_optimize, objective, tv_distance
+from groupfel.policies import EdgeView, groupings
+from groupfel.policies.fedcollab import FedCollabGrouping, coalition_cost, fedcollab_optimize, objective, tv_distance
 
 
 def eq10_literal(assign: np.ndarray, sizes: np.ndarray, D: np.ndarray, C: float) -> float:

@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from emulator.errors import InputError
-from experiments.grouping_studies import surrogate_gradients, synthetic_label_matrix
-from policies import EdgeView, groupings
-from policies.cov import cov_of_counts
-from policies.reference import covg_reference
+from groupfel.errors import InputError
+from groupfel.experiments.grouping_studies import surrogate_gradients, synthetic_label_matrix
+from groupfel.policies import EdgeView, groupings
+from groupfel.policies.cov import cov_of_counts
+from groupfel.policies.reference import covg_reference
 
 L40 = synthetic_label_matrix(40, np.random.default_rng(7))
 POLICIES = ["rg", "covg", "cdg", "kldg", "qcid", "fedcollab", "hcct", "hcct-e"]

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
-from policies import EdgeView, groupings
-from policies.hcct import group_utility, hcct_partition, relative_variance_layer
+from groupfel.policies import EdgeView, groupings
+from groupfel.policies.hcct import group_utility, hcct_partition, relative_variance_layer
 
 
 def literal_hcct(grads: np.ndarray, sizes: np.ndarray, alpha: float, start=None) -> list[list[int]]:

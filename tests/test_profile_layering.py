@@ -5,12 +5,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cost_models import get_profile, read_profiles, shipped_profiles
-from emulator.config import parse_config
-from emulator.errors import InputError
-from emulator.world import build_world
-from experiments.cli import main
-from experiments.runner import run_experiment
+from groupfel.cost_models import get_profile, read_profiles, shipped_profiles
+from groupfel.emulator.config import parse_config
+from groupfel.errors import InputError
+from groupfel.emulator.world import build_world
+from groupfel.experiments.cli import main
+from groupfel.experiments.runner import run_experiment
 
 # secagg seconds = 0.1·s² + 0.2·s + 0.3 exactly, measured on "the user's" Raspberry Pi 4
 MEASURED = "operation,group_size,seconds,device\n" + "".join(

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from emulator.config import parse_config
-from experiments.runner import run_experiment
-from experiments.sweep import SweepConfig, point_configs, points
+from groupfel.emulator.config import parse_config
+from groupfel.experiments.runner import run_experiment
+from groupfel.experiments.sweep import SweepConfig, point_configs, points
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

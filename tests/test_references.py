@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from experiments import api
+from groupfel.experiments import api
 
 from conftest import TINY
 

@@ -4,9 +4,9 @@ import subprocess
 
 import pytest
 
-from emulator.config import parse_config
-from experiments.cli import main
-from experiments.runner import run_experiment
+from groupfel.emulator.config import parse_config
+from groupfel.experiments.cli import main
+from groupfel.experiments.runner import run_experiment
 
 
 def chromium(exe, *args, timeout=180):

@@ -10,7 +10,7 @@ import tomllib
 import pandas as pd
 import pytest
 
-from experiments import cli, reproduce
+from groupfel.experiments import cli, reproduce
 
 SWEEPS = [n for n in reproduce.names() if reproduce.load(n).kind == "sweep"]
 # What the issue asks for: Group-FEL's Section 6, HCCT Table 4, FedCollab Table 2.
@@ -195,8 +195,8 @@ def test_data_path_uses_the_papers_dataset_with_the_authors_settings(tmp_path, c
 
 def test_per_group_runs_over_several_seeds(tmp_path):
     """HCCT and FedCollab reproductions run per-group mode over seeds: its rows carry their seed."""
-    from emulator.config import parse_config
-    from experiments.runner import run_experiment
+    from groupfel.emulator.config import parse_config
+    from groupfel.experiments.runner import run_experiment
 
     config = parse_config({"name": "pg", "mode": "per-group", "seeds": [0, 1], "output_dir": str(tmp_path),
                            "data": {"dataset": "digits", "min_samples": 20, "max_samples": 40},
@@ -233,7 +233,7 @@ def test_bad_set_is_one_line_before_anything_is_written(tmp_path, capsys, name, 
 
 def test_the_committed_readme_is_the_rendering_of_the_committed_results():
     """Every number the reproductions README quotes comes from a committed CSV: it cannot drift."""
-    from experiments import readme_render
+    from groupfel.experiments import readme_render
 
     assert readme_render.README.read_text() == readme_render.render(), \
         "experiments/reproductions/README.md is stale: run `groupfel reproduce --render`"
@@ -242,7 +242,7 @@ def test_the_committed_readme_is_the_rendering_of_the_committed_results():
 
 def test_render_reads_the_numbers_from_the_files(tmp_path, monkeypatch):
     """A hand-computed case: two seeds' curves, interpolated at a cost and paired."""
-    from experiments import readme_render
+    from groupfel.experiments import readme_render
 
     d = tmp_path / "x" / "quick"
     d.mkdir(parents=True)
@@ -265,7 +265,7 @@ def test_render_reads_the_numbers_from_the_files(tmp_path, monkeypatch):
 def test_render_pairs_arms_that_run_at_different_points(tmp_path, monkeypatch):
     """FedProx runs at its own point (train.algorithm is run-wide): its difference from Group-FEL
     at the FedAvg point is still paired per seed. Hand-computed from two seeds' curves."""
-    from experiments import readme_render
+    from groupfel.experiments import readme_render
 
     d = tmp_path / "x" / "quick"
     d.mkdir(parents=True)

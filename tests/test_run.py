@@ -6,13 +6,13 @@ import pandas as pd
 import pytest
 import torch
 
-from emulator.config import parse_config
-from emulator.errors import InputError
-from emulator.driver import plan_arm, run_arm
-from emulator.membership import form_groups
-from emulator.world import build_world
-from experiments.cli import main
-from experiments.runner import run_experiment
+from groupfel.emulator.config import parse_config
+from groupfel.errors import InputError
+from groupfel.emulator.driver import plan_arm, run_arm
+from groupfel.emulator.membership import form_groups
+from groupfel.emulator.world import build_world
+from groupfel.experiments.cli import main
+from groupfel.experiments.runner import run_experiment
 
 
 def test_run_writes_tables_plot_and_manifest(tiny_config, tmp_path):
@@ -184,7 +184,7 @@ def _rows(acc, loss):
 
 
 def test_collapse_rule_hand_cases():
-    from emulator.rounds import collapsed as _collapse
+    from groupfel.emulator.rounds.global_mode import collapsed as _collapse
     # learned (0.6 ≥ 0.1 + 0.2), then 3 evaluations at chance (≤ 0.15): collapsed
     assert "back at chance" in _collapse(_rows([0.1, 0.6, 0.15, 0.12, 0.1], [2.3, 1.0, 2.3, 2.3, 2.3]), 10)
     # two at chance then a recovery, or never learned (peak 0.25 < 0.3): not a collapse
@@ -200,7 +200,7 @@ def test_collapsing_run_stops_with_exit_1_and_keeps_what_it_wrote(tiny_dict, tmp
     """Unbiased aggregation (Eq. 4) with ESRCoV and a large lr on tiny digits: the model learns
     (0.32 at round 3) and falls back to chance without a norm jump; the run stops, names the
     aggregation and sampling, and keeps its results, ledger and manifest."""
-    from emulator.errors import DivergenceError
+    from groupfel.errors import DivergenceError
     tiny_dict["topology"]["clients_per_edge"] = 10
     tiny_dict["train"].update(lr=1.0, rounds=16)
     tiny_dict["arms"] = [{"name": "u", "grouping": {"policy": "covg", "min_group_size": 2, "max_cov": 0.5},

@@ -8,10 +8,10 @@ import warnings
 import pandas as pd
 import pytest
 
-from emulator.config import parse_config
-from emulator.errors import InputError, InputWarning
-from experiments.cli import main
-from experiments.runner import run_experiment
+from groupfel.emulator.config import parse_config
+from groupfel.errors import InputError, InputWarning
+from groupfel.experiments.cli import main
+from groupfel.experiments.runner import run_experiment
 
 
 def _one_arm(d, **train):

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from policies import aggregations, sample_without_replacement, samplings
-from policies.sampling import groups_per_round, inclusion_log_probabilities
+from groupfel.policies import aggregations, sample_without_replacement, samplings
+from groupfel.policies.sampling import groups_per_round, inclusion_log_probabilities
 
 
 @pytest.mark.parametrize("name", ["random", "rcov", "srcov", "esrcov"])

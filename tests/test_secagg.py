@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cost_models.secagg import (PRIME, dequantize, quantize, secure_sum, shamir_reconstruct, shamir_share,
+from groupfel.cost_models.secagg import (PRIME, dequantize, quantize, secure_sum, shamir_reconstruct, shamir_share,
                                 time_secagg)
 
 

@@ -10,13 +10,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from emulator.ledger import CostLedger
+from groupfel.emulator.ledger import CostLedger
 
 ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = """
 import json, sys
-from experiments.cli import main
+from groupfel.experiments.cli import main
 heavy = {}
 for argv in json.loads(sys.argv[1]):
     rc = main(argv)

@@ -3,7 +3,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.stats import (conclusion, curves_on_grid, mean_ci, paired_diff, per_seed_metrics, render_summary,
+from groupfel.experiments.stats import (conclusion, curves_on_grid, mean_ci, paired_diff, per_seed_metrics, render_summary,
                                summarize_seeds, supported)
 
 T_975_DF3 = 3.182446305284263   # Student t 97.5 % quantile, 3 degrees of freedom (printed tables)

@@ -10,10 +10,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from emulator.errors import InputError
-from experiments.cli import main
-from experiments.report import build_report
-from experiments.sweep import SweepConfig, load_sweep, points, run_sweep, set_path
+from groupfel.errors import InputError
+from groupfel.experiments.cli import main
+from groupfel.experiments.report import build_report
+from groupfel.experiments.sweep import SweepConfig, load_sweep, points, run_sweep, set_path
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -93,7 +93,7 @@ def test_bad_sweep_files_fail_in_one_line(tmp_path):
 
 def _cli(*args):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return [sys.executable, "-m", "experiments.cli", *args], env
+    return [sys.executable, "-m", "groupfel.experiments.cli", *args], env
 
 
 @pytest.mark.slow
@@ -163,7 +163,7 @@ def test_local_and_ray_backends_give_equal_tables(tmp_path):
 
 
 def test_shipped_group_size_sweep_expands_to_valid_configs():
-    from experiments.sweep import point_configs
+    from groupfel.experiments.sweep import point_configs
 
     sweep, base = load_sweep(ROOT / "experiments" / "configs" / "sweeps" / "group-size.toml")
     configs = point_configs(sweep, base)

@@ -7,13 +7,13 @@ import pytest
 import torch
 from torch import nn
 
-from emulator import models
-from emulator.algorithms import algorithms
-from emulator.compute import LocalSpec, run_group_rounds
-from emulator.config import FaultsConfig
-from emulator.federation import Group, draw_faults
-from emulator.training import BatchedEngine, TorchEngine
-from topologies import Dataset, load_dataset
+from groupfel.emulator import models
+from groupfel.emulator.algorithms import algorithms
+from groupfel.emulator.compute import LocalSpec, run_group_rounds
+from groupfel.emulator.config import FaultsConfig
+from groupfel.emulator.federation import Group, draw_faults
+from groupfel.emulator.training import BatchedEngine, TorchEngine
+from groupfel.topologies import Dataset, load_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -177,7 +177,7 @@ def test_unbatchable_model_falls_back_and_says_so(digits_parts, caplog, monkeypa
                              nn.Linear(4 * shape[1] * shape[2], classes))
     monkeypatch.setitem(models.MODELS, "bn-cnn", bn_cnn)
     data, parts = digits_parts
-    with caplog.at_level(logging.WARNING, logger="emulator.training"):
+    with caplog.at_level(logging.WARNING, logger="groupfel.emulator.training"):
         eng = BatchedEngine(data, parts, "bn-cnn", lr=0.05, batch_size=8, formulation="stacked", workers=1)
     assert eng.formulation == "per-client"
     lines = [r.getMessage() for r in caplog.records if "cannot stack" in r.getMessage()]

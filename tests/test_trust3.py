@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from cost_models.calibrate import fit_curve
-from emulator.config import parse_config
-from emulator.errors import InputError
-from experiments.cli import main
-from experiments.runner import run_experiment
+from groupfel.cost_models.calibrate import fit_curve
+from groupfel.emulator.config import parse_config
+from groupfel.errors import InputError
+from groupfel.experiments.cli import main
+from groupfel.experiments.runner import run_experiment
 
 
 def _one_arm(d, **train):
@@ -170,8 +170,8 @@ def test_binary_config_and_sweep_file_given_to_run(tmp_path, capsys):
 def test_configs_the_tool_writes_hold_seed_and_seeds_and_still_load(tiny_dict, tmp_path):
     """config.json holds both fields, and a sweep adds seeds to a base with seed: neither trips
     the ambiguity check, which is for a user's own config."""
-    from experiments.runner import config_from_run_dir
-    from experiments.sweep import load_sweep, point_configs
+    from groupfel.experiments.runner import config_from_run_dir
+    from groupfel.experiments.sweep import load_sweep, point_configs
 
     tiny_dict.update(seeds=[0, 1])
     config = parse_config(tiny_dict)
@@ -206,7 +206,7 @@ def test_broken_pipe_is_quiet(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     # a table of 1,000 rows (130 kB, more than a pipe holds) read by a reader that stops after one line
-    cmd = (f"{sys.executable} -m experiments.cli whatif --clients 1000 --rounds 1 --group-sizes 1..1000 "
+    cmd = (f"{sys.executable} -m groupfel.experiments.cli whatif --clients 1000 --rounds 1 --group-sizes 1..1000 "
            f"--out {tmp_path / 'w'} | head -1")
     proc = subprocess.run(cmd, shell=True, cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
                           capture_output=True, text=True)
@@ -233,7 +233,7 @@ def test_ctrl_c_prints_one_line_exits_130_and_the_rerun_resumes(tiny_dict, tmp_p
     path, config = _write_run_config(tiny_dict, tmp_path, rounds=150)
     root = Path(__file__).resolve().parents[1]
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "experiments.cli", "run", str(path), "--output", str(run)],
+    proc = subprocess.Popen([sys.executable, "-m", "groupfel.experiments.cli", "run", str(path), "--output", str(run)],
                             cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
                             # as from a terminal: a background shell (nohup ... &) starts us with SIGINT ignored
@@ -328,13 +328,13 @@ def test_a_second_writer_exits_2_naming_the_holder(tiny_dict, tmp_path, capsys):
     import subprocess
     import sys
 
-    from emulator.io import run_lock
+    from groupfel.emulator.io import run_lock
 
     run = tmp_path / "run"
     d = _one_arm(tiny_dict, rounds=1)
     path = _toml(tmp_path, d)
     # another process holds the lock (as a running `groupfel run` would)
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom emulator.io import run_lock\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom groupfel.emulator.io import run_lock\n"
                                f"with run_lock({str(run)!r}):\n    print('held', flush=True)\n    time.sleep(60)"],
                               env={**os.environ, "PYTHONPATH": os.getcwd()}, stdout=subprocess.PIPE, text=True)
     try:
@@ -365,7 +365,7 @@ def test_sweep_into_a_locked_directory_is_refused(tiny_dict, tmp_path, capsys):
     ready, stop = multiprocessing.get_context("fork").Event(), multiprocessing.get_context("fork").Event()
 
     def hold():
-        from emulator.io import run_lock
+        from groupfel.emulator.io import run_lock
 
         with run_lock(tmp_path / "sw"):
             ready.set()
@@ -388,7 +388,7 @@ def test_sweep_into_a_locked_directory_is_refused(tiny_dict, tmp_path, capsys):
 def _study(final_acc: dict, cost: dict | None = None):
     import pandas as pd
 
-    from experiments.stats import summarize_seeds
+    from groupfel.experiments.stats import summarize_seeds
 
     rows = [{"seed": s, "arm": arm, "final_acc": v, "acc_at_common_cost": v, "sim_time_s": 10.0 + v,
              "cost_to_target": (cost or {}).get(arm, [np.nan] * len(vals))[s], "cost": 1.0, "common_cost": 1.0}
@@ -397,15 +397,15 @@ def _study(final_acc: dict, cost: dict | None = None):
 
 
 def test_holm_hand_case():
-    from experiments.stats import holm
+    from groupfel.experiments.stats import holm
 
     # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04 -> monotone 0.02, 0.03, 0.06, 0.06
     assert holm([0.01, 0.04, 0.03, 0.005, np.nan]) == pytest.approx([0.03, 0.06, 0.06, 0.02, np.nan], nan_ok=True)
 
 
 def test_bounded_intervals_are_clipped_with_a_footnote():
-    from experiments.reproduce import Metric
-    from experiments.stats import CLIPPED_NOTE, render_summary
+    from groupfel.experiments.reproduce import Metric
+    from groupfel.experiments.stats import CLIPPED_NOTE, render_summary
 
     s = _study({"a": [0.99, 0.80, 0.97], "b": [0.5, 0.4, 0.45]}, cost={"a": [10.0, 4000.0, 20.0], "b": [5.0, 6, 7]})
     a = s.iloc[0]
@@ -418,7 +418,7 @@ def test_bounded_intervals_are_clipped_with_a_footnote():
 
 
 def test_two_seeds_warn_and_equal_differences_are_too_few_seeds():
-    from experiments.stats import TWO_SEEDS_NOTE, conclusion, render_summary
+    from groupfel.experiments.stats import TWO_SEEDS_NOTE, conclusion, render_summary
 
     s = _study({"a": [0.5, 0.6], "b": [0.6, 0.7]})           # +0.1 in both seeds: a zero-width interval
     text = render_summary(s, None)
@@ -432,7 +432,7 @@ def test_two_seeds_warn_and_equal_differences_are_too_few_seeds():
 def test_verdicts_are_holm_corrected_with_the_unadjusted_interval_beside():
     """Six arms against the first on three metrics: an unadjusted interval that just excludes 0
     is not a finding after the correction; a large consistent difference still is."""
-    from experiments.stats import render_summary
+    from groupfel.experiments.stats import render_summary
 
     base = [0.50, 0.60, 0.55, 0.52, 0.58]
     arms = {"a": base, "big": [v + 0.2 + 0.01 * i for i, v in enumerate(base)],
@@ -456,7 +456,7 @@ def test_building_the_parser_imports_neither_torch_scipy_nor_matplotlib():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    code = ("import sys, json\nfrom experiments.cli import build_parser\nbuild_parser()\n"
+    code = ("import sys, json\nfrom groupfel.experiments.cli import build_parser\nbuild_parser()\n"
             "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'scipy', 'matplotlib'})))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, env={"PYTHONPATH": str(root)},
                           capture_output=True, text=True, check=True)
@@ -466,9 +466,9 @@ def test_building_the_parser_imports_neither_torch_scipy_nor_matplotlib():
 # --- 9. friction ----------------------------------------------------------------------------------------
 
 def test_friction_items(tiny_dict, tmp_path, capsys):
-    from emulator.driver import norm_growth
-    from experiments.cli import build_parser
-    from experiments.cost_cli import _number
+    from groupfel.emulator.arm import norm_growth
+    from groupfel.experiments.cli import build_parser
+    from groupfel.experiments.cost_cli import _number
 
     whatif = build_parser()._subparsers._group_actions[0].choices["whatif"].format_help()
     for flag, default in (("--clients", "10000"), ("--rounds", "100"), ("--samples-mean", "50"), ("--seed", "0")):
@@ -493,7 +493,7 @@ def test_study_fig5_shows_progress(tmp_path, capsys):
 def test_band_figure_uses_small_multiples_beyond_4_arms():
     import pandas as pd
 
-    from experiments.plots import band_figure
+    from groupfel.experiments.plots import band_figure
 
     rows = [{"arm": f"a{k}", "seed": s, "round": r, "cost": 10.0 * r, "accuracy": 0.1 + 0.1 * r + 0.01 * s}
             for k in range(5) for s in range(2) for r in range(4)]
@@ -508,7 +508,7 @@ def test_zipped_sweep_report_is_compact_with_verdicts_and_one_plot_per_zipped_se
     import re
     import subprocess
 
-    from experiments.sweep import load_sweep, run_sweep
+    from groupfel.experiments.sweep import load_sweep, run_sweep
 
     tiny_dict.pop("seed")
     tiny_dict["train"].update(rounds=1)
@@ -543,7 +543,7 @@ def test_the_lock_lives_with_the_process_not_its_forked_children(tmp_path):
     the run in them (a killed run's orphaned workers would lock the directory for good)."""
     import multiprocessing
 
-    from emulator.io import run_lock
+    from groupfel.emulator.io import run_lock
 
     ctx = multiprocessing.get_context("fork")
     with run_lock(tmp_path / "run"):

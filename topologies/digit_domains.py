@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from emulator.errors import InputError
+from groupfel.errors import InputError
 
-from .datasets import Dataset
+from .dataset import Dataset
 
 SIDE = 16                       # the common image side: between the two sources' 8 and 28 pixels
 TEST_SHARE = 0.1                # of each domain and label, held out as the dataset's test set

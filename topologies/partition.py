@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import ndimage
 
-from emulator.errors import InputError
+from groupfel.errors import InputError
 
 SIZE_KINDS = ("normal", "uniform", "half-normal")
 

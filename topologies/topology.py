@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
-from emulator.errors import InputError
+from groupfel.errors import InputError
 
 
 @dataclass(frozen=True)

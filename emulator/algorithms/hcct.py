@@ -1,5 +1,5 @@
 """HCCT's baselines (HCCT Sec. 7.1, Table 4) written as training algorithms through the public
-hooks of :class:`emulator.algorithms.Algorithm`, as a plug-in would be: ``fedfa``, ``maxfl``,
+hooks of :class:`groupfel.emulator.algorithms.Algorithm`, as a plug-in would be: ``fedfa``, ``maxfl``,
 ``flsc`` and ``fedper`` (the personalisation layers of HCCT-P).
 
 None of them needs a grouping policy of its own. HCCT runs every baseline on one server, so they
@@ -17,7 +17,7 @@ Costs: local training is charged as Eq. 5 training (MAXFL declares its clients' 
 :attr:`MaxFL.training_passes`). The forward passes with which clients score models on their
 training data (FedFA's accuracy, MAXFL's and FLSC's losses) go through ``ctx.score_train``, which
 counts them; each is charged a third of an epoch of Eq. 5 training, as IFCA's
-(``emulator.rounds.FORWARD_FRACTION``), after the round or evaluation that ran it.
+(``groupfel.emulator.rounds.common.FORWARD_FRACTION``), after the round or evaluation that ran it.
 """
 from __future__ import annotations
 
@@ -27,9 +27,10 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from .algorithms import Algorithm, AlgorithmContext, AlgorithmState, GroupUpdate, algorithms
-from .errors import InputError
-from .rng import key, rng, seed_of
+from .base import Algorithm, AlgorithmContext, AlgorithmState, GroupUpdate, algorithms
+from groupfel.errors import InputError
+from ..models import layer_slices
+from ..rng import key, rng, seed_of
 
 PER_GROUP = ("per-group",)
 
@@ -308,8 +309,6 @@ class FedPer(Algorithm):
             raise ValueError(f"personal_layers must be an integer >= 1, got {self.personal_layers!r}")
 
     def bind(self, ctx: AlgorithmContext) -> None:
-        from .membership import layer_slices   # membership imports the world, which imports the algorithms
-
         super().bind(ctx)
         layers = layer_slices(ctx.engine)
         if not layers or self.personal_layers >= len(layers):

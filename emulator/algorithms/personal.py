@@ -1,6 +1,6 @@
 """FedCollab's Table 1 base algorithms beyond FedAvg and FedProx: FedNova, and the personalised
 methods Finetune, Per-FedAvg, pFedMe and Ditto, written through the hooks of
-:class:`emulator.algorithms.Algorithm` as a plug-in would be.
+:class:`groupfel.emulator.algorithms.Algorithm` as a plug-in would be.
 
 Each runs alone (per-group mode with one group: ``grouping.policy = "global"``) or "+FedCollab"
 (per-group mode with ``grouping.policy = "fedcollab"``: the method runs inside each coalition).
@@ -22,10 +22,10 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from .algorithms import Algorithm, AlgorithmContext, AlgorithmState, GroupUpdate, algorithms
-from .errors import InputError
-from .rng import key, seed_of
-from .training import load_flat
+from .base import Algorithm, AlgorithmContext, AlgorithmState, GroupUpdate, algorithms
+from groupfel.errors import InputError
+from ..rng import key, seed_of
+from ..training import load_flat
 
 
 def _positive(name: str, value: float, strict: bool = True) -> None:

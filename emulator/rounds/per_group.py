@@ -1,54 +1,9 @@
-"""The two round strategies of the arm driver (:mod:`emulator.driver`).
-
-**Global mode** (Group-FEL Alg. 1): the cloud samples groups, each sampled group runs K group
-rounds from the global model x_t, and the cloud aggregates their models into x_{t+1} with the
-arm's aggregation rule (Line 15, Eq. 4 / Eq. 39) through the training algorithm's hooks. The
-global model is evaluated on the held-out test set.
-
-**Per-group mode** (cross-silo; HCCT Alg. 1, FedCollab's training stage): every group keeps its
-own model and there is no cloud aggregation across groups. Each round every group (or the groups
-an arm's ``sampling`` picks) runs K group rounds from its own model, through the same
-:class:`~emulator.federation.Federation` processes, so Eq. 5 is charged to the same ledger and
-simulated time is the same model. Each client is evaluated on its own local test split with the
-model of its group; a row reports the mean, std, min and max of the clients' local test error
-(HCCT Table 5) and IPR and RSD (FedCollab Eqs. 11-12) against independent local training, which
-the run trains once per seed and caches in the run directory (``local-reference-seed<seed>.pt``).
-
-Membership follows the grouping policy's declared ``regroup`` kind
-(:class:`policies.GroupingPolicy`), never its name:
-
-* ``"interval"``: the groups of :meth:`~policies.GroupingPolicy.group`; global mode forms them
-  again every ``regroup_every`` rounds (Sec. 5.2).
-* ``"cluster"`` (FedCLAR): at the policy's ``cluster_round`` every client trains one probe epoch
-  from its current model and each edge clusters the updates (:meth:`cluster`); every cluster then
-  keeps and trains its own model (:mod:`emulator.membership`).
-* ``"every-round"`` (IFCA; per-group mode): ``n_clusters`` models per edge, each from its own
-  initialisation; before every round each client evaluates every model of its edge on its
-  training data and joins the one :meth:`assign` picks (charged as a third of a training pass
-  per model, :data:`FORWARD_FRACTION`).
-* ``"merge"`` (HCCT Alg. 1; per-group mode): at t = 0 every client is its own group; at the
-  start of every epoch t ≥ 1 :meth:`repartition` (Alg. 2) merges the current groups on the
-  clients' gradients. Those gradients are the ones the clients uploaded while training (each
-  client's last update, start − trained model, over the round's lr): Alg. 1 partitions at epoch
-  t on g_i^t, which a client only has once it has trained, so we use its latest upload, the
-  previous epoch's, and charge nothing (HCCT Sec. 5.1: the partition "does not incur any
-  additional cost for clients"). A client with no upload yet (its group was not sampled, or it
-  dropped out every time) runs a probe epoch from its current model instead, which *is* charged.
-* ``"split"`` (CFL / FedCluster; per-group mode): before every round t ≥ 1, each group whose
-  members all trained in round t − 1 gives their updates of that round (trained − start model,
-  what they uploaded; nothing extra is charged) to :meth:`split`; each part keeps a copy of the
-  group's model.
-* ``"nearest"`` (FeSEM; per-group mode): ``n_clusters`` centre models per edge. Before round 0
-  every client trains one charged probe epoch from the initial model, its first local model;
-  :meth:`initial_centers` may seed the centres with some clients' probe models (else each centre
-  has its own initialisation, as IFCA's). Before every round each client joins the centre
-  :meth:`assign` picks from the L2 distances between its latest local model (its model after
-  the last group round it trained in) and its edge's centres; training then makes each centre
-  its members' average (the M-step). The distances are the edge server's work, not charged.
-
-The work clients do for membership (probes, loss evaluations) is charged as training with group
-and group_round −1.
-"""
+"""Per-group mode (cross-silo; HCCT Alg. 1, FedCollab's training stage): every group keeps its own
+model and there is no cloud aggregation across groups. Each client is evaluated on its own local
+test split with the model of its group; a row reports the mean, std, min and max of the clients'
+local test error (HCCT Table 5) and IPR and RSD (FedCollab Eqs. 11-12) against independent local
+training, which the run trains once per seed and caches in the run directory
+(``local-reference-seed<seed>.pt``)."""
 from __future__ import annotations
 
 import hashlib
@@ -58,303 +13,28 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cost_models import TRAINING
-from policies.cov import cov_of_counts
-from policies.grouping import EdgeView
+from groupfel.cost_models import TRAINING
+from groupfel.errors import InputError
+from groupfel.policies.cov import cov_of_counts
+from groupfel.policies.grouping import EdgeView
 
-from .algorithms import Algorithm, AlgorithmContext, AlgorithmState, FedAvg
-from .compute import LocalSpec, run_group_rounds
-from .config import arrival_rounds
-from .driver import ArmPlan, ArmState, RoundStrategy, budget_error, input_warnings, new_federation, norm_growth, \
-    sample_groups
-from .errors import DivergenceError, InputError
-from .federation import Federation, Group
-from .io import atomic_write
-from .ledger import CostLedger
-from .membership import (GroupingResult, charge_client_work, cluster_clients, cluster_groups, clusters_global_model,
-                         form_groups, layer_slices, probe_models, probe_work)
-from .rng import key, rng, seed_of
-from .training import load_flat
-from .world import World
+from ..algorithms import Algorithm, FedAvg
+from ..arm import ArmPlan, ArmState, RoundStrategy, input_warnings, new_federation, sample_groups
+from ..compute import run_group_rounds
+from ..config import arrival_rounds
+from ..federation import Federation, Group
+from ..io import atomic_write
+from ..ledger import CostLedger
+from ..membership import (GroupingResult, charge_client_work, cluster_clients, form_groups, probe_models,
+                          probe_work)
+from ..models import layer_slices
+from ..rng import key, rng, seed_of
+from ..world import World
+from .common import FORWARD_FRACTION, ArmTraining, LocalData, local_spec, round_lr
 
-# A global model whose norm grows this much in one round has diverged (Sec. 5.3).
-DIVERGENCE_GROWTH = 100.0
-# A model that learned and then lost it has collapsed (Sec. 5.3's unbiased aggregation can do this
-# without a norm jump): over the last COLLAPSE_EVALS evaluations in a row, either the accuracy is
-# back at chance (≤ 1/num_classes + CHANCE_MARGIN) after an earlier one reached 1/num_classes +
-# LEARNED_MARGIN, or the test loss is ≥ LOSS_BLOWUP × the best earlier loss and worse than a
-# uniform guess (ln num_classes). Several evaluations, so one noisy evaluation is not a collapse.
-COLLAPSE_EVALS = 3
-CHANCE_MARGIN = 0.05
-LEARNED_MARGIN = 0.2
-LOSS_BLOWUP = 3.0
-# A forward pass costs about a third of a training step (forward + backward ≈ 3 forwards), so
-# evaluating k cluster models on n_i samples ("every-round" regrouping) is charged k·H_i(n_i)/3.
-FORWARD_FRACTION = 1.0 / 3.0
 # the regroup kinds that place every client every round, so can take clients joining mid-run
 ARRIVAL_KINDS = ("merge", "every-round")
 REFERENCE = "local-reference-seed{seed}.pt"
-
-
-def _lr(world: World, t: int) -> float:
-    tc = world.config.train
-    return tc.lr * tc.lr_decay ** t
-
-
-def _spec(world: World, t: int) -> LocalSpec:
-    cfg, tc = world.config, world.config.train
-    return LocalSpec(cfg.seed, tc.group_rounds, tc.local_epochs, _lr(world, t), cfg.faults)
-
-
-class _Training:
-    """The training algorithm's state of an arm, kept in :attr:`ArmState.algorithm`."""
-
-    def __init__(self, world: World, state: ArmState, fresh: bool, start: torch.Tensor,
-                 algorithm: Algorithm | None = None):
-        self.algorithm = algorithm or world.algorithm
-        if fresh:
-            tc = world.config.train
-            if tc.client_state == "persistent" and tc.momentum > 0:
-                state.momentum = torch.zeros(world.topology.n_clients, world.engine.n_params)
-            state.algorithm = self.algorithm.init_state(world.topology.n_clients, start).state()
-        self.state = AlgorithmState.from_state(state.algorithm)
-        self.world = world
-        self.scored = np.zeros(world.topology.n_clients)   # forward passes over each client's data, not yet charged
-        train_data: list[LocalData] = []
-
-        def score_train(weights: torch.Tensor, clients) -> tuple[np.ndarray, np.ndarray]:
-            if not train_data:   # built on first use: most algorithms never score
-                train_data.append(LocalData(world, world.topology.client_samples))
-            clients = np.asarray(clients)
-            np.add.at(self.scored, clients, 1.0)
-            return train_data[0].score(weights, clients)
-        self.algorithm.bind(AlgorithmContext(world.engine, world.topology.n_samples, score_train, world.config.seed))
-
-    def charge_scoring(self, ledger: CostLedger, env, t: int) -> None:
-        """Charge the forward passes the algorithm ran through ``score_train`` since the last
-        charge (FedFA's accuracies, MAXFL's and FLSC's losses, a plug-in's), each
-        :data:`FORWARD_FRACTION` × H_i(n_i) of Eq. 5 training as IFCA's, as client work."""
-        if not self.scored.any():
-            return
-        topo, work = self.world.topology, []
-        for j in range(topo.n_edges):
-            members = topo.clients_of(j)
-            members = members[self.scored[members] > 0]
-            if len(members):
-                devices = [topo.client_device[c] for c in members]
-                work.append((j, members, self.scored[members] * FORWARD_FRACTION
-                             * self.world.cost.training_cost(devices, topo.n_samples[members], 1)))
-        self.scored[:] = 0.0
-        charge_client_work(ledger, env, topo, t, work)
-
-    def save(self, state: ArmState) -> None:
-        state.algorithm = self.state.state()
-
-
-# -- global mode ---------------------------------------------------------------------------------
-
-class GlobalRounds(RoundStrategy):
-    """Global mode: one model, aggregated by the cloud from the sampled groups."""
-
-    mode = "global"
-
-    @classmethod
-    def check(cls, world: World, plan: ArmPlan, where: str) -> None:
-        """Refuse a budget below the first round's exact cost, before anything runs. The first
-        round is known before training when grouping needs none: group, sample and price it as
-        the run will. (Where grouping trains, the driver makes the same check once the groups exist.)"""
-        tc = world.config.train
-        if tc.budget is None or plan.grouping.needs_gradients or plan.grouping.needs_distances:
-            return
-        grouping = form_groups(world, plan.grouping, 0)
-        _, _, chosen = sample_groups(world, plan, grouping.groups, 0)
-        fed = new_federation(world, Federation.environment(), CostLedger())
-        first = fed.round_cost(0, [grouping.groups[g] for g in chosen])
-        if first > tc.budget:
-            raise budget_error(tc.budget, first, f"arm {plan.arm.name!r}")
-
-    def start(self, fresh: bool) -> None:
-        world, plan, state = self.world, self.plan, self.state
-        if fresh:
-            state.weights = world.engine.initial_weights(world.config.seed)
-        self.training = _Training(world, state, fresh, state.weights)
-        self.every = plan.arm.regroup_every
-        self.cluster_round = plan.grouping.cluster_round if plan.regroup == "cluster" else None
-        every, clar = self.every, self.cluster_round
-        epoch = (state.t // every) * every if every else 0
-        if state.grouping is not None and state.grouping_epoch == epoch:   # a resume: the grouping in use
-            grouping = GroupingResult.from_summary(world, state.grouping)
-        elif clar is not None and state.t > clar:                            # a resume past it: its clusters
-            epoch = clar
-            grouping = GroupingResult(cluster_groups(world, plan.grouping, None, clar, self.arm_dir)[0], 0, 0)
-        else:
-            grouping = form_groups(world, plan.grouping, epoch, state.weights)
-            state.grouping, state.grouping_epoch = grouping.summary(), epoch
-        self._use(grouping)
-        self.epoch, self.ran = epoch, []
-        n_groups0 = state.initial_grouping["n_groups"] if state.initial_grouping else len(grouping.groups)
-        state.warnings = input_warnings(world, plan, n_groups0)
-        if fresh:   # results' round 0: the initial model, before anything is charged
-            state.initial_grouping = grouping.summary()
-            self.evaluate()
-        if epoch == state.t:        # a fresh start, or a resume just before a regrouping
-            charge_client_work(state.ledger, self.env, world.topology, state.t, grouping.probe)
-
-    def _use(self, grouping: GroupingResult) -> None:
-        self.grouping = grouping
-        self.n_total = float(sum(g.total_samples for g in grouping.groups))
-
-    def before_round(self, t: int) -> None:
-        every, state = self.every, self.state
-        if not ((every and t > 0 and t % every == 0 and t != self.epoch) or t == self.cluster_round):
-            return
-        self.epoch = t
-        world, policy = self.world, self.plan.grouping
-        if t == self.cluster_round:
-            groups, work = cluster_groups(world, policy, state.weights, t, self.arm_dir)
-            grouping = GroupingResult(groups, 0, 0, work)
-            state.cluster_models = state.weights.repeat(len(groups), 1)   # every cluster starts from x_t
-        else:
-            grouping = form_groups(world, policy, t, state.weights)       # Sec. 5.2
-        state.grouping, state.grouping_epoch = grouping.summary(), t
-        charge_client_work(state.ledger, self.env, world.topology, t, grouping.probe)
-        self._use(grouping)
-
-    def select(self, t: int) -> list[Group]:
-        S, self.log_p, self.chosen = sample_groups(self.world, self.plan, self.grouping.groups, t)
-        self.state.groups_per_round = self.S = S
-        return [self.grouping.groups[g] for g in self.chosen]
-
-    def train(self, t: int) -> None:
-        from policies import inclusion_log_probabilities
-
-        world, plan, state, chosen = self.world, self.plan, self.state, self.chosen
-        groups = self.grouping.groups
-        log_pi = inclusion_log_probabilities(self.log_p, self.S)
-        weights = plan.aggregation.weights(np.array([groups[g].total_samples for g in chosen]), log_pi[chosen],
-                                           self.n_total)
-        sampled = {int(g): groups[g] for g in chosen}
-        members = np.concatenate([g.clients for g in sampled.values()])
-        algorithm, alg_state = self.training.algorithm, self.training.state
-        scratch = algorithm.begin_round(alg_state, list(sampled), members)
-        clustered = state.cluster_models is not None   # after a "cluster" regroup: each cluster its own model
-        starts = {g: state.cluster_models[g] if clustered else state.weights for g in sampled}
-        models = run_group_rounds(world.engine, starts, sampled, t, _spec(world, t), algorithm, alg_state, scratch,
-                                  state.momentum)                                  # compute, then time:
-        self.fed.run_round(t, list(sampled.items()))
-        self.training.charge_scoring(state.ledger, self.env, t)
-        x = algorithm.aggregate_cloud(alg_state, scratch, weights, [models[int(g)] for g in chosen], members,
-                                      world.topology.n_samples)               # Line 15 / Eq. 4 / Eq. 39
-        if clustered:
-            x = clusters_global_model(state.cluster_models, models, groups)
-        self.training.save(state)
-        growth = float(torch.linalg.vector_norm(x) / torch.linalg.vector_norm(state.weights))
-        if not (np.isfinite(growth) and growth < DIVERGENCE_GROWTH):
-            raise DivergenceError(
-                f"round {t + 1}: the global model's norm {norm_growth(growth)} in one round under "
-                f"{plan.aggregation.name} aggregation with {plan.sampling.name} sampling (largest weight "
-                f"{weights.max():.3g}, sum {weights.sum():.3g}); use aggregation = \"stabilized\" (Eq. 39), a "
-                f"flatter sampling policy, or a lower train.lr")
-        state.weights, self.ran = x, chosen
-
-    def evaluate(self, final: bool = False) -> float:
-        world, plan, state = self.world, self.plan, self.state
-        sampled = self.ran if state.t > 0 else []
-        acc, loss = world.engine.evaluate(state.weights)
-        if not np.isfinite(loss):
-            raise DivergenceError(f"round {state.t}: test loss is {loss} under {plan.aggregation.name} aggregation "
-                                  f"with {plan.sampling.name} sampling; lower train.lr or use aggregation = "
-                                  f"\"stabilized\"")
-        led, groups = state.ledger, self.grouping.groups
-        training = led.by_component.get(TRAINING, 0.0)
-        state.rows.append({
-            "arm": plan.arm.name, "seed": world.config.seed,
-            "round": state.t, "cost": led.total, "training_cost": training,
-            "overhead_cost": led.total - training, "sim_time_s": state.sim_time,
-            "round_time_s": state.round_time, "accuracy": acc, "loss": loss,
-            "groups_sampled": len(sampled),
-            "clients_sampled": int(sum(groups[g].size for g in sampled)),
-            "avg_sampled_cov": float(np.mean([groups[g].cov for g in sampled])) if len(sampled) else np.nan})
-        collapse = collapsed(state.rows, world.dataset.num_classes)
-        if collapse:
-            raise DivergenceError(
-                f"round {state.t}: the model collapsed: {collapse}, under {plan.aggregation.name} aggregation with "
-                f"{plan.sampling.name} sampling of {plan.grouping.name} groups; use aggregation = \"stabilized\" "
-                f"(Eq. 39) or \"biased\", a flatter sampling policy, or a lower train.lr")
-        return acc
-
-    def manifest(self) -> dict:
-        plan, state, every = self.plan, self.state, self.every
-        return {"aggregation": plan.aggregation.description, "grouping_policy": plan.grouping.name,
-                "sampling_policy": plan.sampling.name, "groups_per_round": state.groups_per_round,
-                "warnings": state.warnings, "grouping": state.initial_grouping,
-                "regroupings": (state.t - 1) // every if every and state.t else 0}
-
-
-def collapsed(rows: list[dict], num_classes: int) -> str | None:
-    """What collapsed, if the last ``COLLAPSE_EVALS`` evaluations show a collapse (see the constants)."""
-    if len(rows) <= COLLAPSE_EVALS:
-        return None
-    before, recent = rows[:-COLLAPSE_EVALS], rows[-COLLAPSE_EVALS:]
-    chance = 1.0 / num_classes
-    best_acc = max(r["accuracy"] for r in before)
-    if best_acc >= chance + LEARNED_MARGIN and all(r["accuracy"] <= chance + CHANCE_MARGIN for r in recent):
-        accs = ", ".join(f"{r['accuracy']:.3f}" for r in recent)
-        return (f"accuracy {accs} in the last {COLLAPSE_EVALS} "
-                f"evaluations is back at chance ({chance:.3f}) after reaching {best_acc:.3f}")
-    best_loss = min(r["loss"] for r in before)
-    floor = max(LOSS_BLOWUP * best_loss, float(np.log(num_classes)))
-    if all(r["loss"] >= floor for r in recent):
-        losses = ", ".join(f"{r['loss']:.3g}" for r in recent)
-        return (f"test loss {losses} in the last {COLLAPSE_EVALS} "
-                f"evaluations is over {LOSS_BLOWUP:g}x its best ({best_loss:.3g}) and worse than a uniform guess")
-    return None
-
-
-# -- per-group mode --------------------------------------------------------------------------------
-
-class LocalData:
-    """Samples of each client (its local test split, or its training set for loss-based
-    regrouping) on the engine's device, scored with ``engine.model``."""
-
-    def __init__(self, world: World, parts: list[np.ndarray]):
-        self.engine = world.engine
-        device = next(world.engine.model.parameters()).device
-        self.sizes = np.array([len(p) for p in parts])
-        idx = np.concatenate(parts) if parts else np.empty(0, dtype=int)
-        self.x = torch.from_numpy(world.dataset.x_train[idx]).to(device)
-        self.y = torch.from_numpy(world.dataset.y_train[idx]).to(device)
-        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)])
-
-    @torch.no_grad()
-    def score(self, weights: torch.Tensor, clients: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(accuracy, mean cross-entropy) of one model on each given client's samples."""
-        model = self.engine.model
-        load_flat(list(model.parameters()), weights)
-        model.eval()
-        acc, loss = np.zeros(len(clients)), np.zeros(len(clients))
-        for r, c in enumerate(clients):
-            a, b = self.offsets[c], self.offsets[c + 1]
-            logits = model(self.x[a:b])
-            y = self.y[a:b]
-            acc[r] = float((logits.argmax(1) == y).float().mean())
-            loss[r] = float(torch.nn.functional.cross_entropy(logits, y))
-        return acc, loss
-
-    def evaluate(self, models: torch.Tensor, assign: np.ndarray, fallback: torch.Tensor,
-                 personal=None) -> tuple[np.ndarray, np.ndarray]:
-        """Each client's (accuracy, loss) with the model of its group (``fallback``: no group), or
-        with ``personal(client, group model)`` where given."""
-        acc, loss = np.zeros(len(assign)), np.zeros(len(assign))
-        for m in np.unique(assign):
-            clients = np.flatnonzero(assign == m)
-            model = models[m] if m >= 0 else fallback
-            if personal is None:
-                acc[clients], loss[clients] = self.score(model, clients)
-                continue
-            for c in clients:
-                acc[c:c + 1], loss[c:c + 1] = self.score(personal(int(c), model), np.array([c]))
-        return acc, loss
 
 
 def ipr_rsd(acc: np.ndarray, local_acc: np.ndarray) -> tuple[float, float]:
@@ -394,21 +74,21 @@ def _summary(world: World, state: ArmState, base: dict) -> dict:
 
 
 def train_groups(world: World, fed: Federation, t: int, starts: dict[int, torch.Tensor], groups: dict[int, Group],
-                 training: _Training | None = None, uploads: dict[int, torch.Tensor] | None = None,
+                 training: ArmTraining | None = None, uploads: dict[int, torch.Tensor] | None = None,
                  momentum: torch.Tensor | None = None,
                  trained: dict[int, torch.Tensor] | None = None) -> dict[int, torch.Tensor]:
     """Round t for the groups in ``starts`` ({group id: start model}): K group rounds each,
-    computed by :func:`~emulator.compute.run_group_rounds`, then timed and charged by ``fed``;
+    computed by :func:`~groupfel.emulator.compute.run_group_rounds`, then timed and charged by ``fed``;
     returns {group id: model}. ``uploads`` receives each client's gradient (its last update / lr),
     ``trained`` each client's local model."""
-    lr = _lr(world, t)
+    lr = round_lr(world, t)
     run = {g: groups[g] for g in starts}
     algorithm = alg_state = scratch = None
     if training is not None:
         algorithm, alg_state = training.algorithm, training.state
         members = np.concatenate([g.clients for g in run.values()]) if run else np.empty(0, dtype=np.int64)
         scratch = algorithm.begin_round(alg_state, list(run), members)
-    models = run_group_rounds(world.engine, starts, run, t, _spec(world, t), algorithm, alg_state, scratch,
+    models = run_group_rounds(world.engine, starts, run, t, local_spec(world, t), algorithm, alg_state, scratch,
                               momentum, uploads, trained)
     if uploads is not None:
         for c in uploads:
@@ -442,7 +122,7 @@ def local_reference(world: World, run_dir: Path, test_data: LocalData) -> torch.
     _start_models(world, state, singletons(world), None)
     fed = new_federation(world, Federation.environment(), CostLedger())
     rows = [test_data.evaluate(state.models, state.assign, state.models[0])[0]]
-    training = _Training(world, state, True, state.models[0], FedAvg())
+    training = ArmTraining(world, state, True, state.models[0], FedAvg())
     for t in range(cfg.train.rounds):
         groups = current_groups(world, state)
         models = train_groups(world, fed, t, {g: state.models[g] for g in range(len(state.models))}, groups, training)
@@ -513,7 +193,7 @@ class PerGroupRounds(RoundStrategy):
         if not fresh:
             state.assign = np.asarray(state.assign)
             state.uploaded = None if state.uploaded is None else np.asarray(state.uploaded)
-            self.training = _Training(world, state, False, state.models[0])
+            self.training = ArmTraining(world, state, False, state.models[0])
         else:
             merge = self.kind == "merge"   # HCCT Alg. 1: t = 0, every client its own group, nothing probed
             grouping = singletons(world) if merge else form_groups(world, plan.grouping, 0)
@@ -523,7 +203,7 @@ class PerGroupRounds(RoundStrategy):
             if self.kind in ("merge", "split", "nearest"):   # each client's latest upload
                 state.gradients = state.models.new_zeros(world.topology.n_clients, world.engine.n_params)
                 state.uploaded = np.zeros(world.topology.n_clients, dtype=bool)
-            self.training = _Training(world, state, True, state.models[0])
+            self.training = ArmTraining(world, state, True, state.models[0])
             work = self._first_local_models() if self.kind == "nearest" else []
             charge_client_work(state.ledger, self.env, world.topology, 0, grouping.probe + work)
             state.sim_time = float(self.env.now)
@@ -669,7 +349,7 @@ class PerGroupRounds(RoundStrategy):
         world, state, topo = self.world, self.state, self.world.topology
         missing = np.flatnonzero(~state.uploaded & (state.assign >= 0))
         work = []
-        lr = _lr(world, t)
+        lr = round_lr(world, t)
         for j in np.unique(topo.client_edge[missing]):
             members = missing[topo.client_edge[missing] == j]
             seeds = rng(world.config.seed, "probe", t, int(j)).integers(2**31, size=len(members))
@@ -738,7 +418,7 @@ class PerGroupRounds(RoundStrategy):
         """"split" (CFL): every group whose members all trained in round t − 1 may split
         (:meth:`split` on their updates of that round); each part keeps a copy of its model."""
         world, state, topo = self.world, self.state, self.world.topology
-        lr = _lr(world, t - 1)   # gradients hold update / lr: back to the update Δθ
+        lr = round_lr(world, t - 1)   # gradients hold update / lr: back to the update Δθ
         models, edges, assign = [], [], np.full(topo.n_clients, -1)
         for m in range(len(state.models)):
             members = np.flatnonzero(state.assign == m)
@@ -789,6 +469,3 @@ class PerGroupRounds(RoundStrategy):
         state = self.state
         atomic_write(self.arm_dir / "models.pt", lambda p: torch.save(
             {"models": state.models, "client_model": torch.as_tensor(state.assign)}, p))
-
-
-STRATEGIES: dict[str, type[RoundStrategy]] = {"global": GlobalRounds, "per-group": PerGroupRounds}

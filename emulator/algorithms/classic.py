@@ -1,0 +1,103 @@
+"""Group-FEL's own training algorithms (Group-FEL Sec. 6): FedAvg, FedProx and SCAFFOLD in the
+hierarchy, written through the hooks of :class:`groupfel.emulator.algorithms.base.Algorithm` and
+registered exactly as a plug-in would be."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from .base import Algorithm, algorithms
+
+
+@algorithms.register("fedavg")
+@dataclass
+class FedAvg(Algorithm):
+    """FedAvg (McMahan et al. 2017) in the hierarchy: local SGD, sample-weighted means."""
+
+
+@algorithms.register("fedprox")
+@dataclass
+class FedProx(Algorithm):
+    """FedProx (Li et al. 2020): the local loss adds μ/2‖w − x_g‖² (``mu``, also ``train.mu``)."""
+
+    mu: float = 0.0
+
+    def __post_init__(self):
+        if not self.mu >= 0:
+            raise ValueError(f"mu must be >= 0, got {self.mu!r}")
+
+    @property
+    def proximal_mu(self) -> float:
+        return float(self.mu)
+
+
+@dataclass
+class _Round:
+    control: dict[int, torch.Tensor]      # each sampled group's variate c_g
+    before: torch.Tensor                  # the sampled clients' c_i when the round started
+    members: np.ndarray
+    delta: torch.Tensor | None = None     # the batch's c_i⁺ − c_i of the current group round
+
+
+@algorithms.register("scaffold")
+@dataclass
+class Scaffold(Algorithm):
+    """SCAFFOLD (Karimireddy et al. 2020, Alg. 1, option II) in the hierarchy.
+
+    Every client keeps a control variate c_i across rounds, sampled or not; the cloud keeps c. A
+    group plays SCAFFOLD's server for its K group rounds: its variate c_g starts at the cloud's c;
+    client i trains with gradient correction c_g − c_i, then sets
+    c_i⁺ = c_i − c_g + (x_g − y_i) / (τ_i·lr) (τ_i its local steps).
+
+    The variates are means weighted **by samples** at both levels (SCAFFOLD's uniform 1/N is the
+    case of equal n_i): SCAFFOLD's server step c ← c + (1/N) Σ_{i∈S} Δc_i keeps c the mean of all
+    N clients' c_i. In the hierarchy a group's c_g moves, after each group round, by
+    Σ_{i∈survivors} (n_i/n_g) (c_i⁺ − c_i) with n_g the samples of all of its members (a dropped
+    member's c_i does not change and counts as a zero change); the cloud's c moves, after the
+    round, by Σ_{i∈sampled} (n_i/n) (c_i⁺ − c_i) with n the samples of all N clients. So c is always
+    Σ_i (n_i/n) c_i over every client, however few groups a round samples, whoever drops out, and
+    across a resume (c and every c_i are checkpointed). Its secure aggregation carries model and
+    variates (``scaffold-secagg``).
+    """
+
+    group_operations: ClassVar[tuple[str, ...]] = ("scaffold-secagg",)
+    modes: ClassVar[tuple[str, ...]] = ("global",)
+
+    def client_state(self) -> tuple[str, ...]:
+        return ("variates",)
+
+    def server_state(self, weights: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"control": torch.zeros_like(weights)}
+
+    def begin_round(self, state, groups, members):
+        c = state.server["control"]
+        return _Round({g: c for g in groups}, state.clients["variates"][torch.as_tensor(members)].clone(), members)
+
+    def correction(self, state, scratch, clients, group_of):
+        c_table = torch.stack([scratch.control[g] for g in dict.fromkeys(group_of)])
+        position = {g: i for i, g in enumerate(dict.fromkeys(group_of))}
+        return c_table[torch.as_tensor([position[g] for g in group_of])] - state.clients["variates"][clients]
+
+    def after_local(self, state, scratch, clients, starts, trained, steps, lr, correction):
+        new = -correction + (starts - trained) / (steps[:, None] * lr)
+        variates = state.clients["variates"]
+        scratch.delta = new - variates[clients]
+        variates[clients] = new
+
+    def aggregate_group(self, state, scratch, update):
+        # the survivors' changes over all members (a dropped member: no change)
+        n = torch.as_tensor(update.n_samples, dtype=torch.float64)
+        share = (n / n.sum())[torch.as_tensor(update.alive)] if update.alive is not None else n / n.sum()
+        delta = scratch.delta[update.rows]
+        scratch.control[update.gid] = scratch.control[update.gid] + (share @ delta.double()).to(delta.dtype)
+        return update.weights @ update.models
+
+    def aggregate_cloud(self, state, scratch, weights, models, members, n_samples):
+        c = state.server["control"]
+        idx = torch.as_tensor(np.asarray(members, dtype=np.int64))
+        share = torch.as_tensor(n_samples[members] / n_samples.sum(), dtype=torch.float64)
+        state.server["control"] = c + (share @ (state.clients["variates"][idx] - scratch.before).double()).to(c.dtype)
+        return super().aggregate_cloud(state, scratch, weights, models, members, n_samples)

@@ -1,0 +1,6 @@
+"""``python -m groupfel``: the ``groupfel`` command."""
+import sys
+
+from groupfel.experiments.cli import main
+
+sys.exit(main())
