@@ -10,13 +10,17 @@
 from __future__ import annotations
 
 import dataclasses
+import atexit
 import logging
 import re
+import shutil
 import sys
+import tempfile
 import types
 import typing
 from pathlib import Path
 
+from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,8 +78,24 @@ def _prune_nav(nav, docs_dir: Path):
     return out
 
 
+def _package_tree() -> str:
+    """A directory holding ``groupfel/`` as it installs: the namespace's own files beside links to
+    the repository's folders (pyproject's package-dir), for mkdocstrings to read the API from."""
+    root = Path(__file__).resolve().parents[1]
+    stage = Path(tempfile.mkdtemp(prefix="groupfel-docs-"))
+    atexit.register(shutil.rmtree, stage, True)
+    (stage / "groupfel").mkdir()
+    for item in (root / "groupfel").iterdir():
+        (stage / "groupfel" / item.name).symlink_to(item)
+    for folder in ("emulator", "topologies", "cost_models", "policies", "experiments"):
+        (stage / "groupfel" / folder).symlink_to(root / folder, target_is_directory=True)
+    return str(stage)
+
+
+@event_priority(100)   # before mkdocstrings reads its handlers' paths
 def on_config(config, **kwargs):
     config["nav"] = _prune_nav(config["nav"], Path(config["docs_dir"]))
+    config.plugins["mkdocstrings"].config["handlers"]["python"]["paths"] = [_package_tree()]
     return config
 
 

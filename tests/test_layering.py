@@ -157,3 +157,30 @@ def test_the_check_sees_every_import(tmp_path, files, found):
         (tmp_path / name).write_text(source)
     g, up = graph(tmp_path)
     assert (["up"] if up else []) + (["circle"] if circles(g) else []) == found
+
+
+@pytest.mark.slow
+def test_the_wheel_holds_one_package_that_imports_on_its_own(tmp_path):
+    """``pip wheel .``: groupfel/ and its dist-info, nothing else; installed alone, it imports and
+    its command starts (no top-level emulator/, policies/, ... to collide with a user's own)."""
+    import subprocess
+    import sys
+    import zipfile
+
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path / "dist")], check=True, capture_output=True, cwd=tmp_path)
+    (wheel,) = (tmp_path / "dist").glob("groupfel-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names} == {"groupfel", wheel.name.split("-py3")[0] + ".dist-info"}
+    assert "groupfel/cost_models/profiles/reference.csv" in names and "groupfel/experiments/configs/default.toml" in names
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(tmp_path / "site"),
+                    str(wheel)], check=True, capture_output=True)
+    probe = ("import sys, groupfel, groupfel.emulator.driver as d; "
+             "print(groupfel.__file__, d.__file__, 'emulator' in sys.modules, 'policies' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, check=True,
+                         env={"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin"}).stdout.split()
+    site = str(tmp_path / "site")
+    assert out[0].startswith(site) and out[1].startswith(site) and out[2:] == ["False", "False"]
+    help_ = subprocess.run([sys.executable, "-m", "groupfel", "--help"], capture_output=True, text=True, cwd=tmp_path,
+                           env={"PYTHONPATH": site, "PATH": "/usr/bin:/bin"})
+    assert help_.returncode == 0 and "usage: groupfel" in help_.stdout, help_.stderr
