@@ -243,8 +243,8 @@ def two_arm_cli_run(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["script", "stdin", "-c"])
-def test_the_api_runs_from_a_plain_script_stdin_and_c_with_the_commands_numbers(two_arm_cli_run, how):
+@pytest.mark.parametrize("how", ["script", "stdin", "-c", "notebook"])
+def test_the_api_runs_from_a_plain_script_stdin_c_and_a_notebook_with_the_commands_numbers(two_arm_cli_run, how):
     """No ``if __name__ == "__main__":`` guard: the pool's workers must not re-run the caller."""
     import subprocess
     import sys
@@ -252,6 +252,14 @@ def test_the_api_runs_from_a_plain_script_stdin_and_c_with_the_commands_numbers(
     root, cli = two_arm_cli_run
     out = root / f"api-{how.strip('-')}"
     code = SCRIPT.format(config=str(root / "exp.toml"), out=str(out))
+    if how == "notebook":
+        nbformat, nbclient = pytest.importorskip("nbformat"), pytest.importorskip("nbclient")
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
+        nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                                resources={"metadata": {"path": str(root)}}).execute()
+        assert "ACC" in nb.cells[0].outputs[0]["text"]
+        pd.testing.assert_frame_equal(pd.read_csv(out / "runs.csv"), cli, check_exact=True)
+        return
     if how == "script":
         (root / "run.py").write_text(code)
         argv, stdin = [sys.executable, str(root / "run.py")], None
