@@ -87,12 +87,12 @@ def scenarios(quick: bool = False) -> list[Scenario]:
     def split(n: int, size: int) -> list[list[int]]:
         return [list(range(s, min(n, s + size))) for s in range(0, n, size)]
     if quick:
-        b = 150_000
+        b = 200_000      # about 0.4 s a transfer: long beside the processes' scheduling jitter
         return [
-            Scenario("dedicated links", [8.0] * 3, [[0, 1, 2]], b, b, compute_s=0.2, aggregation_s=0.1),
+            Scenario("dedicated links", [4.0] * 3, [[0, 1, 2]], b, b, compute_s=0.3, aggregation_s=0.1),
             Scenario("edge shared by 4, mixed links", [2.0, 4.0, 8.0, 8.0], [[0, 1], [2, 3]], b, b,
                      edge_mbps=8.0, compute_s=0.2, aggregation_s=0.1),
-            Scenario("core-limited edge", [16.0] * 4, [[0], [1], [2], [3]], b, b, compute_s=0.1,
+            Scenario("core-limited edge", [8.0] * 4, [[0], [1], [2], [3]], b, b, compute_s=0.2,
                      aggregation_s=0.3, edge_cores=1),
         ]
     return [
