@@ -136,10 +136,18 @@ def sample_groups(world: World, plan: ArmPlan, groups: list[Group], t: int) -> t
     return S, log_p, sample_without_replacement(log_p, S, rng(world.config.seed, "sampling", t))
 
 
-def new_federation(world: World, env: Environment, ledger: CostLedger) -> Federation:
+def new_federation(world: World, env: Environment, ledger: CostLedger, stats: list | None = None) -> Federation:
+    """The round's processes: shared edges where a topology key asks for them (``stats``
+    receives their per-round makespan, utilisation and bytes), else dedicated links."""
     cfg, tc = world.config, world.config.train
-    return Federation(RoundContext(env, world.engine.model_bytes, world.cost, ledger, world.topology, cfg.seed,
-                                   tc.group_rounds, tc.local_epochs, cfg.faults, world.algorithm.training_passes))
+    ctx = RoundContext(env, world.engine.model_bytes, world.cost, ledger, world.topology, cfg.seed,
+                       tc.group_rounds, tc.local_epochs, cfg.faults, world.algorithm.training_passes)
+    network = getattr(world, "network", None)
+    if network is None:
+        return Federation(ctx)
+    from .contention import ContendedFederation
+
+    return ContendedFederation(ctx, network, stats)
 
 
 # -- state --------------------------------------------------------------------------------------
@@ -169,6 +177,7 @@ class ArmState:
     # each client's latest upload (N, P): its gradient ("merge", "split") or local model ("nearest")
     gradients: torch.Tensor | None = None
     uploaded: torch.Tensor | None = None    # ... and whether it has one
+    network: list[dict] = field(default_factory=list)   # shared edges: each round's makespan, utilisation, bytes
     # not checkpointed: recomputed each session
     groups_per_round: int | None = None     # S of the last round
     warnings: list[str] = field(default_factory=list)   # input accepted with an adjustment
@@ -211,6 +220,8 @@ def load_checkpoint(path: Path) -> ArmState:
         raise InputError(f"--resume: {path} is not a readable checkpoint ({type(exc).__name__}); delete it to "
                          f"restart the arm from scratch") from None
     names = {f.name for f in fields(ArmState)} - set(TRANSIENT)
+    if isinstance(blob, dict):
+        blob.setdefault("network", [])   # checkpoints from before the shared-edge model
     if not isinstance(blob, dict) or set(blob) != names:
         raise InputError(f"--resume: {path} is a checkpoint of another groupfel version; delete it to restart "
                          f"the arm from scratch")
@@ -231,7 +242,7 @@ class RoundStrategy(ABC):
     def __init__(self, world: World, plan: ArmPlan, arm_dir: Path, state: ArmState):
         self.world, self.plan, self.arm_dir, self.state = world, plan, arm_dir, state
         self.env = Federation.environment(state.sim_time)
-        self.fed = new_federation(world, self.env, state.ledger)
+        self.fed = new_federation(world, self.env, state.ledger, state.network)
 
     @classmethod
     def check(cls, world: World, plan: ArmPlan, where: str) -> None:
@@ -310,11 +321,12 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path, on_round: OnRound | None
     df = write_results(arm_dir, state)
     atomic_write(arm_dir / "ledger.parquet", lambda p: state.ledger.frame().to_parquet(p, index=False))
     strategy.write_outputs()
+    strategy.fed.write_outputs(arm_dir)
     write_json(arm_dir / "manifest.json", {
         "arm": plan.arm.name, "seed": cfg.seed, **({"mode": "per-group"} if cfg.mode == "per-group" else {}),
         "complete": True, "stop_reason": stop_reason, **({"message": str(diverged)} if diverged else {}),
         "rounds_run": state.t, "total_cost_eq5": state.ledger.total, "sim_time_s": state.sim_time,
-        **strategy.manifest(), "algorithm": world.algorithm.name,
+        **strategy.manifest(), **strategy.fed.manifest(state.ledger), "algorithm": world.algorithm.name,
         "model_parameters": world.engine.n_params, "wall_seconds_last_session": time.perf_counter() - wall0,
         "versions": _versions(), "plugins": world.plugins, "config": json.loads(cfg.model_dump_json())})
     ckpt.unlink(missing_ok=True)
@@ -351,6 +363,7 @@ def _rounds(strategy: RoundStrategy, fresh: bool, ckpt: Path, on_round: OnRound 
             acc = strategy.evaluate(final=False)
             save_checkpoint(ckpt, state)
             write_results(ckpt.parent, state)
+            strategy.fed.write_outputs(ckpt.parent)
         if on_round:
             on_round(state.t, state.ledger.total, acc)
     if state.rows[-1]["round"] != state.t:

@@ -101,9 +101,9 @@ def _lr(world: World, t: int) -> float:
     return tc.lr * tc.lr_decay ** t
 
 
-def _spec(world: World, t: int) -> LocalSpec:
+def _spec(world: World, t: int, offline: frozenset = frozenset()) -> LocalSpec:
     cfg, tc = world.config, world.config.train
-    return LocalSpec(cfg.seed, tc.group_rounds, tc.local_epochs, _lr(world, t), cfg.faults)
+    return LocalSpec(cfg.seed, tc.group_rounds, tc.local_epochs, _lr(world, t), cfg.faults, offline)
 
 
 class _Training:
@@ -239,7 +239,8 @@ class GlobalRounds(RoundStrategy):
         scratch = algorithm.begin_round(alg_state, list(sampled), members)
         clustered = state.cluster_models is not None   # after a "cluster" regroup: each cluster its own model
         starts = {g: state.cluster_models[g] if clustered else state.weights for g in sampled}
-        models = run_group_rounds(world.engine, starts, sampled, t, _spec(world, t), algorithm, alg_state, scratch,
+        offline = self.fed.offline(t, list(sampled.items()))   # availability: the round's clock decides
+        models = run_group_rounds(world.engine, starts, sampled, t, _spec(world, t, offline), algorithm, alg_state, scratch,
                                   state.momentum)                                  # compute, then time:
         self.fed.run_round(t, list(sampled.items()))
         self.training.charge_scoring(state.ledger, self.env, t)
@@ -408,7 +409,8 @@ def train_groups(world: World, fed: Federation, t: int, starts: dict[int, torch.
         algorithm, alg_state = training.algorithm, training.state
         members = np.concatenate([g.clients for g in run.values()]) if run else np.empty(0, dtype=np.int64)
         scratch = algorithm.begin_round(alg_state, list(run), members)
-    models = run_group_rounds(world.engine, starts, run, t, _spec(world, t), algorithm, alg_state, scratch,
+    offline = fed.offline(t, [(g, groups[g]) for g in starts])
+    models = run_group_rounds(world.engine, starts, run, t, _spec(world, t, offline), algorithm, alg_state, scratch,
                               momentum, uploads, trained)
     if uploads is not None:
         for c in uploads:
