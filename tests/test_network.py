@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("network_benchmark", ROOT / "benchmarks" / "network.py")
 net = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = net          # dataclasses look their module up there
 _spec.loader.exec_module(net)
 
 
