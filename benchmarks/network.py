@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import signal
@@ -45,7 +44,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 # One full-size TCP segment on an Ethernet veth: 1448 payload bytes in a 1514-byte frame.
 MSS, FRAME = 1448, 1514
@@ -58,17 +57,18 @@ HERE = os.path.abspath(__file__)
 
 @dataclass
 class Scenario:
-    """One group round of one edge: who moves how many bytes over what, and the edge's work."""
+    """One group round of one edge: who moves what over which links, and the edge's work."""
 
     name: str
     client_mbps: list[float]             # each client's own link (both directions)
     groups: list[list[int]]              # client indices per group
-    download_bytes: int = CNN_BYTES      # edge -> client: the group model
-    upload_bytes: int = CNN_BYTES        # client -> edge: the client's model
+    model_bytes: int = CNN_BYTES         # the model's float32 parameters
+    vectors: int = 1                     # model-sized vectors a client uploads (SCAFFOLD: 2)
+    secagg: bool = False                 # secure aggregation's key and share messages too
     edge_mbps: float | None = None       # shared access capacity (each direction); None: dedicated
     compute_s: list[float] | float = 0.5
     aggregation_s: float = 0.2           # one group's aggregation on one edge core
-    edge_cores: int | None = None        # None: a core per group (unlimited)
+    edge_cores: int | None = None        # None: unlimited
     latency_s: float = 0.0               # one-way, per client link (needs netem)
 
     @property
@@ -76,10 +76,28 @@ class Scenario:
         return len(self.client_mbps)
 
     def compute(self, i: int) -> float:
-        return self.compute_s if isinstance(self.compute_s, (int, float)) else self.compute_s[i]
+        return float(self.compute_s) if isinstance(self.compute_s, (int, float)) else float(self.compute_s[i])
 
     def cores(self) -> int:
         return self.edge_cores or len(self.groups)
+
+    def transfer_bytes(self) -> tuple[list[int], list[int]]:
+        """Each client's (download, upload) bytes: the emulator's own accounting
+        (``emulator.contention.client_bytes``), which the real processes send byte for byte."""
+        from emulator.contention import client_bytes
+
+        down, up = [0] * self.n, [0] * self.n
+        for members in self.groups:
+            for i in members:
+                down[i], up[i] = client_bytes(self.model_bytes, len(members), self.vectors, self.secagg)
+        return down, up
+
+    def spec(self) -> dict:
+        """What the round's processes need (plain JSON: they import nothing of groupfel)."""
+        down, up = self.transfer_bytes()
+        return {"n": self.n, "groups": self.groups, "down": down, "up": up,
+                "compute": [self.compute(i) for i in range(self.n)], "aggregation_s": self.aggregation_s,
+                "cores": self.cores()}
 
 
 def scenarios(quick: bool = False) -> list[Scenario]:
@@ -89,10 +107,10 @@ def scenarios(quick: bool = False) -> list[Scenario]:
     if quick:
         b = 200_000      # about 0.4 s a transfer: long beside the processes' scheduling jitter
         return [
-            Scenario("dedicated links", [4.0] * 3, [[0, 1, 2]], b, b, compute_s=0.3, aggregation_s=0.1),
-            Scenario("edge shared by 4, mixed links", [2.0, 4.0, 8.0, 8.0], [[0, 1], [2, 3]], b, b,
+            Scenario("dedicated links", [4.0] * 3, [[0, 1, 2]], b, compute_s=0.3, aggregation_s=0.1),
+            Scenario("edge shared by 4, mixed links", [2.0, 4.0, 8.0, 8.0], [[0, 1], [2, 3]], b,
                      edge_mbps=8.0, compute_s=0.2, aggregation_s=0.1),
-            Scenario("core-limited edge", [8.0] * 4, [[0], [1], [2], [3]], b, b, compute_s=0.2,
+            Scenario("core-limited edge", [8.0] * 4, [[0], [1], [2], [3]], b, compute_s=0.2,
                      aggregation_s=0.3, edge_cores=1),
         ]
     return [
@@ -101,7 +119,9 @@ def scenarios(quick: bool = False) -> list[Scenario]:
         Scenario("edge shared by 40", [8.0] * 40, split(40, 10), edge_mbps=40.0),
         Scenario("mixed client bandwidths", [1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32], split(10, 5),
                  edge_mbps=24.0, compute_s=[0.2 + 0.1 * i for i in range(10)]),
-        Scenario("core-limited edge", [8.0] * 12, split(12, 2), edge_mbps=None,
+        Scenario("SCAFFOLD + secure aggregation, shared by 10", [8.0] * 10, split(10, 5), vectors=2, secagg=True,
+                 edge_mbps=16.0),
+        Scenario("core-limited edge", [8.0] * 12, split(12, 2),
                  compute_s=[0.3 + 0.1 * (i // 2) for i in range(12)], aggregation_s=0.6, edge_cores=2),
         Scenario("latency 20 ms, shared by 10", [8.0] * 10, split(10, 5), edge_mbps=16.0, latency_s=0.02),
     ]
@@ -111,34 +131,45 @@ def scenarios(quick: bool = False) -> list[Scenario]:
 # The emulated side
 
 def emulate(sc: Scenario, efficiency: float = EFFICIENCY) -> dict:
-    """The round on the emulator's clock: makespan and each client's phase ends (seconds)."""
-    import simpy
+    """The round on the emulator's own clock (``emulator.contention.ContendedFederation``: the
+    shared-edge processes a run uses), with every link's rate times ``efficiency``. Returns the
+    makespan and each client's and group's phase ends, in seconds from the first download."""
+    import numpy as np
 
-    from emulator.links import SharedLink
+    from cost_models import CostModel
+    from cost_models.curves import linear
+    from cost_models.profiles import DeviceProfile
+    from emulator.contention import ClientNet, ContendedFederation, EdgeNetwork
+    from emulator.federation import Federation, Group, RoundContext
+    from emulator.ledger import CostLedger
+    from topologies.topology import Link, build_topology
 
-    env = simpy.Environment()
-    shared = None if sc.edge_mbps is None else sc.edge_mbps * 1e6 * efficiency
-    down, up = SharedLink(env, shared, "edge down"), SharedLink(env, shared, "edge up")
-    cores = simpy.Resource(env, capacity=sc.cores())
-    dl_end, ul_end, agg_end = [0.0] * sc.n, [0.0] * sc.n, [0.0] * len(sc.groups)
-
-    def client(i: int):
-        rate = sc.client_mbps[i] * 1e6 * efficiency
-        dl_end[i] = yield env.process(down.transfer(sc.download_bytes, rate, sc.latency_s))
-        yield env.timeout(sc.compute(i))
-        ul_end[i] = yield env.process(up.transfer(sc.upload_bytes, rate, sc.latency_s))
-
-    def group(g: int):
-        yield env.all_of([env.process(client(i)) for i in sc.groups[g]])
-        with cores.request() as req:
-            yield req
-            yield env.timeout(sc.aggregation_s)
-        agg_end[g] = env.now
-
-    for g in range(len(sc.groups)):
-        env.process(group(g))
-    env.run()
-    return {"makespan": max(agg_end), "download_end": dl_end, "upload_end": ul_end, "aggregation_end": agg_end}
+    n = sc.n
+    # training takes 1 s on the device curve, times each client's speed factor = its compute time
+    device = DeviceProfile("bench", "network", training={"sgd": linear(0.0, 1.0)})
+    cost = CostModel({"bench": device}, operations=())
+    topology = build_topology([n], ["bench"] * n, [np.arange(1)] * n, np.ones((n, 1), dtype=int),
+                              Link(1.0, 0.0), Link(1e9, 0.0))       # the cloud's link: no part of the check
+    clients = ClientNet(np.array(sc.client_mbps, dtype=float) * efficiency, np.full(n, sc.latency_s),
+                        np.array([sc.compute(i) for i in range(n)]))
+    net = EdgeNetwork(None if sc.edge_mbps is None else sc.edge_mbps * 1e6 * efficiency, sc.edge_cores, False,
+                      clients, sc.vectors, sc.secagg, {"aggregation": linear(0.0, sc.aggregation_s)})
+    env = Federation.environment()
+    fed = ContendedFederation(RoundContext(env, sc.model_bytes, cost, CostLedger(), topology, 0, 1, 1), net)
+    groups = [Group(0, np.array(m), np.ones(len(m), dtype=int), 0.0) for m in sc.groups]
+    fed.run_round(0, list(enumerate(groups)))
+    tr = fed.trace
+    t0 = min(r["start"] for r in tr if r["kind"] == "download")
+    dl, ul, agg = [0.0] * n, [0.0] * n, [0.0] * len(groups)
+    for r in tr:
+        if r["kind"] == "download":
+            dl[r["client"]] = r["end"] - t0
+        elif r["kind"] == "upload":
+            ul[r["client"]] = r["end"] - t0
+        else:
+            agg[r["group"]] = r["end"] - t0
+    return {"makespan": max(agg), "download_end": dl, "upload_end": ul, "aggregation_end": agg,
+            "bytes": fed.stats[-1]["bytes"]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,7 +298,7 @@ class Network:
 
 def measure(sc: Scenario, timeout_s: float = 120.0) -> dict:
     """Build the network, run the round with real processes, return its measured phases."""
-    spec = json.dumps(asdict(sc))
+    spec = json.dumps(sc.spec())
     with Network(sc) as net:
         procs: list[subprocess.Popen] = []
         try:
@@ -299,7 +330,7 @@ def measure(sc: Scenario, timeout_s: float = 120.0) -> dict:
 
 def measure_goodput(mbps: float = 8.0, nbytes: int = 1_000_000) -> float:
     """One flow's goodput over a shaped link, as a share of the shaped rate (checks EFFICIENCY)."""
-    sc = Scenario("goodput", [mbps], [[0]], nbytes, 1, compute_s=0.0, aggregation_s=0.0)
+    sc = Scenario("goodput", [mbps], [[0]], nbytes, compute_s=0.0, aggregation_s=0.0)
     m = measure(sc)
     return 8 * nbytes / m["download_end"][0] / (mbps * 1e6)
 
@@ -332,31 +363,34 @@ def _aggregate(seconds: float) -> tuple[float, float]:
     return start, time.monotonic()
 
 
-def serve(sc: Scenario) -> None:
+def serve(spec: dict) -> None:
+    """The edge: sends every client its download, takes its upload, aggregates each complete group
+    on one of its cores; prints the round's times (CLOCK_MONOTONIC) as one JSON line."""
     import multiprocessing as mp
 
-    pool = mp.get_context("fork").Pool(sc.cores())          # the edge's cores, started before the round
-    pool.map(_aggregate, [0.0] * sc.cores())
-    group_of = {i: g for g, members in enumerate(sc.groups) for i in members}
-    left = [len(m) for m in sc.groups]
-    upload_end = [0.0] * sc.n
-    agg = [(0.0, 0.0)] * len(sc.groups)
+    n, groups = spec["n"], spec["groups"]
+    pool = mp.get_context("fork").Pool(spec["cores"])        # the edge's cores, started before the round
+    pool.map(_aggregate, [0.0] * spec["cores"])
+    group_of = {i: g for g, members in enumerate(groups) for i in members}
+    left = [len(m) for m in groups]
+    upload_end = [0.0] * n
+    agg = [(0.0, 0.0)] * len(groups)
     lock, done = threading.Lock(), threading.Semaphore(0)
-    lsock = socket.create_server((EDGE_IP, PORT), backlog=sc.n + 8)
+    lsock = socket.create_server((EDGE_IP, PORT), backlog=n + 8)
     print("ready", flush=True)
     conns: dict[int, socket.socket] = {}
-    while len(conns) < sc.n:
+    while len(conns) < n:
         conn, _ = lsock.accept()
         conns[int.from_bytes(_recv_bytes(conn, 4), "big")] = conn
-    model = b"\x5a" * sc.download_bytes
+    payload = {size: b"\x5a" * size for size in set(spec["down"])}
 
     def finished(g: int, times: tuple[float, float]) -> None:
         agg[g] = times
         done.release()
 
     def one(i: int, conn: socket.socket) -> None:
-        conn.sendall(model)                                  # edge -> client: the model
-        _recv_exactly(conn, sc.upload_bytes)                 # client -> edge: its upload
+        conn.sendall(payload[spec["down"][i]])               # edge -> client: the group model (+ messages)
+        _recv_exactly(conn, spec["up"][i])                   # client -> edge: its upload
         upload_end[i] = time.monotonic()
         conn.sendall(b"k")
         conn.close()
@@ -365,20 +399,21 @@ def serve(sc: Scenario) -> None:
             left[g] -= 1
             ready = left[g] == 0
         if ready:                                            # the group's uploads are all in
-            pool.apply_async(_aggregate, (sc.aggregation_s,), callback=lambda t, g=g: finished(g, t))
+            pool.apply_async(_aggregate, (spec["aggregation_s"],), callback=lambda t, g=g: finished(g, t))
 
     t0 = time.monotonic()
     threads = [threading.Thread(target=one, args=(i, c)) for i, c in sorted(conns.items())]
     for th in threads:
         th.start()
-    for _ in sc.groups:
+    for _ in groups:
         done.acquire()
     pool.close()
     print(json.dumps({"t0": t0, "upload_end": upload_end, "aggregation_start": [a[0] for a in agg],
                       "aggregation_end": [a[1] for a in agg]}), flush=True)
 
 
-def client(sc: Scenario, i: int) -> None:
+def client(spec: dict, i: int) -> None:
+    """Client i: takes its download, trains (sleeps its compute time), sends its upload."""
     for _ in range(200):
         try:
             conn = socket.create_connection((EDGE_IP, PORT))
@@ -388,10 +423,10 @@ def client(sc: Scenario, i: int) -> None:
     else:
         raise ConnectionError(f"client {i} cannot reach the edge")
     conn.sendall(i.to_bytes(4, "big"))
-    _recv_exactly(conn, sc.download_bytes)
+    _recv_exactly(conn, spec["down"][i])
     download_end = time.monotonic()
-    time.sleep(sc.compute(i))                                # the client's training
-    conn.sendall(b"\xa5" * sc.upload_bytes)
+    time.sleep(spec["compute"][i])                           # the client's training
+    conn.sendall(b"\xa5" * spec["up"][i])
     _recv_exactly(conn, 1)
     conn.close()
     print(json.dumps({"download_end": download_end}), flush=True)
@@ -441,8 +476,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--id", type=int, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.role:
-        sc = Scenario(**json.loads(a.spec))
-        serve(sc) if a.role == "server" else client(sc, a.id)
+        spec = json.loads(a.spec)
+        serve(spec) if a.role == "server" else client(spec, a.id)
         return 0
     # a SIGTERM still runs the finally blocks that delete the namespaces
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -24,7 +24,7 @@ def test_emulated_round_by_hand():
     # Down: max-min gives 1, 2.5, 2.5 -> clients 1, 2 done at 4 s; client 0 has 4 Mbit, then 6 more at 1 -> 10 s.
     # Up: clients 1, 2 share 6 (3 each) from 4 s -> 7.33 s; their group aggregates 7.33-8.33.
     # Client 0 uploads alone at its cap 1 from 10 s -> 20 s; its group aggregates 20-21.
-    sc = net.Scenario("hand", [1.0, 4.0, 4.0], [[0], [1, 2]], 1_250_000, 1_250_000, edge_mbps=6.0,
+    sc = net.Scenario("hand", [1.0, 4.0, 4.0], [[0], [1, 2]], 1_250_000, edge_mbps=6.0,
                       compute_s=0.0, aggregation_s=1.0, edge_cores=1)
     e = net.emulate(sc, efficiency=1.0)
     assert e["download_end"] == pytest.approx([10.0, 4.0, 4.0])
@@ -37,7 +37,7 @@ def test_emulated_round_by_hand():
 
 def test_core_queue_by_hand():
     # two groups ready at once on one core: the second's aggregation starts when the first's ends
-    sc = net.Scenario("cores", [8.0, 8.0], [[0], [1]], 1_000_000, 1_000_000, compute_s=0.5,
+    sc = net.Scenario("cores", [8.0, 8.0], [[0], [1]], 1_000_000, compute_s=0.5,
                       aggregation_s=2.0, edge_cores=1)
     e = net.emulate(sc, efficiency=1.0)
     assert sorted(e["aggregation_end"]) == pytest.approx([1 + 0.5 + 1 + 2, 1 + 0.5 + 1 + 4])
@@ -79,3 +79,14 @@ def test_emulated_makespan_within_10_percent_of_a_real_network():
     # every namespace was deleted
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"gfn{os.getpid()}x" not in left, left
+
+
+def test_processes_send_the_emulators_bytes():
+    # SCAFFOLD under secure aggregation, a group of 3: down = model + 3 key pairs (64 B) + 2 share
+    # ciphertexts (168 B); up = 2 models + its keys + 2 × (ciphertext + unmasking share 66 B)
+    sc = net.Scenario("bytes", [8.0] * 4, [[0, 1, 2], [3]], 1000, vectors=2, secagg=True)
+    spec = sc.spec()
+    assert spec["down"] == [1000 + 3 * 64 + 2 * 168] * 3 + [1000 + 64]
+    assert spec["up"] == [2000 + 64 + 2 * (168 + 66)] * 3 + [2000 + 64]
+    moved = net.emulate(sc)["bytes"]
+    assert (moved["edge_to_client"], moved["client_to_edge"]) == (sum(spec["down"]), sum(spec["up"]))
