@@ -16,15 +16,18 @@ Builds, on this machine (root needed), one edge and N clients out of network nam
   of the caps. A client's leaf is picked by its IP address (u32 filters).
 * Latency, where the kernel has netem: a netem delay on both ends of each client's veth.
 * Real processes: a server in the edge namespace and one client process per client namespace
-  (``ip netns exec``). The server sends each client the model (the bytes the emulator says a
-  download moves), the client sleeps its compute time and sends its upload back; when a group's
-  uploads are all in, the server hands its aggregation to a pool of ``edge_cores`` worker
-  processes, each holding its core for the aggregation time (a sleep: on a shared 2-core machine
-  timed busy work would measure the neighbours, and the queue for cores is what is checked).
+  (``ip netns exec``). The server sends each client its download, the client sleeps its compute
+  time and sends its upload back: byte for byte what the emulator's accounting says they move
+  (``emulator.contention.client_bytes``: the model, SCAFFOLD's second vector, secure
+  aggregation's key and share messages). When a group's uploads are all in, the server hands its
+  aggregation to one of ``edge_cores`` worker processes (groups wait in line for a free one), which
+  holds its core for the aggregation time (a sleep: on a shared 2-core machine timed busy work
+  would measure the neighbours, and the queue for cores is what is checked).
 * The round's phases are timed on CLOCK_MONOTONIC, which every namespace shares.
 
-The emulated side plays the same round on a SimPy clock with ``emulator.links.SharedLink`` (one
-for downloads, one for uploads) and a ``simpy.Resource`` of edge cores.
+The emulated side is the emulator's own clock: ``emulator.contention.ContendedFederation``, the
+shared-edge processes a run uses, plays the same group round (``edge_access_mbps``, per-client
+bandwidths and speed factors, ``edge_cores``, an edge ``aggregation`` curve).
 
 What the emulator must assume (calibration, derived, not fitted): a link's ``bandwidth_mbps`` is
 what tc shapes, counted in Ethernet frames; TCP moves 1448 payload bytes in each 1514-byte frame
@@ -357,25 +360,71 @@ def _recv_exactly(conn: socket.socket, n: int) -> None:
         n -= got
 
 
-def _aggregate(seconds: float) -> tuple[float, float]:
-    start = time.monotonic()
-    time.sleep(seconds)          # one edge core held for the group's aggregation
-    return start, time.monotonic()
+def _core(conn) -> None:
+    """One edge core: a process that holds its core for each aggregation it is handed."""
+    while True:
+        seconds = conn.recv()
+        if seconds is None:
+            return
+        start = time.monotonic()
+        time.sleep(seconds)          # the group's aggregation (a sleep: see the module docstring)
+        conn.send((start, time.monotonic()))
+
+
+class Cores:
+    """K worker processes; a group takes a free one or waits in line (FIFO) for the next."""
+
+    def __init__(self, k: int):
+        import multiprocessing as mp
+
+        ctx = mp.get_context("fork")
+        self.pipes, self.procs = [], []
+        for _ in range(k):
+            a, b = ctx.Pipe()
+            p = ctx.Process(target=_core, args=(b,), daemon=True)
+            p.start()
+            self.pipes.append(a)
+            self.procs.append(p)
+        for a in self.pipes:          # each core has started and answered once
+            a.send(0.0)
+            a.recv()
+        self.free = list(self.pipes)
+        self.cond = threading.Condition()
+        self.line: list[int] = []     # tickets of the groups waiting for a core, first come first served
+        self.tickets = 0
+
+    def run(self, seconds: float) -> tuple[float, float]:
+        with self.cond:
+            ticket = self.tickets
+            self.tickets += 1
+            self.line.append(ticket)
+            self.cond.wait_for(lambda: self.free and self.line[0] == ticket)
+            self.line.pop(0)
+            pipe = self.free.pop()
+            self.cond.notify_all()
+        pipe.send(seconds)
+        times = pipe.recv()
+        with self.cond:
+            self.free.append(pipe)
+            self.cond.notify_all()
+        return times
+
+    def close(self) -> None:
+        for a, p in zip(self.pipes, self.procs):
+            a.send(None)
+            p.join()
 
 
 def serve(spec: dict) -> None:
     """The edge: sends every client its download, takes its upload, aggregates each complete group
     on one of its cores; prints the round's times (CLOCK_MONOTONIC) as one JSON line."""
-    import multiprocessing as mp
-
     n, groups = spec["n"], spec["groups"]
-    pool = mp.get_context("fork").Pool(spec["cores"])        # the edge's cores, started before the round
-    pool.map(_aggregate, [0.0] * spec["cores"])
+    cores = Cores(spec["cores"])                             # the edge's cores, started before the round
     group_of = {i: g for g, members in enumerate(groups) for i in members}
     left = [len(m) for m in groups]
     upload_end = [0.0] * n
     agg = [(0.0, 0.0)] * len(groups)
-    lock, done = threading.Lock(), threading.Semaphore(0)
+    lock = threading.Lock()
     lsock = socket.create_server((EDGE_IP, PORT), backlog=n + 8)
     print("ready", flush=True)
     conns: dict[int, socket.socket] = {}
@@ -383,10 +432,6 @@ def serve(spec: dict) -> None:
         conn, _ = lsock.accept()
         conns[int.from_bytes(_recv_bytes(conn, 4), "big")] = conn
     payload = {size: b"\x5a" * size for size in set(spec["down"])}
-
-    def finished(g: int, times: tuple[float, float]) -> None:
-        agg[g] = times
-        done.release()
 
     def one(i: int, conn: socket.socket) -> None:
         conn.sendall(payload[spec["down"][i]])               # edge -> client: the group model (+ messages)
@@ -399,15 +444,15 @@ def serve(spec: dict) -> None:
             left[g] -= 1
             ready = left[g] == 0
         if ready:                                            # the group's uploads are all in
-            pool.apply_async(_aggregate, (spec["aggregation_s"],), callback=lambda t, g=g: finished(g, t))
+            agg[g] = cores.run(spec["aggregation_s"])
 
     t0 = time.monotonic()
     threads = [threading.Thread(target=one, args=(i, c)) for i, c in sorted(conns.items())]
     for th in threads:
         th.start()
-    for _ in groups:
-        done.acquire()
-    pool.close()
+    for th in threads:
+        th.join()
+    cores.close()
     print(json.dumps({"t0": t0, "upload_end": upload_end, "aggregation_start": [a[0] for a in agg],
                       "aggregation_end": [a[1] for a in agg]}), flush=True)
 
