@@ -40,10 +40,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
-import statistics
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -184,7 +185,7 @@ class Refused(RuntimeError):
 
 
 def _run(*cmd: str, stdin: str | None = None) -> None:
-    r = subprocess.run(cmd, input=stdin, text=True, capture_output=True)
+    r = subprocess.run(cmd, input=stdin, text=True, capture_output=True, check=False)
     if r.returncode:
         raise subprocess.CalledProcessError(r.returncode, cmd, r.stdout, r.stderr)
 
@@ -206,7 +207,7 @@ def check_available() -> str | None:
         err = getattr(e, "stderr", "") or str(e)
         return f"network namespaces, veth, bridge or HTB refused: {err.strip().splitlines()[-1] if err.strip() else e}"
     finally:
-        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True, check=False)
     return None
 
 
@@ -220,7 +221,18 @@ def netem_available() -> bool:
     except (subprocess.CalledProcessError, OSError):
         return False
     finally:
-        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True, check=False)
+
+
+def sweep_stale() -> list[str]:
+    """Delete the namespaces of earlier runs that were killed outright (SIGKILL skips cleanup):
+    ours are named gfn<pid>x..., and that process is gone."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout.split()
+    ours = [(ns, m.group(1)) for ns in listed if (m := re.fullmatch(r"gfn(\d+)x\d+[eac]\d*", ns))]
+    stale = [ns for ns, pid in ours if not os.path.exists(f"/proc/{pid}")]
+    for ns in stale:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+    return stale
 
 
 def client_ip(i: int) -> str:
@@ -237,7 +249,7 @@ class Network:
         self.clients = [f"{self.prefix}c{i}" for i in range(sc.n)]
         self.made: list[str] = []
 
-    def __enter__(self) -> "Network":
+    def __enter__(self) -> Network:
         try:
             self._build()
         except BaseException:
@@ -250,7 +262,7 @@ class Network:
 
     def close(self) -> None:
         for ns in reversed(self.made):      # deleting a namespace deletes its veths and qdiscs
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
         self.made.clear()
 
     def _ns(self, name: str) -> None:
@@ -491,6 +503,7 @@ def validate(scs: list[Scenario], goodput: bool = True, out=print) -> list[dict]
     why = check_available()
     if why:
         raise Refused(why)
+    sweep_stale()
     netem = netem_available()
     if goodput:
         g = measure_goodput()
