@@ -398,15 +398,21 @@ def register_whatif(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_timeline(args) -> int:
-    from .timeline import load_round, plot_timeline, summary
+    from .timeline import load_network, load_round, plot_timeline, summary
 
     arm_dir = Path(args.arm_dir)
     rows = load_round(arm_dir, args.round)
     out = check_writable(args.out or arm_dir / f"timeline-round{args.round}.png", "file", "--out")
-    plot_timeline(rows, out, f"{arm_dir.name}: global round {args.round}")
+    network = load_network(arm_dir, args.round)
+    plot_timeline(rows, out, f"{arm_dir.name}: global round {args.round}", network)
     print(summary(rows).to_string(index=False, float_format=_number))
     print(f"\nround {args.round}: charged work spans {rows['start'].min():.4g}..{rows['end'].max():.4g} s "
           f"(simulated); Eq. 5 cost {rows['amount'].sum():.6g}")
+    if network is not None and len(network):
+        cores = network[network["kind"] == "core"]
+        moved = network.groupby("kind")["bytes"].sum()
+        print(f"transfers: {int(moved.get('download', 0)):,} bytes down, {int(moved.get('upload', 0)):,} up; "
+              f"groups waited {float((cores['start'] - cores['queued']).sum()):.4g} s for edge cores")
     print(f"plot: {out}")
     return 0
 
