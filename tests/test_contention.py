@@ -174,3 +174,59 @@ def test_bad_keys_are_one_line_errors(top, key):
     with pytest.raises(InputError) as e:
         parse_config(d)
     assert str(e.value).startswith(f"config: {key}") and "\n" not in str(e.value)
+
+
+def test_edge_makespan_by_hand():
+    # the shared-access case above through the what-if's entry point: edge link 8 Mbit/s sends
+    # x_t 0..1, downloads 1..5, train 5..6, operation 6..7, uploads 7..11, 2 models up 11..13
+    from emulator.contention import edge_makespan
+
+    r = edge_makespan([2, 2], np.full(4, 10), linear(0.0, 1.0), quadratic(0.0, 0.0, 1.0), group_rounds=1,
+                      local_epochs=1, model_bytes=MB, client_mbps=8.0, latency_s=0.0, access_mbps=8.0, cores=None,
+                      secagg=False, edge_mbps=8.0, edge_latency_s=0.0, operation="backdoor")
+    assert r["makespan_s"] == pytest.approx(13.0)
+    assert r["edge_cost"] == pytest.approx(8.0)
+
+
+def test_whatif_makespan_columns(tmp_path, capsys):
+    from experiments.cli import main
+
+    out = tmp_path / "wi"
+    assert main(["whatif", "--clients", "200", "--rounds", "5", "--group-sizes", "2..6:2", "--access-mbps", "8,50",
+                 "--edge-cores", "1", "--edge-clients", "12", "--out", str(out)]) == 0
+    import pandas as pd
+
+    df = pd.read_csv(out / "whatif.csv")
+    assert len(df) == 6 and {"makespan_s", "edge_cost", "core_wait_s", "total_per_round"} <= set(df)
+    slow, fast = df[df.access_mbps == 8], df[df.access_mbps == 50]
+    assert (slow["makespan_s"].to_numpy() > fast["makespan_s"].to_numpy()).all()
+    assert main(["whatif", "--clients", "200", "--access-mbps", "0", "--out", str(out)]) == 2
+    assert "--access-mbps: 0.0 must be a positive finite number" in capsys.readouterr().err
+
+
+def test_a_run_on_shared_edges(tmp_path):
+    """A whole run: offline clients are left out of training and charged nothing, the manifest
+    records the network, the timeline draws it; without the keys the plain federation runs."""
+    from emulator.contention import build_network
+    from experiments import api
+    from experiments.cli import main
+
+    d = copy.deepcopy(TINY)
+    d["train"]["rounds"] = 2
+    d["arms"] = d["arms"][:1]
+    assert build_network(parse_config(d), 12, None, ("secagg",)) is None   # no key: the plain federation
+    d["topology"].update({"edge_access_mbps": 0.5, "edge_cores": 1,
+                          "heterogeneity": {"bandwidth_sigma": 0.5, "speed_sigma": 0.2},
+                          "availability": {"mean_on_s": 20.0, "mean_off_s": 20.0}})
+    study = api.run(d, tmp_path / "run", jobs=1, progress=False)
+    arm = study.arm_dir(None, "covg-esrcov")
+    m = study.manifest(None, "covg-esrcov")["network"]
+    assert m["edge_access_mbps"] == 0.5 and m["edge_cores"] == 1 and len(m["rounds"]) == 2
+    assert len(m["clients"]["bandwidth_mbps"]) == 12 and m["bytes_total"]["client_to_edge"] > 0
+    assert m["offline"], "with 50 % availability some sampled client is offline"
+    led = study.ledger(None, "covg-esrcov")
+    for ev in m["offline"]:   # no charge for an offline client from the time it left, in that round
+        later = led[(led.client == ev["client"]) & (led["round"] == ev["round"]) & (led.group_round >= ev["group_round"])]
+        assert (later["amount"] == 0).all()
+    assert main(["timeline", str(arm), "--round", "1", "--out", str(tmp_path / "t.png")]) == 0
+    assert (tmp_path / "t.png").stat().st_size > 0
