@@ -491,3 +491,40 @@ class ContendedFederation(Federation):
             yield env.process(e.up.transfer(up, bps, lat))
             self.trace.append(dict(zip(TRACE_COLUMNS, ("upload", *where, client, up, a, a, env.now))))
         return spans
+
+
+# -- what-if: one edge's round without training ------------------------------------------------------
+
+def edge_makespan(group_sizes: list[int], n_samples: np.ndarray, training, overhead, *, group_rounds: int,
+                  local_epochs: int, model_bytes: int, client_mbps: float, latency_s: float,
+                  access_mbps: float | None, cores: int | None, edge_curves: dict | None = None,
+                  secagg: bool = True, edge_mbps: float = 1000.0, edge_latency_s: float = 0.01,
+                  operation: str = "secagg") -> dict:
+    """One global round of one edge whose sampled groups have ``group_sizes`` members (holding
+    ``n_samples`` in order), on the shared-edge model: its makespan, Eq. 5 cost, time waiting for
+    a core and the access links' utilisation (``groupfel whatif``'s makespan columns)."""
+    from cost_models import CostModel, DeviceProfile
+    from topologies import Link, build_topology
+
+    n = int(sum(group_sizes))
+    n_samples = np.asarray(n_samples[:n], dtype=float)
+    parts = [np.arange(1) for _ in range(n)]
+    topo = build_topology([n], ["d"] * n, parts, np.ones((n, 1), dtype=int),
+                          client_link=Link(client_mbps, latency_s), edge_link=Link(edge_mbps, edge_latency_s))
+    prof = DeviceProfile("d", "whatif", training={"h": training}, group_overhead={operation: overhead})
+    cost = CostModel({"d": prof}, "h", (operation,))
+    net = EdgeNetwork(None if access_mbps is None else access_mbps * 1e6, cores, False,
+                      client_net(None, n, client_mbps, latency_s, 0), 1, secagg, dict(edge_curves or {}))
+    env = simpy.Environment()
+    fed = ContendedFederation(RoundContext(env, model_bytes, cost, CostLedger(), topo, 0, group_rounds,
+                                           local_epochs), net)
+    starts = np.concatenate([[0], np.cumsum(group_sizes)[:-1]]).astype(int)
+    sampled = [(g, Group(0, np.arange(a, a + s), n_samples[a:a + s].astype(np.int64), 0.0))
+               for g, (a, s) in enumerate(zip(starts, group_sizes))]
+    fed.run_round(0, sampled)
+    r = fed.stats[0]
+    e = r["edges"][0]
+    return {"makespan_s": r["makespan_s"], "edge_cost": fed.ctx.ledger.total, "core_wait_s": e["core_wait_s"],
+            "core_utilisation": e["core_utilisation"], "access_down_utilisation": e["access_down_utilisation"],
+            "access_up_utilisation": e["access_up_utilisation"],
+            "bytes_client_edge": r["bytes"]["edge_to_client"] + r["bytes"]["client_to_edge"]}
