@@ -52,7 +52,9 @@ KEYS_BYTES = 2 * 32
 SHARE_CIPHERTEXT_BYTES = 2 * 66 + 12 + 16 + 8
 UNMASK_SHARE_BYTES = 66
 TRACE_COLUMNS = ["kind", "round", "edge", "group", "group_round", "client", "bytes", "queued", "start", "end"]
-OFFLINE = "offline"      # the ledger component of a zero charge that records a client found offline
+OFFLINE = "offline"
+# CostLedger.charge's arguments in the order of its blocks
+_CHARGE_ARGS = ("round", "edge", "group", "group_round", "clients", "devices", "component", "amounts", "start", "end")      # the ledger component of a zero charge that records a client found offline
 
 
 def payload_vectors(algorithm) -> int:
@@ -292,7 +294,6 @@ class ContendedFederation(Federation):
         super().__init__(ctx)
         self.net = net
         self.stats = stats if stats is not None else []      # one dict per round (the manifest's)
-        self.offline_log: list[dict] = []                    # this session's offline events
         self._offline: dict[int, dict[tuple[int, int], float]] = {}   # round -> {(k, client): time}
         self._planned: dict[int, tuple] = {}
         self.trace: list[dict] = []                           # transfers and core holds (timeline)
@@ -341,8 +342,22 @@ class ContendedFederation(Federation):
             dry._priced = self._priced
             dry.run_round(t, sampled)
             self._offline[t] = dry._offline.get(t, {})
-            self._planned[t] = (key_,)
+            self._planned = {t: (key_, dry)}   # run_round replays it: the same clock, charges and stats
         return frozenset(self._offline.get(t, {}))
+
+    def run_round(self, t, sampled):
+        env = self.ctx.env
+        plan = self._planned.get(t)
+        if plan is None or plan[0] != (float(env.now), tuple(gid for gid, _ in sampled)):
+            return super().run_round(t, sampled)
+        dry = plan[1]
+        for block in dry.ctx.ledger._blocks:      # the dry run's charges, as charged (same times)
+            self.ctx.ledger.charge(**dict(zip(_CHARGE_ARGS, block)))
+        self.stats.extend(dry.stats)
+        self.trace.extend(dry.trace)
+        self._planned = {}
+        if dry.ctx.env.now > env.now:
+            env.run(until=dry.ctx.env.now)
 
     def round_cost(self, t: int, groups: list[Group]) -> float:
         self.offline(t, list(enumerate(groups)))
@@ -428,9 +443,7 @@ class ContendedFederation(Federation):
             for c in g.clients:
                 c = int(c)
                 if (k - 1, c) in gone or (net.availability is not None and not net.availability.online(c, start)):
-                    if (k - 1, c) not in gone:
-                        self.offline_log.append({"round": t + 1, "group_round": k, "client": c, "edge": j,
-                                                 "group": gid, "time_s": start})
+                    if (k - 1, c) not in gone:   # found offline now: a zero charge says who and when
                         ctx.ledger.charge(round=t, edge=j, group=gid, group_round=k, clients=np.array([c]),
                                           devices=[ctx.topology.client_device[c]], component=OFFLINE,
                                           amounts=np.zeros(1), start=np.array([start]), end=np.array([start]))
@@ -476,19 +489,24 @@ class ContendedFederation(Federation):
         bps, lat = cn.bandwidth_mbps[client] * 1e6, float(cn.latency_s[client])
         t0 = env.now
         self._bytes["edge_to_client"] += down
-        yield env.process(e.down.transfer(down, bps, lat))
+        # one event per step where it can (a dedicated link: size / rate + latency in one timeout)
+        yield env.timeout(8.0 * down / bps + lat) if e.down.capacity_bps is None else e.down.send(down, bps)
+        if lat and e.down.capacity_bps is not None:
+            yield env.timeout(lat)
         self.trace.append(dict(zip(TRACE_COLUMNS, ("download", *where, client, down, t0, t0, env.now))))
-        spans = []
-        for comp, amounts in charges.items():
+        a, spans = env.now, []
+        for comp, amounts in charges.items():   # the compute steps back to back: one timeout
             d = 0.0 if dropped and comp != TRAINING else slow * float(amounts[member])
-            a = env.now
-            if d:
-                yield env.timeout(d)
-            spans.append((a - t0, env.now - t0))
+            spans.append((a - t0, a + d - t0))
+            a += d
+        if a > env.now:
+            yield env.timeout(a - env.now)
         if not dropped:
             a = env.now
             self._bytes["client_to_edge"] += up
-            yield env.process(e.up.transfer(up, bps, lat))
+            yield env.timeout(8.0 * up / bps + lat) if e.up.capacity_bps is None else e.up.send(up, bps)
+            if lat and e.up.capacity_bps is not None:
+                yield env.timeout(lat)
             self.trace.append(dict(zip(TRACE_COLUMNS, ("upload", *where, client, up, a, a, env.now))))
         return spans
 

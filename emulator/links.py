@@ -11,6 +11,8 @@ Stable API (``benchmarks/network.py`` builds on it; keep it):
   (``None``: only the capacity limits it). Rates are recomputed whenever a flow starts or ends.
   The flow's ``latency_s`` is added after its last byte (one-way delay of a bulk transfer: a
   fixed term that holds no capacity). Returns the finish time.
+- ``SharedLink.send(nbytes, cap_bps)``: the same flow without latency and without a process of
+  its own: an event that fires when its last byte is through (cheaper inside another process).
 - ``SharedLink.carried_bits``, ``SharedLink.busy_s``: bits moved and time with at least one flow
   active, for utilisation (``carried_bits / (capacity_bps · window)``).
 - ``finish_times(flows, capacity_bps)``: the finish time of each ``(start_s, nbytes, cap_bps,
@@ -75,21 +77,32 @@ class SharedLink:
             raise ValueError(f"a flow's cap must be positive, not {cap_bps!r}")
         if self.capacity_bps is None and cap == math.inf:
             raise ValueError("a dedicated link (capacity None) needs each flow's cap_bps")
-        bits = 8.0 * nbytes
-        if bits > 0:
-            if self.capacity_bps is None:
-                self.carried_bits += bits
-                yield env.timeout(bits / cap)
-            else:
-                self._advance()
-                flow = _Flow(bits, cap, env.event(), order=self._count)
-                self._count += 1
-                self._flows.append(flow)
-                self._reschedule()
-                yield flow.done
+        if nbytes > 0:
+            yield self.send(nbytes, cap)
         if latency_s:
             yield env.timeout(latency_s)
         return env.now
+
+    def send(self, nbytes: int, cap_bps: float | None) -> simpy.Event:
+        """Start a flow of ``nbytes`` bytes; the event fires when its last byte is through."""
+        env = self.env
+        cap = math.inf if cap_bps is None else float(cap_bps)
+        if not cap > 0:
+            raise ValueError(f"a flow's cap must be positive, not {cap_bps!r}")
+        bits = 8.0 * nbytes
+        if self.capacity_bps is None:
+            if cap == math.inf:
+                raise ValueError("a dedicated link (capacity None) needs each flow's cap_bps")
+            self.carried_bits += bits
+            return env.timeout(bits / cap)
+        if bits <= 0:
+            return env.timeout(0.0)
+        self._advance()
+        flow = _Flow(bits, cap, env.event(), order=self._count)
+        self._count += 1
+        self._flows.append(flow)
+        self._reschedule()
+        return flow.done
 
     # -- processor sharing -------------------------------------------------------------------
 

@@ -230,3 +230,16 @@ def test_a_run_on_shared_edges(tmp_path):
         assert (later["amount"] == 0).all()
     assert main(["timeline", str(arm), "--round", "1", "--out", str(tmp_path / "t.png")]) == 0
     assert (tmp_path / "t.png").stat().st_size > 0
+
+
+def test_measure_secagg_server_part(tmp_path):
+    from experiments.cli import main
+
+    out = tmp_path / "srv.csv"
+    assert main(["measure", "secagg", "--server", "--sizes", "2,4", "--params", "16", "--repeats", "1",
+                 "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("# groupfel measure: secagg --server\n")
+    ops = [ln.split(",")[0] for ln in text.splitlines() if not ln.startswith("#")][1:]
+    assert ops == ["secagg-server", "secagg-server", "secagg-server-recovery"]
+    assert main(["measure", "backdoor", "--server", "--sizes", "2", "--out", str(tmp_path / "b.csv")]) == 2
