@@ -1,6 +1,7 @@
 """One global round of the Table 1 setting: batched vs sequential engine, with a matmul's GFLOP/s.
 
     python benchmarks/engines.py [--models cnn,mlp,resnet-1] [--repeats 5] [--groups 12] [--size 6] [--batch 32] [--threads N]
+                                 [--network]
 
 Fashion-MNIST, 12 sampled groups of 6 clients of 20-200 samples (Table 1's client sizes), K = 5,
 E = 2, B = 32: each repeat runs the round's compute (:func:`groupfel.emulator.compute.run_group_rounds`, one
@@ -9,7 +10,9 @@ budget pricing), the way the run loop does. Printed per model, medians over the 
 one process: the sequential and the batched engine's seconds per round and the ratio, each as
 GFLOP/s (forward + backward FLOPs counted by torch's FlopCounterMode) and as a share of a 2048³
 float32 matmul measured in the same run; and the emulator's own share of a round (everything
-that is not the engine).
+that is not the engine). ``--network`` times the same round on shared edges
+(:func:`shared_edges`: access capacity, cores, an edge profile, heterogeneous clients and
+availability, :mod:`groupfel.emulator.contention`), for the overhead that model adds.
 """
 from __future__ import annotations
 
@@ -86,11 +89,32 @@ def setup(groups: int, size: int, seed: int = 0):
     return data, parts, topo, sampled
 
 
-def federation(engine, topo) -> Federation:
+def shared_edges(n_clients: int, seed: int = 0):
+    """Every part of the shared-edge model switched on: 100 Mbit/s of access per edge, 2 cores
+    with aggregation and secagg-server curves, lognormal client links and speeds, and clients
+    online 90 % of the time (on/off means 900 s and 100 s)."""
+    from groupfel.cost_models import quadratic
+    from groupfel.emulator.config import AvailabilityConfig, HeterogeneityConfig
+    from groupfel.emulator.contention import Availability, EdgeNetwork, client_net
+
+    curves = {"aggregation": quadratic(0.0, 0.01, 0.0), "secagg-server": quadratic(3.5e-5, 5e-4, 4e-3),
+              "secagg-server-recovery": quadratic(3.4e-5, -3e-4, 1e-2)}
+    clients = client_net(HeterogeneityConfig(bandwidth_sigma=0.5, latency_sigma=0.3, speed_sigma=0.2), n_clients,
+                         20.0, 0.02, seed)
+    avail = Availability(AvailabilityConfig(mean_on_s=900.0, mean_off_s=100.0), n_clients, seed)
+    return EdgeNetwork(100e6, 2, True, clients, 1, True, curves, avail)
+
+
+def federation(engine, topo, network=None) -> Federation:
     """The SimPy side of a run, made once per arm as the run loop does (its clock and its prices
-    persist across rounds)."""
+    persist across rounds); ``network``: on shared edges."""
     cost = CostModel({"raspberry-pi-4": get_profile("raspberry-pi-4/cifar10-resnet")})
-    return Federation(RoundContext(Federation.environment(), engine.model_bytes, cost, CostLedger(), topo, 0, K, E))
+    ctx = RoundContext(Federation.environment(), engine.model_bytes, cost, CostLedger(), topo, 0, K, E)
+    if network is None:
+        return Federation(ctx)
+    from groupfel.emulator.contention import ContendedFederation
+
+    return ContendedFederation(ctx, network)
 
 
 def one_round(engine, fed, sampled, start, t: int) -> tuple[float, float]:
@@ -98,7 +122,8 @@ def one_round(engine, fed, sampled, start, t: int) -> tuple[float, float]:
     timed = Timed(engine)
     t0 = time.perf_counter()
     fed.round_cost(t, list(sampled.values()))                                    # the budget check
-    models = run_group_rounds(timed, {g: start for g in sampled}, sampled, t, LocalSpec(0, K, E, 0.05))
+    offline = fed.offline(t, list(sampled.items()))                              # availability
+    models = run_group_rounds(timed, {g: start for g in sampled}, sampled, t, LocalSpec(0, K, E, 0.05, offline=offline))
     fed.run_round(t, list(sampled.items()))
     sum(models[g] / len(models) for g in sampled)                                # Line 15
     return time.perf_counter() - t0, timed.seconds
@@ -116,6 +141,7 @@ def main() -> None:
                     help="force the batched engine's formulation (default: its own choice)")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads of this process (the sequential engine); default torch's")
+    ap.add_argument("--network", action="store_true", help="on shared edges (groupfel.emulator.contention)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -131,7 +157,8 @@ def main() -> None:
         bat = BatchedEngine(data, parts, model, 0.05, args.batch, workers=args.workers, formulation=args.formulation)
         start = seq.initial_weights(0)
         flops = flops_per_sample(seq, args.batch) * passes
-        fed_seq, fed_bat = federation(seq, topo), federation(bat, topo)
+        net = shared_edges(topo.n_clients) if args.network else None
+        fed_seq, fed_bat = federation(seq, topo, net), federation(bat, topo, net)
         one_round(bat, fed_bat, sampled, start, 0)                                # warm-up, forks workers
         one_round(seq, fed_seq, sampled, start, 0)
         ts, tb, share, mm = [], [], [], []

@@ -23,7 +23,7 @@ from torch import nn
 
 from groupfel.errors import InputError
 
-from .secagg import time_secagg
+from .secagg import time_secagg, time_secagg_parts
 
 INPUT_SHAPE, NUM_CLASSES = (1, 8, 8), 10   # scikit-learn digits, the default emulation task
 ModelFactory = Callable[[], nn.Module]     # a fresh model for INPUT_SHAPE inputs and NUM_CLASSES classes
@@ -76,12 +76,26 @@ def _sweep(sizes: list[int], repeats: int, work: Callable[[int], float]) -> Iter
             yield n, work(n)
 
 
-def measure_secagg(sizes: list[int], params: int, repeats: int, device: str) -> Iterator[Measurement]:
+def measure_secagg(sizes: list[int], params: int, repeats: int, device: str, server: bool = False) -> Iterator[Measurement]:
     """Per-client SecAgg time by group size, and the dropout-recovery time per survivor per
-    dropped client (``secagg-recovery``; needs a group of 3 or more so one can drop)."""
+    dropped client (``secagg-recovery``; needs a group of 3 or more so one can drop). ``server``:
+    the aggregator's part alone instead, what an edge server spends per group
+    (``secagg-server``, and ``secagg-server-recovery`` per dropped client), for
+    ``topology.edge_profile``."""
     if min(sizes) < 2:
         raise InputError(f"--sizes: secure aggregation needs groups of 2 or more, got {min(sizes)}")
     recovery: dict[int, list[float]] = {}
+    if server:
+        def work(n: int) -> float:
+            _, aggregator, rec = time_secagg_parts(n, params, dropped=1 if n >= 3 else 0)
+            recovery.setdefault(n, []).append(rec)
+            return aggregator
+
+        for n, seconds in _sweep(sizes, repeats, work):
+            yield Measurement("secagg-server", "secagg-server", device, n, None, seconds)
+            if n >= 3:
+                yield Measurement("secagg-server-recovery", "secagg-server-recovery", device, n, None, recovery[n][-1])
+        return
 
     def work(n: int) -> float:
         per_client, rec = time_secagg(n, params, dropped=1 if n >= 3 else 0)
@@ -143,7 +157,8 @@ def measurements_csv(rows: list[Measurement], header: dict[str, str]) -> str:
 
 
 def measure(kind: str, sizes: list[int], make_model: ModelFactory, *, repeats: int = 3, params: int | None = None,
-            model: str = "cnn", device: str = "local", threads: int = 1) -> tuple[list[Measurement], dict[str, str]]:
+            model: str = "cnn", device: str = "local", threads: int = 1,
+            server: bool = False) -> tuple[list[Measurement], dict[str, str]]:
     """Run one harness; returns its rows and the header describing the machine and settings.
 
     ``make_model()`` builds the model named ``model`` (the header records the name): the training
@@ -155,7 +170,9 @@ def measure(kind: str, sizes: list[int], make_model: ModelFactory, *, repeats: i
     """
     if repeats < 1 or threads < 1:
         raise InputError("--repeats and --threads must be >= 1")
-    harness = {"secagg": lambda: measure_secagg(sizes, params, repeats, device),
+    if server and kind != "secagg":
+        raise InputError("--server: only secagg has a server part; remove --server")
+    harness = {"secagg": lambda: measure_secagg(sizes, params, repeats, device, server),
                "backdoor": lambda: measure_backdoor(sizes, params, repeats, device),
                "training": lambda: measure_training(sizes, make_model, repeats, device)}
     if kind not in harness:
@@ -168,7 +185,7 @@ def measure(kind: str, sizes: list[int], make_model: ModelFactory, *, repeats: i
         info = machine_info()
     finally:
         torch.set_num_threads(before)
-    header = {"groupfel measure": kind, **info, "model": model,
+    header = {"groupfel measure": kind + (" --server" if server else ""), **info, "model": model,
               "params": str(params) if kind != "training" else str(param_count(make_model())),
               "repeats": str(repeats)}
     return rows, header

@@ -217,10 +217,16 @@ def time_secagg(n: int, m: int, dropped: int = 0, seed: int = 0) -> tuple[float,
     Splitting the aggregator's work among the members charges the whole protocol to the group,
     as a measurement on devices that play every role (the paper's Raspberry Pi testbed) does.
     """
+    client, server, recovery = time_secagg_parts(n, m, dropped, seed)
+    survivors = n - dropped
+    return client + server / survivors, recovery / survivors
+
+
+def time_secagg_parts(n: int, m: int, dropped: int = 0, seed: int = 0) -> tuple[float, float, float]:
+    """One group's SecAgg in seconds, by party: (mean client-side time of a survivor, the
+    aggregator's unmasking and sum, its dropout recovery per dropped client). The aggregator's
+    parts are what an edge server spends (``measure secagg --server``)."""
     rng = np.random.default_rng(seed)
     q = quantize(rng.normal(0, 0.01, (n, m)), 2.0**16)
     _, tm = secure_sum(q, dropped=range(dropped))
-    survivors = n - dropped
-    per_client = float(tm.client[dropped:].mean()) + tm.aggregator / survivors
-    recovery = tm.recovery / survivors / dropped if dropped else 0.0
-    return per_client, recovery
+    return float(tm.client[dropped:].mean()), tm.aggregator, tm.recovery / dropped if dropped else 0.0

@@ -60,10 +60,18 @@ def sample_groups(world: World, plan: ArmPlan, groups: list[Group], t: int) -> t
     return S, log_p, sample_without_replacement(log_p, S, rng(world.config.seed, "sampling", t))
 
 
-def new_federation(world: World, env: Environment, ledger: CostLedger) -> Federation:
+def new_federation(world: World, env: Environment, ledger: CostLedger, stats: list | None = None) -> Federation:
+    """The round's processes: shared edges where a topology key asks for them (``stats``
+    receives their per-round makespan, utilisation and bytes), else dedicated links."""
     cfg, tc = world.config, world.config.train
-    return Federation(RoundContext(env, world.engine.model_bytes, world.cost, ledger, world.topology, cfg.seed,
-                                   tc.group_rounds, tc.local_epochs, cfg.faults, world.algorithm.training_passes))
+    ctx = RoundContext(env, world.engine.model_bytes, world.cost, ledger, world.topology, cfg.seed,
+                       tc.group_rounds, tc.local_epochs, cfg.faults, world.algorithm.training_passes)
+    network = getattr(world, "network", None)
+    if network is None:
+        return Federation(ctx)
+    from .contention import ContendedFederation
+
+    return ContendedFederation(ctx, network, stats)
 
 
 # -- state --------------------------------------------------------------------------------------
@@ -93,6 +101,7 @@ class ArmState:
     # each client's latest upload (N, P): its gradient ("merge", "split") or local model ("nearest")
     gradients: torch.Tensor | None = None
     uploaded: torch.Tensor | None = None    # ... and whether it has one
+    network: list[dict] = field(default_factory=list)   # shared edges: each round's makespan, utilisation, bytes
     # not checkpointed: recomputed each session
     groups_per_round: int | None = None     # S of the last round
     warnings: list[str] = field(default_factory=list)   # input accepted with an adjustment
@@ -111,7 +120,7 @@ class RoundStrategy(ABC):
     def __init__(self, world: World, plan: ArmPlan, arm_dir: Path, state: ArmState):
         self.world, self.plan, self.arm_dir, self.state = world, plan, arm_dir, state
         self.env = Federation.environment(state.sim_time)
-        self.fed = new_federation(world, self.env, state.ledger)
+        self.fed = new_federation(world, self.env, state.ledger, state.network)
 
     @classmethod
     def check(cls, world: World, plan: ArmPlan, where: str) -> None:

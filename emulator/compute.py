@@ -31,6 +31,7 @@ class LocalSpec:
     local_epochs: int           # E
     lr: float                   # this round's learning rate (after train.lr_decay)
     faults: FaultsConfig | None = None
+    offline: frozenset[tuple[int, int]] = frozenset()   # (group round, client): offline, left its group
 
 
 def run_group_rounds(engine: TrainingEngine, starts: dict[int, torch.Tensor], groups: dict[int, Group], t: int,
@@ -58,6 +59,8 @@ def run_group_rounds(engine: TrainingEngine, starts: dict[int, torch.Tensor], gr
         for gid in order:
             g = groups[gid]
             dropped, _ = draw_faults(spec.faults, spec.seed, t, k, g.clients)
+            if spec.offline:
+                dropped = dropped | np.array([(k, int(c)) in spec.offline for c in g.clients], dtype=bool)
             alive = ~dropped
             if not alive.any():
                 continue                                  # the group keeps x_g

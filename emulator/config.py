@@ -106,6 +106,46 @@ class LinkConfig(_Strict):
     latency_s: float = Field(ge=0, description="One-way latency in seconds.")
 
 
+Capacity = Annotated[float, Field(gt=0, allow_inf_nan=False)]   # a positive, finite number
+
+
+class EdgeLinkConfig(LinkConfig):
+    shared: bool = Field(False, description="true: each sampled group's model goes up to the cloud as soon as "
+                         "the group is done, and the edge's concurrent uploads share this link's bandwidth "
+                         "(processor sharing); false: one transfer of all the edge's group models after its "
+                         "last group (as before).")
+
+
+class HeterogeneityConfig(_Strict):
+    """Per-client links and compute speeds: read from a CSV or drawn around the defaults."""
+
+    file: str | None = Field(None, description="A CSV with columns client, bandwidth_mbps, latency_s and "
+                             "optionally speed; one row for every client (ids 0..N-1).")
+    bandwidth_sigma: float = Field(0.0, ge=0, allow_inf_nan=False, description="Without file: each client's "
+                                   "bandwidth is client_link.bandwidth_mbps × exp(N(0, σ²)) (lognormal, median "
+                                   "the default).")
+    latency_sigma: float = Field(0.0, ge=0, allow_inf_nan=False, description="Without file: each client's "
+                                 "latency is client_link.latency_s × exp(N(0, σ²)).")
+    speed_sigma: float = Field(0.0, ge=0, allow_inf_nan=False, description="Each client's compute factor "
+                               "exp(N(0, σ²)) (without file, or a file without a speed column): its device "
+                               "curves times the factor, in its Eq. 5 charges and in simulated time.")
+
+
+class AvailabilityConfig(_Strict):
+    """When each client is online, in simulated seconds: a CSV of intervals or an on/off process."""
+
+    file: str | None = Field(None, description="A CSV with columns client, start_s, end_s: the intervals each "
+                             "client is online (a client without rows is never online).")
+    mean_on_s: Capacity | None = Field(None, description="Without file: online periods last Exp(mean_on_s).")
+    mean_off_s: Capacity | None = Field(None, description="Without file: offline periods last Exp(mean_off_s).")
+
+    @model_validator(mode="after")
+    def _one(self):
+        if (self.file is None) == (self.mean_on_s is None or self.mean_off_s is None):
+            raise ValueError("give file, or both mean_on_s and mean_off_s")
+        return self
+
+
 class ArrivalsConfig(_Strict):
     """Clients that join a run after it started (HCCT Sec. 7.3, Fig. 3): clients 0..initial−1
     train from round 0; the others join in index order, ``per_arrival`` at rounds ``every``,
@@ -127,8 +167,22 @@ class TopologyConfig(_Strict):
                                       "`<device>/<cost.task>`.")
     client_link: LinkConfig = Field(LinkConfig(bandwidth_mbps=20.0, latency_s=0.02),
                                     description="The link between a client and its edge.")
-    edge_link: LinkConfig = Field(LinkConfig(bandwidth_mbps=1000.0, latency_s=0.01),
-                                  description="The link between an edge and the cloud.")
+    edge_link: EdgeLinkConfig = Field(EdgeLinkConfig(bandwidth_mbps=1000.0, latency_s=0.01),
+                                      description="The link between an edge and the cloud.")
+    edge_access_mbps: Capacity | None = Field(None, description="Each edge's access capacity in Mbit/s, "
+                                              "shared by its clients' concurrent transfers in each direction "
+                                              "(processor sharing; each client's own link still caps it); "
+                                              "unset: every client has a dedicated link.")
+    edge_cores: int | None = Field(None, ge=1, strict=True, description="Cores of each edge server: group "
+                                   "aggregations queue for them; unset: unlimited.")
+    edge_profile: str | None = Field(None, description="The edge server's profile `<device>/<task>`: its "
+                                     "group_overhead curves aggregation, secagg-server and secagg-server-recovery "
+                                     "(seconds per group vs group size) time each group aggregation; unset: "
+                                     "aggregation takes no time.")
+    heterogeneity: HeterogeneityConfig | None = Field(None, description="Per-client bandwidth, latency and "
+                                                      "compute speed; unset: every client alike.")
+    availability: AvailabilityConfig | None = Field(None, description="When clients are online; unset: "
+                                                    "always.")
     arrivals: ArrivalsConfig | None = Field(None, description="Clients joining mid-run (HCCT Fig. 3); "
                                             "unset: every client from round 0.")
 
@@ -140,6 +194,12 @@ class TopologyConfig(_Strict):
         if min(sizes) < 1:
             raise ValueError("clients_per_edge must be >= 1 for every edge")
         return self
+
+    @property
+    def contended(self) -> bool:
+        """Whether any of the shared-edge keys is set (else time runs as dedicated links)."""
+        return (self.edge_access_mbps is not None or self.edge_cores is not None or self.edge_link.shared
+                or self.edge_profile is not None or self.heterogeneity is not None or self.availability is not None)
 
     @property
     def sizes(self) -> list[int]:

@@ -129,6 +129,8 @@ def load_checkpoint(path: Path) -> ArmState:
         raise InputError(f"--resume: {path} is not a readable checkpoint ({type(exc).__name__}); delete it to "
                          f"restart the arm from scratch") from None
     names = {f.name for f in fields(ArmState)} - set(TRANSIENT)
+    if isinstance(blob, dict):
+        blob.setdefault("network", [])   # checkpoints from before the shared-edge model
     if not isinstance(blob, dict) or set(blob) != names:
         raise InputError(f"--resume: {path} is a checkpoint of another groupfel version; delete it to restart "
                          f"the arm from scratch")
@@ -171,11 +173,12 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path, on_round: OnRound | None
     df = write_results(arm_dir, state)
     atomic_write(arm_dir / "ledger.parquet", lambda p: state.ledger.frame().to_parquet(p, index=False))
     strategy.write_outputs()
+    strategy.fed.write_outputs(arm_dir)
     write_json(arm_dir / "manifest.json", {
         "arm": plan.arm.name, "seed": cfg.seed, **({"mode": "per-group"} if cfg.mode == "per-group" else {}),
         "complete": True, "stop_reason": stop_reason, **({"message": str(diverged)} if diverged else {}),
         "rounds_run": state.t, "total_cost_eq5": state.ledger.total, "sim_time_s": state.sim_time,
-        **strategy.manifest(), "algorithm": world.algorithm.name,
+        **strategy.manifest(), **strategy.fed.manifest(state.ledger), "algorithm": world.algorithm.name,
         "model_parameters": world.engine.n_params, "wall_seconds_last_session": time.perf_counter() - wall0,
         "versions": _versions(), "plugins": world.plugins, "config": json.loads(cfg.model_dump_json())})
     ckpt.unlink(missing_ok=True)
@@ -212,6 +215,7 @@ def _rounds(strategy: RoundStrategy, fresh: bool, ckpt: Path, on_round: OnRound 
             acc = strategy.evaluate(final=False)
             save_checkpoint(ckpt, state)
             write_results(ckpt.parent, state)
+            strategy.fed.write_outputs(ckpt.parent)
         if on_round:
             on_round(state.t, state.ledger.total, acc)
     if state.rows[-1]["round"] != state.t:

@@ -212,6 +212,18 @@ class Federation:
             self._priced[key] = devices, nominal
         return self._priced[key]
 
+    def offline(self, t: int, sampled: list[tuple[int, Group]]) -> frozenset[tuple[int, int]]:
+        """(group round, client) pairs of round t whose client is offline: none here (see
+        :class:`groupfel.emulator.contention.ContendedFederation`)."""
+        return frozenset()
+
+    def manifest(self, ledger: CostLedger | None = None) -> dict:
+        """The federation's own manifest entries (none here)."""
+        return {}
+
+    def write_outputs(self, arm_dir) -> None:
+        """Files besides the ledger (none here)."""
+
     def round_cost(self, t: int, groups: list[Group]) -> float:
         """What round t will charge to the ledger (Eq. 5 plus any dropout recovery)."""
         return float(sum(sum(v.sum() for v in self.charges(t, k, g)[0].values())

@@ -22,7 +22,9 @@ STREAMS: dict[str, int | None] = {
     "update-probe": 9,     # a one-epoch update probe's batch seeds (FedCLAR): (t, edge)
     "personal": 10,        # a personal model's batch seeds (Ditto, Per-FedAvg), from the client's seed: (client seed,)
     "finetune": 11,        # a client's fine-tuning batch seeds at evaluation (Finetune): (client,)
-    "independent": 20,     # MAXFL: batch seeds of a client's own model in group round k of round t: (t, k, client)
+    "independent": 20,
+    "availability": 21,    # a client's on/off process (topology.availability): (client,)
+    "heterogeneity": 22,   # a client's drawn bandwidth, latency and speed factor: (client,)     # MAXFL: batch seeds of a client's own model in group round k of round t: (t, k, client)
     "discriminators": None,  # FedCollab's discriminators at epoch e on an edge: (e, edge); sub-streams below
 }
 # streams derived from a key of "discriminators": the tag is appended last

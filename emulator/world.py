@@ -18,6 +18,7 @@ from groupfel.topologies.partition import (apply_client_types, fedcollab_types, 
 from .config import SHIFTS, RunConfig, parts
 from groupfel.errors import InputError
 from .algorithms import Algorithm, FedAvg, algorithms, make_algorithm
+from .contention import EdgeNetwork, build_network
 from .training import ENGINES, TorchEngine
 from . import rng as streams
 
@@ -33,6 +34,7 @@ class World:
     plugins: list[dict] = field(default_factory=list)   # the manifest's record of each plug-in the config names
     cost_warnings: list[str] = field(default_factory=list)      # shipped curves clamped at 0 (manifest)
     algorithm: Algorithm = field(default_factory=FedAvg)          # the training algorithm (train.algorithm)
+    network: EdgeNetwork | None = None     # the shared-edge model (topology.edge_access_mbps, ...); None: off
 
 
 @dataclass(frozen=True)
@@ -239,6 +241,7 @@ def build_world(config: RunConfig, dataset: Dataset | None = None) -> World:
     counts = np.array([len(s) for s in topology.client_samples])
     devices = np.array(topology.client_device)
     notes = cost.check_range(max(config.topology.sizes), {d: counts[devices == d] for d in set(devices)})
+    network = build_network(config, topology.n_clients, algorithm, cost.operations, config.cost.profiles_file)
     t = config.train
     try:
         torch.empty(0, device=t.device)
@@ -246,4 +249,4 @@ def build_world(config: RunConfig, dataset: Dataset | None = None) -> World:
         raise InputError(f"train.device: {t.device!r} is not usable here ({str(exc).splitlines()[0]}); "
                          f"use \"cpu\"") from None
     return World(config, dataset, topology, cost, build_engine(config, dataset, topology, algorithm),
-                 placement.local_test, plugins, notes, algorithm)
+                 placement.local_test, plugins, notes, algorithm, network)

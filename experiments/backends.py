@@ -34,7 +34,6 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from functools import cache
-from importlib import import_module
 from importlib.util import find_spec
 from multiprocessing import context
 from pathlib import Path
@@ -353,7 +352,7 @@ def package_dir() -> Path:
     """The ``groupfel`` package as one directory, which Ray ships to the nodes under its name. An
     installed wheel already is one; a source checkout (an editable install) keeps the subpackages
     at the repository's root, so they are copied beneath a staged ``groupfel/`` once per process."""
-    top = Path(import_module("groupfel").__file__).parent
+    top = Path(find_spec("groupfel").submodule_search_locations[0])
     if all((top / name).is_dir() for name in PACKAGES):
         return top
     stage = Path(tempfile.mkdtemp(prefix="groupfel-ray-"))

@@ -54,7 +54,7 @@ def _cmd_measure(args) -> int:
     out = check_writable(args.out or f"measurements-{args.operation}.csv", "file", "--out")
     rows, header = measure(args.operation, sizes, lambda: build_model(args.model, INPUT_SHAPE, NUM_CLASSES),
                            repeats=args.repeats, params=args.params, model=args.model, device=args.device,
-                           threads=args.threads)
+                           threads=args.threads, server=args.server)
     out = write_text(out, measurements_csv(rows, header))
     by_size: dict[tuple[str, int], list[float]] = {}
     for r in rows:
@@ -95,6 +95,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--model", default="cnn", choices=["cnn", "mlp"], help="model (groupfel.emulator.training.build_model)")
     m.add_argument("--threads", type=int, default=1, help="torch threads while timing (default 1: one core)")
     m.add_argument("--device", default="local", help="device name written to the CSV (default local)")
+    m.add_argument("--server", action="store_true", help="secagg: time the aggregator's part alone (secagg-server "
+                   "and secagg-server-recovery rows, an edge server's curves for topology.edge_profile)")
     m.add_argument("--out", metavar="FILE.csv", help="output (default measurements-OPERATION.csv)")
     m.set_defaults(func=_cmd_measure)
 
@@ -178,6 +180,8 @@ def _cmd_whatif(args) -> int:
     _check_whatif_curves(args, prof, overhead, group_sizes + [s + 1 for s in group_sizes], sc.sample_counts())
     t0 = time.perf_counter()
     df = sweep(group_sizes, overhead, prof.training[args.training], sc)
+    if _wants_makespan(args):
+        df = _with_makespan(df, args, prof, overhead, sc)
     elapsed = time.perf_counter() - t0
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "whatif.csv", index=False)
@@ -186,12 +190,74 @@ def _cmd_whatif(args) -> int:
     plot_sweep(df, out / "whatif.png", title)
     cols = ["group_size", "groups_per_round", "clients_per_round", "training_per_round", "operations_per_round",
             "total_per_round", "operations_share"]
+    if "makespan_s" in df:
+        cols = ["group_size", "access_mbps", "edge_cores", "makespan_s", "core_wait_s", "edge_cost",
+                "total_per_round"]
     print(df[cols].to_string(index=False, float_format=_number))
+    if "makespan_s" in df:
+        for cap, part in df.groupby("access_mbps", dropna=False, sort=False):
+            fast = part.loc[part["makespan_s"].idxmin()]
+            print(f"\nshortest round at access {cap:g} Mbit/s: group size {int(fast.group_size)} "
+                  f"({fast.makespan_s:.4g} s on an edge of {args.edge_clients} clients)")
     best = df.loc[df["total_per_round"].idxmin()]
     print(f"\ncheapest per round: group size {int(best.group_size)} ({best.total_per_round:.4g} device s/round)")
-    print(f"swept {len(df)} group sizes × {sc.rounds} rounds × {sc.clients} clients in {elapsed:.2f} s")
+    print(f"swept {df['group_size'].nunique()} group sizes × {sc.rounds} rounds × {sc.clients} clients in {elapsed:.2f} s")
     print(f"table: {out / 'whatif.csv'}\nplot:  {out / 'whatif.png'}")
     return 0
+
+
+def _wants_makespan(args) -> bool:
+    return any(getattr(args, k, None) is not None for k in ("access_mbps", "edge_cores", "edge_clients"))
+
+
+def _positive(value: float, flag: str) -> float:
+    import math
+
+    if not (math.isfinite(value) and value > 0):
+        raise InputError(f"{flag}: {value!r} must be a positive finite number")
+    return value
+
+
+def _with_makespan(df, args, prof, overhead, sc):
+    """The round makespan of one edge of --edge-clients clients, cut into groups of each size, at
+    each --access-mbps capacity and --edge-cores (the shared-edge model, groupfel.emulator.contention)."""
+    import numpy as np
+    import pandas as pd
+
+    from groupfel.emulator.contention import edge_makespan
+
+    caps = [_positive(c, "--access-mbps") for c in _floats(args.access_mbps, "--access-mbps")] \
+        if args.access_mbps else [None]
+    if args.edge_cores is not None and args.edge_cores < 1:
+        raise InputError(f"--edge-cores: {args.edge_cores} must be a positive integer")
+    m = args.edge_clients if args.edge_clients is not None else 60
+    args.edge_clients = m
+    if m < 1:
+        raise InputError(f"--edge-clients: {m} must be >= 1")
+    for flag in ("model_mb", "client_mbps"):
+        _positive(getattr(args, flag), "--" + flag.replace("_", "-"))
+    curves = {}
+    if args.edge_profile:
+        from groupfel.cost_models import get_profile, read_profiles
+
+        edge = get_profile(args.edge_profile, read_profiles(args.profiles_file) if args.profiles_file else None)
+        curves = {k: v for k, v in edge.group_overhead.items()
+                  if k in ("aggregation", "secagg-server", "secagg-server-recovery")}
+    n = sc.sample_counts()[:m]
+    op = args.profile.rpartition("/")[2]
+    rows = []
+    for cap in caps:
+        for s in df["group_size"]:
+            s = int(min(s, m))
+            sizes = [len(p) for p in np.array_split(np.arange(m), m // s)]   # the remainder spread: sizes s..s+1
+            r = edge_makespan(sizes, n, prof.training[args.training], overhead, group_rounds=sc.group_rounds,
+                              local_epochs=sc.local_epochs, model_bytes=int(args.model_mb * 1e6),
+                              client_mbps=args.client_mbps, latency_s=args.latency_s, access_mbps=cap,
+                              cores=args.edge_cores, edge_curves=curves, secagg="secagg" in op, operation=op)
+            rows.append({"group_size": int(s), "access_mbps": np.nan if cap is None else cap,
+                         "edge_cores": args.edge_cores, **r})
+    extra = pd.DataFrame(rows)
+    return extra.merge(df, on="group_size", how="left")
 
 
 class _PolicyGrouper:
@@ -308,6 +374,16 @@ def register_whatif(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--participation", type=float, default=0.1, help="share of clients per round when S is unset (default 0.1)")
     w.add_argument("--seed", type=int, default=0, help="seed of the sample counts and draws (default 0)")
     w.add_argument("--out", default="whatif", metavar="DIR", help="output directory (default whatif)")
+    m = w.add_argument_group("round makespan of one shared edge (adds makespan_s and edge_cost columns)")
+    m.add_argument("--access-mbps", help="the edge's shared access capacity in Mbit/s, or several: 8,50,200 "
+                   "(default: dedicated client links)")
+    m.add_argument("--edge-cores", type=int, help="the edge server's cores (default: unlimited)")
+    m.add_argument("--edge-clients", type=int, help="clients of the edge, all in sampled groups (default 60)")
+    m.add_argument("--edge-profile", help="DEVICE/TASK profile with the edge's aggregation and secagg-server "
+                   "curves (default: aggregation takes no time)")
+    m.add_argument("--model-mb", type=float, default=1.0, help="model size in MB (10^6 bytes; default 1)")
+    m.add_argument("--client-mbps", type=float, default=20.0, help="each client's own link, Mbit/s (default 20)")
+    m.add_argument("--latency-s", type=float, default=0.02, help="each client's latency (default 0.02)")
     g = w.add_argument_group("with a grouping policy (instead of random groups of each --group-sizes)")
     g.add_argument("--policy", help="grouping policy that forms the groups: covg, rg, cdg, kldg, qcid, fedcollab")
     g.add_argument("--label-matrix", metavar="FILE.csv", help="clients × labels counts (optional 'edge' column)")
@@ -322,15 +398,21 @@ def register_whatif(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_timeline(args) -> int:
-    from .timeline import load_round, plot_timeline, summary
+    from .timeline import load_network, load_round, plot_timeline, summary
 
     arm_dir = Path(args.arm_dir)
     rows = load_round(arm_dir, args.round)
     out = check_writable(args.out or arm_dir / f"timeline-round{args.round}.png", "file", "--out")
-    plot_timeline(rows, out, f"{arm_dir.name}: global round {args.round}")
+    network = load_network(arm_dir, args.round)
+    plot_timeline(rows, out, f"{arm_dir.name}: global round {args.round}", network)
     print(summary(rows).to_string(index=False, float_format=_number))
     print(f"\nround {args.round}: charged work spans {rows['start'].min():.4g}..{rows['end'].max():.4g} s "
           f"(simulated); Eq. 5 cost {rows['amount'].sum():.6g}")
+    if network is not None and len(network):
+        cores = network[network["kind"] == "core"]
+        moved = network.groupby("kind")["bytes"].sum()
+        print(f"transfers: {int(moved.get('download', 0)):,} bytes down, {int(moved.get('upload', 0)):,} up; "
+              f"groups waited {float((cores['start'] - cores['queued']).sum()):.4g} s for edge cores")
     print(f"plot: {out}")
     return 0
 

@@ -1,4 +1,6 @@
-"""Gantt-like timeline of one global round from an arm's ledger (start/end of every charge)."""
+"""Gantt-like timeline of one global round from an arm's ledger (start/end of every charge), and,
+for a run on shared edges, its ``network.parquet``: every download, upload and edge-core hold,
+with the time each group waited for a core."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,7 +24,16 @@ def load_round(arm_dir: Path, round_: int) -> pd.DataFrame:
     return rows.astype({"component": str, "device": str})
 
 
-def plot_timeline(rows: pd.DataFrame, path: Path, title: str) -> Path:
+def load_network(arm_dir: Path, round_: int) -> pd.DataFrame | None:
+    """The round's transfers and core holds (a run with the shared-edge keys), else None."""
+    path = Path(arm_dir) / "network.parquet"
+    if not path.exists():
+        return None
+    net = pd.read_parquet(path)
+    return net[net["round"] == round_]
+
+
+def plot_timeline(rows: pd.DataFrame, path: Path, title: str, network: pd.DataFrame | None = None) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -30,15 +41,33 @@ def plot_timeline(rows: pd.DataFrame, path: Path, title: str) -> Path:
 
     order = rows[["edge", "group", "client"]].drop_duplicates().sort_values(["edge", "group", "client"])
     ypos = {c: i for i, c in enumerate(order["client"])}
+    labels = [f"e{e} g{g} c{c}" for e, g, c in order.itertuples(index=False)]
     comps = sorted(rows["component"].unique(), key=lambda c: (c != "training", c))
     colors = dict(zip(comps, plt.get_cmap("tab10").colors))
-    fig, ax = plt.subplots(figsize=(10, max(2.5, 0.22 * len(ypos) + 1.2)), dpi=110)
+    cores = network[network["kind"] == "core"] if network is not None else None
+    edges = sorted(cores["edge"].unique()) if cores is not None else []
+    fig, ax = plt.subplots(figsize=(10, max(2.5, 0.22 * (len(ypos) + len(edges)) + 1.2)), dpi=110)
     live = rows[rows["end"] > rows["start"]]
     for comp, part in live.groupby("component"):
         ax.barh([ypos[c] for c in part["client"]], part["end"] - part["start"], left=part["start"], height=0.7,
                 color=colors[comp], label=comp)
-    ax.set_yticks(range(len(ypos)))
-    ax.set_yticklabels([f"e{e} g{g} c{c}" for e, g, c in order.itertuples(index=False)], fontsize=7)
+    if network is not None:
+        moves = network[network["kind"] != "core"]
+        for kind, color in (("download", "0.55"), ("upload", "0.3")):
+            part = moves[(moves["kind"] == kind) & moves["client"].isin(ypos)]
+            if len(part):
+                ax.barh([ypos[c] for c in part["client"]], part["end"] - part["start"], left=part["start"],
+                        height=0.35, color=color, label=kind)
+        for i, j in enumerate(edges):   # one row per edge: the groups' waits for a core, then their holds
+            y = len(ypos) + i
+            part = cores[cores["edge"] == j]
+            ax.barh([y] * len(part), part["start"] - part["queued"], left=part["queued"], height=0.7,
+                    color="tab:purple", alpha=0.3, label="waiting for a core" if i == 0 else None)
+            ax.barh([y] * len(part), part["end"] - part["start"], left=part["start"], height=0.7, color="tab:purple",
+                    edgecolor="white", label="edge aggregation" if i == 0 else None)
+            labels.append(f"e{j} cores")
+    ax.set_yticks(range(len(labels)))
+    ax.set_yticklabels(labels, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("simulated time (s)")
     ax.set_title(title, fontsize=10)

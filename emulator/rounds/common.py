@@ -22,9 +22,9 @@ def round_lr(world: World, t: int) -> float:
     return tc.lr * tc.lr_decay ** t
 
 
-def local_spec(world: World, t: int) -> LocalSpec:
+def local_spec(world: World, t: int, offline: frozenset = frozenset()) -> LocalSpec:
     cfg, tc = world.config, world.config.train
-    return LocalSpec(cfg.seed, tc.group_rounds, tc.local_epochs, round_lr(world, t), cfg.faults)
+    return LocalSpec(cfg.seed, tc.group_rounds, tc.local_epochs, round_lr(world, t), cfg.faults, offline)
 
 
 class ArmTraining:

@@ -115,8 +115,9 @@ class GlobalRounds(RoundStrategy):
         scratch = algorithm.begin_round(alg_state, list(sampled), members)
         clustered = state.cluster_models is not None   # after a "cluster" regroup: each cluster its own model
         starts = {g: state.cluster_models[g] if clustered else state.weights for g in sampled}
-        models = run_group_rounds(world.engine, starts, sampled, t, local_spec(world, t), algorithm, alg_state, scratch,
-                                  state.momentum)                                  # compute, then time:
+        offline = self.fed.offline(t, list(sampled.items()))   # availability: the round's clock decides
+        models = run_group_rounds(world.engine, starts, sampled, t, local_spec(world, t, offline), algorithm, alg_state,
+                                  scratch, state.momentum)                         # compute, then time:
         self.fed.run_round(t, list(sampled.items()))
         self.training.charge_scoring(state.ledger, self.env, t)
         x = algorithm.aggregate_cloud(alg_state, scratch, weights, [models[int(g)] for g in chosen], members,

@@ -88,7 +88,8 @@ def train_groups(world: World, fed: Federation, t: int, starts: dict[int, torch.
         algorithm, alg_state = training.algorithm, training.state
         members = np.concatenate([g.clients for g in run.values()]) if run else np.empty(0, dtype=np.int64)
         scratch = algorithm.begin_round(alg_state, list(run), members)
-    models = run_group_rounds(world.engine, starts, run, t, local_spec(world, t), algorithm, alg_state, scratch,
+    offline = fed.offline(t, [(g, groups[g]) for g in starts])
+    models = run_group_rounds(world.engine, starts, run, t, local_spec(world, t, offline), algorithm, alg_state, scratch,
                               momentum, uploads, trained)
     if uploads is not None:
         for c in uploads:

@@ -1,0 +1,548 @@
+"""The edge as a shared place: access capacity, server cores, heterogeneous clients, availability.
+
+Used instead of :class:`~groupfel.emulator.federation.Federation` when any of the topology keys
+``edge_access_mbps``, ``edge_cores``, ``edge_profile``, ``edge_link.shared``, ``heterogeneity``
+or ``availability`` is set (without them time runs exactly as before, bit for bit).
+
+One group round of a sampled group, in simulated time:
+
+1. members offline at its start (``availability``) leave the group for the rest of the global
+   round: they are charged nothing from then on, their updates are left out, and the survivors
+   pay the dropout recovery (as a fault's dropout);
+2. each remaining member downloads the group model plus its share of the secure-aggregation key
+   messages (the edge's downlink, shared with every concurrent download of the edge when
+   ``edge_access_mbps`` is set, capped by the client's own link);
+3. trains and runs its group operations (its device curves × its speed factor, × any straggler
+   slowdown in time only);
+4. uploads its payload (the model, the algorithm's extra vectors such as SCAFFOLD's variates, or
+   under secure aggregation the masked vector in 32-bit words) plus its key and share messages
+   (the edge's uplink, shared likewise);
+5. the edge aggregates: it holds one of its ``edge_cores`` (a ``simpy.Resource``; groups queue)
+   for the edge profile's ``aggregation`` + ``secagg-server`` + dropped × ``secagg-server-recovery``
+   seconds. Waiting for a core or for the medium is simulated time, never Eq. 5 cost.
+
+The access capacity is full duplex: downloads share ``edge_access_mbps`` and uploads share another
+``edge_access_mbps``. With ``edge_link.shared`` each group's model goes up to the cloud when its K
+group rounds end, sharing the edge link with the edge's other groups' uploads.
+"""
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import simpy
+
+from groupfel.cost_models import TRAINING
+
+from .config import AvailabilityConfig, HeterogeneityConfig, RunConfig
+from groupfel.errors import InputError
+from .federation import Federation, Group, RoundContext, draw_faults
+from .ledger import CostLedger
+from .links import SharedLink
+from .rng import rng as stream
+
+# secure aggregation's messages (cost_models/secagg.py): two X25519 public keys per client
+# (AdvertiseKeys), per peer one AES-GCM ciphertext of two Shamir shares over GF(2^521 - 1)
+# (ShareKeys: 2 × 66 bytes + 12 nonce + 16 tag + 8 for the sender and recipient ids), and per peer
+# one share revealed to the edge at unmasking (66 bytes)
+KEYS_BYTES = 2 * 32
+SHARE_CIPHERTEXT_BYTES = 2 * 66 + 12 + 16 + 8
+UNMASK_SHARE_BYTES = 66
+TRACE_COLUMNS = ["kind", "round", "edge", "group", "group_round", "client", "bytes", "queued", "start", "end"]
+OFFLINE = "offline"
+# CostLedger.charge's arguments in the order of its blocks
+_CHARGE_ARGS = ("round", "edge", "group", "group_round", "clients", "devices", "component", "amounts", "start", "end")      # the ledger component of a zero charge that records a client found offline
+
+
+def payload_vectors(algorithm) -> int:
+    """Model-sized vectors a client uploads per group round: 2 for SCAFFOLD (model + control
+    variate), else 1; an algorithm may declare ``upload_vectors`` itself."""
+    return int(getattr(algorithm, "upload_vectors", 2 if getattr(algorithm, "name", "") == "scaffold" else 1))
+
+
+def client_bytes(model_bytes: int, group_size: int, vectors: int = 1, secagg: bool = False) -> tuple[int, int]:
+    """(download, upload) bytes of one client in one group round of a group of ``group_size``.
+
+    Download: the group model (and, under secure aggregation, every member's public keys and the
+    n − 1 ciphertexts of shares addressed to it, relayed by the edge). Upload: ``vectors`` model-
+    sized vectors (under secure aggregation masked in 32-bit words: 4 bytes a parameter, the
+    float32 size) and its keys, its n − 1 share ciphertexts and n − 1 unmasking shares."""
+    down, up = model_bytes, vectors * model_bytes
+    if secagg:
+        peers = max(group_size - 1, 0)
+        down += group_size * KEYS_BYTES + peers * SHARE_CIPHERTEXT_BYTES
+        up += KEYS_BYTES + peers * (SHARE_CIPHERTEXT_BYTES + UNMASK_SHARE_BYTES)
+    return down, up
+
+
+# -- per-client links and speeds ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ClientNet:
+    bandwidth_mbps: np.ndarray
+    latency_s: np.ndarray
+    speed: np.ndarray           # compute factor: the device curves times it
+
+    def manifest(self) -> dict:
+        return {"bandwidth_mbps": self.bandwidth_mbps.tolist(), "latency_s": self.latency_s.tolist(),
+                "speed": self.speed.tolist()}
+
+
+def _read_csv(path: str, where: str, columns: tuple[str, ...], optional: tuple[str, ...] = ()) -> list[dict]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{where}: cannot read {path} ({getattr(exc, 'strerror', None) or exc}); check the path") from None
+    rows = list(csv.DictReader(ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")))
+    head = set(rows[0]) if rows else set()
+    missing = [c for c in columns if c not in head]
+    if missing:
+        raise InputError(f"{where}: {path} needs columns {', '.join(columns)} (optional: {', '.join(optional) or '-'}); "
+                         f"missing {', '.join(missing)}")
+    return rows
+
+
+def _num(row: dict, col: str, where: str, line: int, positive: bool = False) -> float:
+    try:
+        v = float(row[col])
+    except (TypeError, ValueError):
+        v = math.nan
+    if not math.isfinite(v) or v < 0 or (positive and v == 0):
+        raise InputError(f"{where}: line {line}: {col} = {row.get(col)!r} must be a {'positive' if positive else 'non-negative'} "
+                         f"finite number")
+    return v
+
+
+def _client_id(row: dict, where: str, line: int, n: int) -> int:
+    try:
+        c = int(row["client"])
+    except (TypeError, ValueError):
+        c = -1
+    if not 0 <= c < n:
+        raise InputError(f"{where}: line {line}: unknown client {row.get('client')!r}; the topology's clients are 0..{n - 1}")
+    return c
+
+
+def client_net(h: HeterogeneityConfig | None, n: int, bandwidth: float, latency: float, seed: int) -> ClientNet:
+    """Every client's link and speed factor (``topology.heterogeneity``)."""
+    bw, lat, speed = np.full(n, float(bandwidth)), np.full(n, float(latency)), np.ones(n)
+    if h is None:
+        return ClientNet(bw, lat, speed)
+    draws = [stream(seed, "heterogeneity", c).normal(size=3) for c in range(n)]
+    z = np.array(draws).reshape(n, 3)
+    has_speed = False
+    if h.file is not None:
+        where = "topology.heterogeneity.file"
+        rows = _read_csv(h.file, where, ("client", "bandwidth_mbps", "latency_s"), ("speed",))
+        seen: set[int] = set()
+        has_speed = "speed" in rows[0]
+        for line, row in enumerate(rows, start=2):
+            c = _client_id(row, where, line, n)
+            if c in seen:
+                raise InputError(f"{where}: line {line}: client {c} appears twice; give one row per client")
+            seen.add(c)
+            bw[c] = _num(row, "bandwidth_mbps", where, line, positive=True)
+            lat[c] = _num(row, "latency_s", where, line)
+            if has_speed:
+                speed[c] = _num(row, "speed", where, line, positive=True)
+        if len(seen) != n:
+            missing = sorted(set(range(n)) - seen)
+            raise InputError(f"{where}: {h.file} has no row for client(s) {', '.join(map(str, missing[:5]))}"
+                             f"{' ...' if len(missing) > 5 else ''} ({len(missing)} of {n}); give one row per client")
+    else:
+        bw = bw * np.exp(h.bandwidth_sigma * z[:, 0])
+        lat = lat * np.exp(h.latency_sigma * z[:, 1])
+    if not has_speed:
+        speed = np.exp(h.speed_sigma * z[:, 2])
+    return ClientNet(bw, lat, speed)
+
+
+# -- availability ------------------------------------------------------------------------------------
+
+class Availability:
+    """Each client's online intervals [start, end) in simulated seconds, read from a CSV or drawn
+    as an alternating on/off process (exponential durations), extended lazily as time goes on."""
+
+    def __init__(self, cfg: AvailabilityConfig, n: int, seed: int):
+        self.cfg, self.n, self.seed = cfg, n, seed
+        self._iv: list[list[tuple[float, float]]] = [[] for _ in range(n)]
+        self._gen: list[tuple[np.random.Generator, float, bool]] = []
+        if cfg.file is not None:
+            self._read(cfg.file)
+        else:
+            on, off = cfg.mean_on_s, cfg.mean_off_s
+            for c in range(n):
+                r = stream(seed, "availability", c)
+                self._gen.append((r, 0.0, bool(r.random() < on / (on + off))))
+
+    def _read(self, path: str) -> None:
+        where = "topology.availability.file"
+        rows = _read_csv(path, where, ("client", "start_s", "end_s"))
+        for line, row in enumerate(rows, start=2):
+            c = _client_id(row, where, line, self.n)
+            a, b = _num(row, "start_s", where, line), _num(row, "end_s", where, line)
+            if b <= a:
+                raise InputError(f"{where}: line {line}: client {c}'s interval [{a:g}, {b:g}) is reversed or empty; "
+                                 f"end_s must be after start_s")
+            self._iv[c].append((a, b))
+        for c, iv in enumerate(self._iv):
+            iv.sort()
+            for (a0, b0), (a1, b1) in zip(iv, iv[1:]):
+                if a1 < b0:
+                    raise InputError(f"{where}: client {c}'s intervals [{a0:g}, {b0:g}) and [{a1:g}, {b1:g}) overlap; "
+                                     f"merge them")
+
+    def _extend(self, c: int, until: float) -> None:
+        r, t, on = self._gen[c]
+        iv = self._iv[c]
+        while t <= until:
+            d = r.exponential(self.cfg.mean_on_s if on else self.cfg.mean_off_s)
+            if on:
+                iv.append((t, t + d))
+            t, on = t + d, not on
+        self._gen[c] = (r, t, on)
+
+    def online(self, c: int, time: float) -> bool:
+        if self._gen:
+            self._extend(c, time)
+        return any(a <= time < b for a, b in self._iv[c])
+
+
+# -- the network of a run ----------------------------------------------------------------------------
+
+@dataclass
+class EdgeNetwork:
+    """What the shared-edge model needs besides the round context (built once per world)."""
+
+    access_bps: float | None
+    cores: int | None
+    cloud_shared: bool
+    clients: ClientNet
+    vectors: int = 1
+    secagg: bool = False
+    edge_curves: dict = field(default_factory=dict)     # aggregation, secagg-server, secagg-server-recovery
+    availability: Availability | None = None
+
+    def server_time(self, n_alive: int, n_dropped: int) -> float:
+        """Seconds an edge core spends aggregating a group round of ``n_alive`` survivors."""
+        c, s = self.edge_curves, 0.0
+        if n_alive <= 0:
+            return 0.0
+        if "aggregation" in c:
+            s += float(c["aggregation"](n_alive + n_dropped))
+        if self.secagg and "secagg-server" in c:
+            s += float(c["secagg-server"](n_alive + n_dropped))
+        if self.secagg and n_dropped and "secagg-server-recovery" in c:
+            s += n_dropped * float(c["secagg-server-recovery"](n_alive + n_dropped))
+        return max(s, 0.0)
+
+    def manifest(self) -> dict:
+        return {"edge_access_mbps": None if self.access_bps is None else self.access_bps / 1e6,
+                "edge_cores": self.cores, "edge_link_shared": self.cloud_shared, "upload_vectors": self.vectors,
+                "secure_aggregation_messages": self.secagg, "edge_curves": sorted(self.edge_curves),
+                "clients": self.clients.manifest()}
+
+
+def build_network(config: RunConfig, n_clients: int, algorithm, operations: tuple[str, ...],
+                  profiles_file: str | None = None) -> EdgeNetwork | None:
+    """The run's :class:`EdgeNetwork`, or None when no shared-edge key is set."""
+    tc = config.topology
+    if not tc.contended:
+        return None
+    curves = {}
+    if tc.edge_profile is not None:
+        from groupfel.cost_models.profiles import get_profile
+
+        from groupfel.cost_models import read_profiles
+
+        try:
+            prof = get_profile(tc.edge_profile, read_profiles(profiles_file) if profiles_file else None)
+        except InputError as exc:
+            raise InputError(f"topology.edge_profile: {exc}") from None
+        curves = {k: v for k, v in prof.group_overhead.items()
+                  if k in ("aggregation", "secagg-server", "secagg-server-recovery")}
+        if not curves:
+            raise InputError(f"topology.edge_profile: profile {tc.edge_profile} has no group_overhead curve "
+                             f"aggregation, secagg-server or secagg-server-recovery; add one (cost.profiles_file)")
+    clients = client_net(tc.heterogeneity, n_clients, tc.client_link.bandwidth_mbps, tc.client_link.latency_s,
+                         config.seed)
+    avail = Availability(tc.availability, n_clients, config.seed) if tc.availability is not None else None
+    return EdgeNetwork(None if tc.edge_access_mbps is None else tc.edge_access_mbps * 1e6, tc.edge_cores,
+                       tc.edge_link.shared, clients, payload_vectors(algorithm),
+                       any("secagg" in op for op in operations), curves, avail)
+
+
+# -- the federation ----------------------------------------------------------------------------------
+
+@dataclass
+class _Edge:
+    down: SharedLink
+    up: SharedLink
+    cloud: SharedLink
+    cores: simpy.Resource | None
+    core_busy_s: float = 0.0
+    waits: list = field(default_factory=list)     # (group, group round, queued at, got a core at, done at)
+
+
+class ContendedFederation(Federation):
+    """:class:`Federation` with shared edges (see the module docstring)."""
+
+    def __init__(self, ctx: RoundContext, net: EdgeNetwork, stats: list | None = None):
+        super().__init__(ctx)
+        self.net = net
+        self.stats = stats if stats is not None else []      # one dict per round (the manifest's)
+        self._offline: dict[int, dict[tuple[int, int], float]] = {}   # round -> {(k, client): time}
+        self._planned: dict[int, tuple] = {}
+        self.trace: list[dict] = []                           # transfers and core holds (timeline)
+
+    def manifest(self, ledger: CostLedger | None = None) -> dict:
+        totals: dict[str, float] = {}
+        for r in self.stats:
+            for k, v in r["bytes"].items():
+                totals[k] = totals.get(k, 0) + v
+        offline = []
+        if ledger is not None and OFFLINE in ledger.by_component:
+            led = ledger.frame()
+            rows = led[led["component"] == OFFLINE]
+            offline = [{"round": int(r.round), "group_round": int(r.group_round), "client": int(r.client),
+                        "edge": int(r.edge), "group": int(r.group), "time_s": float(r.start)}
+                       for r in rows.itertuples(index=False)]
+        return {"network": {**self.net.manifest(), "bytes_total": totals, "offline": offline, "rounds": self.stats}}
+
+    def write_outputs(self, arm_dir) -> None:
+        """network.parquet: every transfer and core hold (the timeline's), this session's added to
+        what an earlier session of the arm wrote."""
+        import pandas as pd
+
+        from .io import atomic_write
+
+        path = Path(arm_dir) / "network.parquet"
+        new = pd.DataFrame(self.trace, columns=TRACE_COLUMNS)
+        if path.exists() and self.trace:
+            old = pd.read_parquet(path)
+            new = pd.concat([old[old["round"] < new["round"].min()], new], ignore_index=True)
+        elif path.exists():
+            return
+        atomic_write(path, lambda p: new.to_parquet(p, index=False))
+
+    # -- who is offline: the round's time decides it, so a dry run on a scratch clock finds it first
+    def offline(self, t: int, sampled: list[tuple[int, Group]]) -> frozenset[tuple[int, int]]:
+        """(group round, client) pairs of round t whose client is offline (left the group)."""
+        if self.net.availability is None:
+            return frozenset()
+        key_ = (float(self.ctx.env.now), tuple(gid for gid, _ in sampled))
+        if self._planned.get(t, (None,))[0] != key_:
+            ctx = self.ctx
+            dry = ContendedFederation(RoundContext(Federation.environment(ctx.env.now), ctx.model_bytes, ctx.cost,
+                                                   CostLedger(), ctx.topology, ctx.seed, ctx.group_rounds,
+                                                   ctx.local_epochs, ctx.faults, ctx.training_passes), self.net, [])
+            dry._priced = self._priced
+            dry.run_round(t, sampled)
+            self._offline[t] = dry._offline.get(t, {})
+            self._planned = {t: (key_, dry)}   # run_round replays it: the same clock, charges and stats
+        return frozenset(self._offline.get(t, {}))
+
+    def run_round(self, t, sampled):
+        env = self.ctx.env
+        plan = self._planned.get(t)
+        if plan is None or plan[0] != (float(env.now), tuple(gid for gid, _ in sampled)):
+            return super().run_round(t, sampled)
+        dry = plan[1]
+        for block in dry.ctx.ledger._blocks:      # the dry run's charges, as charged (same times)
+            self.ctx.ledger.charge(**dict(zip(_CHARGE_ARGS, block)))
+        self.stats.extend(dry.stats)
+        self.trace.extend(dry.trace)
+        self._planned = {}
+        if dry.ctx.env.now > env.now:
+            env.run(until=dry.ctx.env.now)
+
+    def round_cost(self, t: int, groups: list[Group]) -> float:
+        self.offline(t, list(enumerate(groups)))
+        return super().round_cost(t, groups)
+
+    def charges(self, t, k, g):
+        ctx = self.ctx
+        devices, nominal = self._price(g)
+        dropped, slow = draw_faults(ctx.faults, ctx.seed, t, k, g.clients)
+        gone = self._offline.get(t, {})
+        off = np.array([(k, int(c)) in gone for c in g.clients], dtype=bool) if gone else np.zeros(g.size, bool)
+        if not (dropped.any() or off.any()):
+            return dict(nominal), dropped, slow
+        lost = dropped | off
+        alive = ~lost
+        # a dropped client trained, then left; an offline one did nothing (no charge at all)
+        charges = {c: np.where(alive, v, 0.0) if c != TRAINING else np.where(off, 0.0, v) for c, v in nominal.items()}
+        if alive.any():
+            charges.update({c: np.where(alive, v, 0.0) for c, v in
+                            ctx.cost.recovery(devices, g.size, int(lost.sum())).items()})
+        return charges, lost, slow
+
+    def _price(self, g: Group):
+        key_ = g.clients.tobytes() + g.n_samples.tobytes()
+        if key_ not in self._priced:
+            devices, nominal = super()._price(g)
+            speed = self.net.clients.speed[g.clients]
+            if not np.all(speed == 1.0):
+                nominal = {c: v * speed for c, v in nominal.items()}
+                for v in nominal.values():
+                    v.flags.writeable = False
+            self._priced[key_] = devices, nominal
+        return self._priced[key_]
+
+    # -- the processes
+    def global_round(self, t, sampled):
+        env, net = self.ctx.env, self.net
+        start = env.now
+        cloud_bps = None
+        by_edge: dict[int, list[tuple[int, Group]]] = {}
+        for gid, g in sampled:
+            by_edge.setdefault(g.edge, []).append((gid, g))
+        edges = {}
+        for j in by_edge:
+            link = self.ctx.topology.edge_link(j)
+            cloud_bps = link.bandwidth_mbps * 1e6
+            edges[j] = _Edge(SharedLink(env, net.access_bps, f"edge{j}-down"), SharedLink(env, net.access_bps, f"edge{j}-up"),
+                             SharedLink(env, cloud_bps if net.cloud_shared else None, f"edge{j}-cloud"),
+                             simpy.Resource(env, net.cores) if net.cores is not None else None)
+        self._bytes = {"cloud_to_edge": 0, "edge_to_cloud": 0, "edge_to_client": 0, "client_to_edge": 0}
+        yield env.all_of([env.process(self._c_edge(t, j, edges[j], groups)) for j, groups in sorted(by_edge.items())])
+        span = env.now - start
+        rows = []
+        for j, e in sorted(edges.items()):
+            def util(link):
+                cap = link.capacity_bps
+                return None if cap is None or span <= 0 else link.carried_bits / (cap * span)
+            rows.append({"edge": j, "access_down_utilisation": util(e.down), "access_up_utilisation": util(e.up),
+                         "edge_link_utilisation": util(e.cloud),
+                         "core_utilisation": (e.core_busy_s / (net.cores * span)) if net.cores and span > 0 else None,
+                         "core_wait_s": float(sum(w[3] - w[2] for w in e.waits)),
+                         "core_busy_s": e.core_busy_s})
+        self.stats.append({"round": t + 1, "start_s": start, "makespan_s": span, "edges": rows,
+                           "bytes": dict(self._bytes)})
+
+    def _c_edge(self, t, j, e: _Edge, groups):
+        env, link = self.ctx.env, self.ctx.topology.edge_link(j)
+        nbytes = self.ctx.model_bytes
+        self._bytes["cloud_to_edge"] += nbytes
+        yield env.timeout(link.transfer_time(nbytes))                    # cloud -> edge: x_t
+        yield env.all_of([env.process(self._c_group(t, j, e, gid, g)) for gid, g in groups])
+        if not self.net.cloud_shared:
+            up = nbytes * self.net.vectors * len(groups)
+            self._bytes["edge_to_cloud"] += up
+            yield env.timeout(link.transfer_time(up))                    # edge -> cloud: every x^g
+
+    def _c_group(self, t, j, e: _Edge, gid, g: Group):
+        ctx, env, net = self.ctx, self.ctx.env, self.net
+        devices = self._price(g)[0]
+        gone = self._offline.setdefault(t, {})
+        for k in range(ctx.group_rounds):
+            start = env.now
+            for c in g.clients:
+                c = int(c)
+                if (k - 1, c) in gone or (net.availability is not None and not net.availability.online(c, start)):
+                    if (k - 1, c) not in gone:   # found offline now: a zero charge says who and when
+                        ctx.ledger.charge(round=t, edge=j, group=gid, group_round=k, clients=np.array([c]),
+                                          devices=[ctx.topology.client_device[c]], component=OFFLINE,
+                                          amounts=np.zeros(1), start=np.array([start]), end=np.array([start]))
+                    gone[(k, c)] = start
+            charges, lost, slow = self.charges(t, k, g)
+            off = np.array([(k, int(c)) in gone for c in g.clients], dtype=bool)
+            n_here = int((~off).sum())
+            down, up = client_bytes(ctx.model_bytes, n_here, net.vectors, net.secagg)
+            where = (t + 1, j, gid, k)
+            members = [env.process(self._c_client(where, e, int(c), i, charges, slow[i], bool(lost[i]), down, up))
+                       for i, c in enumerate(g.clients) if not off[i]]
+            yield env.all_of(members)
+            spans = np.zeros((g.size, len(charges), 2))
+            spans[~off] = np.array([p.value for p in members]).reshape(n_here, len(charges), 2) if members else 0.0
+            n_alive = int((~lost).sum())
+            hold = net.server_time(n_alive, int(lost.sum()) if n_alive else 0)
+            if e.cores is not None or hold > 0:
+                queued = env.now
+                if e.cores is not None:
+                    with e.cores.request() as req:
+                        yield req
+                        got = env.now
+                        yield env.timeout(hold)
+                else:
+                    got = env.now
+                    yield env.timeout(hold)
+                e.core_busy_s += hold
+                e.waits.append((gid, k, queued, got, env.now))
+                self.trace.append({"kind": "core", "round": t + 1, "edge": j, "group": gid, "group_round": k,
+                                   "client": -1, "bytes": 0, "queued": queued, "start": got, "end": env.now})
+            for ci, comp in enumerate(charges):
+                ctx.ledger.charge(round=t, edge=j, group=gid, group_round=k, clients=g.clients,
+                                  devices=devices, component=comp, amounts=charges[comp],
+                                  start=start + spans[:, ci, 0], end=start + spans[:, ci, 1])
+        if net.cloud_shared:
+            up = ctx.model_bytes * net.vectors
+            self._bytes["edge_to_cloud"] += up
+            lat = ctx.topology.edge_link(j).latency_s
+            yield env.process(e.cloud.transfer(up, None, lat))
+
+    def _c_client(self, where, e: _Edge, client, member, charges, slow, dropped, down, up):
+        env, cn = self.ctx.env, self.net.clients
+        bps, lat = cn.bandwidth_mbps[client] * 1e6, float(cn.latency_s[client])
+        t0 = env.now
+        self._bytes["edge_to_client"] += down
+        # one event per step where it can (a dedicated link: size / rate + latency in one timeout)
+        yield env.timeout(8.0 * down / bps + lat) if e.down.capacity_bps is None else e.down.send(down, bps)
+        if lat and e.down.capacity_bps is not None:
+            yield env.timeout(lat)
+        self.trace.append(dict(zip(TRACE_COLUMNS, ("download", *where, client, down, t0, t0, env.now))))
+        a, spans = env.now, []
+        for comp, amounts in charges.items():   # the compute steps back to back: one timeout
+            d = 0.0 if dropped and comp != TRAINING else slow * float(amounts[member])
+            spans.append((a - t0, a + d - t0))
+            a += d
+        if a > env.now:
+            yield env.timeout(a - env.now)
+        if not dropped:
+            a = env.now
+            self._bytes["client_to_edge"] += up
+            yield env.timeout(8.0 * up / bps + lat) if e.up.capacity_bps is None else e.up.send(up, bps)
+            if lat and e.up.capacity_bps is not None:
+                yield env.timeout(lat)
+            self.trace.append(dict(zip(TRACE_COLUMNS, ("upload", *where, client, up, a, a, env.now))))
+        return spans
+
+
+# -- what-if: one edge's round without training ------------------------------------------------------
+
+def edge_makespan(group_sizes: list[int], n_samples: np.ndarray, training, overhead, *, group_rounds: int,
+                  local_epochs: int, model_bytes: int, client_mbps: float, latency_s: float,
+                  access_mbps: float | None, cores: int | None, edge_curves: dict | None = None,
+                  secagg: bool = True, edge_mbps: float = 1000.0, edge_latency_s: float = 0.01,
+                  operation: str = "secagg") -> dict:
+    """One global round of one edge whose sampled groups have ``group_sizes`` members (holding
+    ``n_samples`` in order), on the shared-edge model: its makespan, Eq. 5 cost, time waiting for
+    a core and the access links' utilisation (``groupfel whatif``'s makespan columns)."""
+    from groupfel.cost_models import CostModel, DeviceProfile
+    from groupfel.topologies import Link, build_topology
+
+    n = int(sum(group_sizes))
+    n_samples = np.asarray(n_samples[:n], dtype=float)
+    parts = [np.arange(1) for _ in range(n)]
+    topo = build_topology([n], ["d"] * n, parts, np.ones((n, 1), dtype=int),
+                          client_link=Link(client_mbps, latency_s), edge_link=Link(edge_mbps, edge_latency_s))
+    prof = DeviceProfile("d", "whatif", training={"h": training}, group_overhead={operation: overhead})
+    cost = CostModel({"d": prof}, "h", (operation,))
+    net = EdgeNetwork(None if access_mbps is None else access_mbps * 1e6, cores, False,
+                      client_net(None, n, client_mbps, latency_s, 0), 1, secagg, dict(edge_curves or {}))
+    env = simpy.Environment()
+    fed = ContendedFederation(RoundContext(env, model_bytes, cost, CostLedger(), topo, 0, group_rounds,
+                                           local_epochs), net)
+    starts = np.concatenate([[0], np.cumsum(group_sizes)[:-1]]).astype(int)
+    sampled = [(g, Group(0, np.arange(a, a + s), n_samples[a:a + s].astype(np.int64), 0.0))
+               for g, (a, s) in enumerate(zip(starts, group_sizes))]
+    fed.run_round(0, sampled)
+    r = fed.stats[0]
+    e = r["edges"][0]
+    return {"makespan_s": r["makespan_s"], "edge_cost": fed.ctx.ledger.total, "core_wait_s": e["core_wait_s"],
+            "core_utilisation": e["core_utilisation"], "access_down_utilisation": e["access_down_utilisation"],
+            "access_up_utilisation": e["access_up_utilisation"],
+            "bytes_client_edge": r["bytes"]["edge_to_client"] + r["bytes"]["client_to_edge"]}

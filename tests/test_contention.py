@@ -1,0 +1,245 @@
+"""Shared edges in the SimPy federation: hand-computed clocks, availability, bad input."""
+import copy
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import simpy
+
+from groupfel.cost_models import CostModel, DeviceProfile, linear, quadratic
+from groupfel.emulator.config import AvailabilityConfig, HeterogeneityConfig, parse_config
+from groupfel.emulator.contention import (OFFLINE, Availability, ContendedFederation, EdgeNetwork, client_bytes,
+                                 client_net)
+from groupfel.errors import InputError
+from groupfel.emulator.federation import Group, RoundContext
+from groupfel.emulator.ledger import CostLedger
+from groupfel.topologies import Link, build_topology
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest import TINY  # noqa: E402
+
+MB = 10**6
+
+
+def _fed(n_clients=4, *, access=None, cores=None, aggregation=None, avail=None, group_rounds=1, bw=8.0):
+    """One edge, clients on 8 Mbit/s links without latency, the edge link 8 Mbit/s; every
+    client trains 1 s (E = 1, H = 1 s) and runs one 1 s group operation; the model is 1 MB."""
+    parts = [np.arange(i * 10, i * 10 + 10) for i in range(n_clients)]
+    topo = build_topology([n_clients], ["dev"] * n_clients, parts, np.ones((n_clients, 10), dtype=int),
+                          client_link=Link(bw, 0.0), edge_link=Link(8.0, 0.0))
+    prof = DeviceProfile("dev", "t", training={"sgd": linear(0.0, 1.0)},
+                         group_overhead={"backdoor": quadratic(0.0, 0.0, 1.0)})
+    cost = CostModel({"dev": prof}, "sgd", ("backdoor",))
+    curves = {"aggregation": quadratic(0.0, 0.0, aggregation)} if aggregation else {}
+    net = EdgeNetwork(None if access is None else access * 1e6, cores, False,
+                      client_net(None, n_clients, bw, 0.0, 0), 1, False, curves, avail)
+    env = simpy.Environment()
+    ctx = RoundContext(env, MB, cost, CostLedger(), topo, seed=0, group_rounds=group_rounds, local_epochs=1)
+    return ContendedFederation(ctx, net), env
+
+
+def _groups(*members):
+    return [(gid, Group(0, np.array(m), np.full(len(m), 10), 0.0)) for gid, m in enumerate(members)]
+
+
+def test_two_groups_queue_for_one_core():
+    # x_t to the edge 0..1 s; each client: download 1..2, train 2..3, operation 3..4, upload
+    # 4..5. Both groups are ready at 5 s; one core: group 0 aggregates 5..7, group 1 waits and
+    # aggregates 7..9; the edge sends 2 models up (2 MB at 8 Mbit/s) 9..11.
+    fed, env = _fed(cores=1, aggregation=2.0)
+    fed.run_round(0, _groups([0, 1], [2, 3]))
+    assert env.now == pytest.approx(11.0)
+    holds = sorted((r["start"], r["end"], r["queued"]) for r in fed.trace if r["kind"] == "core")
+    assert holds == pytest.approx([(5.0, 7.0, 5.0), (7.0, 9.0, 5.0)])
+    edge = fed.stats[0]["edges"][0]
+    assert edge["core_wait_s"] == pytest.approx(2.0)
+    assert edge["core_utilisation"] == pytest.approx(4.0 / 11.0)
+    # waiting is time, not cost: Eq. 5 is 4 clients × (1 + 1)
+    assert fed.ctx.ledger.total == pytest.approx(8.0)
+    # two cores: both aggregate 5..7, the round ends at 9
+    fed2, env2 = _fed(cores=2, aggregation=2.0)
+    fed2.run_round(0, _groups([0, 1], [2, 3]))
+    assert env2.now == pytest.approx(9.0)
+
+
+def test_shared_access_stretches_transfers():
+    # 4 clients on 8 Mbit/s of access capacity: each download of 8 Mbit gets 2 Mbit/s (1..5 s),
+    # train 5..6, operation 6..7, uploads share likewise (7..11); one core aggregates the two
+    # groups 11..13 and 13..15; the edge link sends 2 MB 15..17
+    fed, env = _fed(access=8.0, cores=1, aggregation=2.0)
+    fed.run_round(0, _groups([0, 1], [2, 3]))
+    assert env.now == pytest.approx(17.0)
+    r = fed.stats[0]
+    assert r["makespan_s"] == pytest.approx(17.0)
+    assert r["edges"][0]["access_down_utilisation"] == pytest.approx(32 / (8 * 17))
+    assert r["bytes"] == {"cloud_to_edge": MB, "edge_to_cloud": 2 * MB, "edge_to_client": 4 * MB,
+                          "client_to_edge": 4 * MB}
+    downloads = [(x["start"], x["end"]) for x in fed.trace if x["kind"] == "download"]
+    assert downloads == pytest.approx([(1.0, 5.0)] * 4)
+
+
+def test_offline_client_drops_and_is_charged_nothing_after(tmp_path):
+    # client 1 is online [0, 3) and [100, 1000): online at group round 0's start (1 s), offline at
+    # group round 1's start (5 s: 1 + download 1 + train 1 + op 1 + upload 1). It pays group
+    # round 0 (1 + 1) and nothing after; client 0 alone runs group round 1 (5..9), the edge sends
+    # one model up 9..10.
+    csv = tmp_path / "avail.csv"
+    csv.write_text("client,start_s,end_s\n0,0,1000\n1,0,3\n1,100,1000\n")
+    avail = Availability(AvailabilityConfig(file=str(csv)), 2, 0)
+    fed, env = _fed(2, avail=avail, group_rounds=2)
+    sampled = _groups([0, 1])
+    assert fed.offline(0, sampled) == {(1, 1)}            # known before the round runs (the compute's)
+    assert fed.round_cost(0, [g for _, g in sampled]) == pytest.approx(6.0)
+    fed.run_round(0, sampled)
+    assert env.now == pytest.approx(10.0)
+    led = fed.ctx.ledger.frame()
+    c1 = led[led.client == 1]
+    assert c1[c1.group_round == 0]["amount"].sum() == pytest.approx(2.0)
+    assert (c1[c1.start >= 5.0]["amount"] == 0).all() and len(c1[c1.start >= 5.0]) > 0
+    off = led[led.component == OFFLINE]
+    assert off[["client", "group_round", "start"]].values.tolist() == [[1, 1, 5.0]]
+    assert fed.ctx.ledger.total == pytest.approx(6.0)
+    assert fed.manifest(fed.ctx.ledger)["network"]["offline"] == [
+        {"round": 1, "group_round": 1, "client": 1, "edge": 0, "group": 0, "time_s": 5.0}]
+
+
+def test_generated_availability_is_seeded_and_alternates():
+    cfg = AvailabilityConfig(mean_on_s=100.0, mean_off_s=100.0)
+    a, b = Availability(cfg, 50, 7), Availability(cfg, 50, 7)
+    grid = np.arange(0, 2000, 10.0)
+    sa = np.array([[a.online(c, t) for t in grid] for c in range(50)])
+    sb = np.array([[b.online(c, t) for t in grid] for c in range(50)])
+    assert (sa == sb).all()
+    assert 0.35 < sa.mean() < 0.65          # on half the time on average
+
+
+def test_secagg_bytes():
+    # n = 3: download = model + 3 × 64 B keys + 2 share ciphertexts (2 × 66 + 12 + 16 + 8 = 168 B);
+    # upload = 2 vectors (SCAFFOLD) + 64 B keys + 2 × (168 + 66) B
+    assert client_bytes(1000, 3, vectors=2, secagg=True) == (1000 + 192 + 336, 2000 + 64 + 468)
+    assert client_bytes(1000, 3) == (1000, 1000)
+
+
+def test_heterogeneity_csv(tmp_path):
+    f = tmp_path / "c.csv"
+    f.write_text("client,bandwidth_mbps,latency_s,speed\n0,10,0.1,1.5\n1,5,0.2,1\n")
+    net = client_net(HeterogeneityConfig(file=str(f)), 2, 20.0, 0.02, 0)
+    assert net.bandwidth_mbps.tolist() == [10.0, 5.0] and net.speed.tolist() == [1.5, 1.0]
+    drawn = client_net(HeterogeneityConfig(bandwidth_sigma=0.5), 100, 20.0, 0.02, 0)
+    assert drawn.bandwidth_mbps.std() > 0 and (drawn.latency_s == 0.02).all()
+
+
+@pytest.mark.parametrize("rows, match", [
+    ("client,bandwidth_mbps,latency_s\n0,10,0.1\n1,5,0.2\n7,5,0.2\n", "unknown client '7'"),
+    ("client,bandwidth_mbps,latency_s\n0,10,0.1\n", r"no row for client\(s\) 1"),
+    ("client,bandwidth_mbps,latency_s\n0,0,0.1\n1,5,0.2\n", "bandwidth_mbps = '0' must be a positive"),
+    ("client,bandwidth_mbps,latency_s\n0,nan,0.1\n1,5,0.2\n", "bandwidth_mbps = 'nan'"),
+    ("client,bandwidth\n0,10\n", "missing bandwidth_mbps, latency_s"),
+])
+def test_heterogeneity_csv_errors(tmp_path, rows, match):
+    f = tmp_path / "c.csv"
+    f.write_text(rows)
+    with pytest.raises(InputError, match=match) as e:
+        client_net(HeterogeneityConfig(file=str(f)), 2, 20.0, 0.02, 0)
+    assert str(e.value).startswith("topology.heterogeneity.file:") and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("rows, match", [
+    ("client,start_s,end_s\n0,0,10\n0,5,20\n", "overlap"),
+    ("client,start_s,end_s\n0,10,5\n", "reversed"),
+    ("client,start_s,end_s\n3,0,5\n", "unknown client '3'"),
+])
+def test_availability_csv_errors(tmp_path, rows, match):
+    f = tmp_path / "a.csv"
+    f.write_text(rows)
+    with pytest.raises(InputError, match=match) as e:
+        Availability(AvailabilityConfig(file=str(f)), 2, 0)
+    assert str(e.value).startswith("topology.availability.file:")
+
+
+@pytest.mark.parametrize("top, key", [
+    ({"edge_access_mbps": 0}, "topology.edge_access_mbps"),
+    ({"edge_access_mbps": -5.0}, "topology.edge_access_mbps"),
+    ({"edge_access_mbps": math.nan}, "topology.edge_access_mbps"),
+    ({"edge_cores": 2.5}, "topology.edge_cores"),
+    ({"edge_cores": 0}, "topology.edge_cores"),
+    ({"availability": {"mean_on_s": 0, "mean_off_s": 5}}, "topology.availability.mean_on_s"),
+    ({"availability": {"mean_on_s": 5}}, "topology.availability"),
+])
+def test_bad_keys_are_one_line_errors(top, key):
+    d = copy.deepcopy(TINY)
+    d["topology"].update(top)
+    with pytest.raises(InputError) as e:
+        parse_config(d)
+    assert str(e.value).startswith(f"config: {key}") and "\n" not in str(e.value)
+
+
+def test_edge_makespan_by_hand():
+    # the shared-access case above through the what-if's entry point: edge link 8 Mbit/s sends
+    # x_t 0..1, downloads 1..5, train 5..6, operation 6..7, uploads 7..11, 2 models up 11..13
+    from groupfel.emulator.contention import edge_makespan
+
+    r = edge_makespan([2, 2], np.full(4, 10), linear(0.0, 1.0), quadratic(0.0, 0.0, 1.0), group_rounds=1,
+                      local_epochs=1, model_bytes=MB, client_mbps=8.0, latency_s=0.0, access_mbps=8.0, cores=None,
+                      secagg=False, edge_mbps=8.0, edge_latency_s=0.0, operation="backdoor")
+    assert r["makespan_s"] == pytest.approx(13.0)
+    assert r["edge_cost"] == pytest.approx(8.0)
+
+
+def test_whatif_makespan_columns(tmp_path, capsys):
+    from groupfel.experiments.cli import main
+
+    out = tmp_path / "wi"
+    assert main(["whatif", "--clients", "200", "--rounds", "5", "--group-sizes", "2..6:2", "--access-mbps", "8,50",
+                 "--edge-cores", "1", "--edge-clients", "12", "--out", str(out)]) == 0
+    import pandas as pd
+
+    df = pd.read_csv(out / "whatif.csv")
+    assert len(df) == 6 and {"makespan_s", "edge_cost", "core_wait_s", "total_per_round"} <= set(df)
+    slow, fast = df[df.access_mbps == 8], df[df.access_mbps == 50]
+    assert (slow["makespan_s"].to_numpy() > fast["makespan_s"].to_numpy()).all()
+    assert main(["whatif", "--clients", "200", "--access-mbps", "0", "--out", str(out)]) == 2
+    assert "--access-mbps: 0.0 must be a positive finite number" in capsys.readouterr().err
+
+
+def test_a_run_on_shared_edges(tmp_path):
+    """A whole run: offline clients are left out of training and charged nothing, the manifest
+    records the network, the timeline draws it; without the keys the plain federation runs."""
+    from groupfel.emulator.contention import build_network
+    from groupfel.experiments import api
+    from groupfel.experiments.cli import main
+
+    d = copy.deepcopy(TINY)
+    d["train"]["rounds"] = 2
+    d["arms"] = d["arms"][:1]
+    assert build_network(parse_config(d), 12, None, ("secagg",)) is None   # no key: the plain federation
+    d["topology"].update({"edge_access_mbps": 0.5, "edge_cores": 1,
+                          "heterogeneity": {"bandwidth_sigma": 0.5, "speed_sigma": 0.2},
+                          "availability": {"mean_on_s": 20.0, "mean_off_s": 20.0}})
+    study = api.run(d, tmp_path / "run", jobs=1, progress=False)
+    arm = study.arm_dir(None, "covg-esrcov")
+    m = study.manifest(None, "covg-esrcov")["network"]
+    assert m["edge_access_mbps"] == 0.5 and m["edge_cores"] == 1 and len(m["rounds"]) == 2
+    assert len(m["clients"]["bandwidth_mbps"]) == 12 and m["bytes_total"]["client_to_edge"] > 0
+    assert m["offline"], "with 50 % availability some sampled client is offline"
+    led = study.ledger(None, "covg-esrcov")
+    for ev in m["offline"]:   # no charge for an offline client from the time it left, in that round
+        later = led[(led.client == ev["client"]) & (led["round"] == ev["round"]) & (led.group_round >= ev["group_round"])]
+        assert (later["amount"] == 0).all()
+    assert main(["timeline", str(arm), "--round", "1", "--out", str(tmp_path / "t.png")]) == 0
+    assert (tmp_path / "t.png").stat().st_size > 0
+
+
+def test_measure_secagg_server_part(tmp_path):
+    from groupfel.experiments.cli import main
+
+    out = tmp_path / "srv.csv"
+    assert main(["measure", "secagg", "--server", "--sizes", "2,4", "--params", "16", "--repeats", "1",
+                 "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("# groupfel measure: secagg --server\n")
+    ops = [ln.split(",")[0] for ln in text.splitlines() if not ln.startswith("#")][1:]
+    assert ops == ["secagg-server", "secagg-server", "secagg-server-recovery"]
+    assert main(["measure", "backdoor", "--server", "--sizes", "2", "--out", str(tmp_path / "b.csv")]) == 2
