@@ -21,6 +21,11 @@ One group round of a sampled group, in simulated time:
    for the edge profile's ``aggregation`` + ``secagg-server`` + dropped × ``secagg-server-recovery``
    seconds. Waiting for a core or for the medium is simulated time, never Eq. 5 cost.
 
+Who is offline depends on the round's clock, but the compute (which leaves offline clients out of
+training) runs before the SimPy processes; so with ``availability`` the round is first played on
+a scratch clock (:meth:`ContendedFederation.offline`, also what the budget check prices), and
+:meth:`ContendedFederation.run_round` then replays that play's charges, statistics and end time.
+
 The access capacity is full duplex: downloads share ``edge_access_mbps`` and uploads share another
 ``edge_access_mbps``. With ``edge_link.shared`` each group's model goes up to the cloud when its K
 group rounds end, sharing the edge link with the edge's other groups' uploads.
@@ -460,7 +465,7 @@ class ContendedFederation(Federation):
             spans[~off] = np.array([p.value for p in members]).reshape(n_here, len(charges), 2) if members else 0.0
             n_alive = int((~lost).sum())
             hold = net.server_time(n_alive, int(lost.sum()) if n_alive else 0)
-            if e.cores is not None or hold > 0:
+            if n_alive and (e.cores is not None or hold > 0):
                 queued = env.now
                 if e.cores is not None:
                     with e.cores.request() as req:
