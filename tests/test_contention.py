@@ -243,3 +243,15 @@ def test_measure_secagg_server_part(tmp_path):
     ops = [ln.split(",")[0] for ln in text.splitlines() if not ln.startswith("#")][1:]
     assert ops == ["secagg-server", "secagg-server", "secagg-server-recovery"]
     assert main(["measure", "backdoor", "--server", "--sizes", "2", "--out", str(tmp_path / "b.csv")]) == 2
+
+
+def test_edge_makespan_mixed_bandwidths():
+    # 2 clients, one group, dedicated links of 8 and 4 Mbit/s, no group operation time:
+    # x_t 0..1; downloads 1..2 and 1..3; train 1 s; op 1 s; uploads: the slow client 5..7;
+    # one model up 7..8
+    from emulator.contention import edge_makespan
+
+    r = edge_makespan([2], np.full(2, 10), linear(0.0, 1.0), quadratic(0.0, 0.0, 1.0), group_rounds=1,
+                      local_epochs=1, model_bytes=MB, client_mbps=[8.0, 4.0], latency_s=0.0, access_mbps=None,
+                      cores=None, secagg=False, edge_mbps=8.0, edge_latency_s=0.0, operation="backdoor")
+    assert r["makespan_s"] == pytest.approx(8.0)
