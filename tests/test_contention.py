@@ -204,34 +204,6 @@ def test_whatif_makespan_columns(tmp_path, capsys):
     assert "--access-mbps: 0.0 must be a positive finite number" in capsys.readouterr().err
 
 
-def test_a_run_on_shared_edges(tmp_path):
-    """A whole run: offline clients are left out of training and charged nothing, the manifest
-    records the network, the timeline draws it; without the keys the plain federation runs."""
-    from emulator.contention import build_network
-    from experiments import api
-    from experiments.cli import main
-
-    d = copy.deepcopy(TINY)
-    d["train"]["rounds"] = 2
-    d["arms"] = d["arms"][:1]
-    assert build_network(parse_config(d), 12, None, ("secagg",)) is None   # no key: the plain federation
-    d["topology"].update({"edge_access_mbps": 0.5, "edge_cores": 1,
-                          "heterogeneity": {"bandwidth_sigma": 0.5, "speed_sigma": 0.2},
-                          "availability": {"mean_on_s": 20.0, "mean_off_s": 20.0}})
-    study = api.run(d, tmp_path / "run", jobs=1, progress=False)
-    arm = study.arm_dir(None, "covg-esrcov")
-    m = study.manifest(None, "covg-esrcov")["network"]
-    assert m["edge_access_mbps"] == 0.5 and m["edge_cores"] == 1 and len(m["rounds"]) == 2
-    assert len(m["clients"]["bandwidth_mbps"]) == 12 and m["bytes_total"]["client_to_edge"] > 0
-    assert m["offline"], "with 50 % availability some sampled client is offline"
-    led = study.ledger(None, "covg-esrcov")
-    for ev in m["offline"]:   # no charge for an offline client from the time it left, in that round
-        later = led[(led.client == ev["client"]) & (led["round"] == ev["round"]) & (led.group_round >= ev["group_round"])]
-        assert (later["amount"] == 0).all()
-    assert main(["timeline", str(arm), "--round", "1", "--out", str(tmp_path / "t.png")]) == 0
-    assert (tmp_path / "t.png").stat().st_size > 0
-
-
 def test_measure_secagg_server_part(tmp_path):
     from experiments.cli import main
 
@@ -255,3 +227,59 @@ def test_edge_makespan_mixed_bandwidths():
                       local_epochs=1, model_bytes=MB, client_mbps=[8.0, 4.0], latency_s=0.0, access_mbps=None,
                       cores=None, secagg=False, edge_mbps=8.0, edge_latency_s=0.0, operation="backdoor")
     assert r["makespan_s"] == pytest.approx(8.0)
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_a_killed_shared_edge_run_resumes_to_the_same_tables(tmp_path):
+    """A whole run on shared edges: resumed equals uninterrupted (tables, ledger, transfers,
+    per-round statistics); the manifest; offline clients uncharged; the timeline draws it."""
+    import json
+
+    import pandas as pd
+
+    from emulator.driver import plan_arm, run_arm
+    from emulator.world import build_world
+
+    d = copy.deepcopy(TINY)
+    d["train"].update(rounds=4, eval_every=2)
+    d["arms"] = d["arms"][:1]
+    d["topology"].update({"edge_access_mbps": 0.5, "edge_cores": 1, "edge_link": {"bandwidth_mbps": 10.0,
+                          "latency_s": 0.01, "shared": True}, "availability": {"mean_on_s": 20.0, "mean_off_s": 20.0}})
+    config = parse_config(d)
+    world = build_world(config)
+    full = run_arm(world, plan_arm(world, 0), tmp_path / "full")
+
+    def kill(t, cost, acc):
+        if t == 3:
+            raise _Killed
+    with pytest.raises(_Killed):
+        run_arm(world, plan_arm(world, 0), tmp_path / "killed", kill)
+    fresh = build_world(config)
+    resumed = run_arm(fresh, plan_arm(fresh, 0), tmp_path / "killed")
+    pd.testing.assert_frame_equal(full, resumed, check_exact=True)
+    for name in ("ledger.parquet", "network.parquet"):
+        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "full" / name),
+                                      pd.read_parquet(tmp_path / "killed" / name), check_exact=True)
+    net = [json.loads((tmp_path / p / "manifest.json").read_text())["network"] for p in ("full", "killed")]
+    assert net[0]["rounds"] == net[1]["rounds"] and len(net[0]["rounds"]) == 4
+    assert net[0]["offline"] == net[1]["offline"]
+    # what the manifest records, and that an offline client is charged nothing from when it left
+    m = net[0]
+    assert m["edge_access_mbps"] == 0.5 and m["edge_cores"] == 1 and m["edge_link_shared"]
+    assert len(m["clients"]["bandwidth_mbps"]) == 12 and m["bytes_total"]["client_to_edge"] > 0
+    assert m["offline"], "with 50 % availability some sampled client is offline"
+    led = pd.read_parquet(tmp_path / "full" / "ledger.parquet")
+    for ev in m["offline"]:
+        later = led[(led.client == ev["client"]) & (led["round"] == ev["round"]) & (led.group_round >= ev["group_round"])]
+        assert (later["amount"] == 0).all()
+    from experiments.cli import main
+
+    assert main(["timeline", str(tmp_path / "full"), "--round", "1", "--out", str(tmp_path / "t.png")]) == 0
+    assert (tmp_path / "t.png").stat().st_size > 0
+    # without any of the keys the plain federation runs
+    from emulator.contention import build_network
+
+    assert build_network(parse_config(TINY), 12, None, ("secagg",)) is None
