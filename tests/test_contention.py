@@ -202,6 +202,10 @@ def test_whatif_makespan_columns(tmp_path, capsys):
     assert (slow["makespan_s"].to_numpy() > fast["makespan_s"].to_numpy()).all()
     assert main(["whatif", "--clients", "200", "--access-mbps", "0", "--out", str(out)]) == 2
     assert "--access-mbps: 0.0 must be a positive finite number" in capsys.readouterr().err
+    from experiments import api
+
+    py = api.whatif([2, 4], clients=200, rounds=5, access_mbps=[8, 50], edge_cores=1, edge_clients=12)
+    assert py["makespan_s"].tolist() == pytest.approx(df["makespan_s"].iloc[[0, 1, 3, 4]].tolist())
 
 
 def test_measure_secagg_server_part(tmp_path):
