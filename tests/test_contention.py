@@ -251,7 +251,11 @@ def test_a_killed_shared_edge_run_resumes_to_the_same_tables(tmp_path):
     d["train"].update(rounds=4, eval_every=2)
     d["arms"] = d["arms"][:1]
     d["topology"].update({"edge_access_mbps": 0.5, "edge_cores": 1, "edge_link": {"bandwidth_mbps": 10.0,
-                          "latency_s": 0.01, "shared": True}, "availability": {"mean_on_s": 20.0, "mean_off_s": 20.0}})
+                          "latency_s": 0.01, "shared": True}, "availability": {"mean_on_s": 20.0, "mean_off_s": 20.0},
+                          "edge_profile": "edge/cifar10-resnet"})
+    (tmp_path / "edge.csv").write_text("device,task,operation,method,a,b,c\n"
+                                       "edge,cifar10-resnet,group_overhead,aggregation,0,0.5,1\n")
+    d["cost"]["profiles_file"] = str(tmp_path / "edge.csv")
     config = parse_config(d)
     world = build_world(config)
     full = run_arm(world, plan_arm(world, 0), tmp_path / "full")
@@ -273,6 +277,7 @@ def test_a_killed_shared_edge_run_resumes_to_the_same_tables(tmp_path):
     # what the manifest records, and that an offline client is charged nothing from when it left
     m = net[0]
     assert m["edge_access_mbps"] == 0.5 and m["edge_cores"] == 1 and m["edge_link_shared"]
+    assert m["edge_curves"] == ["aggregation"] and all(e["core_busy_s"] > 0 for r in m["rounds"] for e in r["edges"])
     assert len(m["clients"]["bandwidth_mbps"]) == 12 and m["bytes_total"]["client_to_edge"] > 0
     assert m["offline"], "with 50 % availability some sampled client is offline"
     led = pd.read_parquet(tmp_path / "full" / "ledger.parquet")
@@ -287,3 +292,12 @@ def test_a_killed_shared_edge_run_resumes_to_the_same_tables(tmp_path):
     from emulator.contention import build_network
 
     assert build_network(parse_config(TINY), 12, None, ("secagg",)) is None
+
+
+def test_cores_without_an_edge_profile_warn():
+    from emulator.config import config_warnings
+
+    d = copy.deepcopy(TINY)
+    d["topology"]["edge_cores"] = 2
+    assert any("topology.edge_cores = 2 without topology.edge_profile" in w for w in config_warnings(parse_config(d)))
+    assert config_warnings(parse_config(TINY)) == []
