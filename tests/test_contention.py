@@ -10,8 +10,8 @@ import simpy
 
 from cost_models import CostModel, DeviceProfile, linear, quadratic
 from emulator.config import AvailabilityConfig, HeterogeneityConfig, parse_config
-from emulator.contention import (OFFLINE, Availability, ContendedFederation, EdgeNetwork, client_bytes,
-                                 client_net)
+from emulator.contention import (OFFLINE, Availability, ClientNet, ContendedFederation, EdgeNetwork,
+                                 client_bytes, client_net)
 from emulator.errors import InputError
 from emulator.federation import Group, RoundContext
 from emulator.ledger import CostLedger
@@ -23,7 +23,7 @@ from conftest import TINY  # noqa: E402
 MB = 10**6
 
 
-def _fed(n_clients=4, *, access=None, cores=None, aggregation=None, avail=None, group_rounds=1, bw=8.0):
+def _fed(n_clients=4, *, access=None, cores=None, aggregation=None, avail=None, group_rounds=1, bw=8.0, bws=None):
     """One edge, clients on 8 Mbit/s links without latency, the edge link 8 Mbit/s; every
     client trains 1 s (E = 1, H = 1 s) and runs one 1 s group operation; the model is 1 MB."""
     parts = [np.arange(i * 10, i * 10 + 10) for i in range(n_clients)]
@@ -33,8 +33,10 @@ def _fed(n_clients=4, *, access=None, cores=None, aggregation=None, avail=None, 
                          group_overhead={"backdoor": quadratic(0.0, 0.0, 1.0)})
     cost = CostModel({"dev": prof}, "sgd", ("backdoor",))
     curves = {"aggregation": quadratic(0.0, 0.0, aggregation)} if aggregation else {}
-    net = EdgeNetwork(None if access is None else access * 1e6, cores, False,
-                      client_net(None, n_clients, bw, 0.0, 0), 1, False, curves, avail)
+    clients = client_net(None, n_clients, bw, 0.0, 0)
+    if bws is not None:
+        clients = ClientNet(np.array(bws, dtype=float), clients.latency_s, clients.speed)
+    net = EdgeNetwork(None if access is None else access * 1e6, cores, False, clients, 1, False, curves, avail)
     env = simpy.Environment()
     ctx = RoundContext(env, MB, cost, CostLedger(), topo, seed=0, group_rounds=group_rounds, local_epochs=1)
     return ContendedFederation(ctx, net), env
@@ -78,6 +80,23 @@ def test_shared_access_stretches_transfers():
                           "client_to_edge": 4 * MB}
     downloads = [(x["start"], x["end"]) for x in fed.trace if x["kind"] == "download"]
     assert downloads == pytest.approx([(1.0, 5.0)] * 4)
+
+
+def test_half_bandwidth_client_in_a_group_sharing_the_edge():
+    # one group of 3 on 8 Mbit/s of access; own links 4, 4 and 2 Mbit/s (client 2: half).
+    # x_t 0..1. Downloads from 1: client 2 gets its cap 2, the others (8 - 2) / 2 = 3: they end
+    # at 1 + 8/3 = 3.667; client 2 has 5.333 Mbit by then, the rest at its cap: ends at 5.0.
+    # Fast clients: train, operate to 5.667, upload alone together at 4 each. Client 2: train,
+    # operate to 7.0, then uploads at its cap 2 (8 Mbit: 7.0..11.0) while the others, sharing
+    # 8 - 2 = 6, have 8 - 4 × 1.333 = 2.667 Mbit left at 3 each: they end at 7 + 8/9 = 7.889.
+    # The group round ends at 11.0, the edge sends one model up 11..12.
+    fed, env = _fed(3, access=8.0, bws=[4.0, 4.0, 2.0])
+    fed.run_round(0, _groups([0, 1, 2]))
+    assert env.now == pytest.approx(12.0)
+    ends = {(x["kind"], x["client"]): x["end"] for x in fed.trace}
+    assert ends[("download", 0)] == pytest.approx(1 + 8 / 3) and ends[("download", 2)] == pytest.approx(5.0)
+    assert ends[("upload", 0)] == pytest.approx(7 + 8 / 9) and ends[("upload", 1)] == pytest.approx(7 + 8 / 9)
+    assert ends[("upload", 2)] == pytest.approx(11.0)
 
 
 def test_offline_client_drops_and_is_charged_nothing_after(tmp_path):
