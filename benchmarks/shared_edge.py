@@ -35,22 +35,23 @@ def simpy_overhead(repeats: int) -> None:
     engine = TorchEngine(data, parts, "mlp", 0.05, 32)
     for name, net in (("dedicated links", None), ("shared edges", shared_edges(topo.n_clients))):
         fed = federation(engine, topo, net)
-        times = []
+        times, cpu = [], []
         for t in range(repeats + 1):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             fed.round_cost(t, list(sampled.values()))
             fed.offline(t, list(sampled.items()))
             fed.run_round(t, list(sampled.items()))
             times.append(time.perf_counter() - t0)
-        print(f"{name:16} SimPy + pricing per round: {1e3 * statistics.median(times[1:]):7.2f} ms "
-              f"(median of {repeats})")
+            cpu.append(time.process_time() - c0)
+        print(f"{name:16} SimPy + pricing per round: {1e3 * statistics.median(times[1:]):7.2f} ms wall, "
+              f"{1e3 * statistics.median(cpu[1:]):7.2f} ms CPU (medians of {repeats})")
 
 
 def whatif_table(capacities: list[float], sizes: list[int]) -> None:
     pi = get_profile("raspberry-pi-4/cifar10-resnet")
     edge = read_profiles(HERE / "edge-profile.csv")["x86-edge/cifar10-resnet"]
     n = np.maximum(np.random.default_rng(0).poisson(50, 60), 1)
-    print("| group size | groups | Eq. 5 cost of the edge's round (device s) | "
+    print("| group size | groups (sizes) | Eq. 5 cost of the edge's round (device s) | "
           + " | ".join(f"makespan at {c:g} Mbit/s (s)" for c in capacities) + " | core wait at "
           f"{capacities[0]:g} Mbit/s (s) |")
     print("|" + " --- |" * (4 + len(capacities)))
@@ -61,7 +62,8 @@ def whatif_table(capacities: list[float], sizes: list[int]) -> None:
                               local_epochs=2, model_bytes=4_000_000, client_mbps=50.0, latency_s=0.02,
                               access_mbps=c, cores=1, edge_curves=edge.group_overhead, secagg=True)
                 for c in capacities]
-        print(f"| {s} | {len(groups)} | {rows[0]['edge_cost']:.0f} | "
+        span = f"{min(groups)}" if min(groups) == max(groups) else f"{min(groups)}-{max(groups)}"
+        print(f"| {s} | {len(groups)} ({span}) | {rows[0]['edge_cost']:.0f} | "
               + " | ".join(f"{r['makespan_s']:.1f}" for r in rows) + f" | {rows[0]['core_wait_s']:.2f} |")
     print(f"\n{len(sizes) * len(capacities)} edge rounds simulated in {time.perf_counter() - t0:.2f} s")
 

@@ -479,4 +479,8 @@ def config_warnings(config: RunConfig) -> list[str]:
     if shares and total > 0 and abs(total - 1.0) > 1e-9:
         used = ", ".join(f"{k} = {v / total:.4g}" for k, v in sorted(shares.items()))
         out.append(f"topology.devices: shares sum to {total:g}, not 1; normalised to {used}")
+    t = config.topology
+    if t.edge_cores is not None and t.edge_profile is None:
+        out.append(f"topology.edge_cores = {t.edge_cores} without topology.edge_profile: aggregation takes no time, "
+                   f"so no group waits for a core; name an edge profile with aggregation or secagg-server curves")
     return out

@@ -21,6 +21,11 @@ One group round of a sampled group, in simulated time:
    for the edge profile's ``aggregation`` + ``secagg-server`` + dropped × ``secagg-server-recovery``
    seconds. Waiting for a core or for the medium is simulated time, never Eq. 5 cost.
 
+Who is offline depends on the round's clock, but the compute (which leaves offline clients out of
+training) runs before the SimPy processes; so with ``availability`` the round is first played on
+a scratch clock (:meth:`ContendedFederation.offline`, also what the budget check prices), and
+:meth:`ContendedFederation.run_round` then replays that play's charges, statistics and end time.
+
 The access capacity is full duplex: downloads share ``edge_access_mbps`` and uploads share another
 ``edge_access_mbps``. With ``edge_link.shared`` each group's model goes up to the cloud when its K
 group rounds end, sharing the edge link with the edge's other groups' uploads.
@@ -460,7 +465,7 @@ class ContendedFederation(Federation):
             spans[~off] = np.array([p.value for p in members]).reshape(n_here, len(charges), 2) if members else 0.0
             n_alive = int((~lost).sum())
             hold = net.server_time(n_alive, int(lost.sum()) if n_alive else 0)
-            if e.cores is not None or hold > 0:
+            if n_alive and (e.cores is not None or hold > 0):
                 queued = env.now
                 if e.cores is not None:
                     with e.cores.request() as req:
@@ -514,25 +519,28 @@ class ContendedFederation(Federation):
 # -- what-if: one edge's round without training ------------------------------------------------------
 
 def edge_makespan(group_sizes: list[int], n_samples: np.ndarray, training, overhead, *, group_rounds: int,
-                  local_epochs: int, model_bytes: int, client_mbps: float, latency_s: float,
+                  local_epochs: int, model_bytes: int, client_mbps, latency_s,
                   access_mbps: float | None, cores: int | None, edge_curves: dict | None = None,
                   secagg: bool = True, edge_mbps: float = 1000.0, edge_latency_s: float = 0.01,
                   operation: str = "secagg") -> dict:
     """One global round of one edge whose sampled groups have ``group_sizes`` members (holding
     ``n_samples`` in order), on the shared-edge model: its makespan, Eq. 5 cost, time waiting for
-    a core and the access links' utilisation (``groupfel whatif``'s makespan columns)."""
+    a core and the access links' utilisation (``groupfel whatif``'s makespan columns).
+    ``client_mbps`` and ``latency_s``: one value for every client or one per client."""
     from groupfel.cost_models import CostModel, DeviceProfile
     from groupfel.topologies import Link, build_topology
 
     n = int(sum(group_sizes))
     n_samples = np.asarray(n_samples[:n], dtype=float)
     parts = [np.arange(1) for _ in range(n)]
+    bw = np.broadcast_to(np.asarray(client_mbps, dtype=float), (n,)).copy()
+    lat = np.broadcast_to(np.asarray(latency_s, dtype=float), (n,)).copy()
     topo = build_topology([n], ["d"] * n, parts, np.ones((n, 1), dtype=int),
-                          client_link=Link(client_mbps, latency_s), edge_link=Link(edge_mbps, edge_latency_s))
+                          client_link=Link(float(bw[0]), float(lat[0])), edge_link=Link(edge_mbps, edge_latency_s))
     prof = DeviceProfile("d", "whatif", training={"h": training}, group_overhead={operation: overhead})
     cost = CostModel({"d": prof}, "h", (operation,))
     net = EdgeNetwork(None if access_mbps is None else access_mbps * 1e6, cores, False,
-                      client_net(None, n, client_mbps, latency_s, 0), 1, secagg, dict(edge_curves or {}))
+                      ClientNet(bw, lat, np.ones(n)), 1, secagg, dict(edge_curves or {}))
     env = simpy.Environment()
     fed = ContendedFederation(RoundContext(env, model_bytes, cost, CostLedger(), topo, 0, group_rounds,
                                            local_epochs), net)

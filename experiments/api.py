@@ -284,19 +284,30 @@ def sweep(path: str | Path, output: str | Path | None = None, *, jobs: int | Non
 def whatif(group_sizes: Iterable[int] = range(2, 41), *, profile: str = "raspberry-pi-4/cifar10-resnet/secagg",
            training: str = "sgd", clients: int = 10_000, samples_mean: float = 50.0, rounds: int = 100,
            group_rounds: int = 5, local_epochs: int = 2, groups_per_round: int | None = None,
-           participation: float = 0.1, seed: int = 0, profiles_file: str | None = None) -> pd.DataFrame:
+           participation: float = 0.1, seed: int = 0, profiles_file: str | None = None,
+           access_mbps: float | Sequence[float] | None = None, edge_cores: int | None = None,
+           edge_clients: int | None = None, edge_profile: str | None = None, model_mb: float = 1.0,
+           client_mbps: float = 20.0, latency_s: float = 0.02) -> pd.DataFrame:
     """Eq. 5 cost per global round across group sizes, without training (``groupfel whatif``):
-    one row per group size with the training and group-operation cost of a round."""
+    one row per group size with the training and group-operation cost of a round. Any of
+    ``access_mbps`` (one capacity or several), ``edge_cores`` or ``edge_clients`` adds the round
+    makespan of one shared edge (one row per size and capacity; see the whatif guide)."""
     from types import SimpleNamespace
 
     from groupfel.cost_models.whatif import Scenario, sweep as price
 
-    from .cost_cli import _whatif_curves
+    from .cost_cli import _wants_makespan, _whatif_curves, _with_makespan
 
-    prof, overhead = _whatif_curves(SimpleNamespace(profile=profile, training=training, profiles_file=profiles_file))
+    args = SimpleNamespace(profile=profile, training=training, profiles_file=profiles_file,
+                           access_mbps=None if access_mbps is None else ",".join(
+                               str(float(c)) for c in np.atleast_1d(access_mbps)),
+                           edge_cores=edge_cores, edge_clients=edge_clients, edge_profile=edge_profile,
+                           model_mb=model_mb, client_mbps=client_mbps, latency_s=latency_s)
+    prof, overhead = _whatif_curves(args)
     sc = Scenario(clients=clients, samples_mean=samples_mean, rounds=rounds, group_rounds=group_rounds,
                   local_epochs=local_epochs, groups_per_round=groups_per_round, participation=participation, seed=seed)
-    return price([int(s) for s in group_sizes], overhead, prof.training[training], sc)
+    df = price([int(s) for s in group_sizes], overhead, prof.training[training], sc)
+    return _with_makespan(df, args, prof, overhead, sc) if _wants_makespan(args) else df
 
 
 def calibrate(measurements: str | Path | Sequence[str | Path], out: str | Path | None = None, *,

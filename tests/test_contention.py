@@ -10,8 +10,8 @@ import simpy
 
 from groupfel.cost_models import CostModel, DeviceProfile, linear, quadratic
 from groupfel.emulator.config import AvailabilityConfig, HeterogeneityConfig, parse_config
-from groupfel.emulator.contention import (OFFLINE, Availability, ContendedFederation, EdgeNetwork, client_bytes,
-                                 client_net)
+from groupfel.emulator.contention import (OFFLINE, Availability, ClientNet, ContendedFederation, EdgeNetwork,
+                                 client_bytes, client_net)
 from groupfel.errors import InputError
 from groupfel.emulator.federation import Group, RoundContext
 from groupfel.emulator.ledger import CostLedger
@@ -23,7 +23,7 @@ from conftest import TINY  # noqa: E402
 MB = 10**6
 
 
-def _fed(n_clients=4, *, access=None, cores=None, aggregation=None, avail=None, group_rounds=1, bw=8.0):
+def _fed(n_clients=4, *, access=None, cores=None, aggregation=None, avail=None, group_rounds=1, bw=8.0, bws=None):
     """One edge, clients on 8 Mbit/s links without latency, the edge link 8 Mbit/s; every
     client trains 1 s (E = 1, H = 1 s) and runs one 1 s group operation; the model is 1 MB."""
     parts = [np.arange(i * 10, i * 10 + 10) for i in range(n_clients)]
@@ -33,8 +33,10 @@ def _fed(n_clients=4, *, access=None, cores=None, aggregation=None, avail=None, 
                          group_overhead={"backdoor": quadratic(0.0, 0.0, 1.0)})
     cost = CostModel({"dev": prof}, "sgd", ("backdoor",))
     curves = {"aggregation": quadratic(0.0, 0.0, aggregation)} if aggregation else {}
-    net = EdgeNetwork(None if access is None else access * 1e6, cores, False,
-                      client_net(None, n_clients, bw, 0.0, 0), 1, False, curves, avail)
+    clients = client_net(None, n_clients, bw, 0.0, 0)
+    if bws is not None:
+        clients = ClientNet(np.array(bws, dtype=float), clients.latency_s, clients.speed)
+    net = EdgeNetwork(None if access is None else access * 1e6, cores, False, clients, 1, False, curves, avail)
     env = simpy.Environment()
     ctx = RoundContext(env, MB, cost, CostLedger(), topo, seed=0, group_rounds=group_rounds, local_epochs=1)
     return ContendedFederation(ctx, net), env
@@ -78,6 +80,23 @@ def test_shared_access_stretches_transfers():
                           "client_to_edge": 4 * MB}
     downloads = [(x["start"], x["end"]) for x in fed.trace if x["kind"] == "download"]
     assert downloads == pytest.approx([(1.0, 5.0)] * 4)
+
+
+def test_half_bandwidth_client_in_a_group_sharing_the_edge():
+    # one group of 3 on 8 Mbit/s of access; own links 4, 4 and 2 Mbit/s (client 2: half).
+    # x_t 0..1. Downloads from 1: client 2 gets its cap 2, the others (8 - 2) / 2 = 3: they end
+    # at 1 + 8/3 = 3.667; client 2 has 5.333 Mbit by then, the rest at its cap: ends at 5.0.
+    # Fast clients: train, operate to 5.667, upload alone together at 4 each. Client 2: train,
+    # operate to 7.0, then uploads at its cap 2 (8 Mbit: 7.0..11.0) while the others, sharing
+    # 8 - 2 = 6, have 8 - 4 × 1.333 = 2.667 Mbit left at 3 each: they end at 7 + 8/9 = 7.889.
+    # The group round ends at 11.0, the edge sends one model up 11..12.
+    fed, env = _fed(3, access=8.0, bws=[4.0, 4.0, 2.0])
+    fed.run_round(0, _groups([0, 1, 2]))
+    assert env.now == pytest.approx(12.0)
+    ends = {(x["kind"], x["client"]): x["end"] for x in fed.trace}
+    assert ends[("download", 0)] == pytest.approx(1 + 8 / 3) and ends[("download", 2)] == pytest.approx(5.0)
+    assert ends[("upload", 0)] == pytest.approx(7 + 8 / 9) and ends[("upload", 1)] == pytest.approx(7 + 8 / 9)
+    assert ends[("upload", 2)] == pytest.approx(11.0)
 
 
 def test_offline_client_drops_and_is_charged_nothing_after(tmp_path):
@@ -202,34 +221,10 @@ def test_whatif_makespan_columns(tmp_path, capsys):
     assert (slow["makespan_s"].to_numpy() > fast["makespan_s"].to_numpy()).all()
     assert main(["whatif", "--clients", "200", "--access-mbps", "0", "--out", str(out)]) == 2
     assert "--access-mbps: 0.0 must be a positive finite number" in capsys.readouterr().err
-
-
-def test_a_run_on_shared_edges(tmp_path):
-    """A whole run: offline clients are left out of training and charged nothing, the manifest
-    records the network, the timeline draws it; without the keys the plain federation runs."""
-    from groupfel.emulator.contention import build_network
     from groupfel.experiments import api
-    from groupfel.experiments.cli import main
 
-    d = copy.deepcopy(TINY)
-    d["train"]["rounds"] = 2
-    d["arms"] = d["arms"][:1]
-    assert build_network(parse_config(d), 12, None, ("secagg",)) is None   # no key: the plain federation
-    d["topology"].update({"edge_access_mbps": 0.5, "edge_cores": 1,
-                          "heterogeneity": {"bandwidth_sigma": 0.5, "speed_sigma": 0.2},
-                          "availability": {"mean_on_s": 20.0, "mean_off_s": 20.0}})
-    study = api.run(d, tmp_path / "run", jobs=1, progress=False)
-    arm = study.arm_dir(None, "covg-esrcov")
-    m = study.manifest(None, "covg-esrcov")["network"]
-    assert m["edge_access_mbps"] == 0.5 and m["edge_cores"] == 1 and len(m["rounds"]) == 2
-    assert len(m["clients"]["bandwidth_mbps"]) == 12 and m["bytes_total"]["client_to_edge"] > 0
-    assert m["offline"], "with 50 % availability some sampled client is offline"
-    led = study.ledger(None, "covg-esrcov")
-    for ev in m["offline"]:   # no charge for an offline client from the time it left, in that round
-        later = led[(led.client == ev["client"]) & (led["round"] == ev["round"]) & (led.group_round >= ev["group_round"])]
-        assert (later["amount"] == 0).all()
-    assert main(["timeline", str(arm), "--round", "1", "--out", str(tmp_path / "t.png")]) == 0
-    assert (tmp_path / "t.png").stat().st_size > 0
+    py = api.whatif([2, 4], clients=200, rounds=5, access_mbps=[8, 50], edge_cores=1, edge_clients=12)
+    assert py["makespan_s"].tolist() == pytest.approx(df["makespan_s"].iloc[[0, 1, 3, 4]].tolist())
 
 
 def test_measure_secagg_server_part(tmp_path):
@@ -243,3 +238,85 @@ def test_measure_secagg_server_part(tmp_path):
     ops = [ln.split(",")[0] for ln in text.splitlines() if not ln.startswith("#")][1:]
     assert ops == ["secagg-server", "secagg-server", "secagg-server-recovery"]
     assert main(["measure", "backdoor", "--server", "--sizes", "2", "--out", str(tmp_path / "b.csv")]) == 2
+
+
+def test_edge_makespan_mixed_bandwidths():
+    # 2 clients, one group, dedicated links of 8 and 4 Mbit/s, no group operation time:
+    # x_t 0..1; downloads 1..2 and 1..3; train 1 s; op 1 s; uploads: the slow client 5..7;
+    # one model up 7..8
+    from groupfel.emulator.contention import edge_makespan
+
+    r = edge_makespan([2], np.full(2, 10), linear(0.0, 1.0), quadratic(0.0, 0.0, 1.0), group_rounds=1,
+                      local_epochs=1, model_bytes=MB, client_mbps=[8.0, 4.0], latency_s=0.0, access_mbps=None,
+                      cores=None, secagg=False, edge_mbps=8.0, edge_latency_s=0.0, operation="backdoor")
+    assert r["makespan_s"] == pytest.approx(8.0)
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_a_killed_shared_edge_run_resumes_to_the_same_tables(tmp_path):
+    """A whole run on shared edges: resumed equals uninterrupted (tables, ledger, transfers,
+    per-round statistics); the manifest; offline clients uncharged; the timeline draws it."""
+    import json
+
+    import pandas as pd
+
+    from groupfel.emulator.driver import plan_arm, run_arm
+    from groupfel.emulator.world import build_world
+
+    d = copy.deepcopy(TINY)
+    d["train"].update(rounds=4, eval_every=2)
+    d["arms"] = d["arms"][:1]
+    d["topology"].update({"edge_access_mbps": 0.5, "edge_cores": 1, "edge_link": {"bandwidth_mbps": 10.0,
+                          "latency_s": 0.01, "shared": True}, "availability": {"mean_on_s": 20.0, "mean_off_s": 20.0},
+                          "edge_profile": "edge/cifar10-resnet"})
+    (tmp_path / "edge.csv").write_text("device,task,operation,method,a,b,c\n"
+                                       "edge,cifar10-resnet,group_overhead,aggregation,0,0.5,1\n")
+    d["cost"]["profiles_file"] = str(tmp_path / "edge.csv")
+    config = parse_config(d)
+    world = build_world(config)
+    full = run_arm(world, plan_arm(world, 0), tmp_path / "full")
+
+    def kill(t, cost, acc):
+        if t == 3:
+            raise _Killed
+    with pytest.raises(_Killed):
+        run_arm(world, plan_arm(world, 0), tmp_path / "killed", kill)
+    fresh = build_world(config)
+    resumed = run_arm(fresh, plan_arm(fresh, 0), tmp_path / "killed")
+    pd.testing.assert_frame_equal(full, resumed, check_exact=True)
+    for name in ("ledger.parquet", "network.parquet"):
+        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "full" / name),
+                                      pd.read_parquet(tmp_path / "killed" / name), check_exact=True)
+    net = [json.loads((tmp_path / p / "manifest.json").read_text())["network"] for p in ("full", "killed")]
+    assert net[0]["rounds"] == net[1]["rounds"] and len(net[0]["rounds"]) == 4
+    assert net[0]["offline"] == net[1]["offline"]
+    # what the manifest records, and that an offline client is charged nothing from when it left
+    m = net[0]
+    assert m["edge_access_mbps"] == 0.5 and m["edge_cores"] == 1 and m["edge_link_shared"]
+    assert m["edge_curves"] == ["aggregation"] and all(e["core_busy_s"] > 0 for r in m["rounds"] for e in r["edges"])
+    assert len(m["clients"]["bandwidth_mbps"]) == 12 and m["bytes_total"]["client_to_edge"] > 0
+    assert m["offline"], "with 50 % availability some sampled client is offline"
+    led = pd.read_parquet(tmp_path / "full" / "ledger.parquet")
+    for ev in m["offline"]:
+        later = led[(led.client == ev["client"]) & (led["round"] == ev["round"]) & (led.group_round >= ev["group_round"])]
+        assert (later["amount"] == 0).all()
+    from groupfel.experiments.cli import main
+
+    assert main(["timeline", str(tmp_path / "full"), "--round", "1", "--out", str(tmp_path / "t.png")]) == 0
+    assert (tmp_path / "t.png").stat().st_size > 0
+    # without any of the keys the plain federation runs
+    from groupfel.emulator.contention import build_network
+
+    assert build_network(parse_config(TINY), 12, None, ("secagg",)) is None
+
+
+def test_cores_without_an_edge_profile_warn():
+    from groupfel.emulator.config import config_warnings
+
+    d = copy.deepcopy(TINY)
+    d["topology"]["edge_cores"] = 2
+    assert any("topology.edge_cores = 2 without topology.edge_profile" in w for w in config_warnings(parse_config(d)))
+    assert config_warnings(parse_config(TINY)) == []
