@@ -218,11 +218,13 @@ _WORKER: BatchedEngine | None = None
 
 
 def _worker_init() -> None:
+    # Ctrl-C reaches the whole process group; the parent stops the run and says so in one line,
+    # so the workers ignore it rather than print a KeyboardInterrupt traceback each. They are
+    # forked with SIGINT blocked (see _fork_pool), so none can take it before this line.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     exit_with_parent()
     torch.set_num_threads(1)   # one process per core: more threads only contend
-    # Ctrl-C reaches the whole process group; the parent stops the run and says so in one line,
-    # so the workers ignore it rather than print a KeyboardInterrupt traceback each
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _worker_run(job) -> None:
@@ -393,9 +395,14 @@ class BatchedEngine(TorchEngine):
             self._block = np.frombuffer(raw, dtype=np.float32).reshape(rows, self.n_params)
             global _WORKER
             _WORKER = self
-            try:   # fork: the workers inherit this engine and the dataset's pages, never copies
+            # fork: the workers inherit this engine and the dataset's pages, never copies; and
+            # SIGINT blocked, as is the pool's thread that forks replacements (a block, unlike an
+            # ignore, works from any thread and delays a Ctrl-C here by microseconds only)
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
                 self._pool = multiprocessing.get_context("fork").Pool(self.workers, _worker_init)
             finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
                 _WORKER = None
             weakref.finalize(self, self._pool.terminate)
         return torch.from_numpy(self._block)
