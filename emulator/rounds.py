@@ -65,8 +65,8 @@ from policies.grouping import EdgeView
 from .algorithms import Algorithm, AlgorithmContext, AlgorithmState, FedAvg
 from .compute import LocalSpec, run_group_rounds
 from .config import arrival_rounds
-from .driver import ArmPlan, ArmState, RoundStrategy, budget_error, input_warnings, new_federation, norm_growth, \
-    sample_groups
+from .driver import ArmPlan, ArmState, RoundStrategy, aggregation_weights, budget_error, input_warnings, new_federation, \
+    norm_growth, sample_groups
 from .errors import DivergenceError, InputError
 from .federation import Federation, Group
 from .io import atomic_write
@@ -231,8 +231,8 @@ class GlobalRounds(RoundStrategy):
         world, plan, state, chosen = self.world, self.plan, self.state, self.chosen
         groups = self.grouping.groups
         log_pi = inclusion_log_probabilities(self.log_p, self.S)
-        weights = plan.aggregation.weights(np.array([groups[g].total_samples for g in chosen]), log_pi[chosen],
-                                           self.n_total)
+        weights = aggregation_weights(plan, np.array([groups[g].total_samples for g in chosen]), log_pi[chosen],
+                                      self.n_total)
         sampled = {int(g): groups[g] for g in chosen}
         members = np.concatenate([g.clients for g in sampled.values()])
         algorithm, alg_state = self.training.algorithm, self.training.state

@@ -198,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"groupfel: error: {_disk_full(exc)}", file=sys.stderr)
         return 1
     except InputError as exc:
+        trace = getattr(exc, "trace", "")   # a plug-in's own exception: its traceback, then our one line
+        if trace:
+            print(trace.rstrip("\n"), file=sys.stderr)
         print(f"groupfel: error: {exc}", file=sys.stderr)
         return 2
     except DivergenceError as exc:

@@ -86,7 +86,9 @@ def make_policy(name: str, min_group_size: int | None, max_cov: float | None):
 
 
 def run_grouping(counts: np.ndarray, edges: np.ndarray, policy, seed: int) -> dict:
-    """Group each edge's clients; the JSON-able result (groups and summary)."""
+    """Group each edge's clients, checked at the seam; the JSON-able result (groups and summary)."""
+    from emulator.contracts import calling, check_grouping, spec_of
+
     norm = getattr(policy, "normalization", "std")
     groups, dropped, touched = [], [], 0
     for e in np.unique(edges):
@@ -94,10 +96,14 @@ def run_grouping(counts: np.ndarray, edges: np.ndarray, policy, seed: int) -> di
         if policy.min_group_size > len(members):
             raise InputError(f"--min-group-size: {policy.min_group_size} exceeds the {len(members)} clients "
                              f"of edge {int(e)}; lower it")
-        result = policy.group(EdgeView(counts[members]), np.random.default_rng((seed, int(e))))
-        dropped += members[result.dropped].tolist()
-        touched += result.leftover_clients
-        for local in result.groups:
+        spec = spec_of(policy)
+        with calling("--policy", spec, "group()"):
+            result = policy.group(EdgeView(counts[members]), np.random.default_rng((seed, int(e))))
+        local_groups, missing = check_grouping(getattr(result, "groups", result), getattr(result, "dropped", None),
+                                               len(members), "--policy", spec, policy.leaves_clients_out, int(e))
+        dropped += members[missing].tolist()
+        touched += getattr(result, "leftover_clients", 0)
+        for local in local_groups:
             clients = members[np.sort(local)]
             label_counts = counts[clients].sum(axis=0)
             groups.append({"edge": int(e), "clients": clients.tolist(), "size": len(clients),

@@ -144,9 +144,17 @@ def _run_single(config: RunConfig, run_dir: Path, *, force: bool, progress: bool
     """The arms of one seed, one after another in this process, with a progress bar per arm."""
     world, plans = plan_world(config)   # all input errors surface here
     check_dir(config, run_dir, force=force)
-    with run_lock(run_dir):
-        check_dir(config, run_dir, force=force)   # again under the lock: a writer before us may have changed it
-        return _run_arms(config, run_dir, world, plans, force=force, progress=progress)
+    new = not run_dir.exists()
+    try:
+        with run_lock(run_dir):
+            check_dir(config, run_dir, force=force)   # again under the lock: a writer before us may have changed it
+            return _run_arms(config, run_dir, world, plans, force=force, progress=progress)
+    except InputError:
+        # a plug-in broke its contract in the first round of the first arm: a new directory holds
+        # only its config and lock then, so nothing half-written is left behind
+        if new and not any(p.is_dir() for p in run_dir.iterdir()):
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
 
 
 def _run_arms(config, run_dir, world, plans, *, force, progress) -> pd.DataFrame:
