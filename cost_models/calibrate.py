@@ -22,7 +22,6 @@ from scipy import optimize, stats
 
 from emulator.errors import InputError
 
-from .profiles import uncommented
 
 X_COLUMNS = {"group_size": ("group_overhead", 2), "n_samples": ("training", 1)}
 OUTLIER_Z = 3.5   # robust z-score (residual / (1.4826·MAD)) beyond which a point is an outlier
@@ -56,27 +55,19 @@ class Fit:
 
 def read_measurements(paths: list[str | Path]) -> pd.DataFrame:
     """Measurement CSVs (``#`` comment lines skipped) → one validated frame."""
+    from emulator.usercsv import read_user_csv
+
     frames = []
     for path in map(Path, paths):
-        try:
-            lines = uncommented(path.read_text().splitlines())
-        except OSError as exc:
-            raise InputError(f"measurements {path}: cannot read ({exc.strerror}); check the path") from None
-        rows = list(csv.DictReader(lines))
-        cols = set(rows[0]) if rows else set(next(csv.reader(lines), []))
-        for need in ("operation", "seconds"):
-            if need not in cols:
-                hint = ""
-                if lines and ";" in lines[0] and "," not in lines[0]:
-                    hint = " (the header is separated by ';': use commas, e.g. operation,group_size,seconds)"
-                raise InputError(f"{path}: missing column '{need}'{hint}; the header needs operation, "
-                                 f"group_size or n_samples, seconds")
-        if not cols & set(X_COLUMNS):
+        table = read_user_csv(path, f"measurements {path}" if not path.is_file() else str(path))
+        table.require(("operation", "seconds"), "operation, group_size or n_samples, seconds")
+        if not set(table.header) & set(X_COLUMNS):
             raise InputError(f"{path}: missing column 'group_size' or 'n_samples' (the x of the fit)")
-        if not rows:
+        if not table.rows:
             raise InputError(f"{path}: no measurements below the header")
-        df = pd.DataFrame(rows).reindex(columns=["operation", "method", "device", *X_COLUMNS, "seconds"])
-        df["row"] = [f"{path} row {i}" for i in range(1, len(df) + 1)]
+        df = pd.DataFrame([r.cells for r in table.rows]).reindex(
+            columns=["operation", "method", "device", *X_COLUMNS, "seconds"])
+        df["row"] = [table.where(r) for r in table.rows]
         frames.append(df)
     df = pd.concat(frames, ignore_index=True).replace("", np.nan)
     for col in ("seconds", *X_COLUMNS):

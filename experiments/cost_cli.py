@@ -20,16 +20,33 @@ def _number(v: float) -> str:
     return f"{v:.0f}" if 1e4 <= abs(v) < 1e9 else f"{v:.4g}"
 
 
-def parse_sizes(text: str, where: str = "--sizes") -> list[int]:
-    """``2..30`` (inclusive), ``2..30:4`` (step 4) or ``2,5,10``."""
+MAX_SIZES = 100_000      # sizes one command sweeps; more is a typo or a missing step
+INT64 = 2**63 - 1
+
+
+def parse_sizes(text: str, where: str = "--sizes", most: int | None = None, bound: str = "") -> list[int]:
+    """``2..30`` (inclusive), ``2..30:4`` (step 4) or ``2,5,10``; each size at most ``most``
+    (``bound`` says what that is). The bounds are compared before the list is built, so a range
+    that cannot be meant (``2..100000000``) gets one line instead of a MemoryError."""
+    form = f"{where} {text!r}: give positive integers as LO..HI, LO..HI:STEP or A,B,C (e.g. 2..30)"
     m = re.fullmatch(r"\s*(\d+)\s*\.\.\s*(\d+)\s*(?::\s*(\d+))?\s*", text)
     try:
-        sizes = list(range(int(m[1]), int(m[2]) + 1, int(m[3] or 1))) if m else [int(s) for s in text.split(",")]
+        ends = [int(m[1]), int(m[2])] if m else [int(s) for s in text.split(",")]
     except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        raise InputError(f"{where} {text!r}: give positive integers as LO..HI, LO..HI:STEP or A,B,C (e.g. 2..30)")
-    return sizes
+        raise InputError(form) from None
+    step = int(m[3] or 1) if m else 1
+    if not ends or min(ends) < 1 or step < 1 or m and ends[0] > ends[1]:
+        raise InputError(form)
+    top = max(ends)
+    if top > INT64:
+        raise InputError(f"{where} {text!r}: {top} is beyond 64-bit integers; give sizes up to {most or INT64:,}")
+    if most is not None and top > most:
+        raise InputError(f"{where} {text!r}: size {top:,} exceeds {bound or most}; give sizes up to {most:,}")
+    count = (ends[1] - ends[0]) // step + 1 if m else len(ends)
+    if count > MAX_SIZES:
+        raise InputError(f"{where} {text!r}: {count:,} sizes; sweep at most {MAX_SIZES:,} (add a step, e.g. "
+                         f"{ends[0]}..{ends[1]}:{-(-(ends[1] - ends[0]) // MAX_SIZES) + 1})")
+    return list(range(ends[0], ends[1] + 1, step)) if m else ends
 
 
 def write_text(path: Path, text: str) -> Path:
@@ -173,8 +190,9 @@ def _cmd_whatif(args) -> int:
     sc = Scenario(clients=args.clients, samples_mean=args.samples_mean, rounds=args.rounds,
                   group_rounds=args.group_rounds, local_epochs=args.local_epochs,
                   groups_per_round=args.groups_per_round, participation=args.participation, seed=args.seed)
+    group_sizes = parse_sizes(args.group_sizes, "--group-sizes", most=sc.clients,
+                              bound=f"the {sc.clients:,} clients (--clients)")
     _check_memory(sc.clients)
-    group_sizes = parse_sizes(args.group_sizes, "--group-sizes")
     _check_whatif_curves(args, prof, overhead, group_sizes + [s + 1 for s in group_sizes], sc.sample_counts())
     t0 = time.perf_counter()
     df = sweep(group_sizes, overhead, prof.training[args.training], sc)

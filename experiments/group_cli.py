@@ -6,14 +6,13 @@ in the output are the 0-based data-row index of the input.
 """
 from __future__ import annotations
 
-import csv
-import io
 import json
 from pathlib import Path
 
 import numpy as np
 
 from emulator.errors import InputError
+from emulator.usercsv import read_user_csv
 from policies import EdgeView, groupings
 from policies.cov import cov_of_counts
 
@@ -29,15 +28,8 @@ def read_label_matrix(path: str | Path) -> tuple[np.ndarray, np.ndarray, list[st
                          f"counts (e.g. {str(path / 'labels.csv')!r})")
     if not path.is_file():
         raise InputError(f"--label-matrix: no such file {str(path)!r}; give a CSV of clients × label counts")
-    try:
-        rows = list(csv.reader(io.StringIO(path.read_text())))
-    except (UnicodeDecodeError, csv.Error) as exc:
-        raise InputError(f"--label-matrix {path}: not a readable CSV ({str(exc).splitlines()[0]}); "
-                         f"write a header line and one row of label counts per client") from None
-    if not rows:
-        raise InputError(f"--label-matrix {path}: not a readable CSV (the file is empty); "
-                         f"write a header line and one row of label counts per client")
-    header, data = [c.strip() for c in rows[0]], rows[1:]
+    table = read_user_csv(path, f"--label-matrix {path}")
+    header, data = table.header, table.rows
     if not data:
         raise InputError(f"--label-matrix {path}: no client rows; write one row of label counts per client")
     edge_col = next((i for i, c in enumerate(header) if c.lower() == "edge"), None)
@@ -46,23 +38,20 @@ def read_label_matrix(path: str | Path) -> tuple[np.ndarray, np.ndarray, list[st
         raise InputError(f"--label-matrix {path}: no label columns; add one count column per label")
     values = np.zeros((len(data), len(header)), dtype=np.int64)
     for r, row in enumerate(data):
-        if len(row) > len(header):
-            raise InputError(f"--label-matrix {path}: row {r} has {len(row)} cells but the header has "
-                             f"{len(header)}; give every row one count per header column")
         for i, name in enumerate(header):
-            cell = row[i].strip() if i < len(row) else ""
+            cell = row.get(name)
             try:
                 v = float(cell)
             except ValueError:
                 v = float("nan")
-            if not (np.isfinite(v) and v >= 0 and v == round(v)):
-                raise InputError(f"--label-matrix {path}: row {r} column {name!r} is {cell!r}; every cell must "
+            if not (np.isfinite(v) and 0 <= v < 2**62 and v == round(v)):
+                raise InputError(f"{table.where(row)} column {name!r} is {cell!r}; every cell must "
                                  f"be a non-negative integer (empty cells are not allowed)")
             values[r, i] = int(v)
     counts = values[:, labels]
     empty = np.flatnonzero(counts.sum(axis=1) == 0)
     if len(empty):
-        raise InputError(f"--label-matrix {path}: client row {int(empty[0])} has no samples (all counts 0); "
+        raise InputError(f"--label-matrix {path}: client row {int(empty[0]) + 1} has no samples (all counts 0); "
                          f"remove it or give it its label counts")
     edges = values[:, edge_col] if edge_col is not None else np.zeros(len(data), dtype=np.int64)
     return counts, edges, [header[i] for i in labels]

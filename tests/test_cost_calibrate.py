@@ -1,4 +1,6 @@
 """Calibration: recovers known curves from noisy points, flags outliers, refuses bad files."""
+import re
+
 import numpy as np
 import pytest
 
@@ -83,3 +85,47 @@ def test_parse_sizes():
     assert parse_sizes("3,5") == [3, 5]
     with pytest.raises(InputError):
         parse_sizes("two..five")
+
+
+def test_a_spreadsheet_csv_with_bom_and_crlf_reads_like_a_plain_file(tmp_path):
+    """Before: "missing column 'operation'" (the header's first name was '\\ufeffoperation')."""
+    rows = ["# pi 4, 2024-05-01", "operation,group_size,seconds",
+            *[f"secagg,{s},{0.5 + 0.01 * s * s}" for s in range(2, 9)]]
+    plain, sheet = tmp_path / "plain.csv", tmp_path / "sheet.csv"
+    plain.write_text("\n".join(rows) + "\n")
+    sheet.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(rows).encode() + b"\r\n")
+    a, b = read_measurements([plain]), read_measurements([sheet])
+    assert a.drop(columns="row").equals(b.drop(columns="row"))
+    fa, fb = calibrate(a), calibrate(b)
+    assert [list(f.coef) for f in fa] == [list(f.coef) for f in fb]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("operation,group_size,seconds\nsecagg,3,1\nsecagg,4,2,7\n", "row 2: 4 cells but the header has 3"),
+])
+def test_a_row_longer_than_the_header_is_refused(tmp_path, capsys, text, message):
+    """Before: the extra cell was dropped silently (csv.DictReader files it under None)."""
+    path = tmp_path / "m.csv"
+    path.write_bytes(text.encode())
+    assert main(["calibrate", str(path), "--out", str(tmp_path / "cal")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("text, where", [
+    ("2..100000000", "size 100,000,000 exceeds the 1,000 clients (--clients); give sizes up to 1,000"),
+    ("2..99999999999999999999999", "is beyond 64-bit integers"),
+    ("1..10000000:1", "10,000,000 sizes; sweep at most 100,000 (add a step, e.g. 1..10000000:101)"),
+])
+def test_sizes_are_bounded_before_anything_is_built(text, where):
+    """Before: `whatif --group-sizes 2..100000000 --clients 1000` built the 3.6 GB list, then a
+    MemoryError."""
+    with pytest.raises(InputError, match=re.escape(where)):
+        parse_sizes(text, "--group-sizes", most=1000 if "1,000" in where else None, bound="the 1,000 clients (--clients)")
+
+
+def test_whatif_with_an_impossible_size_range_is_one_line(tmp_path, capsys):
+    assert main(["whatif", "--group-sizes", "2..100000000", "--clients", "1000", "--out", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "exceeds the 1,000 clients" in err
+    assert not (tmp_path / "w").exists()

@@ -59,3 +59,30 @@ def test_a_profile_lacking_a_curve_says_how_to_layer(tiny_dict, tmp_path, capsys
         run_experiment(parse_config(tiny_dict), tmp_path / "run", progress=False)
     msg = str(exc.value)
     assert "no training curve 'sgd'" in msg and "calibrate --task cifar10-resnet" in msg and "\n" not in msg
+
+
+def test_two_rows_for_one_curve_are_refused_naming_both(tmp_path):
+    """Before: the second row silently replaced the first."""
+    path = tmp_path / "p.csv"
+    path.write_bytes(b"\xef\xbb\xbfdevice,task,operation,method,a,b,c\r\n"
+                     b"lab,t,group_overhead,secagg,0.01,0.1,0.5\r\nlab,t,training,sgd,0.1,0\r\n"
+                     b"lab,t,group_overhead,secagg,0.02,0.1,0.5\r\n")
+    with pytest.raises(InputError, match=r"rows 1 \(line 2\) and 3 \(line 4\) both give the curve "
+                                         r"device/task/operation/method lab/t/group_overhead/secagg; keep one"):
+        read_profiles(path)
+
+
+def test_non_finite_coefficients_and_overflowing_curves_are_refused(tiny_dict, tmp_path):
+    path = tmp_path / "p.csv"
+    path.write_text("device,task,operation,method,a,b,c\nlab,t,group_overhead,secagg,inf,0,1\n")
+    with pytest.raises(InputError, match=r"p.csv row 1: column 'a' must be a finite number, got 'inf'"):
+        read_profiles(path)
+    # 1e306 s² per client at group size 1 is finite; at the run's group size 12 it overflows
+    path.write_text("device,task,operation,method,a,b,c\n"
+                    "raspberry-pi-4,cifar10-resnet,group_overhead,secagg,1e307,0,1\n")
+    tiny_dict["cost"]["profiles_file"] = str(path)
+    tiny_dict["arms"] = tiny_dict["arms"][1:]
+    with pytest.raises(InputError, match=r"cost: curve raspberry-pi-4/cifar10-resnet/secagg overflows a float "
+                                         r"\(inf s\) at group size 5, which this run uses"):
+        run_experiment(parse_config(tiny_dict), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
