@@ -364,7 +364,15 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path, on_round: OnRound | None
     ckpt = arm_dir / CHECKPOINT
     wall0 = time.perf_counter()
     fresh = not ckpt.exists()
-    state = ArmState() if fresh else load_checkpoint(ckpt)
+    try:
+        state = ArmState() if fresh else load_checkpoint(ckpt)
+    except InputError as exc:
+        if "is not a readable checkpoint" not in str(exc):
+            raise   # unsafe or of another version: the user decides
+        warnings.warn(f"{ckpt}: damaged (truncated or not a checkpoint); arm {plan.arm.name!r} restarts from "
+                      f"round 0 (the other arms are kept)", InputWarning, stacklevel=2)
+        ckpt.unlink()
+        fresh, state = True, ArmState()
     diverged = None
     index = next((i for i, a in enumerate(cfg.arms) if a.name == plan.arm.name), 0)
     try:

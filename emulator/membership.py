@@ -228,7 +228,9 @@ def cluster_groups(world: World, policy: GroupingPolicy, weights: torch.Tensor |
     path = Path(arm_dir) / CLUSTERS
     topo = world.topology
     if path.exists():
-        blob = json.loads(path.read_text())
+        from .runfiles import load_json
+
+        blob = load_json(path)
         clusters = [(c["edge"], np.array(c["clients"], dtype=int)) for c in blob["clusters"]]
         work = [(w["edge"], np.array(w["clients"], dtype=int), np.array(w["amounts"])) for w in blob["probe"]]
     else:

@@ -34,6 +34,7 @@ import pandas as pd
 from emulator.config import RunConfig, check_user_config, load_config, parse_config
 from emulator.errors import InputError
 from emulator.io import check_writable
+from emulator.runfiles import load_csv, load_json, load_parquet
 
 __all__ = ["Study", "run", "load", "sweep", "whatif", "calibrate", "group"]
 
@@ -96,7 +97,11 @@ def _check_unchanged(config: RunConfig, run_dir: Path) -> None:
     """A resumed run must use the plug-ins it started with: same sha256 of module file (or source)."""
     started: dict[tuple[str, str], dict] = {}
     for path in sorted(Path(run_dir).rglob("manifest.json")):
-        for rec in json.loads(path.read_text()).get("plugins") or []:
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError:   # damaged: that arm is redone (emulator.runfiles.intact_arm)
+            continue
+        for rec in (manifest.get("plugins") if isinstance(manifest, dict) else None) or []:
             started.setdefault((rec["kind"], rec["name"]), rec)
     if not started:
         return
@@ -151,7 +156,7 @@ def load(run_dir: str | Path) -> "Study":
     path = run_dir / "config.json"
     if not path.exists():
         raise InputError(f"run_dir: {run_dir} holds no config.json; give a directory a run was started in")
-    return Study(run_dir, parse_config(json.loads(path.read_text())))
+    return Study(run_dir, parse_config(load_json(path)))
 
 
 @dataclasses.dataclass
@@ -188,7 +193,7 @@ class Study:
         """Every evaluation row of every seed and arm."""
         if self.multi_seed:
             return pd.read_csv(self.run_dir / "runs.csv")
-        return pd.concat([pd.read_csv(self.run_dir / a / "results.csv") for a in self.arms], ignore_index=True)
+        return pd.concat([load_csv(self.run_dir / a / "results.csv") for a in self.arms], ignore_index=True)
 
     @property
     def per_seed(self) -> pd.DataFrame:
@@ -230,11 +235,11 @@ class Study:
 
     def ledger(self, seed: int | None, arm: str) -> pd.DataFrame:
         """Every Eq. 5 charge of one (seed, arm) run."""
-        return pd.read_parquet(self.arm_dir(seed, arm) / "ledger.parquet")
+        return load_parquet(self.arm_dir(seed, arm) / "ledger.parquet")
 
     def manifest(self, seed: int | None, arm: str) -> dict:
         """The manifest of one (seed, arm) run: config, versions, grouping, plug-ins, stop reason."""
-        return json.loads((self.arm_dir(seed, arm) / "manifest.json").read_text())
+        return load_json(self.arm_dir(seed, arm) / "manifest.json")
 
     def plot(self, x: str = "cost", y: str = "accuracy", ax=None):
         """Mean curve per arm with its 95 % band over seeds, on ``ax`` (default: a new figure)."""

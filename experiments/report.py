@@ -23,6 +23,7 @@ import pandas as pd
 from emulator.config import RunConfig, parse_config
 from emulator.errors import InputError
 from emulator.io import atomic_write
+from emulator.runfiles import load_csv, load_json, load_parquet
 
 from .stats import METRICS, conclusion, render_summary
 
@@ -48,35 +49,35 @@ class Study:
 def load_study(root: Path) -> Study:
     root = Path(root)
     if (root / "sweep.json").exists():
-        meta = json.loads((root / "sweep.json").read_text())
+        meta = load_json(root / "sweep.json")
         points = list(meta["points"])
         if not (root / "runs.csv").exists():
             raise InputError(f"report: {root} is an unfinished sweep; rerun its 'groupfel sweep' command first")
-        configs = {p: parse_config(json.loads((root / p / "config.json").read_text())) for p in points}
+        configs = {p: parse_config(load_json(root / p / "config.json")) for p in points}
         config = configs[points[0]]
         arms = [ArmRun(f"{p}/{a.name}", s, root / p / f"seed-{s}" / a.name)   # a point may run some arms only
                 for p in points for s in configs[p].seed_list for a in configs[p].arms]
-        results = pd.read_csv(root / "runs.csv")
+        results = load_csv(root / "runs.csv")
         results["arm"] = results["point"].astype(str) + "/" + results["arm"].astype(str)
-        return Study("sweep", root, config, arms, results, pd.read_csv(root / "summary.csv"), meta)
+        return Study("sweep", root, config, arms, results, load_csv(root / "summary.csv"), meta)
     if not (root / "config.json").exists():
         raise InputError(f"report: {root} holds no config.json; give a run or sweep directory")
-    config = parse_config(json.loads((root / "config.json").read_text()))
+    config = parse_config(load_json(root / "config.json"))
     if config.seeds is not None:
         if not (root / "runs.csv").exists():
             raise InputError(f"report: {root} is unfinished; resume it with 'groupfel run --resume {root}'")
         arms = [ArmRun(a.name, s, root / f"seed-{s}" / a.name) for s in config.seed_list for a in config.arms]
-        return Study("multi-seed run", root, config, arms, pd.read_csv(root / "runs.csv"),
-                     pd.read_csv(root / "summary.csv"), {})
+        return Study("multi-seed run", root, config, arms, load_csv(root / "runs.csv"),
+                     load_csv(root / "summary.csv"), {})
     arms = [ArmRun(a.name, config.seed, root / a.name) for a in config.arms]
     missing = [str(a.path) for a in arms if not (a.path / "manifest.json").exists()]
     if missing or not (root / "summary.csv").exists():
         raise InputError(f"report: {root} is unfinished ({', '.join(missing) or 'no summary.csv'}); resume it "
                          f"with 'groupfel run --resume {root}'")
-    results = pd.concat([pd.read_csv(a.path / "results.csv") for a in arms], ignore_index=True)
+    results = pd.concat([load_csv(a.path / "results.csv") for a in arms], ignore_index=True)
     if "seed" not in results:
         results["seed"] = config.seed
-    return Study("run", root, config, arms, results, pd.read_csv(root / "summary.csv"), {})
+    return Study("run", root, config, arms, results, load_csv(root / "summary.csv"), {})
 
 
 def _png(fig) -> str:
@@ -126,7 +127,7 @@ def _ledgers(study: Study) -> pd.DataFrame:
     """Every Eq. 5 charge, with the arm label, the seed and the size of the charged group."""
     frames = []
     for a in study.arms:
-        led = pd.read_parquet(a.path / "ledger.parquet")
+        led = load_parquet(a.path / "ledger.parquet")
         grouped = led[led["group"] >= 0]
         size = grouped.groupby(["round", "group"])["client"].nunique().rename("group_size")
         led = led.join(size, on=["round", "group"])
@@ -168,7 +169,7 @@ def _grouping(study: Study) -> str:
 
     rows, sizes, covs = [], {}, {}
     for a in study.arms:
-        m = json.loads((a.path / "manifest.json").read_text())
+        m = load_json(a.path / "manifest.json")
         g = m["grouping"]
         sizes.setdefault(a.label, []).extend(x["size"] for x in g["groups"])
         covs.setdefault(a.label, []).extend(x["cov"] for x in g["groups"])
@@ -205,7 +206,7 @@ def _makespan(study: Study) -> tuple[str, str]:
     table = table.join(per_round.add_prefix("round_time_s "), how="left").reset_index()
     versions, wall = {}, []
     for a in study.arms:
-        m = json.loads((a.path / "manifest.json").read_text())
+        m = load_json(a.path / "manifest.json")
         versions = m.get("versions", versions)
         wall.append({"arm": a.label, "seed": a.seed, "wall_s": m.get("wall_seconds_last_session", np.nan)})
     w = pd.DataFrame(wall)

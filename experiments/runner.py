@@ -53,10 +53,13 @@ def default_config() -> RunConfig:
 
 
 def config_from_run_dir(run_dir: Path) -> RunConfig:
+    from emulator.runfiles import load_json
+
     path = Path(run_dir) / "config.json"
     if not path.exists():
         raise InputError(f"--resume {run_dir}: no config.json there; give the directory a run was started in")
-    return parse_config(json.loads(path.read_text()))
+    return parse_config(load_json(path, "restore it from a copy, or rerun from the config file with "
+                                        "'groupfel run CONFIG' (finished arms whose files are intact are kept)"))
 
 
 def seed_config(config: RunConfig, seed: int) -> RunConfig:
@@ -89,8 +92,8 @@ def _saved_config(path: Path) -> RunConfig | None:
     """The config a run directory was started with (compared as a config, so keys added to the
     schema since, at their defaults, do not count as a change); None if it no longer parses."""
     try:
-        return parse_config(json.loads(path.read_text()))
-    except (InputError, json.JSONDecodeError):
+        return parse_config(json.loads(path.read_text(encoding="utf-8")))
+    except (InputError, ValueError):   # JSONDecodeError and UnicodeDecodeError are ValueErrors
         return None
 
 
@@ -193,7 +196,9 @@ def finish_seed(config: RunConfig, run_dir: Path) -> pd.DataFrame:
     """summary.csv and the plot of a single-seed run whose arms are all complete."""
     from .plots import plot_curves
 
-    results = pd.concat([pd.read_csv(run_dir / a.name / "results.csv") for a in config.arms], ignore_index=True)
+    from emulator.runfiles import load_csv
+
+    results = pd.concat([load_csv(run_dir / a.name / "results.csv") for a in config.arms], ignore_index=True)
     summary = summarize(results, run_dir, config.train.target_accuracy)
     atomic_write(run_dir / "summary.csv", lambda p: summary.to_csv(p, index=False))
     plot_curves(results, run_dir / "accuracy_vs_cost.png", title=config.name)
@@ -204,9 +209,11 @@ def diverged_runs(root: Path) -> list[str]:
     """'<arm dir>: <message>' for every arm under ``root`` (a run, multi-seed run or sweep) that
     stopped because its model diverged or collapsed."""
     out = []
+    from emulator.runfiles import load_json
+
     for path in sorted(Path(root).rglob("manifest.json")):
-        manifest = json.loads(path.read_text())
-        if manifest.get("stop_reason") == "diverged":
+        manifest = load_json(path)
+        if isinstance(manifest, dict) and manifest.get("stop_reason") == "diverged":
             out.append(f"{path.parent.relative_to(root)}: {manifest.get('message', '')}")
     return out
 
@@ -262,7 +269,9 @@ def finish(config: RunConfig, run_dir: Path) -> pd.DataFrame:
 
 def load_runs(config: RunConfig, run_dir: Path) -> pd.DataFrame:
     """Every evaluation row of every seed and arm of a multi-seed run."""
-    return pd.concat([pd.read_csv(seed_dir(run_dir, s) / a.name / "results.csv")
+    from emulator.runfiles import load_csv
+
+    return pd.concat([load_csv(seed_dir(run_dir, s) / a.name / "results.csv")
                       for s in config.seed_list for a in config.arms], ignore_index=True)
 
 
@@ -270,10 +279,12 @@ def summarize(results: pd.DataFrame, run_dir: Path, target: float | None = None)
     """One row per arm of a single-seed run; ``acc_at_common_cost`` compares arms at the smallest
     final cost of any arm, ``cost_to_target`` is the cost at the first evaluation reaching
     ``target`` accuracy (NaN: never)."""
+    from emulator.runfiles import load_json
+
     common = results.groupby("arm", sort=False)["cost"].max().min()
     rows = []
     for arm, df in results.groupby("arm", sort=False):
-        manifest = json.loads((run_dir / str(arm) / "manifest.json").read_text())
+        manifest = load_json(run_dir / str(arm) / "manifest.json")
         g = manifest["grouping"]
         last = df.iloc[-1]
         rows.append({
