@@ -232,11 +232,19 @@ def _summary(study: Study) -> str:
         plots = "".join(_png_file(p) for p in sorted(study.root.glob("*_vs_*.png")))
         compact = compact_summary(study.summary, ["point", *axes], target is not None)
         said = compact["verdict"]
+        from .axes import opening_sentence
+        from .sweep import SweepConfig, reference_of
+
+        sweep = SweepConfig.model_validate(study.extra["sweep"])
+        summary = study.summary.copy()
+        summary.attrs["axis_comparisons"] = int(sum(summary[c].notna().sum() for c in summary.columns
+                                                    if c.endswith("_vs_ref_p_holm")))
+        first = opening_sentence(summary, axes, reference_of(sweep))
         words = (f"{int(said.str.contains(' than ').sum())} of {int((said != 'reference').sum())} arms differ from "
                  f"their point's first arm in accuracy at equal cost after Holm's correction over the sweep; "
                  f"{int(said.str.startswith('too few').sum())} comparisons have too few seeds to tell (verdict column).")
         foot = "".join(f"<p>{html.escape(n)}</p>" for n in notes(study.summary, METRICS))
-        return (f"<p><b>{html.escape(words)}</b></p><p>Mean [95 % CI] over seeds {study.extra['sweep']['seeds']}.</p>"
+        return (f"<p class='opening'><b>{html.escape(first)}</b></p><p>{html.escape(words)}</p><p>Mean [95 % CI] over seeds {study.extra['sweep']['seeds']}.</p>"
                 f"{_table(compact)}{foot}<details><summary>full table (every metric, interval and paired "
                 f"difference: summary.csv)</summary>{_table(study.summary[cols])}</details>{plots}")
     return "<p>One seed: no confidence intervals (give <code>seeds = [0, 1, 2]</code>).</p>" + _table(study.summary)

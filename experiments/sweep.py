@@ -6,7 +6,8 @@ Sweep file (TOML)::
     base = "base.toml"        # a run config, relative to this file
     seeds = [0, 1, 2]
     mode = "product"          # product (default): every combination; zip: the i-th values together
-    [axes]                    # dotted paths into the run config; list items by index
+    reference = { "arms.0.grouping.min_group_size" = 5 }   # optional; default: each axis's first value
+    [axes]                    # dotted paths into the run config; list items by index; no value twice
     "arms.0.grouping.min_group_size" = [5, 10, 20]
     "data.alpha" = [0.1, 1.0]
 
@@ -17,7 +18,9 @@ Layout of a sweep directory (default ``<base output_dir>/<name>``)::
     p00/, p01/, ...        one multi-seed run directory per point (see experiments.runner)
     runs.csv / .parquet    every evaluation: point, axes (one column per dotted path), seed, arm, ...
     summary.csv            one row per point x arm: axes, mean and 95 % CI of each headline metric,
-                           paired difference from the first arm
+                           paired difference from the first arm, and ``<metric>_vs_ref_*``: the
+                           paired-by-seed difference from the same arm at the reference point
+                           (Holm over the sweep's axis comparisons; :mod:`experiments.axes`)
     <metric>_vs_<axis>.png each headline metric against each axis, one line per arm (error bars: CI)
 
 Every point is validated before any work starts. The (point, seed, arm) tasks then run on the
@@ -53,12 +56,26 @@ class SweepConfig(BaseModel):
     mode: Literal["product", "zip"] = "product"
     output_dir: str | None = None          # default: the base config's output_dir
     axes: dict[str, list[Any]] = Field(min_length=1)
+    # the point every other point is compared with, per axis (default: each axis's first value)
+    reference: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _axes(self):
         for path, values in self.axes.items():
             if not values:
                 raise ValueError(f"axes.{path!r}: give at least one value")
+            seen: dict[str, int] = {}
+            for i, v in enumerate(values):
+                key = json.dumps(v, sort_keys=True)
+                if key in seen:
+                    raise ValueError(f"axes.{path!r}: the value {v!r} appears twice (items {seen[key]} and {i}); "
+                                     f"each point must differ, so remove one")
+                seen[key] = i
+        for path, v in (self.reference or {}).items():
+            if path not in self.axes:
+                raise ValueError(f"reference.{path!r}: not an axis; use one of {list(self.axes)}")
+            if v not in self.axes[path]:
+                raise ValueError(f"reference.{path!r}: {v!r} is not one of the axis's values {self.axes[path]}")
         if self.mode == "zip" and len({len(v) for v in self.axes.values()}) > 1:
             lengths = ", ".join(f"{p!r}: {len(v)}" for p, v in self.axes.items())
             raise ValueError(f"mode = \"zip\" needs axes of equal length ({lengths})")
@@ -109,6 +126,18 @@ def load_sweep(path: str | Path) -> tuple[SweepConfig, dict]:
     except ValidationError as exc:
         raise InputError(f"sweep file {path}: {_one_line(exc).removeprefix('config: ')}") from None
     return sweep, _read_toml(path.parent / sweep.base, f"sweep file {path}: base")
+
+
+def reference_of(sweep: SweepConfig) -> dict[str, Any]:
+    """Every axis's reference value (``reference`` in the sweep file, else the axis's first value);
+    in zip mode the values of the reference point."""
+    from .axes import reference_point
+
+    pts = points(sweep)
+    given = dict(sweep.reference or {})
+    if sweep.mode == "zip":
+        return pts[reference_point(pts, given)]
+    return {a: given.get(a, values[0]) for a, values in sweep.axes.items()}
 
 
 def point_name(i: int) -> str:
@@ -220,6 +249,7 @@ def finish_sweep(sweep: SweepConfig, configs: list[RunConfig], root: Path) -> pd
         runs.append(r.assign(**cols)[[*cols, *r.columns]])
     runs_df = pd.concat(runs, ignore_index=True)
     summary_df = add_verdicts(pd.concat(summaries, ignore_index=True))   # Holm over the whole sweep
+    summary_df = _along_axes(sweep, configs, runs_df, summary_df)
     atomic_write(root / "runs.csv", lambda p: runs_df.to_csv(p, index=False))
     atomic_write(root / "runs.parquet", lambda p: runs_df.to_parquet(p, index=False))
     atomic_write(root / "summary.csv", lambda p: summary_df.to_csv(p, index=False))
@@ -231,6 +261,30 @@ def finish_sweep(sweep: SweepConfig, configs: list[RunConfig], root: Path) -> pd
                                 root / f"{metric}_vs_{axis}.png", zipped=axes[1:] if sweep.mode == "zip" else [])
     summary_df.attrs["axes"] = axes
     return summary_df
+
+
+def _along_axes(sweep: SweepConfig, configs: list[RunConfig], runs: pd.DataFrame,
+                summary: pd.DataFrame) -> pd.DataFrame:
+    """summary.csv's comparisons of each point with the reference point, per arm
+    (:mod:`experiments.axes`)."""
+    from .axes import compare_along_axes, reference_point
+
+    pts = points(sweep)
+    reference = reference_of(sweep)
+    ref = point_name(reference_point(pts, reference))
+    arms_of = {point_name(i): [a.name for a in c.arms] for i, c in enumerate(configs)}
+    found = compare_along_axes(runs, arms_of, ref, arms_of, configs[0].train.target_accuracy)
+    out = summary.merge(found.drop(columns="ref_point") if not found.empty else pd.DataFrame(columns=["point", "arm"]),
+                        on=["point", "arm"], how="left")
+    out["ref_point"] = ref
+    for m in METRICS:
+        col = f"{m}_vs_ref_verdict"
+        if col in out:
+            out.loc[out["point"] == ref, col] = "reference"
+    out.attrs.update(summary.attrs)
+    out.attrs["axis_comparisons"] = found.attrs.get("axis_comparisons", 0)
+    out.attrs["reference"] = reference
+    return out
 
 
 def _cell(value: Any) -> Any:
@@ -266,7 +320,9 @@ def plot_metric_vs_axis(summary: pd.DataFrame, axes: list[str], axis: str, metri
                     color=f"C{i % 10}" if n > SMALL_MULTIPLES else None)
         if n > SMALL_MULTIPLES:
             ax.set_title(label, fontsize=8)
-    xlabel = axis + (f" (with {', '.join(zipped)} zipped)" if zipped else "")
+    from .axes import axis_label
+
+    xlabel = axis_label(axis) + (f", with {', '.join(zipped)} zipped" if zipped else "")
     for j, ax in enumerate(panels):
         if j >= n:
             ax.set_visible(False)
@@ -294,6 +350,9 @@ def _cmd_sweep(args) -> int:
     sweep, _ = load_sweep(args.sweep)
     root = summary.attrs["root"]
     with_target = bool(summary["target_reached"].sum() > 0 or summary["cost_to_target_mean"].notna().any())
+    from .axes import opening_sentence
+
+    print(opening_sentence(summary, summary.attrs["axes"], summary.attrs["reference"]) + "\n")
     print(compact_summary(summary, ["point", *summary.attrs["axes"]], with_target).to_string(index=False))
     for line in notes(summary, METRICS):
         print(line)

@@ -169,3 +169,57 @@ def test_shipped_group_size_sweep_expands_to_valid_configs():
     configs = point_configs(sweep, base)
     sizes = [(c.arms[0].grouping["min_group_size"], c.arms[1].grouping["min_group_size"]) for c in configs]
     assert sizes == [(3, 3), (5, 5), (10, 10), (20, 20)] and all(c.seeds == [0, 1, 2] for c in configs)
+
+
+def test_a_duplicate_axis_value_and_a_reference_off_the_axis_are_refused(tmp_path):
+    path = write_sweep(tmp_path, '"arms.0.grouping.min_group_size" = [2, 3, 2]')
+    with pytest.raises(InputError, match=r"axes.'arms.0.grouping.min_group_size': the value 2 appears twice "
+                                         r"\(items 0 and 2\)"):
+        load_sweep(path)
+    path = write_sweep(tmp_path, '"arms.0.grouping.min_group_size" = [2, 3]',
+                       extra='reference = { "arms.0.grouping.min_group_size" = 5 }')
+    with pytest.raises(InputError, match=r"reference.'arms.0.grouping.min_group_size': 5 is not one of"):
+        load_sweep(path)
+
+
+def test_a_one_arm_sweep_compares_its_points_paired_by_seed(tmp_path, capsys, monkeypatch):
+    """Before: "0 of 0 arms differ" and nothing compared. Here each point is compared with the
+    reference (MinGS 3, given in the file), paired by seed: the difference of accuracy at equal
+    cost is recomputed by hand from runs.csv (each seed's smaller final cost of the two runs)."""
+    import matplotlib.axes
+
+    labels = []
+    real = matplotlib.axes.Axes.set_xlabel
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_xlabel",
+                        lambda self, text, *a, **k: (labels.append(text), real(self, text, *a, **k))[1])
+    path = write_sweep(tmp_path, '"arms.0.grouping.min_group_size" = [2, 3, 6]', seeds="[0, 1, 2]",
+                       extra='reference = { "arms.0.grouping.min_group_size" = 3 }')
+    path.parent.joinpath("base.toml").write_text(BASE.replace("rounds = 6", "rounds = 2").split("[[arms]]\nname = \"rg\"")[0])
+    out = tmp_path / "out"
+    assert main(["sweep", str(path), "--output", str(out), "--quiet", "--jobs", "1"]) == 0
+    printed = capsys.readouterr().out
+    summary = pd.read_csv(out / "summary.csv")
+    assert list(summary["ref_point"]) == ["p01"] * 3
+    assert list(summary["acc_at_common_cost_vs_ref_verdict"].iloc[[1]]) == ["reference"]
+    runs = pd.read_csv(out / "runs.csv")
+    for point, row in zip(("p00", "p02"), summary.iloc[[0, 2]].itertuples()):
+        diffs = []
+        for seed in (0, 1, 2):
+            a = runs[(runs.point == "p01") & (runs.seed == seed)]
+            b = runs[(runs.point == point) & (runs.seed == seed)]
+            c = min(a.cost.max(), b.cost.max())
+            diffs.append(b[b.cost <= c + 1e-9].accuracy.iloc[-1] - a[a.cost <= c + 1e-9].accuracy.iloc[-1])
+        assert row.acc_at_common_cost_vs_ref_mean == pytest.approx(sum(diffs) / 3, abs=1e-12)
+    # Holm over the family of 2 points x 4 metrics: the smallest p is multiplied by the family's size
+    p = summary[[f"{m}_vs_ref_p" for m in ("final_acc", "acc_at_common_cost", "cost_to_target", "sim_time_s")]]
+    q = summary[[f"{m}_vs_ref_p_holm" for m in ("final_acc", "acc_at_common_cost", "cost_to_target", "sim_time_s")]]
+    m = int(p.notna().sum().sum())
+    assert q.min().min() == pytest.approx(min(1.0, m * p.min().min()))
+    first = printed.splitlines()[0]
+    assert first.startswith("For covg, accuracy at equal cost ") and " from MinGS 3 to 6 " in first, first
+    assert "unit of MinGS: clients" in first
+    # every plot names its x-axis and its units; the 4 metric-against-axis plots name the axis
+    assert labels and all(t.endswith(")") and "(" in t for t in labels), labels
+    assert labels.count("MinGS (clients; arms.0.grouping.min_group_size)") == 4, labels
+    page = build_report(out).read_text()
+    assert "<p class='opening'><b>For covg, accuracy at equal cost" in page
