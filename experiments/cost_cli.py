@@ -91,7 +91,7 @@ def _cmd_calibrate(args) -> int:
     from .plots import save_png
 
     out = check_writable(args.out, "dir", "--out")
-    fits = calibrate(read_measurements(args.measurements))
+    fits = calibrate(read_measurements(args.measurements), args.weights)
     print(report(fits))
     profile = write_profile(fits, out / "profile.csv", args.task)
     plots = [save_png(plot_fit(f), out / f"fit-{f.device}-{f.method}.png") for f in fits]
@@ -120,6 +120,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="columns operation, group_size or n_samples, seconds [, method, device]")
     c.add_argument("--out", default="calibration", metavar="DIR", help="output directory (default calibration)")
     c.add_argument("--task", default="measured", help="task name of the written profile (default measured)")
+    c.add_argument("--weights", default="auto", choices=["auto", "none", "relative"],
+                   help="least-squares weights: none (constant noise), relative (noise proportional to the "
+                        "time, weights 1/fitted²) or auto (default: relative where the residuals grow with the "
+                        "fitted time, Spearman one-sided p < 0.05); the output says which and why")
     c.set_defaults(func=_cmd_calibrate)
     register_whatif(sub)
     register_timeline(sub)

@@ -114,8 +114,8 @@ def _profiles_figure(config: RunConfig) -> str:
         for op in cost.operations:
             ax1.plot(sizes, prof.group_overhead[op](sizes), label=f"{device} {op}")
         ax2.plot(samples, prof.training[cost.training_method](samples), label=f"{device} {cost.training_method}")
-    ax1.set(xlabel="group size |g|", ylabel="O_g(|g|): per-client overhead (s)", title="group operations")
-    ax2.set(xlabel="samples n", ylabel="H(n): one epoch (s)", title="training")
+    ax1.set(xlabel="group size |g| (clients)", ylabel="O_g(|g|): per-client overhead (s)", title="group operations")
+    ax2.set(xlabel="samples n (samples)", ylabel="H(n): one epoch (s)", title="training")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -150,11 +150,11 @@ def _breakdown(study: Study) -> str:
     axes[0].set(xlabel="Eq. 5 cost per seed (device s)", ylabel="", title="by component")
     edge = led.pivot_table(index="edge", columns="component", values="amount", aggfunc="sum") / len(study.arms)
     edge.plot.bar(stacked=True, ax=axes[1])
-    axes[1].set(xlabel="edge", ylabel="Eq. 5 cost per arm run (device s)", title="by edge (all arms)")
+    axes[1].set(xlabel="edge (index)", ylabel="Eq. 5 cost per arm run (device s)", title="by edge (all arms)")
     grouped = led[led["group_size"].notna()]
     per_client = grouped.groupby(["group_size", "component"])["amount"].mean().unstack()
     per_client.plot(marker="o", ax=axes[2])
-    axes[2].set(xlabel="group size |g|", ylabel="mean charge per client per group round (s)",
+    axes[2].set(xlabel="group size |g| (clients)", ylabel="mean charge per client per group round (s)",
                 title="by group size: O_g(|g|) against E·H(n)")
     for ax in axes:
         ax.grid(alpha=0.3)
@@ -182,7 +182,7 @@ def _grouping(study: Study) -> str:
     bins = np.arange(0.5, top + 1.5)
     for label, v in sizes.items():
         ax1.hist(v, bins=bins, histtype="step", linewidth=1.5, label=label)
-    ax1.set(xlabel="group size", ylabel="groups (all seeds)", title="group sizes")
+    ax1.set(xlabel="group size (clients)", ylabel="groups (all seeds)", title="group sizes")
     for i, v in enumerate(covs.values()):    # one dot per group, jittered; the bar is the mean
         jitter = np.random.default_rng(i).uniform(-0.2, 0.2, len(v))
         ax2.scatter(v, i + jitter, s=10, alpha=0.6)

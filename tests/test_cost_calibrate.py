@@ -129,3 +129,47 @@ def test_whatif_with_an_impossible_size_range_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "exceeds the 1,000 clients" in err
     assert not (tmp_path / "w").exists()
+
+
+PI4_SECAGG = np.array([0.01629675, -0.02373668, 0.55442565])
+
+
+def _coverage(noise: str, seeds: int = 300):
+    from cost_models.calibrate import fit_weighted
+
+    x = np.repeat(np.arange(2, 31), 2).astype(float)
+    mu = np.polyval(PI4_SECAGG, x)
+    hit, relative = np.zeros(3), 0
+    for seed in range(seeds):
+        rng = np.random.default_rng(seed)
+        y = mu * (1 + rng.normal(0, 0.02, len(x))) if noise == "proportional" else mu + rng.normal(0, 0.05, len(x))
+        coef, ci, *_, used, _why = fit_weighted(x, y, 2, "t", "auto")
+        hit += np.abs(coef - PI4_SECAGG) <= ci
+        relative += used == "relative"
+    return hit / seeds, relative / seeds
+
+
+@pytest.mark.parametrize("noise", ["proportional", "constant"])
+def test_auto_weights_cover_the_true_coefficients_at_the_nominal_rate(noise):
+    """2 % proportional noise (on-device timings) and constant noise (0.05 s) on the Pi 4 secagg
+    curve, 58 points, 300 seeds: each true coefficient lies inside the printed 95 % interval in
+    92..98 % of the seeds (3 binomial sd around 95 %). Ordinary least squares covers a only 89 %
+    of the time under proportional noise (and c 99.8 %): its intervals are wrong where the noise grows."""
+    coverage, relative = _coverage(noise)
+    assert ((coverage >= 0.92) & (coverage <= 0.98)).all(), coverage
+    assert relative >= 0.95 if noise == "proportional" else relative <= 0.1
+
+
+def test_calibrate_says_which_weights_and_why(tmp_path, capsys):
+    x = np.repeat(np.arange(2, 31), 2)
+    y = np.polyval(PI4_SECAGG, x) * (1 + np.random.default_rng(1).normal(0, 0.02, len(x)))
+    path = tmp_path / "m.csv"
+    path.write_text("operation,group_size,seconds\n" + "".join(f"secagg,{s},{t}\n" for s, t in zip(x, y)))
+    assert main(["calibrate", str(path), "--out", str(tmp_path / "auto")]) == 0
+    out = capsys.readouterr().out
+    assert "weights: relative (weights 1/fitted², noise proportional to the time); auto: |residuals| grow with " \
+           "the fitted time (Spearman rho = " in out
+    assert main(["calibrate", str(path), "--weights", "none", "--out", str(tmp_path / "none")]) == 0
+    assert "weights: none (ordinary least squares, constant noise); asked for (--weights)" in capsys.readouterr().out
+    b_auto = float(next(ln for ln in out.splitlines() if ln.strip().startswith("b =")).split()[2])
+    assert abs(b_auto - PI4_SECAGG[1]) < 0.01
