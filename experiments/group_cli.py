@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from emulator.errors import InputError
 from emulator.usercsv import read_user_csv
-from policies import EdgeView, groupings
-from policies.cov import cov_of_counts
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def read_label_matrix(path: str | Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
@@ -22,6 +22,8 @@ def read_label_matrix(path: str | Path) -> tuple[np.ndarray, np.ndarray, list[st
 
     Read with the csv module rather than pandas: importing pandas alone would double the
     start-up time of ``groupfel group``."""
+    import numpy as np
+
     path = Path(path)
     if path.is_dir():
         raise InputError(f"--label-matrix {str(path)!r} is a directory; give the CSV file of clients × label "
@@ -58,6 +60,8 @@ def read_label_matrix(path: str | Path) -> tuple[np.ndarray, np.ndarray, list[st
 
 
 def make_policy(name: str, min_group_size: int | None, max_cov: float | None):
+    from policies import groupings
+
     cls = groupings.resolve(name, "--policy")   # a shipped name, an installed plug-in or module:Class
     if cls.needs_gradients or cls.needs_distances is True:
         raise InputError(f"--policy {name}: needs client {'gradients' if cls.needs_gradients else 'distances'}, "
@@ -76,6 +80,10 @@ def make_policy(name: str, min_group_size: int | None, max_cov: float | None):
 
 def run_grouping(counts: np.ndarray, edges: np.ndarray, policy, seed: int) -> dict:
     """Group each edge's clients, checked at the seam; the JSON-able result (groups and summary)."""
+    import numpy as np
+    from policies import EdgeView
+    from policies.cov import cov_of_counts
+
     from emulator.contracts import calling, check_grouping, spec_of
 
     norm = getattr(policy, "normalization", "std")
@@ -137,16 +145,25 @@ def _cmd_group(args) -> int:
     return 0
 
 
-def add_group_parser(sub) -> None:
-    p = sub.add_parser("group", help="partition clients of a label-count CSV with a grouping policy")
+def _policy_help(parser) -> None:
+    """Fill --policy's help with the policy names, when the help is printed (listing them imports
+    the policies, which ``groupfel --help`` and the parser of other commands must not pay for)."""
+    from policies import groupings
+
     usable = sorted(n for n, c in groupings.items() if not c.needs_gradients)
     probed = sorted(n for n, c in groupings.items() if c.needs_gradients)
     installed = [n for n in groupings.names() if n not in groupings]   # entry points: metadata, not imported
-    p.add_argument("--policy", required=True,
-                   help=f"grouping policy: {', '.join(usable)} ({', '.join(probed)} group on client gradients, "
-                        f"which a label matrix does not hold: use them in 'groupfel run')"
-                        + (f"; installed plug-ins: {', '.join(installed)}" if installed else "")
-                        + "; or a plug-in's import path module:Class")
+    action = next(a for a in parser._actions if "--policy" in a.option_strings)
+    action.help = (f"grouping policy: {', '.join(usable)} ({', '.join(probed)} group on client gradients, "
+                   f"which a label matrix does not hold: use them in 'groupfel run')"
+                   + (f"; installed plug-ins: {', '.join(installed)}" if installed else "")
+                   + "; or a plug-in's import path module:Class")
+
+
+def add_group_parser(sub) -> None:
+    p = sub.add_parser("group", help="partition clients of a label-count CSV with a grouping policy")
+    p.add_argument("--policy", required=True, help="grouping policy (the names: groupfel group --help)")
+    p.before_help = _policy_help
     p.add_argument("--label-matrix", required=True, metavar="FILE.csv",
                    help="clients × labels counts with a header; optional 'edge' column")
     p.add_argument("--min-group-size", type=int, default=None, help="MinGS (default: the policy's)")

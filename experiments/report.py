@@ -325,11 +325,4 @@ def _cmd_report(args) -> int:
     return 0
 
 
-def add_report_parser(sub) -> None:
-    p = sub.add_parser("report", help="one self-contained HTML page for a run or sweep directory")
-    p.add_argument("dir", metavar="DIR", help="a run, multi-seed run or sweep directory")
-    p.add_argument("--out", metavar="FILE.html", help="default DIR/report.html")
-    p.set_defaults(func=_cmd_report)
-
-
 __all__ = ["build_report", "load_study"]

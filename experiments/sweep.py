@@ -363,15 +363,3 @@ def _cmd_sweep(args) -> int:
     from .runner import report_diverged
 
     return report_diverged(Path(root))
-
-
-def add_sweep_parser(sub) -> None:
-    p = sub.add_parser("sweep", help="run a sweep file: one multi-seed run per point of its axes")
-    p.add_argument("sweep", metavar="SWEEP.toml")
-    from .backends import add_backend_arguments
-
-    add_backend_arguments(p, "(point, seed, arm) runs")
-    p.add_argument("--output", metavar="DIR", help="sweep directory (default <output_dir>/<name>)")
-    p.add_argument("--force", action="store_true", help="replace points run with a different config")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=_cmd_sweep)
