@@ -67,6 +67,16 @@ def seed_config(config: RunConfig, seed: int) -> RunConfig:
     return parse_config({**json.loads(config.model_dump_json()), "seed": seed, "seeds": None})
 
 
+def finished(config: RunConfig, run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a finished run of ``config`` whose every arm's files are intact."""
+    run_dir = Path(run_dir)
+    saved = run_dir / "config.json"
+    if not saved.exists() or _saved_config(saved) != config:
+        return False
+    dirs = [run_dir] if config.seeds is None else [seed_dir(run_dir, s) for s in config.seed_list]
+    return all(arm_complete(d / a.name) for d in dirs for a in config.arms)
+
+
 def seed_dir(run_dir: Path, seed: int) -> Path:
     return Path(run_dir) / f"seed-{seed}"
 
@@ -122,6 +132,12 @@ def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: boo
     run_dir = Path(run_dir) if run_dir else Path(config.output_dir) / config.name
     if jobs is not None and jobs < 1:
         raise InputError(f"--jobs: must be >= 1, got {jobs}")
+    if not force and finished(config, run_dir):
+        # a rerun of a finished run: nothing to plan, no engine to build; the tables are recomputed
+        # from the intact results, the plots kept
+        with run_lock(run_dir):
+            return finish_seed(config, run_dir, replot=False) if config.seeds is None else \
+                finish(config, run_dir, replot=False)
     if config.seeds is None:
         return _run_single(config, run_dir, force=force, progress=progress)
     from .backends import check_backend, run_tasks
@@ -192,16 +208,18 @@ def _run_arms(config, run_dir, world, plans, *, force, progress) -> pd.DataFrame
     return finish_seed(config, run_dir)
 
 
-def finish_seed(config: RunConfig, run_dir: Path) -> pd.DataFrame:
-    """summary.csv and the plot of a single-seed run whose arms are all complete."""
-    from .plots import plot_curves
-
+def finish_seed(config: RunConfig, run_dir: Path, replot: bool = True) -> pd.DataFrame:
+    """summary.csv and the plot of a single-seed run whose arms are all complete (``replot``
+    False: an existing plot is kept)."""
     from emulator.runfiles import load_csv
 
     results = pd.concat([load_csv(run_dir / a.name / "results.csv") for a in config.arms], ignore_index=True)
     summary = summarize(results, run_dir, config.train.target_accuracy)
     atomic_write(run_dir / "summary.csv", lambda p: summary.to_csv(p, index=False))
-    plot_curves(results, run_dir / "accuracy_vs_cost.png", title=config.name)
+    if replot or not (run_dir / "accuracy_vs_cost.png").exists():
+        from .plots import plot_curves
+
+        plot_curves(results, run_dir / "accuracy_vs_cost.png", title=config.name)
     return summary
 
 
@@ -232,12 +250,11 @@ def report_diverged(root: Path) -> int:
     return 1 if runs else 0
 
 
-def finish(config: RunConfig, run_dir: Path) -> pd.DataFrame:
-    """The tables and plots of a multi-seed run whose (seed, arm) tasks are all complete."""
-    from .plots import plot_bands
-
+def finish(config: RunConfig, run_dir: Path, replot: bool = True) -> pd.DataFrame:
+    """The tables and plots of a multi-seed run whose (seed, arm) tasks are all complete
+    (``replot`` False: existing plots are kept)."""
     run_dir = Path(run_dir)
-    per_seed_summaries = [finish_seed(seed_config(config, s), seed_dir(run_dir, s)) for s in config.seed_list]
+    per_seed_summaries = [finish_seed(seed_config(config, s), seed_dir(run_dir, s), replot) for s in config.seed_list]
     results = load_runs(config, run_dir)
     atomic_write(run_dir / "runs.csv", lambda p: results.to_csv(p, index=False))
     atomic_write(run_dir / "runs.parquet", lambda p: results.to_parquet(p, index=False))
@@ -260,8 +277,11 @@ def finish(config: RunConfig, run_dir: Path) -> pd.DataFrame:
     atomic_write(run_dir / "summary.csv", lambda p: summary.to_csv(p, index=False))
     curves = curves_on_grid(results, "cost", "accuracy")
     atomic_write(run_dir / "curves.csv", lambda p: curves.to_csv(p, index=False))
-    plot_bands({config.name: results}, run_dir / "accuracy_vs_cost.png", x="cost", title=config.name)
-    plot_bands({config.name: results}, run_dir / "accuracy_vs_time.png", x="sim_time_s", title=config.name)
+    for name, x in (("accuracy_vs_cost.png", "cost"), ("accuracy_vs_time.png", "sim_time_s")):
+        if replot or not (run_dir / name).exists():
+            from .plots import plot_bands
+
+            plot_bands({config.name: results}, run_dir / name, x=x, title=config.name)
     summary.attrs["target"] = config.train.target_accuracy
     summary.attrs["common_cost"] = per_seed.groupby("seed")["common_cost"].first().tolist()
     return summary

@@ -187,6 +187,15 @@ def run_loaded_sweep(sweep: SweepConfig, base: dict, *, backend: str = "local", 
     configs = point_configs(sweep, base)
     root = Path(output) if output else Path(sweep.output_dir or configs[0].output_dir) / sweep.name
     pts = points(sweep)
+    from .runner import finished
+
+    if not force and (root / "sweep.json").exists() and all(finished(c, root / point_name(i))
+                                                            for i, c in enumerate(configs)):
+        # a rerun of a finished sweep: nothing to plan, no engine to build; tables recomputed, plots kept
+        with run_lock(root):
+            summary = finish_sweep(sweep, configs, root, replot=False)
+        summary.attrs["root"] = str(root)
+        return summary
     for i, (config, point) in enumerate(zip(configs, pts)):
         label = f"sweep point {point_name(i)} ({', '.join(f'{p}={v!r}' for p, v in point.items())}): "
         validate(config, root / point_name(i), force=force, where=label)
@@ -234,15 +243,16 @@ def _run_points(sweep, configs, pts, root, *, backend, jobs, address, force, pro
     return summary
 
 
-def finish_sweep(sweep: SweepConfig, configs: list[RunConfig], root: Path) -> pd.DataFrame:
-    """runs.csv/.parquet, summary.csv and the metric-against-axis plots of a finished sweep."""
+def finish_sweep(sweep: SweepConfig, configs: list[RunConfig], root: Path, replot: bool = True) -> pd.DataFrame:
+    """runs.csv/.parquet, summary.csv and the metric-against-axis plots of a finished sweep
+    (``replot`` False: existing plots are kept)."""
     from .runner import finish, load_runs
 
     axes = list(sweep.axes)
     runs, summaries = [], []
     for i, (config, point) in enumerate(zip(configs, points(sweep))):
         d = root / point_name(i)
-        summary = finish(config, d)
+        summary = finish(config, d, replot)
         cols = {"point": point_name(i), **{p: _cell(v) for p, v in point.items()}}
         summaries.append(summary.assign(**cols)[[*cols, *summary.columns]])
         r = load_runs(config, d)
@@ -257,6 +267,8 @@ def finish_sweep(sweep: SweepConfig, configs: list[RunConfig], root: Path) -> pd
     plotted = [axes[0]] if sweep.mode == "zip" else axes
     for axis in plotted:
         for metric in METRICS:
+            if not replot and (root / f"{metric}_vs_{axis}.png").exists():
+                continue
             plot_metric_vs_axis(summary_df, [] if sweep.mode == "zip" else axes, axis, metric,
                                 root / f"{metric}_vs_{axis}.png", zipped=axes[1:] if sweep.mode == "zip" else [])
     summary_df.attrs["axes"] = axes

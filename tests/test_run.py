@@ -421,3 +421,20 @@ def test_a_damaged_config_or_checkpoint(tiny_dict, tmp_path, capsys):
         run_experiment(parse_config({**tiny_dict, "train": {**tiny_dict["train"], "rounds": 2}}), run2,
                        progress=False)
     pd.testing.assert_frame_equal(pd.read_csv(run2 / "rg-random" / "results.csv"), before, check_exact=True)
+
+
+def test_rerunning_a_finished_run_builds_no_engine(tiny_dict, tmp_path, monkeypatch):
+    """Before: every arm's world (data, topology, engine) was built before the run found nothing left."""
+    import experiments.tasks
+
+    run = _finished(tiny_dict, tmp_path)
+    want = pd.read_csv(run / "summary.csv")
+    stamp = (run / "accuracy_vs_cost.png").stat().st_mtime_ns
+
+    def refuse(*a, **k):
+        raise AssertionError("a finished run's rerun built a world")
+    monkeypatch.setattr(experiments.tasks, "plan_world", refuse)
+    monkeypatch.setattr("experiments.runner.plan_world", refuse)
+    got = run_experiment(parse_config(tiny_dict), run, progress=False)
+    pd.testing.assert_frame_equal(got.reset_index(drop=True), want, check_exact=False, check_dtype=False)
+    assert (run / "accuracy_vs_cost.png").stat().st_mtime_ns == stamp      # the plot is kept

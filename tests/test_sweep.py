@@ -223,3 +223,13 @@ def test_a_one_arm_sweep_compares_its_points_paired_by_seed(tmp_path, capsys, mo
     assert labels.count("MinGS (clients; arms.0.grouping.min_group_size)") == 4, labels
     page = build_report(out).read_text()
     assert "<p class='opening'><b>For covg, accuracy at equal cost" in page
+    # a rerun of the finished sweep plans nothing and builds no engine (before: every point's world)
+    import experiments.runner
+    import experiments.tasks
+
+    def refuse(*a, **k):
+        raise AssertionError("a finished sweep's rerun built a world")
+    monkeypatch.setattr(experiments.tasks, "plan_world", refuse)
+    monkeypatch.setattr(experiments.runner, "plan_world", refuse)
+    run_sweep(path, output=out, progress=False)
+    pd.testing.assert_frame_equal(pd.read_csv(out / "summary.csv"), summary)
