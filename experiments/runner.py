@@ -77,6 +77,22 @@ def finished(config: RunConfig, run_dir: Path) -> bool:
     return all(arm_complete(d / a.name) for d in dirs for a in config.arms)
 
 
+def saved_summary(config: RunConfig, run_dir: Path) -> pd.DataFrame | None:
+    """A finished multi-seed run's summary.csv as :func:`finish` returned it (None where it or
+    per_seed.csv does not parse): a rerun need not recompute intervals (nor import scipy)."""
+    from emulator.runfiles import csv_intact
+
+    run_dir = Path(run_dir)
+    if not (csv_intact(run_dir / "summary.csv") and csv_intact(run_dir / "per_seed.csv")):
+        return None
+    summary = pd.read_csv(run_dir / "summary.csv")
+    per_seed = pd.read_csv(run_dir / "per_seed.csv")
+    summary.attrs["target"] = config.train.target_accuracy
+    summary.attrs["common_cost"] = per_seed.groupby("seed")["common_cost"].first().tolist()
+    summary.attrs["comparisons"] = int(sum(summary[c].notna().sum() for c in summary if c.endswith("_diff_p_holm")))
+    return summary
+
+
 def seed_dir(run_dir: Path, seed: int) -> Path:
     return Path(run_dir) / f"seed-{seed}"
 
@@ -136,8 +152,10 @@ def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: boo
         # a rerun of a finished run: nothing to plan, no engine to build; the tables are recomputed
         # from the intact results, the plots kept
         with run_lock(run_dir):
-            return finish_seed(config, run_dir, replot=False) if config.seeds is None else \
-                finish(config, run_dir, replot=False)
+            if config.seeds is None:
+                return finish_seed(config, run_dir, replot=False)
+            saved = saved_summary(config, run_dir)
+            return saved if saved is not None else finish(config, run_dir, replot=False)
     if config.seeds is None:
         return _run_single(config, run_dir, force=force, progress=progress)
     from .backends import check_backend, run_tasks

@@ -193,7 +193,9 @@ def run_loaded_sweep(sweep: SweepConfig, base: dict, *, backend: str = "local", 
                                                             for i, c in enumerate(configs)):
         # a rerun of a finished sweep: nothing to plan, no engine to build; tables recomputed, plots kept
         with run_lock(root):
-            summary = finish_sweep(sweep, configs, root, replot=False)
+            summary = _saved_sweep_summary(sweep, root)
+            if summary is None:
+                summary = finish_sweep(sweep, configs, root, replot=False)
         summary.attrs["root"] = str(root)
         return summary
     for i, (config, point) in enumerate(zip(configs, pts)):
@@ -273,6 +275,23 @@ def finish_sweep(sweep: SweepConfig, configs: list[RunConfig], root: Path, replo
                                 root / f"{metric}_vs_{axis}.png", zipped=axes[1:] if sweep.mode == "zip" else [])
     summary_df.attrs["axes"] = axes
     return summary_df
+
+
+def _saved_sweep_summary(sweep: SweepConfig, root: Path) -> pd.DataFrame | None:
+    """A finished sweep's summary.csv as :func:`finish_sweep` returned it (None where it does not
+    parse or predates the axis comparisons): a rerun need not recompute intervals."""
+    from emulator.runfiles import csv_intact
+
+    if not csv_intact(root / "summary.csv"):
+        return None
+    summary = pd.read_csv(root / "summary.csv")
+    if "ref_point" not in summary:
+        return None
+    summary.attrs.update(axes=list(sweep.axes), reference=reference_of(sweep),
+                         comparisons=int(sum(summary[c].notna().sum() for c in summary if c.endswith("_diff_p_holm"))),
+                         axis_comparisons=int(sum(summary[c].notna().sum() for c in summary
+                                                  if c.endswith("_vs_ref_p_holm"))))
+    return summary
 
 
 def _along_axes(sweep: SweepConfig, configs: list[RunConfig], runs: pd.DataFrame,

@@ -130,3 +130,11 @@ def test_a_spreadsheet_label_matrix_reads_like_a_plain_one(tmp_path, capsys):
         assert code == 0
         outs.append(out)
     assert outs[0] == outs[1]
+
+
+# --- moved from test_trust3.py (what a new user hits with bad or odd input) ---------------------------
+
+
+def test_study_fig5_shows_progress(tmp_path, capsys):
+    assert main(["study", "fig5", "--max-clients", "100", "--out", str(tmp_path / "s")]) == 0
+    assert "fig5: timing groupings" in capsys.readouterr().err

@@ -1,9 +1,12 @@
 """A user's profile with a shipped profile's name replaces only the curves it has (layering)."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import one_arm
 
 from cost_models import get_profile, read_profiles, shipped_profiles
 from emulator.config import parse_config
@@ -86,3 +89,33 @@ def test_non_finite_coefficients_and_overflowing_curves_are_refused(tiny_dict, t
                                          r"\(inf s\) at group size 5, which this run uses"):
         run_experiment(parse_config(tiny_dict), tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
+
+
+# --- moved from test_trust3.py (what a new user hits with bad or odd input) ---------------------------
+
+
+def test_negative_curve_where_the_run_uses_it_is_refused_before_work(tiny_dict, tmp_path):
+    prof = tmp_path / "neg.csv"
+    prof.write_text("device,task,operation,method,a,b,c\n"
+                    "raspberry-pi-4,cifar10-resnet,group_overhead,secagg,-0.5,-1,-2\n")
+    tiny_dict["cost"]["profiles_file"] = str(prof)
+    with pytest.raises(InputError, match=r"curve raspberry-pi-4/cifar10-resnet/secagg is -3\.5 s at group size 1"):
+        run_experiment(parse_config(one_arm(tiny_dict, rounds=1)), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_toml_profile_with_negative_measured_points_is_refused(tiny_dict, tmp_path):
+    prof = tmp_path / "p.toml"
+    prof.write_text('[[curves]]\ndevice = "raspberry-pi-4"\ntask = "cifar10-resnet"\noperation = "training"\n'
+                    'method = "sgd"\npoints = [[5, -1.0], [40, 2.0]]\n')
+    tiny_dict["cost"]["profiles_file"] = str(prof)
+    with pytest.raises(InputError, match=r"raspberry-pi-4/cifar10-resnet/sgd is -?[0-9.e-]+ s at samples"):
+        run_experiment(parse_config(one_arm(tiny_dict, rounds=1)), tmp_path / "run", progress=False)
+
+
+def test_shipped_backdoor_fit_stays_clamped_with_a_manifest_warning(tiny_dict, tmp_path):
+    tiny_dict["cost"]["group_operations"] = ["secagg", "backdoor-distance"]
+    with pytest.warns(UserWarning, match="shipped curve .*backdoor-distance is -0.05969 s at group size 1"):
+        run_experiment(parse_config(one_arm(tiny_dict, rounds=1)), tmp_path / "run", progress=False)
+    manifest = json.loads((tmp_path / "run" / "rg-random" / "manifest.json").read_text())
+    assert any("backdoor-distance" in w and "charged as 0" in w for w in manifest["warnings"])

@@ -65,3 +65,19 @@ def test_the_parser_imports_neither_pandas_pydantic_nor_numpy():
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+# --- moved from test_trust3.py (what a new user hits with bad or odd input) ---------------------------
+
+
+def test_building_the_parser_imports_neither_torch_scipy_nor_matplotlib():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = ("import sys, json\nfrom experiments.cli import build_parser\nbuild_parser()\n"
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'scipy', 'matplotlib'})))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env={"PYTHONPATH": str(root)},
+                          capture_output=True, text=True, check=True)
+    assert json.loads(proc.stdout) == []

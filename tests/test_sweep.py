@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import one_arm, one_error_line, write_toml
 
 from emulator.errors import InputError
 from experiments.cli import main
@@ -233,3 +234,66 @@ def test_a_one_arm_sweep_compares_its_points_paired_by_seed(tmp_path, capsys, mo
     monkeypatch.setattr(experiments.runner, "plan_world", refuse)
     run_sweep(path, output=out, progress=False)
     pd.testing.assert_frame_equal(pd.read_csv(out / "summary.csv"), summary)
+
+
+# --- moved from test_trust3.py (what a new user hits with bad or odd input) ---------------------------
+
+
+def test_sweep_into_a_locked_directory_is_refused(tiny_dict, tmp_path, capsys):
+    import multiprocessing
+
+    base = one_arm(tiny_dict, rounds=1)
+    write_toml(tmp_path, base, "base.toml")
+    (tmp_path / "s.toml").write_text('name = "s"\nbase = "base.toml"\nseeds = [0]\n[axes]\n"train.lr" = [0.01]\n')
+    ready, stop = multiprocessing.get_context("fork").Event(), multiprocessing.get_context("fork").Event()
+
+    def hold():
+        from emulator.io import run_lock
+
+        with run_lock(tmp_path / "sw"):
+            ready.set()
+            stop.wait(60)
+
+    p = multiprocessing.get_context("fork").Process(target=hold)
+    p.start()
+    try:
+        assert ready.wait(30)
+        assert main(["sweep", str(tmp_path / "s.toml"), "--output", str(tmp_path / "sw"), "--quiet"]) == 2
+        assert f"(PID {p.pid})" in one_error_line(capsys)
+        assert not (tmp_path / "sw" / "sweep.json").exists()
+    finally:
+        stop.set()
+        p.join()
+
+
+def test_zipped_sweep_report_is_compact_with_verdicts_and_one_plot_per_zipped_set(browser, tiny_dict, tmp_path,
+                                                                                   capsys):
+    import re
+
+    tiny_dict.pop("seed")
+    tiny_dict["train"].update(rounds=1)
+    arm = tiny_dict["arms"][1]
+    tiny_dict["arms"] = [{**arm, "name": f"rg-{k}", "grouping": {"policy": "rg", "min_group_size": 3 + (k % 2)}}
+                         for k in range(5)]
+    write_toml(tmp_path, tiny_dict, "base.toml")
+    (tmp_path / "s.toml").write_text('name = "z"\nbase = "base.toml"\nseeds = [0]\nmode = "zip"\n[axes]\n'
+                                     '"train.lr" = [0.02, 0.08]\n"train.batch_size" = [8, 16]\n')
+    assert main(["sweep", str(tmp_path / "s.toml"), "--output", str(tmp_path / "sw"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("For rg-0, accuracy at equal cost ")   # the axis comparison first
+    header = next(ln for ln in out.splitlines() if ln.startswith("point")).split()
+    assert header[:5] == ["point", "train.lr", "train.batch_size", "arm", "seeds"] and len(header) < 12
+    assert "reference" in out and "too few seeds (1 pair)" in out and "Holm's correction over the sweep's" in out
+    plots = sorted(p.name for p in (tmp_path / "sw").glob("*_vs_*.png"))
+    assert plots == sorted(f"{m}_vs_train.lr.png" for m in ("final_acc", "acc_at_common_cost", "cost_to_target",
+                                                            "sim_time_s"))
+    assert main(["report", str(tmp_path / "sw")]) == 0
+    page = (tmp_path / "sw" / "report.html").read_text()
+    assert "<th>verdict</th>" in page and "<details><summary>full table" in page
+    assert "arms differ from their point" in page
+    dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000",
+                          "--dump-dom", (tmp_path / "sw" / "report.html").as_uri()],
+                         capture_output=True, text=True, timeout=180)
+    body = re.search(r"<body[^>]*>", dom.stdout).group(0)
+    images = int(re.search(r'data-images="(\d+)"', body).group(1))
+    assert images >= 6 and f'data-decoded="{images}"' in body and 'data-errors="0"' in body
