@@ -65,11 +65,19 @@ class SweepConfig(BaseModel):
             if not values:
                 raise ValueError(f"axes.{path!r}: give at least one value")
             seen: dict[str, int] = {}
-            for i, v in enumerate(values):
+            for i, v in enumerate(values if self.mode == "product" else []):   # zip: points checked below
                 key = json.dumps(v, sort_keys=True)
                 if key in seen:
                     raise ValueError(f"axes.{path!r}: the value {v!r} appears twice (items {seen[key]} and {i}); "
                                      f"each point must differ, so remove one")
+                seen[key] = i
+        if self.mode == "zip":   # an axis may repeat a value while another moves; a point may not repeat
+            seen = {}
+            for i, combo in enumerate(zip(*self.axes.values())):
+                key = json.dumps(combo, sort_keys=True)
+                if key in seen:
+                    raise ValueError(f"points {seen[key]} and {i} of the zipped axes are the same "
+                                     f"({', '.join(f'{p}={v!r}' for p, v in zip(self.axes, combo))}); remove one")
                 seen[key] = i
         for path, v in (self.reference or {}).items():
             if path not in self.axes:

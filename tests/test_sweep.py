@@ -177,6 +177,14 @@ def test_a_duplicate_axis_value_and_a_reference_off_the_axis_are_refused(tmp_pat
     with pytest.raises(InputError, match=r"axes.'arms.0.grouping.min_group_size': the value 2 appears twice "
                                          r"\(items 0 and 2\)"):
         load_sweep(path)
+    # zipped axes may repeat a value while another axis moves, but not a whole point
+    path = write_sweep(tmp_path, '"arms.0.grouping.min_group_size" = [2, 2, 3]\n"data.alpha" = [0.1, 0.3, 0.1]',
+                       extra='mode = "zip"')
+    assert len(points(load_sweep(path)[0])) == 3
+    path = write_sweep(tmp_path, '"arms.0.grouping.min_group_size" = [2, 3, 2]\n"data.alpha" = [0.1, 0.3, 0.1]',
+                       extra='mode = "zip"')
+    with pytest.raises(InputError, match=r"points 0 and 2 of the zipped axes are the same"):
+        load_sweep(path)
     path = write_sweep(tmp_path, '"arms.0.grouping.min_group_size" = [2, 3]',
                        extra='reference = { "arms.0.grouping.min_group_size" = 5 }')
     with pytest.raises(InputError, match=r"reference.'arms.0.grouping.min_group_size': 5 is not one of"):
