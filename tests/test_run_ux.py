@@ -340,3 +340,20 @@ def test_friction_items(tiny_dict, tmp_path, capsys):
     tiny_dict["faults"] = {"dropout": 1.0}
     with pytest.raises(InputError, match="config: faults.dropout = 1 drops every client .*nothing would train"):
         parse_config(tiny_dict)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d["topology"].update(clients_per_edge=10**11),
+     "topology: 2 edges x 100,000,000,000 clients = 200,000,000,000 clients is more than 100,000,000"),
+    (lambda d: d["topology"].update(edges=5 * 10**9, clients_per_edge=6),
+     "topology: 5,000,000,000 edges x 6 clients = 30,000,000,000 clients is more than 100,000,000"),
+    (lambda d: d["data"].update(max_samples=10**20), "data.max_samples: Input should be less than or equal to 100000000"),
+    (lambda d: d.update(seed=10**20), "seed: Input should be less than or equal to 9223372036854775807"),
+])
+def test_config_sizes_are_bounded_before_anything_is_built(tiny_dict, tmp_path, capsys, edit, message):
+    """Before: numpy's _ArrayMemoryError (1.46 TiB), MemoryError, 'Overflow when unpacking long long',
+    or a NaN blamed on the aggregation rule."""
+    edit(tiny_dict)
+    assert main(["run", str(write_toml(tmp_path, tiny_dict)), "--output", str(tmp_path / "run")]) == 2
+    assert message in one_error_line(capsys)
+    assert not (tmp_path / "run").exists()
