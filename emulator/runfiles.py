@@ -45,7 +45,7 @@ def load_json(path: str | Path, fix: str | None = None) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise damaged(path, f"not valid JSON: {exc.msg} at line {exc.lineno}", fix) from None
+        raise damaged(path, f"not valid JSON: {exc.msg}, line {exc.lineno} column {exc.colno}", fix) from None
 
 
 def load_csv(path: str | Path, fix: str | None = None):
