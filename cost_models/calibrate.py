@@ -195,8 +195,8 @@ def calibrate(df: pd.DataFrame, weights: str = "auto") -> list[Fit]:
         part = df[df[x_name].notna()]
         for (device, method), g in part.groupby(["device", "method"], sort=True):
             x, y = g[x_name].to_numpy(float), g["seconds"].to_numpy(float)
-            coef, ci, r2, rmse, robust, outliers, used, why = fit_weighted(x, y, degree, f"{device}/{method} ({x_name})",
-                                                                           weights)
+            where = f"{device}/{method} ({x_name})"
+            coef, ci, r2, rmse, robust, outliers, used, why = fit_weighted(x, y, degree, where, weights)
             fits.append(Fit(device, operation, method, x_name, x, y, coef, ci, r2, rmse, robust, outliers, used, why))
     return fits
 

@@ -28,7 +28,6 @@ sampling says; the code drops clients left unclustered and runs a final local-fi
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -140,7 +139,8 @@ def form_groups(world: World, policy: GroupingPolicy, epoch: int, weights: torch
             scale = (len(members) - 1) * spec.rounds * spec.local_steps * spec.n_params(features.shape[1]) \
                 / world.engine.n_params
             probe.append((j, members, scale * world.cost.training_cost(devices, m, 1)))
-        local_groups, left_out, touched_here = grouping_of_edge(policy, view, rng(world.config.seed, "grouping", epoch, j), j)
+        gen = rng(world.config.seed, "grouping", epoch, j)
+        local_groups, left_out, touched_here = grouping_of_edge(policy, view, gen, j)
         dropped += len(left_out)
         touched += touched_here
         for local in local_groups:

@@ -65,8 +65,8 @@ from policies.grouping import EdgeView
 from .algorithms import Algorithm, AlgorithmContext, AlgorithmState, FedAvg
 from .compute import LocalSpec, run_group_rounds
 from .config import arrival_rounds
-from .driver import ArmPlan, ArmState, RoundStrategy, aggregation_weights, budget_error, input_warnings, new_federation, \
-    norm_growth, sample_groups
+from .driver import (ArmPlan, ArmState, RoundStrategy, aggregation_weights, budget_error, input_warnings,
+                     new_federation, norm_growth, sample_groups)
 from .errors import DivergenceError, InputError
 from .federation import Federation, Group
 from .io import atomic_write

@@ -58,8 +58,8 @@ def test_commands_that_train_nothing_do_not_import_torch(tmp_path):
 
 def test_the_parser_imports_neither_pandas_pydantic_nor_numpy():
     """``groupfel --help`` builds the whole parser: before, it imported pandas (experiments.report),
-    pydantic (experiments.sweep) and numpy (the group command's policy list), 1.4 s on a loaded
-    2-core machine; now 0.16 s (benchmarks/startup.py)."""
+    pydantic (experiments.sweep) and numpy (the group command's policy list): 0.66 s; now 0.07 s
+    (median of 7, benchmarks/startup.py, the same 2-core machine)."""
     code = ("import sys; from experiments.cli import build_parser; build_parser(); "
             "print(sorted(m for m in ('pandas', 'pydantic', 'numpy', 'torch', 'matplotlib') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
