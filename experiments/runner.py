@@ -102,8 +102,10 @@ def validate(config: RunConfig, run_dir: Path, *, force: bool = False, where: st
     directory) surfaces here, before anything is written."""
     try:
         plan_world(seed_config(config, config.seed_list[0]))
-    except InputError as exc:
-        raise InputError(f"{where}{exc}") from None
+    except InputError as exc:   # keeps its kind (a plug-in's own error keeps its traceback)
+        if where:
+            exc.args = (f"{where}{exc.args[0]}", *exc.args[1:])
+        raise
     check_dir(config, run_dir, force=force, where=where)
 
 
@@ -162,10 +164,15 @@ def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: boo
 
     validate(config, run_dir, force=force)
     check_backend(backend, jobs, address, ray)   # a cluster without the GPUs asked for: before any file
-    with run_lock(run_dir):
-        check_dir(config, run_dir, force=force)   # again under the lock: a writer before us may have changed it
-        return _run_seeds(config, run_dir, force=force, progress=progress, jobs=jobs, backend=backend,
-                          address=address, ray=ray, run_tasks=run_tasks)
+    new = not run_dir.exists()
+    try:
+        with run_lock(run_dir):
+            check_dir(config, run_dir, force=force)   # again under the lock: a writer before us may have changed it
+            return _run_seeds(config, run_dir, force=force, progress=progress, jobs=jobs, backend=backend,
+                              address=address, ray=ray, run_tasks=run_tasks)
+    except InputError:
+        _drop_if_empty(run_dir, new)
+        raise
 
 
 def _run_seeds(config, run_dir, *, force, progress, jobs, backend, address, ray, run_tasks) -> pd.DataFrame:
@@ -187,11 +194,19 @@ def _run_single(config: RunConfig, run_dir: Path, *, force: bool, progress: bool
             check_dir(config, run_dir, force=force)   # again under the lock: a writer before us may have changed it
             return _run_arms(config, run_dir, world, plans, force=force, progress=progress)
     except InputError:
-        # a plug-in broke its contract in the first round of the first arm: a new directory holds
-        # only its config and lock then, so nothing half-written is left behind
-        if new and not any(p.is_dir() for p in run_dir.iterdir()):
-            shutil.rmtree(run_dir, ignore_errors=True)
+        _drop_if_empty(run_dir, new)
         raise
+
+
+def _drop_if_empty(run_dir: Path, new: bool) -> None:
+    """After a plug-in broke its contract in round 1 (every started arm removed its own directory):
+    a directory this run created that holds only config files and the lock goes too, so nothing
+    half-written is left behind."""
+    if not new or not run_dir.exists():
+        return
+    left = [p for p in run_dir.rglob("*") if p.is_file() and p.name not in ("config.json", ".groupfel.lock")]
+    if not left:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _run_arms(config, run_dir, world, plans, *, force, progress) -> pd.DataFrame:

@@ -510,3 +510,23 @@ def test_a_plugin_exception_keeps_its_traceback_under_one_line_naming_it(tmp_pat
                        "group() (its traceback is above; the bug is in that code)")
     assert not (tmp_path / "out").exists()
     sys.modules.pop("seam", None)
+
+
+def test_a_multi_seed_run_stops_the_same_way(tmp_path, plugin_dir, monkeypatch, capsys):
+    """Found in round 1 on the worker pool: exit 2, one line, no directory left; a plug-in's own
+    exception found while validating keeps its traceback."""
+    (plugin_dir / "seam.py").write_text(SEAM)
+    monkeypatch.syspath_prepend(str(plugin_dir))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(plugin_dir), str(ROOT)]))
+    (tmp_path / "c.toml").write_text(CONFIG.replace('"userplug:ServerMomentum"', '"seam:FlatCloud"')
+                                     .replace("algorithm_params = { beta = 0.5 }", ""))
+    assert main(["run", str(tmp_path / "c.toml"), "--output", str(tmp_path / "out"), "--quiet", "--jobs", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "aggregate_cloud() must return a tensor of shape (325,); got shape (3,)" in err, err
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "c.toml").write_text(CONFIG.replace('"userplug:DealByLabel", min_group_size = 3', '"seam:Crashes"'))
+    assert main(["run", str(tmp_path / "c.toml"), "--output", str(tmp_path / "out"), "--quiet", "--jobs", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0] == "Traceback (most recent call last):" and "ZeroDivisionError: division by zero" in err
+    assert err[-1].startswith("groupfel: error: arms[0].grouping.policy: 'seam:Crashes' raised ZeroDivisionError")
+    sys.modules.pop("seam", None)
