@@ -22,7 +22,6 @@ from scipy import optimize, stats
 
 from groupfel.errors import InputError
 
-from .profiles import uncommented
 
 X_COLUMNS = {"group_size": ("group_overhead", 2), "n_samples": ("training", 1)}
 OUTLIER_Z = 3.5   # robust z-score (residual / (1.4826·MAD)) beyond which a point is an outlier
@@ -44,6 +43,8 @@ class Fit:
     rmse: float
     robust: np.ndarray
     outliers: np.ndarray    # boolean mask over the points
+    weighting: str = "none"     # "none" (ordinary least squares) or "relative" (weights 1/fitted²)
+    why: str = ""               # why that weighting (auto's test, or "asked for")
 
     @property
     def has_outliers(self) -> bool:
@@ -56,27 +57,19 @@ class Fit:
 
 def read_measurements(paths: list[str | Path]) -> pd.DataFrame:
     """Measurement CSVs (``#`` comment lines skipped) → one validated frame."""
+    from groupfel.usercsv import read_user_csv
+
     frames = []
     for path in map(Path, paths):
-        try:
-            lines = uncommented(path.read_text().splitlines())
-        except OSError as exc:
-            raise InputError(f"measurements {path}: cannot read ({exc.strerror}); check the path") from None
-        rows = list(csv.DictReader(lines))
-        cols = set(rows[0]) if rows else set(next(csv.reader(lines), []))
-        for need in ("operation", "seconds"):
-            if need not in cols:
-                hint = ""
-                if lines and ";" in lines[0] and "," not in lines[0]:
-                    hint = " (the header is separated by ';': use commas, e.g. operation,group_size,seconds)"
-                raise InputError(f"{path}: missing column '{need}'{hint}; the header needs operation, "
-                                 f"group_size or n_samples, seconds")
-        if not cols & set(X_COLUMNS):
+        table = read_user_csv(path, f"measurements {path}" if not path.is_file() else str(path))
+        table.require(("operation", "seconds"), "operation, group_size or n_samples, seconds")
+        if not set(table.header) & set(X_COLUMNS):
             raise InputError(f"{path}: missing column 'group_size' or 'n_samples' (the x of the fit)")
-        if not rows:
+        if not table.rows:
             raise InputError(f"{path}: no measurements below the header")
-        df = pd.DataFrame(rows).reindex(columns=["operation", "method", "device", *X_COLUMNS, "seconds"])
-        df["row"] = [f"{path} row {i}" for i in range(1, len(df) + 1)]
+        df = pd.DataFrame([r.cells for r in table.rows]).reindex(
+            columns=["operation", "method", "device", *X_COLUMNS, "seconds"])
+        df["row"] = [table.where(r) for r in table.rows]
         frames.append(df)
     df = pd.concat(frames, ignore_index=True).replace("", np.nan)
     for col in ("seconds", *X_COLUMNS):
@@ -105,17 +98,60 @@ def read_measurements(paths: list[str | Path]) -> pd.DataFrame:
     return df
 
 
+WEIGHTS = ("auto", "none", "relative")
+
+
 def fit_curve(x: np.ndarray, y: np.ndarray, degree: int, where: str) -> tuple[np.ndarray, np.ndarray, float,
                                                                                 float, np.ndarray, np.ndarray]:
     """OLS polynomial fit with 95 % CIs, R², RMSE, plus a soft-L1 robust fit and outlier mask."""
+    return fit_weighted(x, y, degree, where, "none")[:6]
+
+
+def noise_grows(x: np.ndarray, y: np.ndarray, degree: int) -> tuple[bool, str]:
+    """Whether timing noise grows with the time: the Spearman rank correlation between the
+    ordinary least-squares fit's |residuals| and its fitted values, positive at p < 0.05
+    (one-sided). Returns the decision and the sentence that says why."""
+    from scipy import stats as st
+
+    if len(x) < 6:
+        return False, f"auto: {len(x)} points are too few to tell whether the noise grows with the time"
+    X = np.vander(x, degree + 1)
+    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+    fitted = X @ coef
+    rho, p = st.spearmanr(np.abs(y - fitted), fitted)
+    p_one = p / 2 if rho > 0 else 1 - p / 2
+    grows = bool(np.isfinite(rho) and p_one < 0.05)
+    return grows, (f"auto: |residuals| {'grow' if grows else 'do not grow'} with the fitted time (Spearman "
+                   f"rho = {rho:.2f}, one-sided p = {p_one:.2g} {'<' if grows else '>='} 0.05)")
+
+
+def fit_weighted(x: np.ndarray, y: np.ndarray, degree: int, where: str, weights: str = "none"):
+    """A polynomial fit with 95 % t intervals, R², RMSE, a soft-L1 robust fit, the outlier mask,
+    the weighting used and why. ``weights``: "none" (ordinary least squares: constant noise),
+    "relative" (iteratively reweighted by 1/fitted²: noise proportional to the time, as on-device
+    timings have) or "auto" (:func:`noise_grows` decides)."""
     p = degree + 1
     if len(x) < p:
         raise InputError(f"{where}: {len(x)} point(s) cannot fit {p} parameters; measure at least {p} points")
     if len(np.unique(x)) < p:
         raise InputError(f"{where}: {len(np.unique(x))} distinct x value(s) cannot fit {p} parameters; "
                          f"measure at least {p} different sizes")
+    if weights not in WEIGHTS:
+        raise InputError(f"--weights: {weights!r} is not one of {', '.join(WEIGHTS)}")
+    why = "asked for (--weights)"
+    if weights == "auto":
+        grows, why = noise_grows(x, y, degree)
+        weights = "relative" if grows else "none"
     X = np.vander(x, p)
     coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+    w = np.ones(len(x))
+    if weights == "relative":
+        floor = 1e-3 * max(float(np.abs(y).max()), 1e-12)   # a fitted value near 0 must not take all weight
+        for _ in range(5):   # feasible GLS: the weights from the fitted times, refit
+            w = 1.0 / np.maximum(np.abs(X @ coef), floor) ** 2
+            sw = np.sqrt(w)
+            coef, *_ = np.linalg.lstsq(X * sw[:, None], y * sw, rcond=None)
+    sw = np.sqrt(w)
     resid = y - X @ coef
     dof = len(x) - p
     sse = float(resid @ resid)
@@ -123,14 +159,15 @@ def fit_curve(x: np.ndarray, y: np.ndarray, degree: int, where: str) -> tuple[np
     sst = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - sse / sst if sst > 0 else 1.0
     if dof > 0:
-        cov = sse / dof * np.linalg.inv(X.T @ X)
+        wr = sw * resid
+        cov = float(wr @ wr) / dof * np.linalg.inv((X * w[:, None]).T @ X)
         ci = stats.t.ppf(0.975, dof) * np.sqrt(np.diag(cov))
     else:
         ci = np.full(p, np.nan)
-    scale = _mad(resid) or max(rmse, 1e-12)
-    robust = optimize.least_squares(lambda c: X @ c - y, coef, loss="soft_l1", f_scale=scale).x
+    scale = _mad(sw * resid) or max(float(np.sqrt(np.mean((sw * resid) ** 2))), 1e-12)
+    robust = optimize.least_squares(lambda c: sw * (X @ c - y), coef, loss="soft_l1", f_scale=scale).x
     outliers = _outliers(y, X @ robust)
-    return coef, ci, r2, rmse, robust, outliers
+    return coef, ci, r2, rmse, robust, outliers, weights, why
 
 
 def _mad(r: np.ndarray) -> float:
@@ -150,15 +187,17 @@ def _outliers(y: np.ndarray, fitted: np.ndarray) -> np.ndarray:
     return (z_abs > OUTLIER_Z) & (z_rel > OUTLIER_Z)
 
 
-def calibrate(df: pd.DataFrame) -> list[Fit]:
-    """One fit per (device, operation, method) in the measurements."""
+def calibrate(df: pd.DataFrame, weights: str = "auto") -> list[Fit]:
+    """One fit per (device, operation, method) in the measurements (``weights``: see
+    :func:`fit_weighted`)."""
     fits = []
     for x_name, (operation, degree) in X_COLUMNS.items():
         part = df[df[x_name].notna()]
         for (device, method), g in part.groupby(["device", "method"], sort=True):
             x, y = g[x_name].to_numpy(float), g["seconds"].to_numpy(float)
-            coef, ci, r2, rmse, robust, outliers = fit_curve(x, y, degree, f"{device}/{method} ({x_name})")
-            fits.append(Fit(device, operation, method, x_name, x, y, coef, ci, r2, rmse, robust, outliers))
+            where = f"{device}/{method} ({x_name})"
+            coef, ci, r2, rmse, robust, outliers, used, why = fit_weighted(x, y, degree, where, weights)
+            fits.append(Fit(device, operation, method, x_name, x, y, coef, ci, r2, rmse, robust, outliers, used, why))
     return fits
 
 
@@ -169,6 +208,9 @@ def report(fits: list[Fit]) -> str:
         form = "a·s² + b·s + c" if f.operation == "group_overhead" else "a·n + b"
         lines.append(f"{f.device}/{f.method}: {f.operation} = {form}  ({len(f.x)} points, "
                      f"R² = {f.r2:.4f}, RMSE = {f.rmse:.4g} s)")
+        how = "relative (weights 1/fitted², noise proportional to the time)" if f.weighting == "relative" else \
+            "none (ordinary least squares, constant noise)"
+        lines.append(f"  weights: {how}; {f.why}")
         for name, c, h in zip(names, f.coef, f.ci):
             lines.append(f"  {name} = {c: .6g}  ± {h:.3g} (95% CI)" if np.isfinite(h) else
                          f"  {name} = {c: .6g}  (no CI: as many points as parameters)")
@@ -188,7 +230,7 @@ def profile_csv(fits: list[Fit], task: str) -> str:
     for f in fits:
         c = [f"{v:.9g}" for v in f.chosen] + ([""] if f.operation == "training" else [])
         note = (f"{'robust soft-L1' if f.has_outliers else 'least-squares'} fit of {len(f.x)} points, "
-                f"{f.x_name} {f.x.min():g}..{f.x.max():g}, R2 {f.r2:.4f}")
+                f"{f.x_name} {f.x.min():g}..{f.x.max():g}, R2 {f.r2:.4f}, weights {f.weighting}")
         w.writerow([f.device, task, f.operation, f.method, *c, note])
     return buf.getvalue()
 
@@ -215,7 +257,7 @@ def plot_fit(f: Fit):
     ax.grid(alpha=0.3)
     res.axhline(0, color="grey", linewidth=0.8)
     res.scatter(f.x, f.y - np.polyval(f.coef, f.x), s=10)
-    res.set_xlabel(f.x_name.replace("_", " "))
+    res.set_xlabel(f"{f.x_name.replace('_', ' ')} ({'clients' if f.x_name == 'group_size' else 'samples'})")
     res.set_ylabel("residual (s)")
     res.grid(alpha=0.3)
     fig.tight_layout()

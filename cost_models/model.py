@@ -59,6 +59,14 @@ class CostModel:
             uses += [("group_overhead", f"{op}-recovery", prof.group_overhead[f"{op}-recovery"], sizes, "group size")
                      for op in self.operations if f"{op}-recovery" in prof.group_overhead]
             for kind, method, curve, xs, unit in uses:
+                if len(xs):
+                    with np.errstate(over="ignore", invalid="ignore"):
+                        values = np.asarray(curve(xs), dtype=float)
+                    if not np.isfinite(values).all():
+                        i = int(np.flatnonzero(~np.isfinite(values))[0])
+                        raise InputError(f"{where}: curve {prof.name}/{method} overflows a float ({values[i]:g} s) "
+                                         f"at {unit} {xs[i]:g}, which this run uses; a cost must be finite: fix the "
+                                         f"curve's coefficients or lower the {unit}s")
                 bad = first_nonpositive(curve, xs) if len(xs) else None
                 if bad is None:
                     continue

@@ -78,12 +78,34 @@ def read_profiles(path: str | Path) -> dict[str, DeviceProfile]:
     method, a, b, c)."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        text = ""   # not UTF-8: the CSV reader says so in one line
     except OSError as exc:
         raise InputError(f"cost profile file {path}: cannot read ({exc.strerror}); check the path") from None
     if path.suffix.lower() == ".toml":
         return _parse_toml(text, str(path))
-    return _parse(text.splitlines(), str(path))
+    from groupfel.usercsv import read_user_csv
+
+    return _parse_table(read_user_csv(path, str(path)))
+
+
+def _parse_table(table) -> dict[str, DeviceProfile]:
+    """A user's coefficient CSV (:func:`groupfel.usercsv.read_user_csv`): one curve per device, task,
+    operation and method; every coefficient finite."""
+    table.require(("device", "task", "operation", "method", "a", "b"),
+                  "'a', 'b', 'device', 'method', 'operation', 'task' (and 'c' for group operations)")
+    table.unique(("device", "task", "operation", "method"), "curve device/task/operation/method")
+    profiles: dict[str, DeviceProfile] = {}
+    for row in table.rows:
+        where = table.where(row)
+        prof = profiles.setdefault(f"{row.get('device')}/{row.get('task')}",
+                                   DeviceProfile(row.get("device"), row.get("task")))
+        a, b = table.number(row, "a"), table.number(row, "b")
+        operation = row.get("operation")
+        curve = linear(a, b) if operation == "training" else quadratic(a, b, table.number(row, "c"))
+        prof.add(operation, row.get("method"), curve, where)
+    return profiles
 
 
 def _parse(lines, source: str) -> dict[str, DeviceProfile]:

@@ -1,6 +1,6 @@
 """The emulator: config, world, training engine, SimPy federation, cost ledger and the arm driver.
 
-``from emulator import Algorithm`` is the base class of training algorithms (loaded on first
+``from groupfel.emulator import Algorithm`` is the base class of training algorithms (loaded on first
 use: importing ``groupfel.errors`` or ``groupfel.emulator.config`` does not import torch).
 """
 from importlib import import_module

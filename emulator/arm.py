@@ -53,11 +53,28 @@ def sample_groups(world: World, plan: ArmPlan, groups: list[Group], t: int) -> t
     ``sampling`` stream of round t, so a resume draws the same)."""
     from groupfel.policies import groups_per_round, sample_without_replacement
 
+    from .contracts import calling, check_weights, spec_of
+
     s = plan.arm.sampler
-    log_p = plan.sampling.log_masses(np.array([g.cov for g in groups]))
+    covs = np.array([g.cov for g in groups])
+    spec = spec_of(plan.sampling)
+    with calling("sampling.policy", spec, "log_weights()"):
+        log_p = plan.sampling.log_masses(covs)
+    check_weights(log_p, len(groups), "sampling.policy", spec, "sampling", "log_weights()", allow_inf=covs == 0)
     S = groups_per_round(len(groups), np.array([g.total_samples for g in groups]),
                          groups=s.groups_per_round, data_fraction=s.data_fraction)
     return S, log_p, sample_without_replacement(log_p, S, rng(world.config.seed, "sampling", t))
+
+
+def aggregation_weights(plan: ArmPlan, n_g: np.ndarray, log_pi: np.ndarray, n_total: float) -> np.ndarray:
+    """The aggregation rule's weights of the sampled groups, checked: one finite weight per group."""
+    from .contracts import calling, check_weights, spec_of
+
+    spec = spec_of(plan.aggregation)
+    with calling("aggregation", spec, "weights()"):
+        w = plan.aggregation.weights(n_g, log_pi, n_total)
+    check_weights(w, len(n_g), "aggregation", spec, "aggregation", "weights()")
+    return w
 
 
 def new_federation(world: World, env: Environment, ledger: CostLedger, stats: list | None = None) -> Federation:

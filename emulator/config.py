@@ -41,6 +41,10 @@ class ClientTypeConfig(_Strict):
 PartName = Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.+-]+(:[A-Za-z_][A-Za-z0-9_.]*)?$")]
 
 
+MAX_CLIENTS = 10**8     # clients of one run: each holds >= 1 training sample, and no dataset has 10^8
+INT64 = 2**63 - 1
+
+
 class DataConfig(_Strict):
     dataset: PartName = Field(
         "digits", description="The dataset: digits (bundled with scikit-learn), digit-domains (scikit-learn's digits and "
@@ -63,8 +67,8 @@ class DataConfig(_Strict):
         "normal", description="Client sample counts: normal (Group-FEL paper: Normal(mean, std) clipped "
         "to [min, max]), uniform (randint(min, max + 1), the Group-FEL authors' code), half-normal "
         "(HCCT's H(1), scaled so its mean is mean_samples).")
-    min_samples: int = Field(20, ge=1, description="Fewest samples a client holds.")
-    max_samples: int = Field(200, ge=1, description="Most samples a client holds (≥ min_samples).")
+    min_samples: int = Field(20, ge=1, le=MAX_CLIENTS, description="Fewest samples a client holds.")
+    max_samples: int = Field(200, ge=1, le=MAX_CLIENTS, description="Most samples a client holds (≥ min_samples).")
     mean_samples: float | None = Field(None, gt=0, description="Mean client size; unset: the midpoint of "
                                        "[min_samples, max_samples].")
     std_samples: float | None = Field(None, ge=0, description="normal sizes: standard deviation; unset: "
@@ -188,6 +192,13 @@ class TopologyConfig(_Strict):
 
     @model_validator(mode="after")
     def _sizes(self):
+        # compared before anything is built from them (the list of edge sizes included)
+        per_edge = self.clients_per_edge if isinstance(self.clients_per_edge, int) else max(self.clients_per_edge)
+        total = self.edges * per_edge if isinstance(self.clients_per_edge, int) else sum(self.clients_per_edge)
+        if total > MAX_CLIENTS:
+            raise ValueError(f"{self.edges:,} edges x {per_edge:,} clients = {total:,} clients is more than "
+                             f"{MAX_CLIENTS:,}, beyond the samples of any dataset (every client holds "
+                             f"data.min_samples of them); lower edges or clients_per_edge")
         sizes = self.sizes
         if len(sizes) != self.edges:
             raise ValueError(f"clients_per_edge lists {len(sizes)} edges but edges = {self.edges}")
@@ -332,9 +343,9 @@ class RunConfig(_Strict):
     mode: Literal["global", "per-group"] = Field(
         "global", description="global: Group-FEL's one cloud model; per-group: every group keeps its own "
         "model (HCCT, FedCollab), evaluated on the clients' local test splits.")
-    seed: int = Field(0, ge=0, description="The seed of a single-seed run: same config and seed give the same "
+    seed: int = Field(0, ge=0, le=INT64, description="The seed of a single-seed run: same config and seed give the same "
                       "tables.")
-    seeds: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=1, description="Instead of seed: every arm runs on each "
+    seeds: list[Annotated[int, Field(ge=0, le=INT64)]] | None = Field(None, min_length=1, description="Instead of seed: every arm runs on each "
                                     "seed; means with 95 % confidence intervals.")
     output_dir: str = Field("results", description="Where run directories go.")
     data: DataConfig = Field(DataConfig(), description="The `[data]` table.")

@@ -32,7 +32,7 @@ import torch
 from groupfel.errors import DivergenceError, InputError, InputWarning
 from groupfel.policies import aggregations, groupings, samplings
 
-from .arm import TRANSIENT, ArmPlan, ArmState, RoundStrategy, budget_error
+from .arm import TRANSIENT, ArmPlan, ArmState, RoundStrategy, aggregation_weights, budget_error, sample_groups
 from .io import atomic_write, write_json
 from .ledger import CostLedger
 from .rounds import STRATEGIES
@@ -65,7 +65,54 @@ def plan_arm(world: World, index: int) -> ArmPlan:
     plan = ArmPlan(arm, grouping, sampling, aggregation, cfg.mode)
     _check_mode(world, plan, where)
     STRATEGIES[cfg.mode].check(world, plan, where)
+    _try_plugins(world, plan, where, name)
     return plan
+
+
+def _try_plugins(world: World, plan: ArmPlan, where: str, name: object) -> None:
+    """A plug-in policy's contracts at plan time, where its first call is cheap: the first grouping
+    of a policy that needs only label counts (the same stream as round 0 draws, so nothing
+    changes), then the sampling and aggregation weights of those groups. What is found only in
+    round 1 stops the run there (:func:`run_arm`)."""
+    from groupfel.policies import aggregations as aggs, groupings as grps, samplings as sams
+
+    from .membership import form_groups
+
+    plug = {"grouping": isinstance(name, str) and name not in grps,
+            "sampling": plan.sampling is not None and plan.arm.sampler.policy not in sams,
+            "aggregation": plan.aggregation is not None and plan.arm.aggregation not in aggs}
+    if not any(plug.values()):
+        return
+    policy = plan.grouping
+    if policy.needs_gradients or policy.needs_distances or plan.regroup not in ("interval", "split"):
+        return
+    with _in_arm(where):
+        groups = form_groups(world, policy, 0).groups
+        if plan.sampling is not None and groups:
+            _, log_p, chosen = sample_groups(world, plan, groups, 0)
+            if plan.aggregation is not None:
+                from groupfel.policies import inclusion_log_probabilities
+
+                S = len(chosen)
+                log_pi = inclusion_log_probabilities(log_p, S)
+                aggregation_weights(plan, np.array([groups[g].total_samples for g in chosen]), log_pi[chosen],
+                                    float(sum(g.total_samples for g in groups)))
+
+
+class _in_arm:
+    """Prefix a contract error raised without its arm (``grouping.policy: ...``) with the arm's
+    config path (``arms[i].``)."""
+
+    def __init__(self, where: str):
+        self.where = where
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if isinstance(exc, InputError) and str(exc).startswith(("grouping.", "sampling.", "aggregation:")):
+            exc.args = (f"{self.where}.{exc.args[0]}", *exc.args[1:])
+        return False
 
 
 def plan_arms(world: World, only: int | None = None) -> list[ArmPlan]:
@@ -163,13 +210,31 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path, on_round: OnRound | None
     ckpt = arm_dir / CHECKPOINT
     wall0 = time.perf_counter()
     fresh = not ckpt.exists()
-    state = ArmState() if fresh else load_checkpoint(ckpt)
-    strategy: RoundStrategy = STRATEGIES[cfg.mode](world, plan, arm_dir, state)
-    diverged = None
     try:
-        stop_reason = _rounds(strategy, fresh, ckpt, on_round)
+        state = ArmState() if fresh else load_checkpoint(ckpt)
+    except InputError as exc:
+        if "is not a readable checkpoint" not in str(exc):
+            raise   # unsafe or of another version: the user decides
+        warnings.warn(f"{ckpt}: damaged (truncated or not a checkpoint); arm {plan.arm.name!r} restarts from "
+                      f"round 0 (the other arms are kept)", InputWarning, stacklevel=2)
+        ckpt.unlink()
+        fresh, state = True, ArmState()
+    diverged = None
+    index = next((i for i, a in enumerate(cfg.arms) if a.name == plan.arm.name), 0)
+    try:
+        with _in_arm(f"arms[{index}]"):
+            strategy: RoundStrategy = STRATEGIES[cfg.mode](world, plan, arm_dir, state)
+            stop_reason = _rounds(strategy, fresh, ckpt, on_round)
     except DivergenceError as exc:
         stop_reason, diverged = "diverged", exc
+    except InputError:
+        # a contract broken in the arm's first round: keep nothing half-written (a later round's
+        # failure keeps its checkpoint, so the fixed plug-in resumes from there)
+        if fresh and not ckpt.exists():
+            import shutil
+
+            shutil.rmtree(arm_dir, ignore_errors=True)
+        raise
     df = write_results(arm_dir, state)
     atomic_write(arm_dir / "ledger.parquet", lambda p: state.ledger.frame().to_parquet(p, index=False))
     strategy.write_outputs()

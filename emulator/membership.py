@@ -28,7 +28,6 @@ sampling says; the code drops clients left unclustered and runs a final local-fi
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +39,7 @@ from groupfel.policies import EdgeView, GroupingPolicy
 from groupfel.policies.cov import cov_of_counts
 
 from .discriminator import DiscriminatorSpec, discriminator_distances, discriminator_features
+from groupfel.errors import InputError
 from .federation import Group
 from .io import write_json
 from .ledger import CostLedger
@@ -126,14 +126,33 @@ def form_groups(world: World, policy: GroupingPolicy, epoch: int, weights: torch
             scale = (len(members) - 1) * spec.rounds * spec.local_steps * spec.n_params(features.shape[1]) \
                 / world.engine.n_params
             probe.append((j, members, scale * world.cost.training_cost(devices, m, 1)))
-        result = policy.group(view, rng(world.config.seed, "grouping", epoch, j))
-        dropped += len(result.dropped)
-        touched += result.leftover_clients
-        for local in result.groups:
+        gen = rng(world.config.seed, "grouping", epoch, j)
+        local_groups, left_out, touched_here = grouping_of_edge(policy, view, gen, j)
+        dropped += len(left_out)
+        touched += touched_here
+        for local in local_groups:
             clients = members[np.sort(local)]
             groups.append(Group(j, clients, topo.n_samples[clients],
                                 float(cov_of_counts(topo.label_counts[clients].sum(axis=0), norm))))
     return GroupingResult(groups, dropped, touched, probe)
+
+
+def grouping_of_edge(policy: GroupingPolicy, view: EdgeView, gen: np.random.Generator, edge: int | None = None,
+                     where: str = "grouping.policy") -> tuple[list[np.ndarray], np.ndarray, int]:
+    """``policy.group`` on one edge, checked at the seam (:func:`groupfel.emulator.contracts.check_grouping`):
+    the groups (row indices), the clients left out and the clients the leftover rule touched."""
+    from .contracts import calling, check_grouping, spec_of
+
+    spec = spec_of(policy)
+    with calling(where, spec, "group()"):
+        result = policy.group(view, gen)
+    groups = getattr(result, "groups", None)
+    if groups is None:
+        raise InputError(f"{where}: {spec!r} breaks the grouping contract: group() must return a "
+                         f"groupfel.policies.EdgeGrouping; got {type(result).__name__}")
+    out, missing = check_grouping(groups, getattr(result, "dropped", None), view.n_clients, where, spec,
+                                  policy.leaves_clients_out, edge)
+    return out, missing, int(getattr(result, "leftover_clients", 0))
 
 
 def charge_client_work(ledger: CostLedger, env, topology, t: int,
@@ -162,7 +181,12 @@ def cluster_clients(world: World, policy: GroupingPolicy, clients: np.ndarray, s
         members = clients[rows]
         epochs = policy.probe_epochs
         updates = starts[rows] - probe_models(world, members, starts[rows], t, j, epochs)
-        clusters += [(j, members[c]) for c in policy.cluster(updates.cpu().numpy().astype(np.float64))]
+        from .contracts import calling, check_grouping, spec_of
+
+        with calling("grouping.policy", spec_of(policy), "cluster()"):
+            found = policy.cluster(updates.cpu().numpy().astype(np.float64))
+        found, _ = check_grouping(found, None, len(members), "grouping.policy", spec_of(policy), True, j)
+        clusters += [(j, members[c]) for c in found]
         work.append(probe_work(world, j, members, epochs))
     return clusters, work
 
@@ -191,7 +215,9 @@ def cluster_groups(world: World, policy: GroupingPolicy, weights: torch.Tensor |
     path = Path(arm_dir) / CLUSTERS
     topo = world.topology
     if path.exists():
-        blob = json.loads(path.read_text())
+        from .runfiles import load_json
+
+        blob = load_json(path)
         clusters = [(c["edge"], np.array(c["clients"], dtype=int)) for c in blob["clusters"]]
         work = [(w["edge"], np.array(w["clients"], dtype=int), np.array(w["amounts"])) for w in blob["probe"]]
     else:

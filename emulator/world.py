@@ -152,7 +152,12 @@ def place_data(config: RunConfig, dataset: Dataset) -> Placement:
 
 def build_algorithm(config: RunConfig) -> Algorithm:
     t = config.train
-    return make_algorithm(t.algorithm, t.algorithm_params, t.mu)
+    algorithm = make_algorithm(t.algorithm, t.algorithm_params, t.mu)
+    if t.algorithm not in algorithms:   # a plug-in: its hooks' returns are checked where they enter
+        from .contracts import check_algorithm
+
+        check_algorithm(algorithm)
+    return algorithm
 
 
 def build_cost_model(config: RunConfig, algorithm: Algorithm | None = None) -> CostModel:
@@ -224,10 +229,31 @@ def load_data(config: RunConfig) -> Dataset:
     d = config.data
     if d.dataset in DATASETS:
         return load_dataset(d.dataset, d.path)
-    dataset = _dataset_loader(d.dataset)(d.path)
+    from .contracts import calling, check_dataset
+
+    with calling("data.dataset", d.dataset, "loader"):
+        dataset = _dataset_loader(d.dataset)(d.path)
     if not isinstance(dataset, Dataset):
         raise InputError(f"data.dataset: {d.dataset!r} returned {type(dataset).__name__}, not a groupfel.topologies.Dataset")
+    check_dataset(dataset, "data.dataset", d.dataset)
     return dataset
+
+
+def check_model_plugin(config: RunConfig, dataset: Dataset) -> None:
+    """A plug-in model's one forward pass of one sample at plan time: the output must be
+    (1, num_classes). Torch's global random state is left as it was (the engine seeds its own)."""
+    from .contracts import calling, check_model
+    from .models import MODELS, model_builder
+
+    name = config.train.model
+    if name in MODELS:
+        return
+    with torch.random.fork_rng(devices=[]):
+        with calling("train.model", name, "builder"):
+            model = model_builder(name, "train.model")(tuple(dataset.input_shape), dataset.num_classes)
+        if not isinstance(model, torch.nn.Module):
+            raise InputError(f"train.model: {name!r} returned {type(model).__name__}, not a torch.nn.Module")
+        check_model(model.eval(), dataset.x_train[:1], dataset.num_classes, "train.model", name)
 
 
 def build_world(config: RunConfig, dataset: Dataset | None = None) -> World:
@@ -238,6 +264,7 @@ def build_world(config: RunConfig, dataset: Dataset | None = None) -> World:
     cost = build_cost_model(config, algorithm)  # cheap checks first, before the data loads
     placement = place_data(config, load_data(config) if dataset is None else dataset)
     dataset, topology = placement.dataset, placement.topology
+    check_model_plugin(config, dataset)
     counts = np.array([len(s) for s in topology.client_samples])
     devices = np.array(topology.client_device)
     notes = cost.check_range(max(config.topology.sizes), {d: counts[devices == d] for d in set(devices)})

@@ -35,6 +35,7 @@ from groupfel.emulator.config import RunConfig, check_user_config, load_config, 
 from groupfel.errors import InputError
 from groupfel.policies.plugins import upgrade_saved
 from groupfel.emulator.io import check_writable
+from groupfel.emulator.runfiles import load_csv, load_json, load_parquet
 
 __all__ = ["Study", "run", "load", "sweep", "whatif", "calibrate", "group"]
 
@@ -97,7 +98,11 @@ def _check_unchanged(config: RunConfig, run_dir: Path) -> None:
     """A resumed run must use the plug-ins it started with: same sha256 of module file (or source)."""
     started: dict[tuple[str, str], dict] = {}
     for path in sorted(Path(run_dir).rglob("manifest.json")):
-        for rec in upgrade_saved(json.loads(path.read_text()).get("plugins") or []):
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError:   # damaged: that arm is redone (groupfel.emulator.runfiles.intact_arm)
+            continue
+        for rec in upgrade_saved((manifest.get("plugins") if isinstance(manifest, dict) else None) or []):
             started.setdefault((rec["kind"], rec["name"]), rec)
     if not started:
         return
@@ -105,7 +110,7 @@ def _check_unchanged(config: RunConfig, run_dir: Path) -> None:
 
     for rec in resolve_parts(config):
         old = started.get((rec["kind"], rec["name"]))
-        ours = (old or {}).get("distribution", {}).get("name") == "groupfel"   # groupfel's own part: its version decides
+        ours = ((old or {}).get("distribution") or {}).get("name") == "groupfel"   # groupfel's own: its version decides
         if old and not ours and old.get("sha256") != rec["sha256"]:
             raise InputError(f"{rec['field']}: {rec['name']!r} is not the plug-in this run started with (sha256 "
                              f"{str(old.get('sha256'))[:12]}…, now {str(rec['sha256'])[:12]}…); restore it, or pass "
@@ -153,7 +158,7 @@ def load(run_dir: str | Path) -> "Study":
     path = run_dir / "config.json"
     if not path.exists():
         raise InputError(f"run_dir: {run_dir} holds no config.json; give a directory a run was started in")
-    return Study(run_dir, parse_config(upgrade_saved(json.loads(path.read_text()))))
+    return Study(run_dir, parse_config(load_json(path)))
 
 
 @dataclasses.dataclass
@@ -190,7 +195,7 @@ class Study:
         """Every evaluation row of every seed and arm."""
         if self.multi_seed:
             return pd.read_csv(self.run_dir / "runs.csv")
-        return pd.concat([pd.read_csv(self.run_dir / a / "results.csv") for a in self.arms], ignore_index=True)
+        return pd.concat([load_csv(self.run_dir / a / "results.csv") for a in self.arms], ignore_index=True)
 
     @property
     def per_seed(self) -> pd.DataFrame:
@@ -232,11 +237,11 @@ class Study:
 
     def ledger(self, seed: int | None, arm: str) -> pd.DataFrame:
         """Every Eq. 5 charge of one (seed, arm) run."""
-        return pd.read_parquet(self.arm_dir(seed, arm) / "ledger.parquet")
+        return load_parquet(self.arm_dir(seed, arm) / "ledger.parquet")
 
     def manifest(self, seed: int | None, arm: str) -> dict:
         """The manifest of one (seed, arm) run: config, versions, grouping, plug-ins, stop reason."""
-        return json.loads((self.arm_dir(seed, arm) / "manifest.json").read_text())
+        return load_json(self.arm_dir(seed, arm) / "manifest.json")
 
     def plot(self, x: str = "cost", y: str = "accuracy", ax=None):
         """Mean curve per arm with its 95 % band over seeds, on ``ax`` (default: a new figure)."""

@@ -105,7 +105,11 @@ class _Parser(argparse.ArgumentParser):
 
     lists_plugins = False
 
+    before_help = None   # a subcommand's help text computed only when printed (group: the policy names)
+
     def format_help(self) -> str:
+        if self.before_help is not None:
+            self.before_help(self)
         if self.lists_plugins:
             from groupfel.policies import plugins
 
@@ -114,6 +118,35 @@ class _Parser(argparse.ArgumentParser):
                            "import path \"module:attr\". "
                            + (f"Installed plug-ins: {'; '.join(kinds)}." if kinds else "No plug-ins installed."))
         return super().format_help()
+
+
+def _lazy(module: str, name: str):
+    """A subcommand's function, imported when it runs: building the parser (``--help``, ``group``)
+    must not import pandas or pydantic for the commands it does not run."""
+    def run(args):
+        from importlib import import_module
+
+        return getattr(import_module(module, __package__), name)(args)
+    return run
+
+
+def _add_report_parser(sub) -> None:
+    p = sub.add_parser("report", help="one self-contained HTML page for a run or sweep directory")
+    p.add_argument("dir", metavar="DIR", help="a run, multi-seed run or sweep directory")
+    p.add_argument("--out", metavar="FILE.html", help="default DIR/report.html")
+    p.set_defaults(func=_lazy(".report", "_cmd_report"))
+
+
+def _add_sweep_parser(sub) -> None:
+    from .backends import add_backend_arguments
+
+    p = sub.add_parser("sweep", help="run a sweep file: one multi-seed run per point of its axes")
+    p.add_argument("sweep", metavar="SWEEP.toml")
+    add_backend_arguments(p, "(point, seed, arm) runs")
+    p.add_argument("--output", metavar="DIR", help="sweep directory (default <output_dir>/<name>)")
+    p.add_argument("--force", action="store_true", help="replace points run with a different config")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_lazy(".sweep", "_cmd_sweep"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,12 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--y", default="accuracy", help="y column: accuracy, loss, ... (default accuracy)")
     plot.add_argument("--out", metavar="FILE.png", help="default RUN_DIR/<y>_vs_<x>.png")
     plot.set_defaults(func=_cmd_plot)
-    from .report import add_report_parser
     from .reproduce_cli import add_reproduce_parser
-    from .sweep import add_sweep_parser
 
-    add_sweep_parser(sub)
-    add_report_parser(sub)
+    _add_sweep_parser(sub)
+    _add_report_parser(sub)
     add_reproduce_parser(sub)
     group_cli.add_group_parser(sub)
     study_cli.add_study_parser(sub)
@@ -198,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"groupfel: error: {_disk_full(exc)}", file=sys.stderr)
         return 1
     except InputError as exc:
+        trace = getattr(exc, "trace", "")   # a plug-in's own exception: its traceback, then our one line
+        if trace:
+            print(trace.rstrip("\n"), file=sys.stderr)
         print(f"groupfel: error: {exc}", file=sys.stderr)
         return 2
     except DivergenceError as exc:

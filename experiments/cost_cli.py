@@ -20,16 +20,33 @@ def _number(v: float) -> str:
     return f"{v:.0f}" if 1e4 <= abs(v) < 1e9 else f"{v:.4g}"
 
 
-def parse_sizes(text: str, where: str = "--sizes") -> list[int]:
-    """``2..30`` (inclusive), ``2..30:4`` (step 4) or ``2,5,10``."""
+MAX_SIZES = 100_000      # sizes one command sweeps; more is a typo or a missing step
+INT64 = 2**63 - 1
+
+
+def parse_sizes(text: str, where: str = "--sizes", most: int | None = None, bound: str = "") -> list[int]:
+    """``2..30`` (inclusive), ``2..30:4`` (step 4) or ``2,5,10``; each size at most ``most``
+    (``bound`` says what that is). The bounds are compared before the list is built, so a range
+    that cannot be meant (``2..100000000``) gets one line instead of a MemoryError."""
+    form = f"{where} {text!r}: give positive integers as LO..HI, LO..HI:STEP or A,B,C (e.g. 2..30)"
     m = re.fullmatch(r"\s*(\d+)\s*\.\.\s*(\d+)\s*(?::\s*(\d+))?\s*", text)
     try:
-        sizes = list(range(int(m[1]), int(m[2]) + 1, int(m[3] or 1))) if m else [int(s) for s in text.split(",")]
+        ends = [int(m[1]), int(m[2])] if m else [int(s) for s in text.split(",")]
     except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        raise InputError(f"{where} {text!r}: give positive integers as LO..HI, LO..HI:STEP or A,B,C (e.g. 2..30)")
-    return sizes
+        raise InputError(form) from None
+    step = int(m[3] or 1) if m else 1
+    if not ends or min(ends) < 1 or step < 1 or m and ends[0] > ends[1]:
+        raise InputError(form)
+    top = max(ends)
+    if top > INT64:
+        raise InputError(f"{where} {text!r}: {top} is beyond 64-bit integers; give sizes up to {most or INT64:,}")
+    if most is not None and top > most:
+        raise InputError(f"{where} {text!r}: size {top:,} exceeds {bound or most}; give sizes up to {most:,}")
+    count = (ends[1] - ends[0]) // step + 1 if m else len(ends)
+    if count > MAX_SIZES:
+        raise InputError(f"{where} {text!r}: {count:,} sizes; sweep at most {MAX_SIZES:,} (add a step, e.g. "
+                         f"{ends[0]}..{ends[1]}:{-(-(ends[1] - ends[0]) // MAX_SIZES) + 1})")
+    return list(range(ends[0], ends[1] + 1, step)) if m else ends
 
 
 def write_text(path: Path, text: str) -> Path:
@@ -74,7 +91,7 @@ def _cmd_calibrate(args) -> int:
     from .plots import save_png
 
     out = check_writable(args.out, "dir", "--out")
-    fits = calibrate(read_measurements(args.measurements))
+    fits = calibrate(read_measurements(args.measurements), args.weights)
     print(report(fits))
     profile = write_profile(fits, out / "profile.csv", args.task)
     plots = [save_png(plot_fit(f), out / f"fit-{f.device}-{f.method}.png") for f in fits]
@@ -105,6 +122,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="columns operation, group_size or n_samples, seconds [, method, device]")
     c.add_argument("--out", default="calibration", metavar="DIR", help="output directory (default calibration)")
     c.add_argument("--task", default="measured", help="task name of the written profile (default measured)")
+    c.add_argument("--weights", default="auto", choices=["auto", "none", "relative"],
+                   help="least-squares weights: none (constant noise), relative (noise proportional to the "
+                        "time, weights 1/fitted²) or auto (default: relative where the residuals grow with the "
+                        "fitted time, Spearman one-sided p < 0.05); the output says which and why")
     c.set_defaults(func=_cmd_calibrate)
     register_whatif(sub)
     register_timeline(sub)
@@ -138,6 +159,13 @@ def _check_whatif_curves(args, prof, overhead, sizes, n_samples) -> None:
     for flag, kind, method, curve, xs, unit in (
             ("--profile", "group_overhead", args.profile.rpartition("/")[2], overhead, np.unique(sizes), "group size"),
             ("--training", "training", args.training, prof.training[args.training], np.unique(n_samples), "samples")):
+        with np.errstate(over="ignore", invalid="ignore"):
+            values = np.asarray(curve(xs), dtype=float)
+        if not np.isfinite(values).all():
+            i = int(np.flatnonzero(~np.isfinite(values))[0])
+            raise InputError(f"{flag}: curve {prof.name}/{method} overflows a float ({values[i]:g} s) at {unit} "
+                             f"{xs[i]:g}, which this what-if uses; a cost must be finite: fix the curve's "
+                             f"coefficients or lower the {unit}s")
         bad = first_nonpositive(curve, xs)
         if bad is None:
             continue
@@ -175,8 +203,9 @@ def _cmd_whatif(args) -> int:
     sc = Scenario(clients=args.clients, samples_mean=args.samples_mean, rounds=args.rounds,
                   group_rounds=args.group_rounds, local_epochs=args.local_epochs,
                   groups_per_round=args.groups_per_round, participation=args.participation, seed=args.seed)
+    group_sizes = parse_sizes(args.group_sizes, "--group-sizes", most=sc.clients,
+                              bound=f"the {sc.clients:,} clients (--clients)")
     _check_memory(sc.clients)
-    group_sizes = parse_sizes(args.group_sizes, "--group-sizes")
     _check_whatif_curves(args, prof, overhead, group_sizes + [s + 1 for s in group_sizes], sc.sample_counts())
     t0 = time.perf_counter()
     df = sweep(group_sizes, overhead, prof.training[args.training], sc)

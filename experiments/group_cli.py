@@ -6,16 +6,15 @@ in the output are the 0-based data-row index of the input.
 """
 from __future__ import annotations
 
-import csv
-import io
 import json
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from groupfel.errors import InputError
-from groupfel.policies import EdgeView, groupings
-from groupfel.policies.cov import cov_of_counts
+from groupfel.usercsv import read_user_csv
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def read_label_matrix(path: str | Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
@@ -23,21 +22,16 @@ def read_label_matrix(path: str | Path) -> tuple[np.ndarray, np.ndarray, list[st
 
     Read with the csv module rather than pandas: importing pandas alone would double the
     start-up time of ``groupfel group``."""
+    import numpy as np
+
     path = Path(path)
     if path.is_dir():
         raise InputError(f"--label-matrix {str(path)!r} is a directory; give the CSV file of clients × label "
                          f"counts (e.g. {str(path / 'labels.csv')!r})")
     if not path.is_file():
         raise InputError(f"--label-matrix: no such file {str(path)!r}; give a CSV of clients × label counts")
-    try:
-        rows = list(csv.reader(io.StringIO(path.read_text())))
-    except (UnicodeDecodeError, csv.Error) as exc:
-        raise InputError(f"--label-matrix {path}: not a readable CSV ({str(exc).splitlines()[0]}); "
-                         f"write a header line and one row of label counts per client") from None
-    if not rows:
-        raise InputError(f"--label-matrix {path}: not a readable CSV (the file is empty); "
-                         f"write a header line and one row of label counts per client")
-    header, data = [c.strip() for c in rows[0]], rows[1:]
+    table = read_user_csv(path, f"--label-matrix {path}")
+    header, data = table.header, table.rows
     if not data:
         raise InputError(f"--label-matrix {path}: no client rows; write one row of label counts per client")
     edge_col = next((i for i, c in enumerate(header) if c.lower() == "edge"), None)
@@ -46,29 +40,28 @@ def read_label_matrix(path: str | Path) -> tuple[np.ndarray, np.ndarray, list[st
         raise InputError(f"--label-matrix {path}: no label columns; add one count column per label")
     values = np.zeros((len(data), len(header)), dtype=np.int64)
     for r, row in enumerate(data):
-        if len(row) > len(header):
-            raise InputError(f"--label-matrix {path}: row {r} has {len(row)} cells but the header has "
-                             f"{len(header)}; give every row one count per header column")
         for i, name in enumerate(header):
-            cell = row[i].strip() if i < len(row) else ""
+            cell = row.get(name)
             try:
                 v = float(cell)
             except ValueError:
                 v = float("nan")
-            if not (np.isfinite(v) and v >= 0 and v == round(v)):
-                raise InputError(f"--label-matrix {path}: row {r} column {name!r} is {cell!r}; every cell must "
+            if not (np.isfinite(v) and 0 <= v < 2**62 and v == round(v)):
+                raise InputError(f"{table.where(row)} column {name!r} is {cell!r}; every cell must "
                                  f"be a non-negative integer (empty cells are not allowed)")
             values[r, i] = int(v)
     counts = values[:, labels]
     empty = np.flatnonzero(counts.sum(axis=1) == 0)
     if len(empty):
-        raise InputError(f"--label-matrix {path}: client row {int(empty[0])} has no samples (all counts 0); "
+        raise InputError(f"--label-matrix {path}: client row {int(empty[0]) + 1} has no samples (all counts 0); "
                          f"remove it or give it its label counts")
     edges = values[:, edge_col] if edge_col is not None else np.zeros(len(data), dtype=np.int64)
     return counts, edges, [header[i] for i in labels]
 
 
 def make_policy(name: str, min_group_size: int | None, max_cov: float | None):
+    from groupfel.policies import groupings
+
     cls = groupings.resolve(name, "--policy")   # a shipped name, an installed plug-in or module:Class
     if cls.needs_gradients or cls.needs_distances is True:
         raise InputError(f"--policy {name}: needs client {'gradients' if cls.needs_gradients else 'distances'}, "
@@ -86,7 +79,13 @@ def make_policy(name: str, min_group_size: int | None, max_cov: float | None):
 
 
 def run_grouping(counts: np.ndarray, edges: np.ndarray, policy, seed: int) -> dict:
-    """Group each edge's clients; the JSON-able result (groups and summary)."""
+    """Group each edge's clients, checked at the seam; the JSON-able result (groups and summary)."""
+    import numpy as np
+    from groupfel.policies import EdgeView
+    from groupfel.policies.cov import cov_of_counts
+
+    from groupfel.emulator.contracts import calling, check_grouping, spec_of
+
     norm = getattr(policy, "normalization", "std")
     groups, dropped, touched = [], [], 0
     for e in np.unique(edges):
@@ -94,10 +93,14 @@ def run_grouping(counts: np.ndarray, edges: np.ndarray, policy, seed: int) -> di
         if policy.min_group_size > len(members):
             raise InputError(f"--min-group-size: {policy.min_group_size} exceeds the {len(members)} clients "
                              f"of edge {int(e)}; lower it")
-        result = policy.group(EdgeView(counts[members]), np.random.default_rng((seed, int(e))))
-        dropped += members[result.dropped].tolist()
-        touched += result.leftover_clients
-        for local in result.groups:
+        spec = spec_of(policy)
+        with calling("--policy", spec, "group()"):
+            result = policy.group(EdgeView(counts[members]), np.random.default_rng((seed, int(e))))
+        local_groups, missing = check_grouping(getattr(result, "groups", result), getattr(result, "dropped", None),
+                                               len(members), "--policy", spec, policy.leaves_clients_out, int(e))
+        dropped += members[missing].tolist()
+        touched += getattr(result, "leftover_clients", 0)
+        for local in local_groups:
             clients = members[np.sort(local)]
             label_counts = counts[clients].sum(axis=0)
             groups.append({"edge": int(e), "clients": clients.tolist(), "size": len(clients),
@@ -142,16 +145,25 @@ def _cmd_group(args) -> int:
     return 0
 
 
-def add_group_parser(sub) -> None:
-    p = sub.add_parser("group", help="partition clients of a label-count CSV with a grouping policy")
+def _policy_help(parser) -> None:
+    """Fill --policy's help with the policy names, when the help is printed (listing them imports
+    the policies, which ``groupfel --help`` and the parser of other commands must not pay for)."""
+    from groupfel.policies import groupings
+
     usable = sorted(n for n, c in groupings.items() if not c.needs_gradients)
     probed = sorted(n for n, c in groupings.items() if c.needs_gradients)
     installed = [n for n in groupings.names() if n not in groupings]   # entry points: metadata, not imported
-    p.add_argument("--policy", required=True,
-                   help=f"grouping policy: {', '.join(usable)} ({', '.join(probed)} group on client gradients, "
-                        f"which a label matrix does not hold: use them in 'groupfel run')"
-                        + (f"; installed plug-ins: {', '.join(installed)}" if installed else "")
-                        + "; or a plug-in's import path module:Class")
+    action = next(a for a in parser._actions if "--policy" in a.option_strings)
+    action.help = (f"grouping policy: {', '.join(usable)} ({', '.join(probed)} group on client gradients, "
+                   f"which a label matrix does not hold: use them in 'groupfel run')"
+                   + (f"; installed plug-ins: {', '.join(installed)}" if installed else "")
+                   + "; or a plug-in's import path module:Class")
+
+
+def add_group_parser(sub) -> None:
+    p = sub.add_parser("group", help="partition clients of a label-count CSV with a grouping policy")
+    p.add_argument("--policy", required=True, help="grouping policy (the names: groupfel group --help)")
+    p.before_help = _policy_help
     p.add_argument("--label-matrix", required=True, metavar="FILE.csv",
                    help="clients × labels counts with a header; optional 'edge' column")
     p.add_argument("--min-group-size", type=int, default=None, help="MinGS (default: the policy's)")

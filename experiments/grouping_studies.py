@@ -100,7 +100,7 @@ def fig5(out: Path, max_clients: int = 10000, seed: int = 0, min_group_size: int
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
     for name, d in df.dropna(subset=["seconds"]).groupby("policy"):
         ax.plot(d["clients"], d["seconds"], marker="o", label=name)
-    ax.set(xscale="log", yscale="log", xlabel="clients per edge", ylabel="grouping time (s)",
+    ax.set(xscale="log", yscale="log", xlabel="clients per edge (clients)", ylabel="grouping time (s)",
            title="Fig. 5: grouping runtime")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
@@ -161,7 +161,7 @@ def fig7(out: Path, n_clients: int = 50, min_group_size: int = 5, seed: int = 0)
             ax.bar(d.index, d[lab], bottom=bottom, color=colors[lab % 10], width=0.85)
             bottom += d[lab].to_numpy()
         avg = df[df.policy == name].groupby("group")["cov"].first().mean()
-        ax.set(title=f"{name}: avgCoV {avg:.2f}", xlabel="group", ylabel="samples" if ax is axes[0] else "")
+        ax.set(title=f"{name}: avgCoV {avg:.2f}", xlabel="group (index)", ylabel="samples" if ax is axes[0] else "")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     labels = sorted(df["label"].unique())
     fig.legend([plt.Rectangle((0, 0), 1, 1, color=colors[lab % 10]) for lab in labels],

@@ -12,7 +12,7 @@ import pandas as pd  # noqa: E402
 from groupfel.emulator.io import atomic_write  # noqa: E402
 
 AXES = {"cost": "cumulative cost, Eq. 5 (device seconds)", "sim_time_s": "simulated wall-clock time (s)",
-        "round": "global round", "accuracy": "test accuracy", "loss": "test loss",
+        "round": "global round (rounds)", "accuracy": "test accuracy", "loss": "test loss",
         "local_error_mean": "mean local test error"}
 
 

@@ -22,8 +22,8 @@ import pandas as pd
 
 from groupfel.emulator.config import RunConfig, parse_config
 from groupfel.errors import InputError
-from groupfel.policies.plugins import upgrade_saved
 from groupfel.emulator.io import atomic_write
+from groupfel.emulator.runfiles import load_csv, load_json, load_parquet
 
 from .stats import METRICS, conclusion, render_summary
 
@@ -49,35 +49,35 @@ class Study:
 def load_study(root: Path) -> Study:
     root = Path(root)
     if (root / "sweep.json").exists():
-        meta = json.loads((root / "sweep.json").read_text())
+        meta = load_json(root / "sweep.json")
         points = list(meta["points"])
         if not (root / "runs.csv").exists():
             raise InputError(f"report: {root} is an unfinished sweep; rerun its 'groupfel sweep' command first")
-        configs = {p: parse_config(upgrade_saved(json.loads((root / p / "config.json").read_text()))) for p in points}
+        configs = {p: parse_config(load_json(root / p / "config.json")) for p in points}
         config = configs[points[0]]
         arms = [ArmRun(f"{p}/{a.name}", s, root / p / f"seed-{s}" / a.name)   # a point may run some arms only
                 for p in points for s in configs[p].seed_list for a in configs[p].arms]
-        results = pd.read_csv(root / "runs.csv")
+        results = load_csv(root / "runs.csv")
         results["arm"] = results["point"].astype(str) + "/" + results["arm"].astype(str)
-        return Study("sweep", root, config, arms, results, pd.read_csv(root / "summary.csv"), meta)
+        return Study("sweep", root, config, arms, results, load_csv(root / "summary.csv"), meta)
     if not (root / "config.json").exists():
         raise InputError(f"report: {root} holds no config.json; give a run or sweep directory")
-    config = parse_config(upgrade_saved(json.loads((root / "config.json").read_text())))
+    config = parse_config(load_json(root / "config.json"))
     if config.seeds is not None:
         if not (root / "runs.csv").exists():
             raise InputError(f"report: {root} is unfinished; resume it with 'groupfel run --resume {root}'")
         arms = [ArmRun(a.name, s, root / f"seed-{s}" / a.name) for s in config.seed_list for a in config.arms]
-        return Study("multi-seed run", root, config, arms, pd.read_csv(root / "runs.csv"),
-                     pd.read_csv(root / "summary.csv"), {})
+        return Study("multi-seed run", root, config, arms, load_csv(root / "runs.csv"),
+                     load_csv(root / "summary.csv"), {})
     arms = [ArmRun(a.name, config.seed, root / a.name) for a in config.arms]
     missing = [str(a.path) for a in arms if not (a.path / "manifest.json").exists()]
     if missing or not (root / "summary.csv").exists():
         raise InputError(f"report: {root} is unfinished ({', '.join(missing) or 'no summary.csv'}); resume it "
                          f"with 'groupfel run --resume {root}'")
-    results = pd.concat([pd.read_csv(a.path / "results.csv") for a in arms], ignore_index=True)
+    results = pd.concat([load_csv(a.path / "results.csv") for a in arms], ignore_index=True)
     if "seed" not in results:
         results["seed"] = config.seed
-    return Study("run", root, config, arms, results, pd.read_csv(root / "summary.csv"), {})
+    return Study("run", root, config, arms, results, load_csv(root / "summary.csv"), {})
 
 
 def _png(fig) -> str:
@@ -114,8 +114,8 @@ def _profiles_figure(config: RunConfig) -> str:
         for op in cost.operations:
             ax1.plot(sizes, prof.group_overhead[op](sizes), label=f"{device} {op}")
         ax2.plot(samples, prof.training[cost.training_method](samples), label=f"{device} {cost.training_method}")
-    ax1.set(xlabel="group size |g|", ylabel="O_g(|g|): per-client overhead (s)", title="group operations")
-    ax2.set(xlabel="samples n", ylabel="H(n): one epoch (s)", title="training")
+    ax1.set(xlabel="group size |g| (clients)", ylabel="O_g(|g|): per-client overhead (s)", title="group operations")
+    ax2.set(xlabel="samples n (samples)", ylabel="H(n): one epoch (s)", title="training")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -127,7 +127,7 @@ def _ledgers(study: Study) -> pd.DataFrame:
     """Every Eq. 5 charge, with the arm label, the seed and the size of the charged group."""
     frames = []
     for a in study.arms:
-        led = pd.read_parquet(a.path / "ledger.parquet")
+        led = load_parquet(a.path / "ledger.parquet")
         grouped = led[led["group"] >= 0]
         size = grouped.groupby(["round", "group"])["client"].nunique().rename("group_size")
         led = led.join(size, on=["round", "group"])
@@ -150,11 +150,11 @@ def _breakdown(study: Study) -> str:
     axes[0].set(xlabel="Eq. 5 cost per seed (device s)", ylabel="", title="by component")
     edge = led.pivot_table(index="edge", columns="component", values="amount", aggfunc="sum") / len(study.arms)
     edge.plot.bar(stacked=True, ax=axes[1])
-    axes[1].set(xlabel="edge", ylabel="Eq. 5 cost per arm run (device s)", title="by edge (all arms)")
+    axes[1].set(xlabel="edge (index)", ylabel="Eq. 5 cost per arm run (device s)", title="by edge (all arms)")
     grouped = led[led["group_size"].notna()]
     per_client = grouped.groupby(["group_size", "component"])["amount"].mean().unstack()
     per_client.plot(marker="o", ax=axes[2])
-    axes[2].set(xlabel="group size |g|", ylabel="mean charge per client per group round (s)",
+    axes[2].set(xlabel="group size |g| (clients)", ylabel="mean charge per client per group round (s)",
                 title="by group size: O_g(|g|) against E·H(n)")
     for ax in axes:
         ax.grid(alpha=0.3)
@@ -169,7 +169,7 @@ def _grouping(study: Study) -> str:
 
     rows, sizes, covs = [], {}, {}
     for a in study.arms:
-        m = json.loads((a.path / "manifest.json").read_text())
+        m = load_json(a.path / "manifest.json")
         g = m["grouping"]
         sizes.setdefault(a.label, []).extend(x["size"] for x in g["groups"])
         covs.setdefault(a.label, []).extend(x["cov"] for x in g["groups"])
@@ -182,7 +182,7 @@ def _grouping(study: Study) -> str:
     bins = np.arange(0.5, top + 1.5)
     for label, v in sizes.items():
         ax1.hist(v, bins=bins, histtype="step", linewidth=1.5, label=label)
-    ax1.set(xlabel="group size", ylabel="groups (all seeds)", title="group sizes")
+    ax1.set(xlabel="group size (clients)", ylabel="groups (all seeds)", title="group sizes")
     for i, v in enumerate(covs.values()):    # one dot per group, jittered; the bar is the mean
         jitter = np.random.default_rng(i).uniform(-0.2, 0.2, len(v))
         ax2.scatter(v, i + jitter, s=10, alpha=0.6)
@@ -206,7 +206,7 @@ def _makespan(study: Study) -> tuple[str, str]:
     table = table.join(per_round.add_prefix("round_time_s "), how="left").reset_index()
     versions, wall = {}, []
     for a in study.arms:
-        m = json.loads((a.path / "manifest.json").read_text())
+        m = load_json(a.path / "manifest.json")
         versions = m.get("versions", versions)
         wall.append({"arm": a.label, "seed": a.seed, "wall_s": m.get("wall_seconds_last_session", np.nan)})
     w = pd.DataFrame(wall)
@@ -232,11 +232,19 @@ def _summary(study: Study) -> str:
         plots = "".join(_png_file(p) for p in sorted(study.root.glob("*_vs_*.png")))
         compact = compact_summary(study.summary, ["point", *axes], target is not None)
         said = compact["verdict"]
+        from .axes import opening_sentence
+        from .sweep import SweepConfig, reference_of
+
+        sweep = SweepConfig.model_validate(study.extra["sweep"])
+        summary = study.summary.copy()
+        summary.attrs["axis_comparisons"] = int(sum(summary[c].notna().sum() for c in summary.columns
+                                                    if c.endswith("_vs_ref_p_holm")))
+        first = opening_sentence(summary, axes, reference_of(sweep))
         words = (f"{int(said.str.contains(' than ').sum())} of {int((said != 'reference').sum())} arms differ from "
                  f"their point's first arm in accuracy at equal cost after Holm's correction over the sweep; "
                  f"{int(said.str.startswith('too few').sum())} comparisons have too few seeds to tell (verdict column).")
         foot = "".join(f"<p>{html.escape(n)}</p>" for n in notes(study.summary, METRICS))
-        return (f"<p><b>{html.escape(words)}</b></p><p>Mean [95 % CI] over seeds {study.extra['sweep']['seeds']}.</p>"
+        return (f"<p class='opening'><b>{html.escape(first)}</b></p><p>{html.escape(words)}</p><p>Mean [95 % CI] over seeds {study.extra['sweep']['seeds']}.</p>"
                 f"{_table(compact)}{foot}<details><summary>full table (every metric, interval and paired "
                 f"difference: summary.csv)</summary>{_table(study.summary[cols])}</details>{plots}")
     return "<p>One seed: no confidence intervals (give <code>seeds = [0, 1, 2]</code>).</p>" + _table(study.summary)
@@ -315,13 +323,6 @@ def _cmd_report(args) -> int:
     out = build_report(Path(args.dir), Path(args.out) if args.out else None)
     print(f"report: {out}")
     return 0
-
-
-def add_report_parser(sub) -> None:
-    p = sub.add_parser("report", help="one self-contained HTML page for a run or sweep directory")
-    p.add_argument("dir", metavar="DIR", help="a run, multi-seed run or sweep directory")
-    p.add_argument("--out", metavar="FILE.html", help="default DIR/report.html")
-    p.set_defaults(func=_cmd_report)
 
 
 __all__ = ["build_report", "load_study"]

@@ -54,15 +54,44 @@ def default_config() -> RunConfig:
 
 
 def config_from_run_dir(run_dir: Path) -> RunConfig:
+    from groupfel.emulator.runfiles import load_json
+
     path = Path(run_dir) / "config.json"
     if not path.exists():
         raise InputError(f"--resume {run_dir}: no config.json there; give the directory a run was started in")
-    return parse_config(upgrade_saved(json.loads(path.read_text())))
+    return parse_config(load_json(path, "restore it from a copy, or rerun from the config file with "
+                                        "'groupfel run CONFIG' (finished arms whose files are intact are kept)"))
 
 
 def seed_config(config: RunConfig, seed: int) -> RunConfig:
     """The single-seed config of one seed of a multi-seed config."""
     return parse_config({**json.loads(config.model_dump_json()), "seed": seed, "seeds": None})
+
+
+def finished(config: RunConfig, run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a finished run of ``config`` whose every arm's files are intact."""
+    run_dir = Path(run_dir)
+    saved = run_dir / "config.json"
+    if not saved.exists() or _saved_config(saved) != config:
+        return False
+    dirs = [run_dir] if config.seeds is None else [seed_dir(run_dir, s) for s in config.seed_list]
+    return all(arm_complete(d / a.name) for d in dirs for a in config.arms)
+
+
+def saved_summary(config: RunConfig, run_dir: Path) -> pd.DataFrame | None:
+    """A finished multi-seed run's summary.csv as :func:`finish` returned it (None where it or
+    per_seed.csv does not parse): a rerun need not recompute intervals (nor import scipy)."""
+    from groupfel.emulator.runfiles import csv_intact
+
+    run_dir = Path(run_dir)
+    if not (csv_intact(run_dir / "summary.csv") and csv_intact(run_dir / "per_seed.csv")):
+        return None
+    summary = pd.read_csv(run_dir / "summary.csv")
+    per_seed = pd.read_csv(run_dir / "per_seed.csv")
+    summary.attrs["target"] = config.train.target_accuracy
+    summary.attrs["common_cost"] = per_seed.groupby("seed")["common_cost"].first().tolist()
+    summary.attrs["comparisons"] = int(sum(summary[c].notna().sum() for c in summary if c.endswith("_diff_p_holm")))
+    return summary
 
 
 def seed_dir(run_dir: Path, seed: int) -> Path:
@@ -74,8 +103,10 @@ def validate(config: RunConfig, run_dir: Path, *, force: bool = False, where: st
     directory) surfaces here, before anything is written."""
     try:
         plan_world(seed_config(config, config.seed_list[0]))
-    except InputError as exc:
-        raise InputError(f"{where}{exc}") from None
+    except InputError as exc:   # keeps its kind (a plug-in's own error keeps its traceback)
+        if where:
+            exc.args = (f"{where}{exc.args[0]}", *exc.args[1:])
+        raise
     check_dir(config, run_dir, force=force, where=where)
 
 
@@ -90,8 +121,8 @@ def _saved_config(path: Path) -> RunConfig | None:
     """The config a run directory was started with (compared as a config, so keys added to the
     schema since, at their defaults, do not count as a change); None if it no longer parses."""
     try:
-        return parse_config(upgrade_saved(json.loads(path.read_text())))
-    except (InputError, json.JSONDecodeError):
+        return parse_config(upgrade_saved(json.loads(path.read_text(encoding="utf-8"))))
+    except (InputError, ValueError):   # JSONDecodeError and UnicodeDecodeError are ValueErrors
         return None
 
 
@@ -120,16 +151,29 @@ def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: boo
     run_dir = Path(run_dir) if run_dir else Path(config.output_dir) / config.name
     if jobs is not None and jobs < 1:
         raise InputError(f"--jobs: must be >= 1, got {jobs}")
+    if not force and finished(config, run_dir):
+        # a rerun of a finished run: nothing to plan, no engine to build; the tables are recomputed
+        # from the intact results, the plots kept
+        with run_lock(run_dir):
+            if config.seeds is None:
+                return finish_seed(config, run_dir, replot=False)
+            saved = saved_summary(config, run_dir)
+            return saved if saved is not None else finish(config, run_dir, replot=False)
     if config.seeds is None:
         return _run_single(config, run_dir, force=force, progress=progress)
     from .backends import check_backend, run_tasks
 
     validate(config, run_dir, force=force)
     check_backend(backend, jobs, address, ray)   # a cluster without the GPUs asked for: before any file
-    with run_lock(run_dir):
-        check_dir(config, run_dir, force=force)   # again under the lock: a writer before us may have changed it
-        return _run_seeds(config, run_dir, force=force, progress=progress, jobs=jobs, backend=backend,
-                          address=address, ray=ray, run_tasks=run_tasks)
+    new = not run_dir.exists()
+    try:
+        with run_lock(run_dir):
+            check_dir(config, run_dir, force=force)   # again under the lock: a writer before us may have changed it
+            return _run_seeds(config, run_dir, force=force, progress=progress, jobs=jobs, backend=backend,
+                              address=address, ray=ray, run_tasks=run_tasks)
+    except InputError:
+        _drop_if_empty(run_dir, new)
+        raise
 
 
 def _run_seeds(config, run_dir, *, force, progress, jobs, backend, address, ray, run_tasks) -> pd.DataFrame:
@@ -145,9 +189,25 @@ def _run_single(config: RunConfig, run_dir: Path, *, force: bool, progress: bool
     """The arms of one seed, one after another in this process, with a progress bar per arm."""
     world, plans = plan_world(config)   # all input errors surface here
     check_dir(config, run_dir, force=force)
-    with run_lock(run_dir):
-        check_dir(config, run_dir, force=force)   # again under the lock: a writer before us may have changed it
-        return _run_arms(config, run_dir, world, plans, force=force, progress=progress)
+    new = not run_dir.exists()
+    try:
+        with run_lock(run_dir):
+            check_dir(config, run_dir, force=force)   # again under the lock: a writer before us may have changed it
+            return _run_arms(config, run_dir, world, plans, force=force, progress=progress)
+    except InputError:
+        _drop_if_empty(run_dir, new)
+        raise
+
+
+def _drop_if_empty(run_dir: Path, new: bool) -> None:
+    """After a plug-in broke its contract in round 1 (every started arm removed its own directory):
+    a directory this run created that holds only config files and the lock goes too, so nothing
+    half-written is left behind."""
+    if not new or not run_dir.exists():
+        return
+    left = [p for p in run_dir.rglob("*") if p.is_file() and p.name not in ("config.json", ".groupfel.lock")]
+    if not left:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _run_arms(config, run_dir, world, plans, *, force, progress) -> pd.DataFrame:
@@ -182,14 +242,18 @@ def _run_arms(config, run_dir, world, plans, *, force, progress) -> pd.DataFrame
     return finish_seed(config, run_dir)
 
 
-def finish_seed(config: RunConfig, run_dir: Path) -> pd.DataFrame:
-    """summary.csv and the plot of a single-seed run whose arms are all complete."""
-    from .plots import plot_curves
+def finish_seed(config: RunConfig, run_dir: Path, replot: bool = True) -> pd.DataFrame:
+    """summary.csv and the plot of a single-seed run whose arms are all complete (``replot``
+    False: an existing plot is kept)."""
+    from groupfel.emulator.runfiles import load_csv
 
-    results = pd.concat([pd.read_csv(run_dir / a.name / "results.csv") for a in config.arms], ignore_index=True)
+    results = pd.concat([load_csv(run_dir / a.name / "results.csv") for a in config.arms], ignore_index=True)
     summary = summarize(results, run_dir, config.train.target_accuracy)
     atomic_write(run_dir / "summary.csv", lambda p: summary.to_csv(p, index=False))
-    plot_curves(results, run_dir / "accuracy_vs_cost.png", title=config.name)
+    if replot or not (run_dir / "accuracy_vs_cost.png").exists():
+        from .plots import plot_curves
+
+        plot_curves(results, run_dir / "accuracy_vs_cost.png", title=config.name)
     return summary
 
 
@@ -197,9 +261,11 @@ def diverged_runs(root: Path) -> list[str]:
     """'<arm dir>: <message>' for every arm under ``root`` (a run, multi-seed run or sweep) that
     stopped because its model diverged or collapsed."""
     out = []
+    from groupfel.emulator.runfiles import load_json
+
     for path in sorted(Path(root).rglob("manifest.json")):
-        manifest = json.loads(path.read_text())
-        if manifest.get("stop_reason") == "diverged":
+        manifest = load_json(path)
+        if isinstance(manifest, dict) and manifest.get("stop_reason") == "diverged":
             out.append(f"{path.parent.relative_to(root)}: {manifest.get('message', '')}")
     return out
 
@@ -218,12 +284,11 @@ def report_diverged(root: Path) -> int:
     return 1 if runs else 0
 
 
-def finish(config: RunConfig, run_dir: Path) -> pd.DataFrame:
-    """The tables and plots of a multi-seed run whose (seed, arm) tasks are all complete."""
-    from .plots import plot_bands
-
+def finish(config: RunConfig, run_dir: Path, replot: bool = True) -> pd.DataFrame:
+    """The tables and plots of a multi-seed run whose (seed, arm) tasks are all complete
+    (``replot`` False: existing plots are kept)."""
     run_dir = Path(run_dir)
-    per_seed_summaries = [finish_seed(seed_config(config, s), seed_dir(run_dir, s)) for s in config.seed_list]
+    per_seed_summaries = [finish_seed(seed_config(config, s), seed_dir(run_dir, s), replot) for s in config.seed_list]
     results = load_runs(config, run_dir)
     atomic_write(run_dir / "runs.csv", lambda p: results.to_csv(p, index=False))
     atomic_write(run_dir / "runs.parquet", lambda p: results.to_parquet(p, index=False))
@@ -246,8 +311,11 @@ def finish(config: RunConfig, run_dir: Path) -> pd.DataFrame:
     atomic_write(run_dir / "summary.csv", lambda p: summary.to_csv(p, index=False))
     curves = curves_on_grid(results, "cost", "accuracy")
     atomic_write(run_dir / "curves.csv", lambda p: curves.to_csv(p, index=False))
-    plot_bands({config.name: results}, run_dir / "accuracy_vs_cost.png", x="cost", title=config.name)
-    plot_bands({config.name: results}, run_dir / "accuracy_vs_time.png", x="sim_time_s", title=config.name)
+    for name, x in (("accuracy_vs_cost.png", "cost"), ("accuracy_vs_time.png", "sim_time_s")):
+        if replot or not (run_dir / name).exists():
+            from .plots import plot_bands
+
+            plot_bands({config.name: results}, run_dir / name, x=x, title=config.name)
     summary.attrs["target"] = config.train.target_accuracy
     summary.attrs["common_cost"] = per_seed.groupby("seed")["common_cost"].first().tolist()
     return summary
@@ -255,7 +323,9 @@ def finish(config: RunConfig, run_dir: Path) -> pd.DataFrame:
 
 def load_runs(config: RunConfig, run_dir: Path) -> pd.DataFrame:
     """Every evaluation row of every seed and arm of a multi-seed run."""
-    return pd.concat([pd.read_csv(seed_dir(run_dir, s) / a.name / "results.csv")
+    from groupfel.emulator.runfiles import load_csv
+
+    return pd.concat([load_csv(seed_dir(run_dir, s) / a.name / "results.csv")
                       for s in config.seed_list for a in config.arms], ignore_index=True)
 
 
@@ -263,10 +333,12 @@ def summarize(results: pd.DataFrame, run_dir: Path, target: float | None = None)
     """One row per arm of a single-seed run; ``acc_at_common_cost`` compares arms at the smallest
     final cost of any arm, ``cost_to_target`` is the cost at the first evaluation reaching
     ``target`` accuracy (NaN: never)."""
+    from groupfel.emulator.runfiles import load_json
+
     common = results.groupby("arm", sort=False)["cost"].max().min()
     rows = []
     for arm, df in results.groupby("arm", sort=False):
-        manifest = json.loads((run_dir / str(arm) / "manifest.json").read_text())
+        manifest = load_json(run_dir / str(arm) / "manifest.json")
         g = manifest["grouping"]
         last = df.iloc[-1]
         rows.append({

@@ -6,7 +6,8 @@ Sweep file (TOML)::
     base = "base.toml"        # a run config, relative to this file
     seeds = [0, 1, 2]
     mode = "product"          # product (default): every combination; zip: the i-th values together
-    [axes]                    # dotted paths into the run config; list items by index
+    reference = { "arms.0.grouping.min_group_size" = 5 }   # optional; default: each axis's first value
+    [axes]                    # dotted paths into the run config; list items by index; no value twice
     "arms.0.grouping.min_group_size" = [5, 10, 20]
     "data.alpha" = [0.1, 1.0]
 
@@ -17,7 +18,9 @@ Layout of a sweep directory (default ``<base output_dir>/<name>``)::
     p00/, p01/, ...        one multi-seed run directory per point (see groupfel.experiments.runner)
     runs.csv / .parquet    every evaluation: point, axes (one column per dotted path), seed, arm, ...
     summary.csv            one row per point x arm: axes, mean and 95 % CI of each headline metric,
-                           paired difference from the first arm
+                           paired difference from the first arm, and ``<metric>_vs_ref_*``: the
+                           paired-by-seed difference from the same arm at the reference point
+                           (Holm over the sweep's axis comparisons; :mod:`groupfel.experiments.axes`)
     <metric>_vs_<axis>.png each headline metric against each axis, one line per arm (error bars: CI)
 
 Every point is validated before any work starts. The (point, seed, arm) tasks then run on the
@@ -53,12 +56,34 @@ class SweepConfig(BaseModel):
     mode: Literal["product", "zip"] = "product"
     output_dir: str | None = None          # default: the base config's output_dir
     axes: dict[str, list[Any]] = Field(min_length=1)
+    # the point every other point is compared with, per axis (default: each axis's first value)
+    reference: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _axes(self):
         for path, values in self.axes.items():
             if not values:
                 raise ValueError(f"axes.{path!r}: give at least one value")
+            seen: dict[str, int] = {}
+            for i, v in enumerate(values if self.mode == "product" else []):   # zip: points checked below
+                key = json.dumps(v, sort_keys=True)
+                if key in seen:
+                    raise ValueError(f"axes.{path!r}: the value {v!r} appears twice (items {seen[key]} and {i}); "
+                                     f"each point must differ, so remove one")
+                seen[key] = i
+        if self.mode == "zip":   # an axis may repeat a value while another moves; a point may not repeat
+            seen = {}
+            for i, combo in enumerate(zip(*self.axes.values())):
+                key = json.dumps(combo, sort_keys=True)
+                if key in seen:
+                    raise ValueError(f"points {seen[key]} and {i} of the zipped axes are the same "
+                                     f"({', '.join(f'{p}={v!r}' for p, v in zip(self.axes, combo))}); remove one")
+                seen[key] = i
+        for path, v in (self.reference or {}).items():
+            if path not in self.axes:
+                raise ValueError(f"reference.{path!r}: not an axis; use one of {list(self.axes)}")
+            if v not in self.axes[path]:
+                raise ValueError(f"reference.{path!r}: {v!r} is not one of the axis's values {self.axes[path]}")
         if self.mode == "zip" and len({len(v) for v in self.axes.values()}) > 1:
             lengths = ", ".join(f"{p!r}: {len(v)}" for p, v in self.axes.items())
             raise ValueError(f"mode = \"zip\" needs axes of equal length ({lengths})")
@@ -111,6 +136,18 @@ def load_sweep(path: str | Path) -> tuple[SweepConfig, dict]:
     return sweep, _read_toml(path.parent / sweep.base, f"sweep file {path}: base")
 
 
+def reference_of(sweep: SweepConfig) -> dict[str, Any]:
+    """Every axis's reference value (``reference`` in the sweep file, else the axis's first value);
+    in zip mode the values of the reference point."""
+    from .axes import reference_point
+
+    pts = points(sweep)
+    given = dict(sweep.reference or {})
+    if sweep.mode == "zip":
+        return pts[reference_point(pts, given)]
+    return {a: given.get(a, values[0]) for a, values in sweep.axes.items()}
+
+
 def point_name(i: int) -> str:
     return f"p{i:02d}"
 
@@ -158,6 +195,17 @@ def run_loaded_sweep(sweep: SweepConfig, base: dict, *, backend: str = "local", 
     configs = point_configs(sweep, base)
     root = Path(output) if output else Path(sweep.output_dir or configs[0].output_dir) / sweep.name
     pts = points(sweep)
+    from .runner import finished
+
+    if not force and (root / "sweep.json").exists() and all(finished(c, root / point_name(i))
+                                                            for i, c in enumerate(configs)):
+        # a rerun of a finished sweep: nothing to plan, no engine to build; tables recomputed, plots kept
+        with run_lock(root):
+            summary = _saved_sweep_summary(sweep, root)
+            if summary is None:
+                summary = finish_sweep(sweep, configs, root, replot=False)
+        summary.attrs["root"] = str(root)
+        return summary
     for i, (config, point) in enumerate(zip(configs, pts)):
         label = f"sweep point {point_name(i)} ({', '.join(f'{p}={v!r}' for p, v in point.items())}): "
         validate(config, root / point_name(i), force=force, where=label)
@@ -205,21 +253,23 @@ def _run_points(sweep, configs, pts, root, *, backend, jobs, address, force, pro
     return summary
 
 
-def finish_sweep(sweep: SweepConfig, configs: list[RunConfig], root: Path) -> pd.DataFrame:
-    """runs.csv/.parquet, summary.csv and the metric-against-axis plots of a finished sweep."""
+def finish_sweep(sweep: SweepConfig, configs: list[RunConfig], root: Path, replot: bool = True) -> pd.DataFrame:
+    """runs.csv/.parquet, summary.csv and the metric-against-axis plots of a finished sweep
+    (``replot`` False: existing plots are kept)."""
     from .runner import finish, load_runs
 
     axes = list(sweep.axes)
     runs, summaries = [], []
     for i, (config, point) in enumerate(zip(configs, points(sweep))):
         d = root / point_name(i)
-        summary = finish(config, d)
+        summary = finish(config, d, replot)
         cols = {"point": point_name(i), **{p: _cell(v) for p, v in point.items()}}
         summaries.append(summary.assign(**cols)[[*cols, *summary.columns]])
         r = load_runs(config, d)
         runs.append(r.assign(**cols)[[*cols, *r.columns]])
     runs_df = pd.concat(runs, ignore_index=True)
     summary_df = add_verdicts(pd.concat(summaries, ignore_index=True))   # Holm over the whole sweep
+    summary_df = _along_axes(sweep, configs, runs_df, summary_df)
     atomic_write(root / "runs.csv", lambda p: runs_df.to_csv(p, index=False))
     atomic_write(root / "runs.parquet", lambda p: runs_df.to_parquet(p, index=False))
     atomic_write(root / "summary.csv", lambda p: summary_df.to_csv(p, index=False))
@@ -227,10 +277,53 @@ def finish_sweep(sweep: SweepConfig, configs: list[RunConfig], root: Path) -> pd
     plotted = [axes[0]] if sweep.mode == "zip" else axes
     for axis in plotted:
         for metric in METRICS:
+            if not replot and (root / f"{metric}_vs_{axis}.png").exists():
+                continue
             plot_metric_vs_axis(summary_df, [] if sweep.mode == "zip" else axes, axis, metric,
                                 root / f"{metric}_vs_{axis}.png", zipped=axes[1:] if sweep.mode == "zip" else [])
     summary_df.attrs["axes"] = axes
     return summary_df
+
+
+def _saved_sweep_summary(sweep: SweepConfig, root: Path) -> pd.DataFrame | None:
+    """A finished sweep's summary.csv as :func:`finish_sweep` returned it (None where it does not
+    parse or predates the axis comparisons): a rerun need not recompute intervals."""
+    from groupfel.emulator.runfiles import csv_intact
+
+    if not csv_intact(root / "summary.csv"):
+        return None
+    summary = pd.read_csv(root / "summary.csv")
+    if "ref_point" not in summary:
+        return None
+    summary.attrs.update(axes=list(sweep.axes), reference=reference_of(sweep),
+                         comparisons=int(sum(summary[c].notna().sum() for c in summary if c.endswith("_diff_p_holm"))),
+                         axis_comparisons=int(sum(summary[c].notna().sum() for c in summary
+                                                  if c.endswith("_vs_ref_p_holm"))))
+    return summary
+
+
+def _along_axes(sweep: SweepConfig, configs: list[RunConfig], runs: pd.DataFrame,
+                summary: pd.DataFrame) -> pd.DataFrame:
+    """summary.csv's comparisons of each point with the reference point, per arm
+    (:mod:`groupfel.experiments.axes`)."""
+    from .axes import compare_along_axes, reference_point
+
+    pts = points(sweep)
+    reference = reference_of(sweep)
+    ref = point_name(reference_point(pts, reference))
+    arms_of = {point_name(i): [a.name for a in c.arms] for i, c in enumerate(configs)}
+    found = compare_along_axes(runs, arms_of, ref, arms_of, configs[0].train.target_accuracy)
+    out = summary.merge(found.drop(columns="ref_point") if not found.empty else pd.DataFrame(columns=["point", "arm"]),
+                        on=["point", "arm"], how="left")
+    out["ref_point"] = ref
+    for m in METRICS:
+        col = f"{m}_vs_ref_verdict"
+        if col in out:
+            out.loc[out["point"] == ref, col] = "reference"
+    out.attrs.update(summary.attrs)
+    out.attrs["axis_comparisons"] = found.attrs.get("axis_comparisons", 0)
+    out.attrs["reference"] = reference
+    return out
 
 
 def _cell(value: Any) -> Any:
@@ -266,7 +359,9 @@ def plot_metric_vs_axis(summary: pd.DataFrame, axes: list[str], axis: str, metri
                     color=f"C{i % 10}" if n > SMALL_MULTIPLES else None)
         if n > SMALL_MULTIPLES:
             ax.set_title(label, fontsize=8)
-    xlabel = axis + (f" (with {', '.join(zipped)} zipped)" if zipped else "")
+    from .axes import axis_label
+
+    xlabel = axis_label(axis) + (f", with {', '.join(zipped)} zipped" if zipped else "")
     for j, ax in enumerate(panels):
         if j >= n:
             ax.set_visible(False)
@@ -294,6 +389,9 @@ def _cmd_sweep(args) -> int:
     sweep, _ = load_sweep(args.sweep)
     root = summary.attrs["root"]
     with_target = bool(summary["target_reached"].sum() > 0 or summary["cost_to_target_mean"].notna().any())
+    from .axes import opening_sentence
+
+    print(opening_sentence(summary, summary.attrs["axes"], summary.attrs["reference"]) + "\n")
     print(compact_summary(summary, ["point", *summary.attrs["axes"]], with_target).to_string(index=False))
     for line in notes(summary, METRICS):
         print(line)
@@ -304,15 +402,3 @@ def _cmd_sweep(args) -> int:
     from .runner import report_diverged
 
     return report_diverged(Path(root))
-
-
-def add_sweep_parser(sub) -> None:
-    p = sub.add_parser("sweep", help="run a sweep file: one multi-seed run per point of its axes")
-    p.add_argument("sweep", metavar="SWEEP.toml")
-    from .backends import add_backend_arguments
-
-    add_backend_arguments(p, "(point, seed, arm) runs")
-    p.add_argument("--output", metavar="DIR", help="sweep directory (default <output_dir>/<name>)")
-    p.add_argument("--force", action="store_true", help="replace points run with a different config")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=_cmd_sweep)

@@ -29,8 +29,10 @@ MANIFEST = "manifest.json"
 
 
 def arm_complete(arm_dir: Path) -> bool:
-    manifest = Path(arm_dir) / MANIFEST
-    return manifest.exists() and bool(json.loads(manifest.read_text()).get("complete"))
+    """Finished, with every file intact (a damaged one makes a rerun redo this arm only)."""
+    from groupfel.emulator.runfiles import intact_arm
+
+    return intact_arm(Path(arm_dir))
 
 
 @dataclass(frozen=True)
@@ -98,8 +100,10 @@ def describe_device(device: str) -> str:
 
 
 def record_device(arm_dir: Path, device: str) -> None:
+    from groupfel.emulator.runfiles import complete_manifest
+
     path = Path(arm_dir) / MANIFEST
-    if path.exists():
-        manifest = json.loads(path.read_text())
+    manifest = complete_manifest(Path(arm_dir))
+    if manifest is not None:
         manifest["device"] = describe_device(device)
         atomic_write(path, lambda p: p.write_text(json.dumps(manifest, indent=2, default=str) + "\n"))

@@ -5,6 +5,18 @@ class InputError(ValueError):
     """Bad input (config, CSV, flag): the message names the field and the fix. Exit code 2."""
 
 
+class PluginError(InputError):
+    """A user's plug-in raised inside its own code: the CLI prints the plug-in's traceback (their
+    bug to find), then one line naming the plug-in. Exit code 2."""
+
+    def __init__(self, message: str, trace: str = ""):
+        super().__init__(message, trace)
+        self.trace = trace
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 class DivergenceError(RuntimeError):
     """Training produced a non-finite or exploding model; the message names the cause. Exit code 1."""
 

@@ -89,6 +89,8 @@ class GroupingPolicy(ABC):
     * ``probe_epochs``: the epochs of a ``"cluster"`` probe (default 1).
     * ``modes``: the run modes (``"global"``, ``"per-group"``) the policy makes sense in.
     * ``normalization``: the CoV normalisation the run reports its groups' CoV in (``"std"``).
+    * ``min_group_size``: the smallest group the policy forms (default 1: no minimum).
+    * ``leaves_clients_out``: :meth:`group` may leave clients in no group (default False).
     """
 
     name: ClassVar[str]
@@ -100,7 +102,12 @@ class GroupingPolicy(ABC):
     # the CoV normalisation the run reports the groups' CoV in (a policy may make it a field, CoVG)
     normalization = "std"
     modes: ClassVar[tuple[str, ...]] = ("global", "per-group")
-    min_group_size: int
+    # the loop compares it with each edge's clients; a policy without the field has no minimum
+    # (a subclass's dataclass field of the same name overrides this default)
+    min_group_size: int = 1
+    # whether group() may leave clients in no group (else each one must be in a group or listed in
+    # EdgeGrouping.dropped); the manifest counts the clients left out either way
+    leaves_clients_out: ClassVar[bool] = False
 
     @abstractmethod
     def group(self, view: EdgeView, rng: np.random.Generator) -> EdgeGrouping: ...

@@ -78,3 +78,26 @@ def browser() -> str:
             pytest.fail(f"{reason} ({REQUIRE_BROWSER} is set, so this test is required)")
         pytest.skip(reason)
     return exe
+
+
+def write_toml(tmp_path, d, name="c.toml"):
+    """A config dict written as TOML under ``tmp_path``; its path."""
+    import tomli_w
+
+    path = tmp_path / name
+    path.write_text(tomli_w.dumps(d))
+    return path
+
+
+def one_error_line(capsys) -> str:
+    """The CLI's stderr, asserted to be one 'groupfel: error:' line without a traceback."""
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("groupfel: error: ") and "Traceback" not in err, err
+    return err
+
+
+def one_arm(d, **train):
+    """``d`` with its rg-random arm only (cheap, no training to group) and ``train`` changes."""
+    d["arms"] = [d["arms"][1]]
+    d["train"].update(train)
+    return d

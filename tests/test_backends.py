@@ -146,9 +146,17 @@ def test_landed_files_mark_the_arm_complete_last_and_drop_its_checkpoint(tmp_pat
     arm = Path(task.run_dir) / "covg-esrcov"
     land(Path(task.run_dir), {"covg-esrcov/checkpoint.pt": b"ck"}, final=False)
     assert (arm / "checkpoint.pt").read_bytes() == b"ck" and not task.done
-    land(Path(task.run_dir), {"covg-esrcov/manifest.json": b'{"complete": true}', "covg-esrcov/results.csv": b"r\n",
+    import io
+
+    def parquet() -> bytes:
+        buf = io.BytesIO()
+        pd.DataFrame({"r": [1]}).to_parquet(buf)
+        return buf.getvalue()
+    # an arm is done when its manifest says so and its tables parse (groupfel.emulator.runfiles.intact_arm)
+    land(Path(task.run_dir), {"covg-esrcov/manifest.json": b'{"complete": true}', "covg-esrcov/results.csv": b"r\n1\n",
+                              "covg-esrcov/results.parquet": parquet(), "covg-esrcov/ledger.parquet": parquet(),
                               "local-reference-seed0.pt": b"x"}, final=True)
-    assert task.done and not (arm / "checkpoint.pt").exists() and (arm / "results.csv").read_text() == "r\n"
+    assert task.done and not (arm / "checkpoint.pt").exists() and (arm / "results.csv").read_text() == "r\n1\n"
     with pytest.raises(ValueError, match="outside its run directory"):
         land(Path(task.run_dir), {"../evil": b""}, final=False)
 

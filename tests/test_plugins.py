@@ -335,3 +335,198 @@ def test_an_algorithm_plugin_by_hand(plugin_dir, monkeypatch):
     torch.testing.assert_close(x, torch.tensor([0.4, 3.0]))
     torch.testing.assert_close(state.server["velocity"], torch.tensor([0.6, -2.0]))
     assert state.clients == {}
+
+
+# --- contracts at the seam: what a plug-in returns is checked where it enters ---------------------------
+
+SEAM = '''
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from groupfel.emulator.algorithms import Algorithm
+from groupfel.policies import AggregationRule, EdgeGrouping, GroupingPolicy, SamplingPolicy
+from groupfel.topologies import Dataset
+
+
+@dataclass(frozen=True)
+class Twice(GroupingPolicy):
+    min_group_size: int = 3
+    def group(self, view, rng):
+        n = view.n_clients
+        return EdgeGrouping([np.arange(0, n // 2 + 1), np.arange(n // 2, n)])   # client n//2 in both
+
+
+@dataclass(frozen=True)
+class AsDocumented(GroupingPolicy):
+    """Written exactly as docs/plugins.md's table says: group(self, view, rng), no min_group_size."""
+    def group(self, view, rng):
+        return EdgeGrouping([np.arange(view.n_clients)])
+
+
+@dataclass(frozen=True)
+class LeavesOne(GroupingPolicy):
+    def group(self, view, rng):
+        return EdgeGrouping([np.arange(1, view.n_clients)])
+
+
+@dataclass(frozen=True)
+class LeavesOneDeclared(LeavesOne):
+    leaves_clients_out = True
+
+
+@dataclass(frozen=True)
+class EmptyGroup(GroupingPolicy):
+    def group(self, view, rng):
+        return EdgeGrouping([np.arange(view.n_clients), np.array([], dtype=int)])
+
+
+@dataclass(frozen=True)
+class OutOfRange(GroupingPolicy):
+    def group(self, view, rng):
+        return EdgeGrouping([np.arange(view.n_clients + 1)])
+
+
+@dataclass(frozen=True)
+class Crashes(GroupingPolicy):
+    def group(self, view, rng):
+        return helper(view)
+
+
+def helper(view):
+    return 1 / 0
+
+
+@dataclass(frozen=True)
+class NaNSampling(SamplingPolicy):
+    def log_weights(self, covs):
+        return np.full(len(covs), np.nan)
+
+
+@dataclass(frozen=True)
+class ShortAggregation(AggregationRule):
+    def weights(self, n_g, log_pi, n_total):
+        return np.ones(len(n_g) + 1)
+
+
+@dataclass
+class FlatCloud(Algorithm):
+    def aggregate_cloud(self, state, scratch, weights, models, members, n_samples):
+        return torch.zeros(3)
+
+
+def wide_model(input_shape, num_classes):
+    return nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(input_shape)), num_classes + 3))
+
+
+def big_labels(path):
+    rng = np.random.default_rng(0)
+    x = rng.random((200, 1, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 6, size=200)        # 6 labels, but num_classes = 5
+    return Dataset("big-labels", x[:150], y[:150], x[150:], y[150:], 5)
+
+
+def nan_features(path):
+    rng = np.random.default_rng(0)
+    x = rng.random((200, 1, 8, 8)).astype(np.float32)
+    x[7, 0, 0, 0] = np.nan
+    y = rng.integers(0, 5, size=200)
+    return Dataset("nan", x[:150], y[:150], x[150:], y[150:], 5)
+'''
+
+
+@pytest.mark.parametrize("old, new, says", [
+    ('"userplug:DealByLabel", min_group_size = 3', '"seam:Twice"',
+     "arms[0].grouping.policy: 'seam:Twice' breaks the grouping contract: no client may be in two groups; got "
+     "client 3 of edge 0 in groups 0 and 1"),
+    ('"userplug:DealByLabel", min_group_size = 3', '"seam:LeavesOne"',
+     "arms[0].grouping.policy: 'seam:LeavesOne' breaks the grouping contract: every client must be in a group "
+     "unless the policy declares leaves_clients_out = True (or lists them in EdgeGrouping.dropped); got client(s) "
+     "[0] of edge 0 in no group"),
+    ('"userplug:DealByLabel", min_group_size = 3', '"seam:EmptyGroup"',
+     "breaks the grouping contract: no group may be empty; got group 1 of edge 0 empty"),
+    ('"userplug:DealByLabel", min_group_size = 3', '"seam:OutOfRange"',
+     "breaks the grouping contract: client indices must lie in 0..5 (the edge's 6 clients); got 6 in group 0 of edge 0"),
+    ('{ policy = "random", groups_per_round = 2 }\n[[arms]]', '{ policy = "seam:NaNSampling", groups_per_round = 2 }'
+     '\n[[arms]]', "arms[0].sampling.policy: 'seam:NaNSampling' breaks the sampling contract: log_weights() must be "
+     "finite; got nan for group 0 of"),
+    ('{ policy = "random", groups_per_round = 2 }\n[[arms]]', '{ policy = "random", groups_per_round = 2 }\n'
+     'aggregation = "seam:ShortAggregation"\n[[arms]]', "arms[0].aggregation: 'seam:ShortAggregation' breaks the "
+     "aggregation contract: weights() must be one number per group (2 groups); got shape (3,)"),
+    ('"userplug:tiny_linear"', '"seam:wide_model"', "train.model: 'seam:wide_model' breaks the model contract: one "
+     "sample's output must have shape (1, num_classes) = (1, 5); got (1, 8)"),
+    ('"userplug:digits_even"', '"seam:big_labels"', "data.dataset: 'seam:big_labels' breaks the dataset contract: "
+     "labels must be integers in 0..4 (num_classes = 5); got 5 in y_train"),
+    ('"userplug:digits_even"', '"seam:nan_features"', "data.dataset: 'seam:nan_features' breaks the dataset "
+     "contract: features must be finite; got a NaN or infinity in x_train[7]"),
+    ('"userplug:ServerMomentum"', '"seam:FlatCloud"', "train.algorithm: 'seam:FlatCloud' breaks the algorithm "
+     "contract: aggregate_cloud() must return a tensor of shape (325,); got shape (3,)"),
+])
+def test_a_plugin_breaking_its_contract_stops_in_one_line_before_anything_is_written(
+        tmp_path, plugin_dir, monkeypatch, capsys, old, new, says):
+    """Before: exit 0 (a client trained and weighted twice; three outputs too many), numpy's 'pvals < 0,
+    pvals > 1 or pvals contains NaNs', or a traceback from deep in the loop. The algorithm's broken
+    return is found only in round 1: the run stops there and keeps nothing."""
+    (plugin_dir / "seam.py").write_text(SEAM)
+    monkeypatch.syspath_prepend(str(plugin_dir))
+    drop = {"algorithm_params = { beta = 0.5 }": ""} if "ServerMomentum" in old else {}
+    path = _tiny(tmp_path, **{old: new, **drop})
+    out = tmp_path / "out"
+    assert main(["run", path, "--output", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("groupfel: error: ") and "\n" not in err, err
+    assert says in err, err
+    assert not out.exists(), sorted(out.rglob("*"))
+    sys.modules.pop("seam", None)
+
+
+def test_a_policy_written_as_the_docs_say_runs_and_a_declared_leave_out_is_counted(tmp_path, plugin_dir,
+                                                                                   monkeypatch):
+    """Before: AttributeError: 'AsDocumented' object has no attribute 'min_group_size'."""
+    (plugin_dir / "seam.py").write_text(SEAM)
+    monkeypatch.syspath_prepend(str(plugin_dir))
+    for policy, dropped in (("AsDocumented", 0), ("LeavesOneDeclared", 2)):
+        path = _tiny(tmp_path, **{'"userplug:DealByLabel", min_group_size = 3': f'"seam:{policy}"',
+                                  "rounds = 4": "rounds = 1"})
+        out = tmp_path / policy
+        assert main(["run", path, "--output", str(out), "--quiet"]) == 0
+        manifest = json.loads(next(out.rglob("deal/manifest.json")).read_text())
+        assert manifest["grouping"]["clients_dropped"] == dropped   # one client of each of the 2 edges
+    sys.modules.pop("seam", None)
+
+
+def test_a_plugin_exception_keeps_its_traceback_under_one_line_naming_it(tmp_path, plugin_dir, monkeypatch,
+                                                                         capsys):
+    (plugin_dir / "seam.py").write_text(SEAM)
+    monkeypatch.syspath_prepend(str(plugin_dir))
+    path = _tiny(tmp_path, **{'"userplug:DealByLabel", min_group_size = 3': '"seam:Crashes"'})
+    assert main(["run", path, "--output", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0] == "Traceback (most recent call last):"
+    assert any("in helper" in line for line in err) and "ZeroDivisionError: division by zero" in err
+    assert err[-1] == ("groupfel: error: arms[0].grouping.policy: 'seam:Crashes' raised ZeroDivisionError in its "
+                       "group() (its traceback is above; the bug is in that code)")
+    assert not (tmp_path / "out").exists()
+    sys.modules.pop("seam", None)
+
+
+def test_a_multi_seed_run_stops_the_same_way(tmp_path, plugin_dir, monkeypatch, capsys):
+    """Found in round 1 on the worker pool: exit 2, one line, no directory left; a plug-in's own
+    exception found while validating keeps its traceback."""
+    (plugin_dir / "seam.py").write_text(SEAM)
+    monkeypatch.syspath_prepend(str(plugin_dir))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(plugin_dir), str(ROOT)]))
+    (tmp_path / "c.toml").write_text(CONFIG.replace('"userplug:ServerMomentum"', '"seam:FlatCloud"')
+                                     .replace("algorithm_params = { beta = 0.5 }", ""))
+    assert main(["run", str(tmp_path / "c.toml"), "--output", str(tmp_path / "out"), "--quiet", "--jobs", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "aggregate_cloud() must return a tensor of shape (325,); got shape (3,)" in err, err
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "c.toml").write_text(CONFIG.replace('"userplug:DealByLabel", min_group_size = 3', '"seam:Crashes"'))
+    assert main(["run", str(tmp_path / "c.toml"), "--output", str(tmp_path / "out"), "--quiet", "--jobs", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0] == "Traceback (most recent call last):" and "ZeroDivisionError: division by zero" in err
+    assert err[-1].startswith("groupfel: error: arms[0].grouping.policy: 'seam:Crashes' raised ZeroDivisionError")
+    sys.modules.pop("seam", None)

@@ -57,7 +57,7 @@ def test_group_table_and_seed(tmp_path, capsys):
     ("a,b\n1,x\n", "'x'"),
     ("a,b\n1,-2\n", "'-2'"),
     ("a,b\n1,2.5\n", "'2.5'"),
-    ("a,b\n1,2\n\n3,4\n", "row 1"),
+    ("a,b\n1,2\n3\n", "row 2 column 'b' is ''"),
     ("a,b\n1,2\n0,0\n", "no samples"),
     ("a,b\n", "no client rows"),
     ("", "CSV"),
@@ -115,3 +115,26 @@ def test_runner_probes_gradients_for_hcct():
     assert all(g.size >= 2 for g in result.groups)
     assert all(len(set(world.topology.client_edge[g.clients].tolist())) == 1 for g in result.groups)
     assert result.probe_cost > 0 and result.summary()["gradient_probe_training_cost"] == result.probe_cost
+
+
+def test_a_spreadsheet_label_matrix_reads_like_a_plain_one(tmp_path, capsys):
+    """Before: the BOM made the first column '\\ufeffedge', so the edge column was read as a label."""
+    rows = ["edge,a,b", *[f"{i % 2},{i % 5 + 1},{(7 * i) % 4}" for i in range(1, 21)]]
+    plain, sheet = tmp_path / "plain.csv", tmp_path / "sheet.csv"
+    plain.write_text("\n".join(rows) + "\n")
+    sheet.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(rows).encode() + b"\r\n")
+    outs = []
+    for path in (plain, sheet):
+        code, out, _ = _run(capsys, "--policy", "covg", "--label-matrix", str(path), "--min-group-size", "3",
+                            "--seed", "4")
+        assert code == 0
+        outs.append(out)
+    assert outs[0] == outs[1]
+
+
+# --- moved from test_trust3.py (what a new user hits with bad or odd input) ---------------------------
+
+
+def test_study_fig5_shows_progress(tmp_path, capsys):
+    assert main(["study", "fig5", "--max-clients", "100", "--out", str(tmp_path / "s")]) == 0
+    assert "fig5: timing groupings" in capsys.readouterr().err

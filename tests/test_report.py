@@ -52,3 +52,42 @@ def test_report_of_an_unfinished_run_says_what_to_do(tiny_dict, tmp_path, capsys
     (tmp_path / "run").mkdir()
     assert main(["report", str(tmp_path / "run")]) == 2
     assert "no config.json" in capsys.readouterr().err
+
+
+# --- moved from test_trust3.py (what a new user hits with bad or odd input) ---------------------------
+
+
+def _pytest_report_test(tmp_path, **env):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GROUPFEL_")}
+    # no browser on PATH: only the interpreter's directory (chromium lives in /usr/bin)
+    clean.update(PATH=str(tmp_path), PYTHONPATH=str(root), **env)
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                           "tests/test_report.py::test_report_renders_in_chromium"],
+                          cwd=root, env=clean, capture_output=True, text=True, timeout=600)
+
+
+def test_browser_test_skips_with_the_reason_without_a_browser_unless_required(tmp_path):
+    proc = _pytest_report_test(tmp_path, GROUPFEL_BROWSER=str(tmp_path / "no-chromium"))
+    assert proc.returncode == 0 and "1 skipped" in proc.stdout, proc.stdout[-2000:]
+    assert "no Chromium found" in proc.stdout
+    proc = _pytest_report_test(tmp_path, GROUPFEL_BROWSER=str(tmp_path / "no-chromium"), GROUPFEL_REQUIRE_BROWSER="1")
+    assert proc.returncode == 1 and "1 error" in proc.stdout and "GROUPFEL_REQUIRE_BROWSER is set" in proc.stdout
+
+
+def test_band_figure_uses_small_multiples_beyond_4_arms():
+    import pandas as pd
+
+    from groupfel.experiments.plots import band_figure
+
+    rows = [{"arm": f"a{k}", "seed": s, "round": r, "cost": 10.0 * r, "accuracy": 0.1 + 0.1 * r + 0.01 * s}
+            for k in range(5) for s in range(2) for r in range(4)]
+    fig = band_figure({"x": pd.DataFrame(rows)})
+    assert len([ax for ax in fig.axes if ax.get_visible()]) == 5
+    fig = band_figure({"x": pd.DataFrame([r for r in rows if r["arm"] in ("a0", "a1")])})
+    assert len([ax for ax in fig.axes if ax.get_visible()]) == 1

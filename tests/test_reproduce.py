@@ -9,8 +9,10 @@ import tomllib
 
 import pandas as pd
 import pytest
+from conftest import one_error_line
 
 from groupfel.experiments import cli, reproduce
+from groupfel.experiments.cli import main
 
 SWEEPS = [n for n in reproduce.names() if reproduce.load(n).kind == "sweep"]
 # What the issue asks for: Group-FEL's Section 6, HCCT Table 4, FedCollab Table 2.
@@ -311,3 +313,21 @@ def test_a_quick_setting_below_a_set_table_leaves_the_full_run_alone():
     quick = [c.topology.arrivals.every for c in reproduce.point_configs(rep, True)]
     full = [c.topology.arrivals.every for c in reproduce.point_configs(rep, False)]
     assert quick == [5, 5, 5] and full == [10, 10, 10]
+
+
+# --- moved from test_trust3.py (what a new user hits with bad or odd input) ---------------------------
+
+
+def test_reproduce_set_error_names_the_field_first(tmp_path, capsys):
+    assert main(["reproduce", "fig2b", "--quick", "--set", "train.lr=abc", "--output", str(tmp_path / "r")]) == 2
+    err = one_error_line(capsys)
+    assert err.startswith("groupfel: error: reproduce --set train.lr='abc': Input should be a valid number")
+    assert not (tmp_path / "r").exists()
+
+
+def test_reproduce_without_its_dataset_writes_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GROUPFEL_FASHION_MNIST", str(tmp_path / "nowhere"))
+    out = tmp_path / "r"
+    assert main(["reproduce", "hcct-table4", "--quick", "--output", str(out)]) == 2
+    assert "fashion-mnist" in one_error_line(capsys).lower()
+    assert not out.exists()

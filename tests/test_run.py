@@ -1,4 +1,5 @@
 """Whole runs: outputs, Eq. 5 against the ledger, determinism, resume, CLI errors."""
+import copy
 import json
 
 import numpy as np
@@ -370,3 +371,70 @@ def test_a_diverged_arm_of_a_multi_seed_run_does_not_stop_the_others(tiny_dict, 
     runs = pd.read_csv(tmp_path / "mixed" / "runs.csv")
     assert set(runs["arm"]) == {"u", "rg"} and runs.loc[runs["arm"] == "rg", "round"].max() == 16
     assert (tmp_path / "mixed" / "summary.csv").exists()
+
+
+# --- damaged run files: one line naming the file; a rerun redoes only the damaged arm --------------------
+
+def _finished(tiny_dict, tmp_path):
+    tiny_dict["train"]["rounds"] = 2
+    run = tmp_path / "run"
+    run_experiment(parse_config(tiny_dict), run, progress=False)
+    return run
+
+
+@pytest.mark.parametrize("name, damage, says", [
+    ("manifest.json", lambda p: p.write_text(p.read_text()[:40]), "not valid JSON"),
+    ("results.csv", lambda p: p.write_text(p.read_text()[:-30]), "not a readable table"),
+    ("ledger.parquet", lambda p: p.write_bytes(p.read_bytes()[:100]), "not a readable Parquet file"),
+])
+def test_a_damaged_arm_file_is_one_line_and_a_rerun_redoes_only_that_arm(tiny_dict, tmp_path, capsys, name, damage,
+                                                                         says):
+    """Before: json.decoder.JSONDecodeError, pandas' ParserError or pyarrow's ArrowInvalid tracebacks
+    from report and resume."""
+    run = _finished(tiny_dict, tmp_path)
+    before = pd.read_csv(run / "covg-esrcov" / "results.csv")
+    kept = (run / "rg-random" / "results.csv").stat().st_mtime_ns
+    damage(run / "covg-esrcov" / name)
+    assert main(["report", str(run), "--out", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{run / 'covg-esrcov' / name}: damaged ({says}" in err, err
+    assert f"groupfel run --resume {run}" in err
+    assert main(["run", "--resume", str(run), "--quiet"]) == 0
+    pd.testing.assert_frame_equal(pd.read_csv(run / "covg-esrcov" / "results.csv"), before, check_exact=True)
+    assert (run / "rg-random" / "results.csv").stat().st_mtime_ns == kept       # the intact arm is not redone
+
+
+def test_a_damaged_config_or_checkpoint(tiny_dict, tmp_path, capsys):
+    run = _finished(tiny_dict, tmp_path)
+    (run / "config.json").write_text('{"name": "tiny", "se')
+    assert main(["run", "--resume", str(run), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{run / 'config.json'}: damaged (not valid JSON" in err, err
+    assert "groupfel run CONFIG" in err
+    # a checkpoint truncated by a copy: the arm restarts from round 0 with a warning, and ends the same
+    run2 = _finished(copy.deepcopy(tiny_dict), tmp_path / "b")
+    before = pd.read_csv(run2 / "rg-random" / "results.csv")
+    (run2 / "rg-random" / "manifest.json").unlink()
+    (run2 / "rg-random" / "checkpoint.pt").write_bytes(b"PK\x03\x04trunc")
+    with pytest.warns(UserWarning, match=r"checkpoint.pt: damaged \(truncated or not a checkpoint\); arm "
+                                         r"'rg-random' restarts from round 0"):
+        run_experiment(parse_config({**tiny_dict, "train": {**tiny_dict["train"], "rounds": 2}}), run2,
+                       progress=False)
+    pd.testing.assert_frame_equal(pd.read_csv(run2 / "rg-random" / "results.csv"), before, check_exact=True)
+
+
+def test_rerunning_a_finished_run_builds_no_engine(tiny_dict, tmp_path, monkeypatch):
+    """Before: every arm's world (data, topology, engine) was built before the run found nothing left."""
+    import groupfel.experiments.tasks
+
+    run = _finished(tiny_dict, tmp_path)
+    want = pd.read_csv(run / "summary.csv")
+    stamp = (run / "accuracy_vs_cost.png").stat().st_mtime_ns
+
+    def refuse(*a, **k):
+        raise AssertionError("a finished run's rerun built a world")
+    monkeypatch.setattr(groupfel.experiments.tasks, "plan_world", refuse)
+    monkeypatch.setattr("groupfel.experiments.runner.plan_world", refuse)
+    got = run_experiment(parse_config(tiny_dict), run, progress=False)
+    pd.testing.assert_frame_equal(got.reset_index(drop=True), want, check_exact=False, check_dtype=False)
+    assert (run / "accuracy_vs_cost.png").stat().st_mtime_ns == stamp      # the plot is kept

@@ -54,3 +54,30 @@ def test_commands_that_train_nothing_do_not_import_torch(tmp_path):
     imported = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(imported) == len(commands)
     assert not any(imported.values()), imported
+
+
+def test_the_parser_imports_neither_pandas_pydantic_nor_numpy():
+    """``groupfel --help`` builds the whole parser: before, it imported pandas (groupfel.experiments.report),
+    pydantic (groupfel.experiments.sweep) and numpy (the group command's policy list): 0.66 s; now 0.07 s
+    (median of 7, benchmarks/startup.py, the same 2-core machine)."""
+    code = ("import sys; from groupfel.experiments.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in ('pandas', 'pydantic', 'numpy', 'torch', 'matplotlib') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+# --- moved from test_trust3.py (what a new user hits with bad or odd input) ---------------------------
+
+
+def test_building_the_parser_imports_neither_torch_scipy_nor_matplotlib():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = ("import sys, json\nfrom groupfel.experiments.cli import build_parser\nbuild_parser()\n"
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'scipy', 'matplotlib'})))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env={"PYTHONPATH": str(root)},
+                          capture_output=True, text=True, check=True)
+    assert json.loads(proc.stdout) == []

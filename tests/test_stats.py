@@ -97,3 +97,69 @@ def test_one_seed_says_there_is_no_interval():
     s = summarize_seeds(per_seed_metrics(results, None), ["covg", "rg"])
     assert np.isnan(s["final_acc_ci95_low"]).all()
     assert "no confidence intervals" in render_summary(s, None)
+
+
+# --- moved from test_trust3.py (what a new user hits with bad or odd input) ---------------------------
+
+
+def _study(final_acc: dict, cost: dict | None = None):
+    import pandas as pd
+
+    from groupfel.experiments.stats import summarize_seeds
+
+    rows = [{"seed": s, "arm": arm, "final_acc": v, "acc_at_common_cost": v, "sim_time_s": 10.0 + v,
+             "cost_to_target": (cost or {}).get(arm, [np.nan] * len(vals))[s], "cost": 1.0, "common_cost": 1.0}
+            for arm, vals in final_acc.items() for s, v in enumerate(vals)]
+    return summarize_seeds(pd.DataFrame(rows), list(final_acc))
+
+
+def test_holm_hand_case():
+    from groupfel.experiments.stats import holm
+
+    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04 -> monotone 0.02, 0.03, 0.06, 0.06
+    assert holm([0.01, 0.04, 0.03, 0.005, np.nan]) == pytest.approx([0.03, 0.06, 0.06, 0.02, np.nan], nan_ok=True)
+
+
+def test_bounded_intervals_are_clipped_with_a_footnote():
+    from groupfel.experiments.reproduce import Metric
+    from groupfel.experiments.stats import CLIPPED_NOTE, render_summary
+
+    s = _study({"a": [0.99, 0.80, 0.97], "b": [0.5, 0.4, 0.45]}, cost={"a": [10.0, 4000.0, 20.0], "b": [5.0, 6, 7]})
+    a = s.iloc[0]
+    assert a["final_acc_ci95_high"] == 1.0 and a["final_acc_ci95_clipped"]       # the t interval passes 1
+    assert a["cost_to_target_ci95_low"] == 0.0 and a["cost_to_target_ci95_clipped"]   # ... and 0
+    text = render_summary(s, 0.85)
+    assert "0.92 [0.661, 1]†" in text and "1343 [0, 7059]†" in text and CLIPPED_NOTE in text
+    assert Metric("accuracy", "final_acc", 100).bounds == (0, 100)
+    assert Metric("cost", "cost_to_target").bounds == (0, np.inf) and Metric("ipr", "last.ipr").bounds is None
+
+
+def test_two_seeds_warn_and_equal_differences_are_too_few_seeds():
+    from groupfel.experiments.stats import TWO_SEEDS_NOTE, conclusion, render_summary
+
+    s = _study({"a": [0.5, 0.6], "b": [0.6, 0.7]})           # +0.1 in both seeds: a zero-width interval
+    text = render_summary(s, None)
+    assert TWO_SEEDS_NOTE in text and "supported:" not in text
+    assert s.iloc[1]["final_acc_verdict"] == "too few seeds (2 pairs)"
+    s = _study({"a": [0.5, 0.6, 0.55], "b": [0.6, 0.7, 0.65]})   # three equal differences: no spread
+    assert s.iloc[1]["final_acc_verdict"] == "too few seeds (3 pairs, no spread)"
+    assert "supported" not in conclusion(s, None).replace("do not support", "")
+
+
+def test_verdicts_are_holm_corrected_with_the_unadjusted_interval_beside():
+    """Six arms against the first on three metrics: an unadjusted interval that just excludes 0
+    is not a finding after the correction; a large consistent difference still is."""
+    from groupfel.experiments.stats import render_summary
+
+    base = [0.50, 0.60, 0.55, 0.52, 0.58]
+    arms = {"a": base, "big": [v + 0.2 + 0.01 * i for i, v in enumerate(base)],
+            "edge": [v + d for v, d in zip(base, [0.02, 0.001, 0.03, 0.005, 0.025])]}
+    arms.update({f"null{k}": [v + d for v, d in zip(base, np.random.default_rng(k).normal(0, 0.02, 5))]
+                 for k in range(4)})
+    s = _study(arms)
+    edge = s[s["arm"] == "edge"].iloc[0]
+    assert edge["final_acc_diff_ci95_low"] > 0                   # unadjusted: excludes 0
+    assert edge["final_acc_verdict"].startswith("not supported (Holm p")
+    assert s[s["arm"] == "big"].iloc[0]["final_acc_verdict"].startswith("higher (supported: Holm p")
+    text = render_summary(s, None)
+    assert "Holm's correction over the 18 comparisons" in text and "[95 % CI]" in text

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import one_arm, one_error_line, write_toml
 
 from groupfel.errors import InputError
 from groupfel.experiments.cli import main
@@ -169,3 +170,138 @@ def test_shipped_group_size_sweep_expands_to_valid_configs():
     configs = point_configs(sweep, base)
     sizes = [(c.arms[0].grouping["min_group_size"], c.arms[1].grouping["min_group_size"]) for c in configs]
     assert sizes == [(3, 3), (5, 5), (10, 10), (20, 20)] and all(c.seeds == [0, 1, 2] for c in configs)
+
+
+def test_a_duplicate_axis_value_and_a_reference_off_the_axis_are_refused(tmp_path):
+    path = write_sweep(tmp_path, '"arms.0.grouping.min_group_size" = [2, 3, 2]')
+    with pytest.raises(InputError, match=r"axes.'arms.0.grouping.min_group_size': the value 2 appears twice "
+                                         r"\(items 0 and 2\)"):
+        load_sweep(path)
+    # zipped axes may repeat a value while another axis moves, but not a whole point
+    path = write_sweep(tmp_path, '"arms.0.grouping.min_group_size" = [2, 2, 3]\n"data.alpha" = [0.1, 0.3, 0.1]',
+                       extra='mode = "zip"')
+    assert len(points(load_sweep(path)[0])) == 3
+    path = write_sweep(tmp_path, '"arms.0.grouping.min_group_size" = [2, 3, 2]\n"data.alpha" = [0.1, 0.3, 0.1]',
+                       extra='mode = "zip"')
+    with pytest.raises(InputError, match=r"points 0 and 2 of the zipped axes are the same"):
+        load_sweep(path)
+    path = write_sweep(tmp_path, '"arms.0.grouping.min_group_size" = [2, 3]',
+                       extra='reference = { "arms.0.grouping.min_group_size" = 5 }')
+    with pytest.raises(InputError, match=r"reference.'arms.0.grouping.min_group_size': 5 is not one of"):
+        load_sweep(path)
+
+
+def test_a_one_arm_sweep_compares_its_points_paired_by_seed(tmp_path, capsys, monkeypatch):
+    """Before: "0 of 0 arms differ" and nothing compared. Here each point is compared with the
+    reference (MinGS 3, given in the file), paired by seed: the difference of accuracy at equal
+    cost is recomputed by hand from runs.csv (each seed's smaller final cost of the two runs)."""
+    import matplotlib.axes
+
+    labels = []
+    real = matplotlib.axes.Axes.set_xlabel
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_xlabel",
+                        lambda self, text, *a, **k: (labels.append(text), real(self, text, *a, **k))[1])
+    path = write_sweep(tmp_path, '"arms.0.grouping.min_group_size" = [2, 3, 6]', seeds="[0, 1, 2]",
+                       extra='reference = { "arms.0.grouping.min_group_size" = 3 }')
+    path.parent.joinpath("base.toml").write_text(BASE.replace("rounds = 6", "rounds = 2").split("[[arms]]\nname = \"rg\"")[0])
+    out = tmp_path / "out"
+    assert main(["sweep", str(path), "--output", str(out), "--quiet", "--jobs", "1"]) == 0
+    printed = capsys.readouterr().out
+    summary = pd.read_csv(out / "summary.csv")
+    assert list(summary["ref_point"]) == ["p01"] * 3
+    assert list(summary["acc_at_common_cost_vs_ref_verdict"].iloc[[1]]) == ["reference"]
+    runs = pd.read_csv(out / "runs.csv")
+    for point, row in zip(("p00", "p02"), summary.iloc[[0, 2]].itertuples()):
+        diffs = []
+        for seed in (0, 1, 2):
+            a = runs[(runs.point == "p01") & (runs.seed == seed)]
+            b = runs[(runs.point == point) & (runs.seed == seed)]
+            c = min(a.cost.max(), b.cost.max())
+            diffs.append(b[b.cost <= c + 1e-9].accuracy.iloc[-1] - a[a.cost <= c + 1e-9].accuracy.iloc[-1])
+        assert row.acc_at_common_cost_vs_ref_mean == pytest.approx(sum(diffs) / 3, abs=1e-12)
+    # Holm over the family of 2 points x 4 metrics: the smallest p is multiplied by the family's size
+    p = summary[[f"{m}_vs_ref_p" for m in ("final_acc", "acc_at_common_cost", "cost_to_target", "sim_time_s")]]
+    q = summary[[f"{m}_vs_ref_p_holm" for m in ("final_acc", "acc_at_common_cost", "cost_to_target", "sim_time_s")]]
+    m = int(p.notna().sum().sum())
+    assert q.min().min() == pytest.approx(min(1.0, m * p.min().min()))
+    first = printed.splitlines()[0]
+    assert first.startswith("For covg, accuracy at equal cost ") and " from MinGS 3 to 6 " in first, first
+    assert "unit of MinGS: clients" in first
+    # every plot names its x-axis and its units; the 4 metric-against-axis plots name the axis
+    assert labels and all(t.endswith(")") and "(" in t for t in labels), labels
+    assert labels.count("MinGS (clients; arms.0.grouping.min_group_size)") == 4, labels
+    page = build_report(out).read_text()
+    assert "<p class='opening'><b>For covg, accuracy at equal cost" in page
+    # a rerun of the finished sweep plans nothing and builds no engine (before: every point's world)
+    import groupfel.experiments.runner
+    import groupfel.experiments.tasks
+
+    def refuse(*a, **k):
+        raise AssertionError("a finished sweep's rerun built a world")
+    monkeypatch.setattr(groupfel.experiments.tasks, "plan_world", refuse)
+    monkeypatch.setattr(groupfel.experiments.runner, "plan_world", refuse)
+    run_sweep(path, output=out, progress=False)
+    pd.testing.assert_frame_equal(pd.read_csv(out / "summary.csv"), summary)
+
+
+# --- moved from test_trust3.py (what a new user hits with bad or odd input) ---------------------------
+
+
+def test_sweep_into_a_locked_directory_is_refused(tiny_dict, tmp_path, capsys):
+    import multiprocessing
+
+    base = one_arm(tiny_dict, rounds=1)
+    write_toml(tmp_path, base, "base.toml")
+    (tmp_path / "s.toml").write_text('name = "s"\nbase = "base.toml"\nseeds = [0]\n[axes]\n"train.lr" = [0.01]\n')
+    ready, stop = multiprocessing.get_context("fork").Event(), multiprocessing.get_context("fork").Event()
+
+    def hold():
+        from groupfel.emulator.io import run_lock
+
+        with run_lock(tmp_path / "sw"):
+            ready.set()
+            stop.wait(60)
+
+    p = multiprocessing.get_context("fork").Process(target=hold)
+    p.start()
+    try:
+        assert ready.wait(30)
+        assert main(["sweep", str(tmp_path / "s.toml"), "--output", str(tmp_path / "sw"), "--quiet"]) == 2
+        assert f"(PID {p.pid})" in one_error_line(capsys)
+        assert not (tmp_path / "sw" / "sweep.json").exists()
+    finally:
+        stop.set()
+        p.join()
+
+
+def test_zipped_sweep_report_is_compact_with_verdicts_and_one_plot_per_zipped_set(browser, tiny_dict, tmp_path,
+                                                                                   capsys):
+    import re
+
+    tiny_dict.pop("seed")
+    tiny_dict["train"].update(rounds=1)
+    arm = tiny_dict["arms"][1]
+    tiny_dict["arms"] = [{**arm, "name": f"rg-{k}", "grouping": {"policy": "rg", "min_group_size": 3 + (k % 2)}}
+                         for k in range(5)]
+    write_toml(tmp_path, tiny_dict, "base.toml")
+    (tmp_path / "s.toml").write_text('name = "z"\nbase = "base.toml"\nseeds = [0]\nmode = "zip"\n[axes]\n'
+                                     '"train.lr" = [0.02, 0.08]\n"train.batch_size" = [8, 16]\n')
+    assert main(["sweep", str(tmp_path / "s.toml"), "--output", str(tmp_path / "sw"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("For rg-0, accuracy at equal cost ")   # the axis comparison first
+    header = next(ln for ln in out.splitlines() if ln.startswith("point")).split()
+    assert header[:5] == ["point", "train.lr", "train.batch_size", "arm", "seeds"] and len(header) < 12
+    assert "reference" in out and "too few seeds (1 pair)" in out and "Holm's correction over the sweep's" in out
+    plots = sorted(p.name for p in (tmp_path / "sw").glob("*_vs_*.png"))
+    assert plots == sorted(f"{m}_vs_train.lr.png" for m in ("final_acc", "acc_at_common_cost", "cost_to_target",
+                                                            "sim_time_s"))
+    assert main(["report", str(tmp_path / "sw")]) == 0
+    page = (tmp_path / "sw" / "report.html").read_text()
+    assert "<th>verdict</th>" in page and "<details><summary>full table" in page
+    assert "arms differ from their point" in page
+    dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000",
+                          "--dump-dom", (tmp_path / "sw" / "report.html").as_uri()],
+                         capture_output=True, text=True, timeout=180)
+    body = re.search(r"<body[^>]*>", dom.stdout).group(0)
+    images = int(re.search(r'data-images="(\d+)"', body).group(1))
+    assert images >= 6 and f'data-decoded="{images}"' in body and 'data-errors="0"' in body

@@ -57,3 +57,31 @@ def test_grouped_whatif_bad_input(tmp_path, capsys):
                  "--min-group-size", "200", "--out", str(tmp_path / "w")]) == 2
     assert "--min-group-size: 200 exceeds the 100 clients" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
+
+
+# --- moved from test_trust3.py (what a new user hits with bad or odd input) ---------------------------
+
+
+def test_whatif_refuses_a_negative_curve_and_an_impossible_memory(tmp_path, capsys):
+    prof = tmp_path / "neg.csv"
+    prof.write_text("device,task,operation,method,a,b,c\nlab,t,group_overhead,secagg,-0.5,-1,-2\n"
+                    "lab,t,training,sgd,0.1,0\n")
+    assert main(["whatif", "--profile", "lab/t/secagg", "--profiles-file", str(prof), "--out", str(tmp_path / "w")]) == 2
+    assert "curve lab/t/secagg is -6 s at group size 2" in capsys.readouterr().err
+    assert main(["whatif", "--clients", "10000000000", "--out", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err
+    assert "GiB" in err and "lower --clients" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "w").exists()
+
+
+def test_whatif_refuses_a_curve_that_overflows_over_its_group_sizes(tmp_path, capsys):
+    """1e306 s·s⁻² per client: finite at 13 (1.7e308), inf from 14 on. Before: a table of infs."""
+    prof = tmp_path / "p.csv"
+    prof.write_text("device,task,operation,method,a,b,c\nlab,t,group_overhead,secagg,1e306,0,1\n"
+                    "lab,t,training,sgd,0.1,0\n")
+    assert main(["whatif", "--profile", "lab/t/secagg", "--profiles-file", str(prof), "--group-sizes", "2..50",
+                 "--clients", "100", "--out", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("groupfel: error: --profile: curve lab/t/secagg overflows a float (inf s) at group size 14, which "
+                   "this what-if uses; a cost must be finite: fix the curve's coefficients or lower the group sizes")
+    assert not (tmp_path / "w").exists()

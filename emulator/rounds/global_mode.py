@@ -10,7 +10,8 @@ import torch
 from groupfel.cost_models import TRAINING
 from groupfel.errors import DivergenceError
 
-from ..arm import ArmPlan, RoundStrategy, budget_error, input_warnings, new_federation, norm_growth, sample_groups
+from ..arm import (ArmPlan, RoundStrategy, aggregation_weights, budget_error, input_warnings, new_federation,
+                   norm_growth, sample_groups)
 from ..compute import run_group_rounds
 from ..federation import Federation, Group
 from ..ledger import CostLedger
@@ -107,8 +108,8 @@ class GlobalRounds(RoundStrategy):
         world, plan, state, chosen = self.world, self.plan, self.state, self.chosen
         groups = self.grouping.groups
         log_pi = inclusion_log_probabilities(self.log_p, self.S)
-        weights = plan.aggregation.weights(np.array([groups[g].total_samples for g in chosen]), log_pi[chosen],
-                                           self.n_total)
+        weights = aggregation_weights(plan, np.array([groups[g].total_samples for g in chosen]), log_pi[chosen],
+                                      self.n_total)
         sampled = {int(g): groups[g] for g in chosen}
         members = np.concatenate([g.clients for g in sampled.values()])
         algorithm, alg_state = self.training.algorithm, self.training.state
