@@ -32,7 +32,6 @@ group rounds end, sharing the edge link with the edge's other groups' uploads.
 """
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +43,7 @@ from groupfel.cost_models import TRAINING
 
 from .config import AvailabilityConfig, HeterogeneityConfig, RunConfig
 from groupfel.errors import InputError
+from groupfel.usercsv import read_user_csv
 from .federation import Federation, Group, RoundContext, draw_faults
 from .ledger import CostLedger
 from .links import SharedLink
@@ -96,18 +96,13 @@ class ClientNet:
                 "speed": self.speed.tolist()}
 
 
-def _read_csv(path: str, where: str, columns: tuple[str, ...], optional: tuple[str, ...] = ()) -> list[dict]:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{where}: cannot read {path} ({getattr(exc, 'strerror', None) or exc}); check the path") from None
-    rows = list(csv.DictReader(ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")))
-    head = set(rows[0]) if rows else set()
-    missing = [c for c in columns if c not in head]
-    if missing:
-        raise InputError(f"{where}: {path} needs columns {', '.join(columns)} (optional: {', '.join(optional) or '-'}); "
-                         f"missing {', '.join(missing)}")
-    return rows
+def _read_csv(path: str, where: str, columns: tuple[str, ...], optional: tuple[str, ...] = ()
+              ) -> tuple[list[str], list[tuple[int, dict]]]:
+    """A per-client table through the one reader of users' files (a spreadsheet's BOM and CRLF
+    read like a plain file): its header and (line, row) pairs."""
+    table = read_user_csv(path, f"{where}: {path}")
+    table.require(columns, f"{', '.join(columns)} (optional: {', '.join(optional) or '-'})")
+    return table.header, [(row.line, row.cells) for row in table.rows]
 
 
 def _num(row: dict, col: str, where: str, line: int, positive: bool = False) -> float:
@@ -141,10 +136,10 @@ def client_net(h: HeterogeneityConfig | None, n: int, bandwidth: float, latency:
     has_speed = False
     if h.file is not None:
         where = "topology.heterogeneity.file"
-        rows = _read_csv(h.file, where, ("client", "bandwidth_mbps", "latency_s"), ("speed",))
+        header, rows = _read_csv(h.file, where, ("client", "bandwidth_mbps", "latency_s"), ("speed",))
         seen: set[int] = set()
-        has_speed = "speed" in rows[0]
-        for line, row in enumerate(rows, start=2):
+        has_speed = "speed" in header
+        for line, row in rows:
             c = _client_id(row, where, line, n)
             if c in seen:
                 raise InputError(f"{where}: line {line}: client {c} appears twice; give one row per client")
@@ -185,8 +180,8 @@ class Availability:
 
     def _read(self, path: str) -> None:
         where = "topology.availability.file"
-        rows = _read_csv(path, where, ("client", "start_s", "end_s"))
-        for line, row in enumerate(rows, start=2):
+        _, rows = _read_csv(path, where, ("client", "start_s", "end_s"))
+        for line, row in rows:
             c = _client_id(row, where, line, self.n)
             a, b = _num(row, "start_s", where, line), _num(row, "end_s", where, line)
             if b <= a:

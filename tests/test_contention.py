@@ -155,14 +155,23 @@ def test_heterogeneity_csv(tmp_path):
     ("client,bandwidth_mbps,latency_s\n0,10,0.1\n", r"no row for client\(s\) 1"),
     ("client,bandwidth_mbps,latency_s\n0,0,0.1\n1,5,0.2\n", "bandwidth_mbps = '0' must be a positive"),
     ("client,bandwidth_mbps,latency_s\n0,nan,0.1\n1,5,0.2\n", "bandwidth_mbps = 'nan'"),
-    ("client,bandwidth\n0,10\n", "missing bandwidth_mbps, latency_s"),
+    ("client,bandwidth\n0,10\n", "missing columns 'bandwidth_mbps', 'latency_s'"),
 ])
 def test_heterogeneity_csv_errors(tmp_path, rows, match):
+    """Read through the one reader of users' files; one line naming the key."""
     f = tmp_path / "c.csv"
     f.write_text(rows)
     with pytest.raises(InputError, match=match) as e:
         client_net(HeterogeneityConfig(file=str(f)), 2, 20.0, 0.02, 0)
     assert str(e.value).startswith("topology.heterogeneity.file:") and "\n" not in str(e.value)
+
+
+def test_a_spreadsheets_link_table_reads_like_a_plain_file(tmp_path):
+    plain, saved = tmp_path / "plain.csv", tmp_path / "saved.csv"
+    plain.write_text("client,bandwidth_mbps,latency_s,speed\n0,10,0.1,1.5\n1,5,0.2,0.5\n")
+    saved.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes().replace(b"\n", b"\r\n"))
+    a, b = (client_net(HeterogeneityConfig(file=str(f)), 2, 20.0, 0.02, 0) for f in (plain, saved))
+    assert a.manifest() == b.manifest() == {"bandwidth_mbps": [10.0, 5.0], "latency_s": [0.1, 0.2], "speed": [1.5, 0.5]}
 
 
 @pytest.mark.parametrize("rows, match", [
