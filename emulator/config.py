@@ -171,6 +171,10 @@ class TrainConfig(_Strict):
     workers: int | None = Field(None, ge=1, description="The batched engine's processes on a CPU; unset: one "
                                 "per core.")
     device: str = Field("cpu", description="A torch device, e.g. \"cuda\".")
+    numerics: Literal["portable", "native"] = Field(
+        "portable", description="portable: torch's CPU kernels pinned to AVX2 (ATen, oneDNN, MKL), so a seed gives "
+        "the same numbers on every x86-64 CPU with AVX2 (same torch version; GPUs excluded); native: the "
+        "machine's fastest kernels, whose numbers depend on the CPU. See Statistics and safety: numerics.")
     algorithm: PartName = Field(
         "fedavg", description="The training algorithm: a shipped one (fedavg, fedprox, scaffold, fednova, ditto, "
         "pfedme, perfedavg, finetune, fedfa, maxfl, flsc, fedper; see Training algorithms below), an installed "

@@ -35,6 +35,7 @@ from policies import AggregationRule, GroupingPolicy, SamplingPolicy, aggregatio
 from .config import ArmConfig, config_warnings
 from .errors import DivergenceError, InputError, InputWarning
 from .federation import Environment, Federation, Group, RoundContext
+from . import numerics
 from .io import atomic_write, write_json
 from .ledger import CostLedger
 from .rng import rng
@@ -301,6 +302,9 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path, on_round: OnRound | None
     wall0 = time.perf_counter()
     fresh = not ckpt.exists()
     state = ArmState() if fresh else load_checkpoint(ckpt)
+    if fresh:
+        (arm_dir / numerics.SESSIONS).unlink(missing_ok=True)   # a restarted arm: its old sessions are gone
+    recorded = numerics.session(arm_dir, cfg.train.numerics)
     strategy: RoundStrategy = STRATEGIES[cfg.mode](world, plan, arm_dir, state)
     diverged = None
     try:
@@ -316,7 +320,7 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path, on_round: OnRound | None
         "rounds_run": state.t, "total_cost_eq5": state.ledger.total, "sim_time_s": state.sim_time,
         **strategy.manifest(), "algorithm": world.algorithm.name,
         "model_parameters": world.engine.n_params, "wall_seconds_last_session": time.perf_counter() - wall0,
-        "versions": _versions(), "plugins": world.plugins, "config": json.loads(cfg.model_dump_json())})
+        "versions": _versions(), **recorded, "plugins": world.plugins, "config": json.loads(cfg.model_dump_json())})
     ckpt.unlink(missing_ok=True)
     if diverged:
         raise diverged

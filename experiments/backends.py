@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
+from emulator import numerics
 from emulator.errors import DivergenceError, InputError, WorkerLostError
 from emulator.io import atomic_write, exit_with_parent
 
@@ -188,7 +189,9 @@ def ray_task(config_json: str, arm: int, files: dict[str, bytes], dataset, gpus_
 def _context():
     """Workers fork from a server process that imported torch and the emulator but never ran a
     torch op: each worker starts without re-importing them (seconds each), and without the
-    hazard of forking a process whose torch thread pool already ran (this one, after validation)."""
+    hazard of forking a process whose torch thread pool already ran (this one, after validation).
+    The server starts with this process's environment, so with the numerics' variables that
+    :func:`emulator.numerics.apply` set before torch loaded here."""
     ctx = get_context("forkserver")
     ctx.set_forkserver_preload(["experiments.backends", "emulator.world", "emulator.driver", "emulator.rounds"])
     return ctx
@@ -383,7 +386,10 @@ def _run_ray(tasks: Sequence, jobs: int | None, options: RayOptions, on_start: C
     losses: dict = {}
 
     def submit(task):
-        gen = remote.remote(task.config_json, task.arm, _driver_files(task), dataset_ref(task), options.gpus_per_task)
+        # the numerics' variables reach the worker process when Ray starts it, before it loads torch
+        mode = json.loads(task.config_json)["train"].get("numerics", "portable")
+        pinned = remote.options(runtime_env={"env_vars": numerics.env(mode)}) if numerics.env(mode) else remote
+        gen = pinned.remote(task.config_json, task.arm, _driver_files(task), dataset_ref(task), options.gpus_per_task)
         running[gen] = task
 
     for task in tasks:

@@ -26,6 +26,11 @@ def _cmd_run(args) -> int:
         config = load_config(args.config) if args.config else default_config()
         run_dir = Path(args.output) if args.output else Path(config.output_dir) / config.name
         flag = "--output" if args.output else "config output_dir/name ="
+    if args.numerics and args.numerics != config.train.numerics:
+        config = config.model_copy(update={"train": config.train.model_copy(update={"numerics": args.numerics})})
+    from emulator import numerics
+
+    numerics.apply(config.train.numerics)    # before anything below loads torch
     check_writable(run_dir, "dir", flag)
     args.run_dir = run_dir   # for the resume hint if interrupted
     summary = api.run(config, run_dir, force=args.force, progress=not args.quiet, jobs=args.jobs,
@@ -127,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--output", metavar="RUN_DIR", help="run directory (default: output_dir/name)")
     run.add_argument("--force", action="store_true", help="replace a run of a different config in RUN_DIR")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
+    run.add_argument("--numerics", choices=["portable", "native"],
+                     help="CPU kernels: portable (pinned to AVX2: the same numbers on every x86-64 CPU with AVX2) or "
+                          "native (the machine's fastest); default: the config's train.numerics (portable)")
     from .backends import add_backend_arguments
 
     add_backend_arguments(run, "(seed, arm) runs of a config with seeds")

@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from emulator import numerics
 from emulator.config import RunConfig, load_config, parse_config
 from emulator.errors import InputError
 from emulator.io import atomic_write, run_lock, write_json
@@ -80,9 +81,17 @@ def validate(config: RunConfig, run_dir: Path, *, force: bool = False, where: st
 
 def check_dir(config: RunConfig, run_dir: Path, *, force: bool = False, where: str = "") -> None:
     saved = Path(run_dir) / "config.json"
-    if saved.exists() and not force and _saved_config(saved) != config:
+    if saved.exists() and not force and not _same_but_numerics(_saved_config(saved), config):
         raise InputError(f"{where}output: {run_dir} holds a run of a different config; pass --force to replace "
                          f"it, or change 'name'/'output_dir'")
+
+
+def _same_but_numerics(saved: RunConfig | None, config: RunConfig) -> bool:
+    """A run may resume under other numerics (``--numerics``): it warns then, see
+    :func:`emulator.numerics.check_resume`."""
+    if saved is None:
+        return False
+    return saved.model_copy(update={"train": saved.train.model_copy(update={"numerics": config.train.numerics})}) == config
 
 
 def _saved_config(path: Path) -> RunConfig | None:
@@ -116,6 +125,7 @@ def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: boo
     """Validate everything, then run (or resume) each arm of each seed; returns the summary table.
     A config with ``seeds`` runs its (seed, arm) tasks on ``backend`` with ``jobs`` workers
     (``ray``: :class:`experiments.backends.RayOptions`)."""
+    numerics.apply(config.train.numerics)    # before torch loads here and in the workers
     run_dir = Path(run_dir) if run_dir else Path(config.output_dir) / config.name
     if jobs is not None and jobs < 1:
         raise InputError(f"--jobs: must be >= 1, got {jobs}")
@@ -127,6 +137,8 @@ def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: boo
     check_backend(backend, jobs, address, ray)   # a cluster without the GPUs asked for: before any file
     with run_lock(run_dir):
         check_dir(config, run_dir, force=force)   # again under the lock: a writer before us may have changed it
+        if not force:
+            numerics.check_resume(run_dir, config.train.numerics)
         return _run_seeds(config, run_dir, force=force, progress=progress, jobs=jobs, backend=backend,
                           address=address, ray=ray, run_tasks=run_tasks)
 
@@ -146,6 +158,8 @@ def _run_single(config: RunConfig, run_dir: Path, *, force: bool, progress: bool
     check_dir(config, run_dir, force=force)
     with run_lock(run_dir):
         check_dir(config, run_dir, force=force)   # again under the lock: a writer before us may have changed it
+        if not force:
+            numerics.check_resume(run_dir, config.train.numerics)
         return _run_arms(config, run_dir, world, plans, force=force, progress=progress)
 
 

@@ -4,7 +4,11 @@ import shutil
 
 import pytest
 
+from emulator import numerics
 from emulator.config import parse_config
+
+# The default numerics, set before any test loads torch, as the groupfel command sets them.
+numerics.apply("portable")
 
 TINY = {
     "name": "tiny",
