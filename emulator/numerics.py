@@ -21,6 +21,7 @@ import os
 import platform
 import sys
 import warnings
+from contextlib import contextmanager
 from importlib import metadata
 
 MODES = ("portable", "native")
@@ -56,6 +57,22 @@ def apply(mode: str) -> None:
                       f"kernels ({capability()} in effect), so this run's numbers are {in_effect()}; run it from "
                       f"the groupfel command, or call emulator.numerics.apply({mode!r}) before importing torch",
                       stacklevel=2)
+
+
+@contextmanager
+def threads(mode: str):
+    """One torch thread (so one MKL and one OpenMP thread) while ``mode`` is portable: a
+    reduction split over threads sums in another order on a machine with other cores. The
+    backends' tasks and the batched engine's workers run one thread each already."""
+    import torch
+
+    before = torch.get_num_threads()
+    if mode == "portable":
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def capability() -> str:
@@ -130,8 +147,8 @@ def differences(then: dict, now: dict) -> list[str]:
     """How the numerics ``now`` differ from ``then`` in what can change a number: the mode in
     effect, native kernels on another CPU, another library version."""
     out = []
-    if then.get("in_effect") != now.get("in_effect"):
-        out.append(f"{then.get('in_effect')} numerics, now {now.get('in_effect')}")
+    if (then.get("mode"), then.get("in_effect")) != (now.get("mode"), now.get("in_effect")):
+        out.append(f"{_said(then)} numerics, now {_said(now)}")
     elif now.get("in_effect") == "native" and (then.get("cpu"), then.get("cpu_capability")) != (
             now.get("cpu"), now.get("cpu_capability")):
         out.append(f"native numerics on {then.get('cpu')} ({then.get('cpu_capability')}), now on {now.get('cpu')} "
@@ -168,6 +185,11 @@ def session(arm_dir, mode: str) -> dict:
     return {"numerics": now, **({"numerics_sessions": sessions} if len(sessions) > 1 else {})}
 
 
+def _said(rec: dict) -> str:
+    mode, effect = rec.get("mode"), rec.get("in_effect")
+    return str(mode) if mode == effect or effect is None else f"{mode} (in effect: {effect})"
+
+
 def started_with(run_dir) -> dict | None:
     """The numerics the first arm trained in ``run_dir`` (any depth) started with, if any."""
     import json
@@ -198,7 +220,7 @@ def check_loaded(run_dir, manifest: dict | None) -> None:
     if then is None:
         return
     mode = then.get("mode", "portable")
-    now = {"in_effect": _would_be(mode), "cpu": cpu_model(), "cpu_capability": native_capability(),
+    now = {"mode": mode, "in_effect": _would_be(mode), "cpu": cpu_model(), "cpu_capability": native_capability(),
            "versions": versions()}
     if diff := differences(then, now):
         warnings.warn(f"{run_dir}: made under other numerics or versions than this machine's ({'; '.join(diff)}); "

@@ -189,7 +189,8 @@ def _run_arms(config, run_dir, world, plans, *, force, progress) -> pd.DataFrame
             bar.refresh()
 
         try:
-            run_arm(world, plan, arm_dir, tick)
+            with numerics.threads(config.train.numerics):
+                run_arm(world, plan, arm_dir, tick)
         finally:
             bar.close()
     return finish_seed(config, run_dir)
