@@ -39,7 +39,8 @@ _loaded_with: dict[str, str | None] | None = None   # the environment torch load
 
 def env(mode: str) -> dict[str, str]:
     """The variables ``mode`` sets in a process (and in its workers) before torch loads."""
-    return dict(PORTABLE_ENV) if mode == "portable" else {}
+    x86 = platform.machine().lower() in ("x86_64", "amd64")   # elsewhere the pin means nothing: native
+    return dict(PORTABLE_ENV) if mode == "portable" and x86 else {}
 
 
 def apply(mode: str) -> None:

@@ -37,13 +37,7 @@ def _cmd_run(args) -> int:
                       backend=args.backend, address=args.address, gpus_per_task=args.gpus_per_task,
                       ship_data=args.ship_data, py_modules=tuple(args.py_module)).summary
     if config.seeds is not None:
-        from .stats import conclusion, render_summary
-
-        print(render_summary(summary, config.train.target_accuracy))
-        print(f"\n{conclusion(summary, config.train.target_accuracy)}")
-        print("\nacc_at_common_cost: accuracy at the smallest final cost of any arm of the same seed")
-        print(f"results: {run_dir}/  (summary.csv, runs.csv, seed-<s>/<arm>/results.csv, ledger.parquet)")
-        print(f"plot:    {run_dir / 'accuracy_vs_cost.png'}")
+        print(seeds_printout(summary, config, run_dir))
         return report_diverged(run_dir)
     with_cols = ["arm", "groups", "group_size", "avg_cov", "rounds", "cost", "sim_time_s", "final_acc",
                  "acc_at_common_cost", "stop"]
@@ -56,6 +50,18 @@ def _cmd_run(args) -> int:
     print(f"results: {run_dir}/  (summary.csv, <arm>/results.csv, <arm>/ledger.parquet)")
     print(f"plot:    {run_dir / 'accuracy_vs_cost.png'}")
     return 0
+
+
+def seeds_printout(summary, config, run_dir: Path) -> str:
+    """What ``groupfel run`` prints for a multi-seed config (the README shows the demo's)."""
+    from .stats import conclusion, render_summary
+
+    target = config.train.target_accuracy
+    return "\n".join([
+        render_summary(summary, target), "", conclusion(summary, target), "",
+        "acc_at_common_cost: accuracy at the smallest final cost of any arm of the same seed",
+        f"results: {run_dir}/  (summary.csv, runs.csv, seed-<s>/<arm>/results.csv, ledger.parquet)",
+        f"plot:    {run_dir / 'accuracy_vs_cost.png'}"])
 
 
 def _cmd_plot(args) -> int:
