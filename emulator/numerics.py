@@ -53,7 +53,7 @@ def apply(mode: str) -> None:
         os.environ.update(env(mode))     # native: the machine's own choice, or what the environment forces
         _loaded_with = {k: os.environ.get(k) for k in RECORDED_ENV}
         return
-    if in_effect() != mode:
+    if mode == "portable" and in_effect() != mode:   # native asked, portable in effect: slower, still right
         warnings.warn(f"train.numerics = {mode}: torch was loaded in this process before groupfel could set its "
                       f"kernels ({capability()} in effect), so this run's numbers are {in_effect()}; run it from "
                       f"the groupfel command, or call emulator.numerics.apply({mode!r}) before importing torch",

@@ -151,6 +151,8 @@ def resolve(rep: Reproduction, quick: bool, data_path: str | None = None,
     sweep = tomllib.loads((rep.folder / "sweep.toml").read_text())
     base_path = (rep.folder / sweep["base"]).resolve()
     base = tomllib.loads(base_path.read_text())
+    # reproductions give the same numbers on any x86-64 CPU with AVX2 (emulator.numerics)
+    base.setdefault("train", {}).setdefault("numerics", "portable")
     for path, value in copy.deepcopy(rep.set).items():   # a later setting below a table must not edit rep.set
         set_path(base, path, value)
     path = _get(base, "data.path")

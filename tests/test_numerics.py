@@ -158,4 +158,18 @@ def test_loading_a_run_of_other_versions_says_so_in_one_line(tmp_path):
 def test_the_test_process_runs_portable_numerics():
     """conftest sets them before torch loads, as the groupfel command does."""
     assert numerics.in_effect() == "portable" and numerics.capability() == "AVX2"
-    assert TINY["train"].get("numerics", "portable") == "portable"
+    assert "numerics" not in TINY["train"]        # native asked: the pinned process runs it portable, silently
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        numerics.apply("native")
+    with pytest.raises(ValueError, match="not one of"):
+        numerics.apply("fast")
+
+
+def test_the_demo_and_the_reproductions_run_portable_numerics():
+    from experiments import reproduce
+    from experiments.runner import default_config
+
+    assert default_config().train.numerics == "portable"
+    _, base, _ = reproduce.resolve(reproduce.load("fig13"), quick=True)
+    assert base["train"]["numerics"] == "portable"

@@ -82,3 +82,8 @@ def test_readme_demo_block_is_what_groupfel_run_prints(tmp_path, capsys):
     assert main(["run", "--output", str(out), "--quiet"]) == 0
     printed = capsys.readouterr().out.strip().replace(str(out), "results/default")
     assert printed == _demo_block()
+
+
+def test_the_run_guide_shows_the_readme_demo_block():
+    guide = (ROOT / "docs" / "guide" / "run.md").read_text()
+    assert f"```\n{_demo_block()}\n```" in guide
