@@ -116,7 +116,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _blas() -> dict[str, str]:
+def _blas() -> dict:
     """torch's BLAS, oneDNN and OpenMP as torch was built with them (``torch.__config__``)."""
     import torch
 
@@ -129,7 +129,7 @@ def _blas() -> dict[str, str]:
             out["onednn"] = line
         elif line.startswith("OpenMP"):
             out["openmp"] = line
-    out["mkldnn_enabled"] = str(torch.backends.mkldnn.enabled)
+    out["mkldnn_enabled"] = torch.backends.mkldnn.enabled
     return out
 
 
@@ -209,8 +209,8 @@ def check_resume(run_dir, mode: str) -> None:
     process's (another mode, native kernels on another CPU, other library versions)."""
     then = started_with(run_dir)
     if then is not None and (diff := differences(then, record(mode))):
-        warnings.warn(f"{run_dir}: resumed under other numerics than the run started with ({'; '.join(diff)}); its "
-                      f"numbers mix both, and each arm's manifest records its sessions' (numerics_sessions)",
+        warnings.warn(f"{run_dir}: resumed under other numerics than the run started with ({'; '.join(diff)}); "
+                      f"arms it trains from here mix both, and each arm's manifest records its sessions' numerics",
                       stacklevel=2)
 
 
