@@ -174,8 +174,8 @@ class TrainConfig(_Strict):
     numerics: Literal["portable", "native"] = Field(
         "native", description="portable: torch's CPU kernels pinned to AVX2 (ATen, oneDNN, MKL) and one torch "
         "thread, so a seed gives the same numbers on every x86-64 CPU with AVX2 (same library versions; GPUs "
-        "excluded), at a cost on AVX-512 CPUs (CNN round +17-40 %); native: the machine's fastest kernels, whose "
-        "numbers depend on the CPU. The demo and the reproductions run portable. See Verdicts, intervals and safe "
+        "excluded), at a cost on AVX-512 CPUs (a CNN round: +17 to +51 %); native: the machine's fastest "
+        "kernels, whose numbers depend on the CPU. The demo and the reproductions run portable. See Verdicts, intervals and safe "
         "runs: numerics.")
     algorithm: PartName = Field(
         "fedavg", description="The training algorithm: a shipped one (fedavg, fedprox, scaffold, fednova, ditto, "

@@ -155,10 +155,10 @@ def differences(then: dict, now: dict) -> list[str]:
         out.append(f"native numerics on {then.get('cpu')} ({then.get('cpu_capability')}), now on {now.get('cpu')} "
                    f"({now.get('cpu_capability')})")
     old, new = then.get("versions", {}), now.get("versions", {})
-    changed = [f"{k} {old.get(k)}" for k in LIBRARIES if k in old and old.get(k) != new.get(k)]
+    changed = [k for k in LIBRARIES if k in old and old.get(k) != new.get(k)]
     if changed:
-        out.append("versions " + ", ".join(changed) + " (now " + ", ".join(f"{k} {new.get(k)}" for k in LIBRARIES
-                                                                          if k in old and old.get(k) != new.get(k)) + ")")
+        out.append("versions " + ", ".join(f"{k} {old.get(k)}" for k in changed)
+                   + " (now " + ", ".join(f"{k} {new.get(k)}" for k in changed) + ")")
     return out
 
 

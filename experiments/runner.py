@@ -91,7 +91,8 @@ def _same_but_numerics(saved: RunConfig | None, config: RunConfig) -> bool:
     :func:`emulator.numerics.check_resume`."""
     if saved is None:
         return False
-    return saved.model_copy(update={"train": saved.train.model_copy(update={"numerics": config.train.numerics})}) == config
+    train = saved.train.model_copy(update={"numerics": config.train.numerics})
+    return saved.model_copy(update={"train": train}) == config
 
 
 def _saved_config(path: Path) -> RunConfig | None:
