@@ -381,14 +381,16 @@ def _run_ray(tasks: Sequence, jobs: int | None, options: RayOptions, on_start: C
             data[key] = ray.put(load_data(config))
         return data[key]
 
-    remote = ray.remote(ray_task).options(num_cpus=1, num_gpus=options.gpus_per_task, max_retries=0)
+    remote = ray.remote(ray_task)
+    placement = {"num_cpus": 1, "num_gpus": options.gpus_per_task, "max_retries": 0}
     running: dict = {}
     losses: dict = {}
 
     def submit(task):
         # the numerics' variables reach the worker process when Ray starts it, before it loads torch
         mode = json.loads(task.config_json)["train"].get("numerics", "portable")
-        pinned = remote.options(runtime_env={"env_vars": numerics.env(mode)}) if numerics.env(mode) else remote
+        env = numerics.env(mode)
+        pinned = remote.options(**placement, **({"runtime_env": {"env_vars": env}} if env else {}))
         gen = pinned.remote(task.config_json, task.arm, _driver_files(task), dataset_ref(task), options.gpus_per_task)
         running[gen] = task
 
