@@ -516,6 +516,9 @@ def run(name: str, *, quick: bool = False, backend: str = "local", jobs: int | N
         return run_study(rep, quick, out)
     sweep, base, changed = resolve(rep, quick, data_path, overrides)
     sweep["name"] = name
+    from emulator import numerics
+
+    numerics.apply(base.get("train", {}).get("numerics", "native"))   # before anything loads torch
     try:
         point_configs_of(sweep, base)        # a bad --set fails here, before anything is written
     except InputError as exc:
