@@ -4,10 +4,12 @@ torch picks its CPU kernels in three layers, each by the CPU it finds: ATen's ve
 (``ATEN_CPU_CAPABILITY``: default, avx2, avx512), oneDNN's JIT convolutions (``ONEDNN_MAX_CPU_ISA``)
 and MKL's BLAS (``MKL_CBWR``, conditional numerical reproducibility). Each layer sums in another
 order at another level, so the same seed gives other numbers on another kind of CPU. ``portable``
-pins all three to AVX2 (with FMA), which every x86-64 CPU since 2013-2015 has; the thread count is
-pinned already (every task trains on one torch thread, so MKL and OpenMP run one thread too).
-Measured on one machine: with the pin, results are bitwise equal whatever level the machine would
-pick natively (AVX-512, AVX2) or the environment forces; without it, each level gives its own.
+pins ATen and oneDNN to AVX2 (with FMA), which every x86-64 CPU since 2013-2015 has, and MKL to its
+COMPATIBLE branch: MKL's AVX2 branch is reproducible on Intel CPUs only (elsewhere MKL falls back to
+its automatic branch), COMPATIBLE on Intel and AMD alike. One torch thread per process (so one MKL
+and one OpenMP thread). Measured on one machine: with the pin, results are bitwise equal whatever
+level the machine would pick natively (AVX-512, AVX2) or the environment forces; without it, each
+level gives its own.
 
 Each layer reads its variable once, when torch loads (ATen) or at its first call (oneDNN, MKL),
 so :func:`apply` must run before ``import torch`` in every process that trains: the command line
@@ -25,8 +27,9 @@ from contextlib import contextmanager
 from importlib import metadata
 
 MODES = ("portable", "native")
-# The pin: one level every x86-64 CPU the portable guarantee covers has (x86-64-v3: AVX2 + FMA).
-PORTABLE_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_CBWR": "AVX2"}
+# The pin: one level every x86-64 CPU the portable guarantee covers has (x86-64-v3: AVX2 + FMA);
+# MKL's only branch documented as reproducible on non-Intel CPUs is COMPATIBLE.
+PORTABLE_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_CBWR": "COMPATIBLE"}
 PORTABLE_CAPABILITY = "AVX2"
 # Everything in the environment that changes which kernels run or how many threads sum.
 RECORDED_ENV = (*PORTABLE_ENV, "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_CPU_ISA_HINTS", "OMP_NUM_THREADS",

@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--force", action="store_true", help="replace a run of a different config in RUN_DIR")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.add_argument("--numerics", choices=["portable", "native"],
-                     help="CPU kernels: portable (pinned to AVX2: the same numbers on every x86-64 CPU with "
+                     help="CPU kernels: portable (pinned at AVX2: the same numbers on every x86-64 CPU with "
                           "AVX2) or native (the machine's fastest); default: the config's train.numerics (native; "
                           "the demo: portable)")
     from .backends import add_backend_arguments

@@ -47,10 +47,10 @@ grouping = {{ policy = "rg", min_group_size = 3 }}
 sampling = {{ policy = "random", groups_per_round = 2 }}
 """
 # What a machine of another level would pick, forced: an AVX-512 machine, and a machine whose
-# environment asks for the lowest kernels everywhere (ATen without SIMD, oneDNN at SSE4.1, MKL's
-# compatible path, MKL limited to AVX2 as on a machine without AVX-512).
+# environment asks for other kernels everywhere (ATen without SIMD, oneDNN at SSE4.1, MKL's AVX2
+# branch, MKL limited to AVX2 as on a machine without AVX-512).
 LEVELS = {"avx512": {"ATEN_CPU_CAPABILITY": "avx512"},
-          "lowest": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_CBWR": "COMPATIBLE",
+          "lowest": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_CBWR": "AVX2",
                      "MKL_ENABLE_INSTRUCTIONS": "AVX2"}}
 
 
@@ -87,7 +87,7 @@ def test_portable_numbers_are_equal_under_two_forced_dispatch_levels(tmp_path):
         for arm in ("covg", "rg"):
             rec = json.loads((out / "seed-3" / arm / "manifest.json").read_text())["numerics"]
             assert (rec["mode"], rec["in_effect"], rec["cpu_capability"]) == ("portable", "portable", "AVX2"), level
-            assert rec["env"]["MKL_CBWR"] == "AVX2" and rec["env"]["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+            assert rec["env"]["MKL_CBWR"] == "COMPATIBLE" and rec["env"]["ONEDNN_MAX_CPU_ISA"] == "AVX2"
             assert rec["torch_threads"] == 1 and "Math Kernel Library" in rec["blas"]
             assert set(rec["versions"]) == {"torch", "numpy", "scipy", "pandas", "scikit-learn"}
             assert rec["versions"]["torch"].startswith("2.")
