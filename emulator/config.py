@@ -174,7 +174,7 @@ class TrainConfig(_Strict):
     numerics: Literal["portable", "native"] = Field(
         "native", description="portable: torch's CPU kernels pinned (ATen and oneDNN at AVX2, MKL's compatible "
         "branch) and one torch thread, so a seed gives the same numbers on every x86-64 CPU with AVX2 (same "
-        "library versions; GPUs excluded), at a cost on AVX-512 CPUs (a CNN round: COSTRANGE); native: the "
+        "library versions; GPUs excluded), at a cost on AVX-512 CPUs (a Table 1 round: +25 to +53 %); native: the "
         "machine's fastest kernels, whose numbers depend on the CPU. The demo and the reproductions run "
         "portable. See Verdicts, intervals and safe runs: numerics.")
     algorithm: PartName = Field(
