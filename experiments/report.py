@@ -211,6 +211,7 @@ def _makespan(study: Study) -> tuple[str, str]:
             n = m["numerics"]
             versions = {**versions, **n.get("versions", {}), "numerics": f"{n['mode']} (in effect: {n['in_effect']})",
                         "cpu": f"{n['cpu']} (ATen {n['cpu_capability']})", "blas": n.get("blas"),
+                        "kernel settings": " ".join(f"{k}={v}" for k, v in n.get("env", {}).items() if v),
                         "torch threads": n.get("torch_threads")}
         wall.append({"arm": a.label, "seed": a.seed, "wall_s": m.get("wall_seconds_last_session", np.nan)})
     w = pd.DataFrame(wall)
