@@ -242,6 +242,12 @@ class TrainConfig(_Strict):
     workers: int | None = Field(None, ge=1, description="The batched engine's processes on a CPU; unset: one "
                                 "per core.")
     device: str = Field("cpu", description="A torch device, e.g. \"cuda\".")
+    numerics: Literal["portable", "native"] = Field(
+        "native", description="portable: torch's CPU kernels pinned (ATen and oneDNN at AVX2, MKL's compatible "
+        "branch) and one torch thread, so a seed gives the same numbers on every x86-64 CPU with AVX2 (same "
+        "library versions; GPUs excluded), at a cost on AVX-512 CPUs (a Table 1 round: +25 to +53 %); native: the "
+        "machine's fastest kernels, whose numbers depend on the CPU. The demo and the reproductions run "
+        "portable. See Verdicts, intervals and safe runs: numerics.")
     algorithm: PartName = Field(
         "fedavg", description="The training algorithm: a shipped one (fedavg, fedprox, scaffold, fednova, ditto, "
         "pfedme, perfedavg, finetune, fedfa, maxfl, flsc, fedper; see Training algorithms below), an installed "

@@ -32,6 +32,7 @@ import torch
 from groupfel.errors import DivergenceError, InputError, InputWarning
 from groupfel.policies import aggregations, groupings, samplings
 
+from . import numerics
 from .arm import TRANSIENT, ArmPlan, ArmState, RoundStrategy, aggregation_weights, budget_error, sample_groups
 from .io import atomic_write, write_json
 from .ledger import CostLedger
@@ -219,6 +220,9 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path, on_round: OnRound | None
                       f"round 0 (the other arms are kept)", InputWarning, stacklevel=2)
         ckpt.unlink()
         fresh, state = True, ArmState()
+    if fresh:
+        (arm_dir / numerics.SESSIONS).unlink(missing_ok=True)   # a restarted arm: its old sessions are gone
+    recorded = numerics.session(arm_dir, cfg.train.numerics)
     diverged = None
     index = next((i for i, a in enumerate(cfg.arms) if a.name == plan.arm.name), 0)
     try:
@@ -245,7 +249,7 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path, on_round: OnRound | None
         "rounds_run": state.t, "total_cost_eq5": state.ledger.total, "sim_time_s": state.sim_time,
         **strategy.manifest(), **strategy.fed.manifest(state.ledger), "algorithm": world.algorithm.name,
         "model_parameters": world.engine.n_params, "wall_seconds_last_session": time.perf_counter() - wall0,
-        "versions": _versions(), "plugins": world.plugins, "config": json.loads(cfg.model_dump_json())})
+        "versions": _versions(), **recorded, "plugins": world.plugins, "config": json.loads(cfg.model_dump_json())})
     ckpt.unlink(missing_ok=True)
     if diverged:
         raise diverged

@@ -132,7 +132,10 @@ def run(config: str | Path | dict | RunConfig, output: str | Path | None = None,
     resumed; ``force`` replaces one of a different config."""
     from .runner import run_experiment
 
+    from groupfel.emulator import numerics
+
     cfg = as_config(config)
+    numerics.apply(cfg.train.numerics)    # before anything below loads torch
     local = _in_process_parts(cfg)
     if local:
         where, name = local[0]
@@ -158,7 +161,13 @@ def load(run_dir: str | Path) -> "Study":
     path = run_dir / "config.json"
     if not path.exists():
         raise InputError(f"run_dir: {run_dir} holds no config.json; give a directory a run was started in")
-    return Study(run_dir, parse_config(load_json(path)))
+    study = Study(run_dir, parse_config(load_json(path)))
+    from groupfel.emulator import numerics
+
+    first = study.arm_dir(study.seeds[0] if study.multi_seed else None, study.arms[0]) / "manifest.json"
+    if first.exists():   # one line when it was made under other numerics or versions than this machine's
+        numerics.check_loaded(run_dir, load_json(first))
+    return study
 
 
 @dataclasses.dataclass

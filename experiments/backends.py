@@ -38,6 +38,7 @@ from importlib.util import find_spec
 from multiprocessing import context
 from pathlib import Path
 
+from groupfel.emulator import numerics
 from groupfel.errors import DivergenceError, InputError, WorkerLostError
 from groupfel.emulator.io import atomic_write, exit_with_parent
 
@@ -215,7 +216,9 @@ def _context():
     """Workers fork from a server process that imported torch and the emulator but never ran a
     torch op: each worker starts without re-importing them (seconds each), and without the
     hazard of forking a process whose torch thread pool already ran (this one, after validation).
-    The server preloads groupfel's modules only, never the caller's ``__main__``."""
+    The server preloads groupfel's modules only, never the caller's ``__main__``, and starts with
+    this process's environment, so with the numerics' variables that
+    :func:`groupfel.emulator.numerics.apply` set before torch loaded here."""
     _startup_errors_dir()   # in the environment before the server starts: it and its workers see it
     ctx = _WorkerContext()
     ctx.set_forkserver_preload(["groupfel.experiments.pool_hook", "groupfel.experiments.backends",
@@ -451,12 +454,17 @@ def _run_ray(tasks: Sequence, jobs: int | None, options: RayOptions, on_start: C
             data[key] = ray.put(load_data(config))
         return data[key]
 
-    remote = ray.remote(ray_task).options(num_cpus=1, num_gpus=options.gpus_per_task, max_retries=0)
+    remote = ray.remote(ray_task)
+    placement = {"num_cpus": 1, "num_gpus": options.gpus_per_task, "max_retries": 0}
     running: dict = {}
     losses: dict = {}
 
     def submit(task):
-        gen = remote.remote(task.config_json, task.arm, _driver_files(task), dataset_ref(task), options.gpus_per_task)
+        # the numerics' variables reach the worker process when Ray starts it, before it loads torch
+        mode = json.loads(task.config_json)["train"].get("numerics", "portable")
+        env = numerics.env(mode)
+        pinned = remote.options(**placement, **({"runtime_env": {"env_vars": env}} if env else {}))
+        gen = pinned.remote(task.config_json, task.arm, _driver_files(task), dataset_ref(task), options.gpus_per_task)
         running[gen] = task
 
     for task in tasks:

@@ -26,19 +26,18 @@ def _cmd_run(args) -> int:
         config = load_config(args.config) if args.config else default_config()
         run_dir = Path(args.output) if args.output else Path(config.output_dir) / config.name
         flag = "--output" if args.output else "config output_dir/name ="
+    if args.numerics and args.numerics != config.train.numerics:
+        config = config.model_copy(update={"train": config.train.model_copy(update={"numerics": args.numerics})})
+    from groupfel.emulator import numerics
+
+    numerics.apply(config.train.numerics)    # before anything below loads torch
     check_writable(run_dir, "dir", flag)
     args.run_dir = run_dir   # for the resume hint if interrupted
     summary = api.run(config, run_dir, force=args.force, progress=not args.quiet, jobs=args.jobs,
                       backend=args.backend, address=args.address, gpus_per_task=args.gpus_per_task,
                       ship_data=args.ship_data, py_modules=tuple(args.py_module)).summary
     if config.seeds is not None:
-        from .stats import conclusion, render_summary
-
-        print(render_summary(summary, config.train.target_accuracy))
-        print(f"\n{conclusion(summary, config.train.target_accuracy)}")
-        print("\nacc_at_common_cost: accuracy at the smallest final cost of any arm of the same seed")
-        print(f"results: {run_dir}/  (summary.csv, runs.csv, seed-<s>/<arm>/results.csv, ledger.parquet)")
-        print(f"plot:    {run_dir / 'accuracy_vs_cost.png'}")
+        print(seeds_printout(summary, config, run_dir))
         return report_diverged(run_dir)
     with_cols = ["arm", "groups", "group_size", "avg_cov", "rounds", "cost", "sim_time_s", "final_acc",
                  "acc_at_common_cost", "stop"]
@@ -51,6 +50,18 @@ def _cmd_run(args) -> int:
     print(f"results: {run_dir}/  (summary.csv, <arm>/results.csv, <arm>/ledger.parquet)")
     print(f"plot:    {run_dir / 'accuracy_vs_cost.png'}")
     return 0
+
+
+def seeds_printout(summary, config, run_dir: Path) -> str:
+    """What ``groupfel run`` prints for a multi-seed config (the README shows the demo's)."""
+    from .stats import conclusion, render_summary
+
+    target = config.train.target_accuracy
+    return "\n".join([
+        render_summary(summary, target), "", conclusion(summary, target), "",
+        "acc_at_common_cost: accuracy at the smallest final cost of any arm of the same seed",
+        f"results: {run_dir}/  (summary.csv, runs.csv, seed-<s>/<arm>/results.csv, ledger.parquet)",
+        f"plot:    {run_dir / 'accuracy_vs_cost.png'}"])
 
 
 def _cmd_plot(args) -> int:
@@ -160,6 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--output", metavar="RUN_DIR", help="run directory (default: output_dir/name)")
     run.add_argument("--force", action="store_true", help="replace a run of a different config in RUN_DIR")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
+    run.add_argument("--numerics", choices=["portable", "native"],
+                     help="CPU kernels: portable (pinned at AVX2: the same numbers on every x86-64 CPU with "
+                          "AVX2) or native (the machine's fastest); default: the config's train.numerics (native; "
+                          "the demo: portable)")
     from .backends import add_backend_arguments
 
     add_backend_arguments(run, "(seed, arm) runs of a config with seeds")

@@ -208,6 +208,12 @@ def _makespan(study: Study) -> tuple[str, str]:
     for a in study.arms:
         m = load_json(a.path / "manifest.json")
         versions = m.get("versions", versions)
+        if "numerics" in m:   # what decided the numbers: the kernels' mode and level, the BLAS, the threads
+            n = m["numerics"]
+            versions = {**versions, **n.get("versions", {}), "numerics": f"{n['mode']} (in effect: {n['in_effect']})",
+                        "cpu": f"{n['cpu']} (ATen {n['cpu_capability']})", "blas": n.get("blas"),
+                        "kernel settings": " ".join(f"{k}={v}" for k, v in n.get("env", {}).items() if v),
+                        "torch threads": n.get("torch_threads")}
         wall.append({"arm": a.label, "seed": a.seed, "wall_s": m.get("wall_seconds_last_session", np.nan)})
     w = pd.DataFrame(wall)
     wall_html = (f"<p>Wall time of the last session of each arm run: total {w['wall_s'].sum():.1f} s "
@@ -278,6 +284,7 @@ def build_report(root: Path, out: Path | None = None) -> Path:
 
     t0 = time.perf_counter()
     study = load_study(Path(root))
+    _check_numerics(study)
     out = Path(out) if out else study.root / "report.html"
     bands = {x: _png(band_figure({study.root.name: study.results}, x=x, title=f"{study.root.name}: accuracy"))
              for x in ("cost", "sim_time_s")}
@@ -317,6 +324,16 @@ training <code>{cost.training_method}</code>; group operations
             f"<style>{CSS}</style>{CHECK}</head>\n<body data-errors=\"0\">\n{body}\n</body></html>\n")
     atomic_write(out, lambda p: p.write_text(page))
     return out
+
+
+def _check_numerics(study: Study) -> None:
+    """One line when the run was made under other numerics or versions than this machine's."""
+    from groupfel.emulator import numerics
+
+    for a in study.arms[:1]:
+        path = a.path / "manifest.json"
+        if path.exists():
+            numerics.check_loaded(study.root, json.loads(path.read_text()))
 
 
 def _cmd_report(args) -> int:

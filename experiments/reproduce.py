@@ -151,6 +151,8 @@ def resolve(rep: Reproduction, quick: bool, data_path: str | None = None,
     sweep = tomllib.loads((rep.folder / "sweep.toml").read_text())
     base_path = (rep.folder / sweep["base"]).resolve()
     base = tomllib.loads(base_path.read_text())
+    # reproductions give the same numbers on any x86-64 CPU with AVX2 (groupfel.emulator.numerics)
+    base.setdefault("train", {}).setdefault("numerics", "portable")
     for path, value in copy.deepcopy(rep.set).items():   # a later setting below a table must not edit rep.set
         set_path(base, path, value)
     path = _get(base, "data.path")
@@ -514,6 +516,9 @@ def run(name: str, *, quick: bool = False, backend: str = "local", jobs: int | N
         return run_study(rep, quick, out)
     sweep, base, changed = resolve(rep, quick, data_path, overrides)
     sweep["name"] = name
+    from groupfel.emulator import numerics
+
+    numerics.apply(base.get("train", {}).get("numerics", "native"))   # before anything loads torch
     try:
         point_configs_of(sweep, base)        # a bad --set fails here, before anything is written
     except InputError as exc:

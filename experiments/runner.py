@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from groupfel.emulator import numerics
 from groupfel.emulator.config import RunConfig, load_config, parse_config
 from groupfel.errors import InputError
 from groupfel.policies.plugins import upgrade_saved
@@ -112,9 +113,18 @@ def validate(config: RunConfig, run_dir: Path, *, force: bool = False, where: st
 
 def check_dir(config: RunConfig, run_dir: Path, *, force: bool = False, where: str = "") -> None:
     saved = Path(run_dir) / "config.json"
-    if saved.exists() and not force and _saved_config(saved) != config:
+    if saved.exists() and not force and not _same_but_numerics(_saved_config(saved), config):
         raise InputError(f"{where}output: {run_dir} holds a run of a different config; pass --force to replace "
                          f"it, or change 'name'/'output_dir'")
+
+
+def _same_but_numerics(saved: RunConfig | None, config: RunConfig) -> bool:
+    """A run may resume under other numerics (``--numerics``): it warns then, see
+    :func:`groupfel.emulator.numerics.check_resume`."""
+    if saved is None:
+        return False
+    train = saved.train.model_copy(update={"numerics": config.train.numerics})
+    return saved.model_copy(update={"train": train}) == config
 
 
 def _saved_config(path: Path) -> RunConfig | None:
@@ -148,6 +158,7 @@ def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: boo
     """Validate everything, then run (or resume) each arm of each seed; returns the summary table.
     A config with ``seeds`` runs its (seed, arm) tasks on ``backend`` with ``jobs`` workers
     (``ray``: :class:`groupfel.experiments.backends.RayOptions`)."""
+    numerics.apply(config.train.numerics)    # before torch loads here and in the workers
     run_dir = Path(run_dir) if run_dir else Path(config.output_dir) / config.name
     if jobs is not None and jobs < 1:
         raise InputError(f"--jobs: must be >= 1, got {jobs}")
@@ -169,6 +180,8 @@ def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: boo
     try:
         with run_lock(run_dir):
             check_dir(config, run_dir, force=force)   # again under the lock: a writer before us may have changed it
+            if not force:
+                numerics.check_resume(run_dir, config.train.numerics)
             return _run_seeds(config, run_dir, force=force, progress=progress, jobs=jobs, backend=backend,
                               address=address, ray=ray, run_tasks=run_tasks)
     except InputError:
@@ -193,6 +206,8 @@ def _run_single(config: RunConfig, run_dir: Path, *, force: bool, progress: bool
     try:
         with run_lock(run_dir):
             check_dir(config, run_dir, force=force)   # again under the lock: a writer before us may have changed it
+            if not force:
+                numerics.check_resume(run_dir, config.train.numerics)
             return _run_arms(config, run_dir, world, plans, force=force, progress=progress)
     except InputError:
         _drop_if_empty(run_dir, new)
@@ -236,7 +251,8 @@ def _run_arms(config, run_dir, world, plans, *, force, progress) -> pd.DataFrame
             bar.refresh()
 
         try:
-            run_arm(world, plan, arm_dir, tick)
+            with numerics.threads(config.train.numerics):
+                run_arm(world, plan, arm_dir, tick)
         finally:
             bar.close()
     return finish_seed(config, run_dir)

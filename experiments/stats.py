@@ -38,6 +38,8 @@ BOUNDS = {"final_acc": (0.0, 1.0), "acc_at_common_cost": (0.0, 1.0), "cost_to_ta
           # per-group mode's local test error over clients (HCCT Table 5)
           **{f"local_error_{k}": (0.0, 1.0) for k in ("mean", "std", "min", "max")}}
 MIN_PAIRS = 3
+# A Holm p within this factor of the line (0.025 to 0.1 at 95 %) is called close to it.
+CLOSE = 2.0
 TOO_FEW = "too few seeds"
 CLIPPED_NOTE = "†: interval clipped to the metric's range (accuracy in [0, 1], costs and times >= 0)"
 TWO_SEEDS_NOTE = ("with 2 seeds each interval uses t = 12.7 (1 degree of freedom): too wide to inform; "
@@ -118,8 +120,15 @@ def verdict(diff: float, p_holm: float, n_pairs: int, level: float = LEVEL) -> s
         return f"{TOO_FEW} ({n_pairs} pair{'s' if n_pairs != 1 else ''}" + \
             (", no spread)" if n_pairs >= MIN_PAIRS else ")")
     if p_holm < 1 - level:
-        return f"{'higher' if diff > 0 else 'lower'} (supported: Holm p = {_p(p_holm)})"
-    return f"not supported (Holm p = {_p(p_holm)})"
+        return f"{'higher' if diff > 0 else 'lower'} (supported: Holm p = {_p(p_holm)}{_close(p_holm, level)})"
+    return f"not supported (Holm p = {_p(p_holm)}{_close(p_holm, level)})"
+
+
+def _close(p_holm: float, level: float = LEVEL) -> str:
+    """A note for a Holm p within a factor of CLOSE of the line: one changed test sample in one
+    seed (another CPU's rounding, another seed) can move it across, so the verdict is fragile."""
+    line = round(1 - level, 12)
+    return f": close to the {line:.0%} line".replace("%", " %") if line / CLOSE <= p_holm < line * CLOSE else ""
 
 
 def _p(p: float) -> str:
@@ -284,10 +293,12 @@ def conclusion(summary: pd.DataFrame, target: float | None) -> str:
             f"({_ci(best, 'acc_at_common_cost')})")
     if best["arm"] != first["arm"]:
         said = best["acc_at_common_cost_verdict"]
+        q = best["acc_at_common_cost_diff_p_holm"]
+        holm_said = f"Holm p = {_p(q)}{_close(q)}" if _close(q) else "Holm"
         text += (f", {_ci(best, 'acc_at_common_cost', 'diff_')} over {first['arm']}, "
-                 + ("a supported difference (Holm)" if "supported:" in said else
+                 + (f"a supported difference ({holm_said})" if "supported:" in said else
                     "too few seeds to tell" if said.startswith(TOO_FEW) else
-                    "a difference the seeds do not support (Holm)"))
+                    f"a difference the seeds do not support ({holm_said})"))
     if target is not None and summary["target_reached"].max() > 0:
         reached = summary[summary["target_reached"] > 0]
         cheap = reached.loc[reached["cost_to_target_mean"].idxmin()]

@@ -193,6 +193,9 @@ def run_loaded_sweep(sweep: SweepConfig, base: dict, *, backend: str = "local", 
     if jobs is not None and jobs < 1:
         raise InputError(f"--jobs: must be >= 1, got {jobs}")
     configs = point_configs(sweep, base)
+    from groupfel.emulator import numerics
+
+    numerics.apply(configs[0].train.numerics)    # before validation loads torch here and in the workers
     root = Path(output) if output else Path(sweep.output_dir or configs[0].output_dir) / sweep.name
     pts = points(sweep)
     from .runner import finished

@@ -4,7 +4,11 @@ import shutil
 
 import pytest
 
+from groupfel.emulator import numerics
 from groupfel.emulator.config import parse_config
+
+# The default numerics, set before any test loads torch, as the groupfel command sets them.
+numerics.apply("portable")
 
 TINY = {
     "name": "tiny",

@@ -64,3 +64,26 @@ def test_readme_test_command_ends_with_the_summary_line():
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:]
     assert re.match(r"^\d+ passed", proc.stdout.strip().splitlines()[-1]), proc.stdout[-500:]
+
+
+def _demo_block() -> str:
+    block = re.search(r"it prints exactly this[^\n]*\n\n```\n(.*?)\n```", README, re.S)
+    assert block, "README: the demo's printed block after 'it prints exactly this' is missing"
+    return block.group(1)
+
+
+@pytest.mark.slow
+def test_readme_demo_block_is_what_groupfel_run_prints(tmp_path, capsys):
+    """The whole default demo (about a minute on 2 cores): the README shows its printout verbatim,
+    so the text cannot drift from the numbers (portable numerics: the same on any AVX2 machine)."""
+    from groupfel.experiments.cli import main
+
+    out = tmp_path / "default"
+    assert main(["run", "--output", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out.strip().replace(str(out), "results/default")
+    assert printed == _demo_block()
+
+
+def test_the_run_guide_shows_the_readme_demo_block():
+    guide = (ROOT / "docs" / "guide" / "run.md").read_text()
+    assert f"```\n{_demo_block()}\n```" in guide

@@ -87,7 +87,7 @@ def test_summary_columns_paired_and_target_counts():
     assert rg["final_acc_diff_mean"] == pytest.approx(-(0.1 + 0.14 + 0.2) / 3)
     assert rg["final_acc_diff_ci95_high"] < 0                              # rg lower in every seed
     text = render_summary(s, 0.85)
-    assert "lower (supported: Holm p = 0.037)" in text and "0/3" in text
+    assert "lower (supported: Holm p = 0.037: close to the 5 % line)" in text and "0/3" in text
     sentence = conclusion(s, 0.85)
     assert sentence.startswith("Over 3 seeds") and "covg" in sentence and "2/3 seeds" in sentence
 
@@ -163,3 +163,14 @@ def test_verdicts_are_holm_corrected_with_the_unadjusted_interval_beside():
     assert s[s["arm"] == "big"].iloc[0]["final_acc_verdict"].startswith("higher (supported: Holm p")
     text = render_summary(s, None)
     assert "Holm's correction over the 18 comparisons" in text and "[95 % CI]" in text
+
+
+def test_a_holm_p_near_the_line_says_so():
+    """Within a factor of 2 of 5 % (0.025 <= p < 0.1) the verdict says the line is close."""
+    from groupfel.experiments.stats import verdict
+
+    assert verdict(0.03, 0.048, 3) == "higher (supported: Holm p = 0.048: close to the 5 % line)"
+    assert verdict(0.03, 0.096, 3) == "not supported (Holm p = 0.096: close to the 5 % line)"
+    assert verdict(-0.03, 0.025, 3) == "lower (supported: Holm p = 0.025: close to the 5 % line)"
+    assert verdict(0.03, 0.024, 3) == "higher (supported: Holm p = 0.024)"
+    assert verdict(0.03, 0.1, 3) == "not supported (Holm p = 0.1)"
