@@ -151,7 +151,7 @@ def differences(then: dict, now: dict) -> list[str]:
     """How the numerics ``now`` differ from ``then`` in what can change a number: the mode in
     effect, native kernels on another CPU, another library version."""
     out = []
-    if (then.get("mode"), then.get("in_effect")) != (now.get("mode"), now.get("in_effect")):
+    if then.get("in_effect") != now.get("in_effect"):   # what decided the numbers, not what was asked
         out.append(f"{_said(then)} numerics, now {_said(now)}")
     elif now.get("in_effect") == "native" and (then.get("cpu"), then.get("cpu_capability")) != (
             now.get("cpu"), now.get("cpu_capability")):
@@ -232,8 +232,10 @@ def check_loaded(run_dir, manifest: dict | None) -> None:
 
 
 def _would_be(mode: str) -> str:
-    """The numerics a fresh groupfel process on this machine would run ``mode`` with."""
-    return "portable" if mode == "portable" and native_capability() in ("AVX2", "AVX512") else "native"
+    """The numerics a fresh groupfel process on this machine, in this environment, would run
+    ``mode`` with (an environment that already pins the kernels pins them for native too)."""
+    pinned = mode == "portable" or all(os.environ.get(k) == v for k, v in PORTABLE_ENV.items())
+    return "portable" if pinned and native_capability() in ("AVX2", "AVX512") else "native"
 
 
 def native_capability() -> str:

@@ -333,7 +333,7 @@ def _check_numerics(study: Study) -> None:
     for a in study.arms[:1]:
         path = a.path / "manifest.json"
         if path.exists():
-            numerics.check_loaded(study.root, json.loads(path.read_text()))
+            numerics.check_loaded(study.root, load_json(path))   # damaged: one line naming it
 
 
 def _cmd_report(args) -> int:

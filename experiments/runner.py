@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
@@ -176,14 +177,21 @@ def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: boo
 
     validate(config, run_dir, force=force)
     check_backend(backend, jobs, address, ray)   # a cluster without the GPUs asked for: before any file
+    return _locked(config, run_dir, force, lambda: _run_seeds(
+        config, run_dir, force=force, progress=progress, jobs=jobs, backend=backend, address=address, ray=ray,
+        run_tasks=run_tasks))
+
+
+def _locked(config: RunConfig, run_dir: Path, force: bool, run: Callable[[], pd.DataFrame]) -> pd.DataFrame:
+    """``run()`` under the run directory's lock, after the checks a writer before us may have
+    changed the answer to; a run stopped by bad input in its first round leaves nothing behind."""
     new = not run_dir.exists()
     try:
         with run_lock(run_dir):
-            check_dir(config, run_dir, force=force)   # again under the lock: a writer before us may have changed it
+            check_dir(config, run_dir, force=force)
             if not force:
                 numerics.check_resume(run_dir, config.train.numerics)
-            return _run_seeds(config, run_dir, force=force, progress=progress, jobs=jobs, backend=backend,
-                              address=address, ray=ray, run_tasks=run_tasks)
+            return run()
     except InputError:
         _drop_if_empty(run_dir, new)
         raise
@@ -202,16 +210,8 @@ def _run_single(config: RunConfig, run_dir: Path, *, force: bool, progress: bool
     """The arms of one seed, one after another in this process, with a progress bar per arm."""
     world, plans = plan_world(config)   # all input errors surface here
     check_dir(config, run_dir, force=force)
-    new = not run_dir.exists()
-    try:
-        with run_lock(run_dir):
-            check_dir(config, run_dir, force=force)   # again under the lock: a writer before us may have changed it
-            if not force:
-                numerics.check_resume(run_dir, config.train.numerics)
-            return _run_arms(config, run_dir, world, plans, force=force, progress=progress)
-    except InputError:
-        _drop_if_empty(run_dir, new)
-        raise
+    return _locked(config, run_dir, force, lambda: _run_arms(config, run_dir, world, plans, force=force,
+                                                             progress=progress))
 
 
 def _drop_if_empty(run_dir: Path, new: bool) -> None:
