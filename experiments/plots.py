@@ -82,10 +82,10 @@ def band_figure(runs: dict[str, pd.DataFrame], x: str = "cost", y: str = "accura
             ax.set_visible(False)
             continue
         ax.grid(alpha=0.3)
-        if j >= len(series) - cols:
+        if j >= (len(series) if many else 1) - cols:   # the bottom row of panels names the x-axis
             ax.set_xlabel(AXES.get(x, x))
         if j % cols == 0:
-            ax.set_ylabel(AXES.get(y, y) + ("" if many else band), fontsize=8 if many else None)
+            ax.set_ylabel(AXES.get(y, y) + ("" if many else band), fontsize=8)   # the band note fits the height
     if many:
         fig.suptitle((title + ": " if title else "") + f"one panel per arm, grey: the others{band}", fontsize=9)
     else:

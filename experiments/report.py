@@ -223,6 +223,23 @@ def _makespan(study: Study) -> tuple[str, str]:
             f"the cloud for its slowest group, plus link transfers.</p>{_table(table)}", wall_html + ver)
 
 
+def _opening_sentence(study: Study) -> str:
+    """A sweep's finding along its axes (:func:`groupfel.experiments.axes.opening_sentence`)."""
+    from .axes import opening_sentence
+    from .sweep import SweepConfig, reference_of
+
+    summary = study.summary.copy()
+    summary.attrs["axis_comparisons"] = int(sum(summary[c].notna().sum() for c in summary.columns
+                                                if c.endswith("_vs_ref_p_holm")))
+    return opening_sentence(summary, list(study.extra["sweep"]["axes"]),
+                            reference_of(SweepConfig.model_validate(study.extra["sweep"])))
+
+
+def _opening(study: Study) -> str:
+    """What the page opens with: a sweep's finding along its axes, before how it was run."""
+    return f"<p class='opening'><b>{html.escape(_opening_sentence(study))}</b></p>" if study.kind == "sweep" else ""
+
+
 def _summary(study: Study) -> str:
     target = study.config.train.target_accuracy
     if study.kind == "multi-seed run":
@@ -238,19 +255,12 @@ def _summary(study: Study) -> str:
         plots = "".join(_png_file(p) for p in sorted(study.root.glob("*_vs_*.png")))
         compact = compact_summary(study.summary, ["point", *axes], target is not None)
         said = compact["verdict"]
-        from .axes import opening_sentence
-        from .sweep import SweepConfig, reference_of
-
-        sweep = SweepConfig.model_validate(study.extra["sweep"])
-        summary = study.summary.copy()
-        summary.attrs["axis_comparisons"] = int(sum(summary[c].notna().sum() for c in summary.columns
-                                                    if c.endswith("_vs_ref_p_holm")))
-        first = opening_sentence(summary, axes, reference_of(sweep))
+        first = _opening_sentence(study)
         words = (f"{int(said.str.contains(' than ').sum())} of {int((said != 'reference').sum())} arms differ from "
                  f"their point's first arm in accuracy at equal cost after Holm's correction over the sweep; "
                  f"{int(said.str.startswith('too few').sum())} comparisons have too few seeds to tell (verdict column).")
         foot = "".join(f"<p>{html.escape(n)}</p>" for n in notes(study.summary, METRICS))
-        return (f"<p class='opening'><b>{html.escape(first)}</b></p><p>{html.escape(words)}</p><p>Mean [95 % CI] over seeds {study.extra['sweep']['seeds']}.</p>"
+        return (f"<p><b>{html.escape(first)}</b></p><p>{html.escape(words)}</p><p>Mean [95 % CI] over seeds {study.extra['sweep']['seeds']}.</p>"
                 f"{_table(compact)}{foot}<details><summary>full table (every metric, interval and paired "
                 f"difference: summary.csv)</summary>{_table(study.summary[cols])}</details>{plots}")
     return "<p>One seed: no confidence intervals (give <code>seeds = [0, 1, 2]</code>).</p>" + _table(study.summary)
@@ -299,6 +309,7 @@ def build_report(root: Path, out: Path | None = None) -> Path:
     body = f"""<h1>{html.escape(title)}</h1>
 <p>{html.escape(str(study.root.resolve()))} · seeds {seeds} · {len(study.arms)} arm runs ·
 generated {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}</p>
+{_opening(study)}
 <h2>What was run</h2>
 <details><summary>configuration ({'sweep and its points' if study.kind == 'sweep' else 'resolved config'})</summary>
 <pre>{html.escape(config_json)}</pre></details>

@@ -232,6 +232,9 @@ def test_a_one_arm_sweep_compares_its_points_paired_by_seed(tmp_path, capsys, mo
     assert labels.count("MinGS (clients; arms.0.grouping.min_group_size)") == 4, labels
     page = build_report(out).read_text()
     assert "<p class='opening'><b>For covg, accuracy at equal cost" in page
+    assert page.index("class='opening'") < page.index("<h2>What was run</h2>")   # the page opens with it
+    # the report's accuracy bands (three points overlaid on one panel) name their x-axis too
+    assert {"cumulative cost, Eq. 5 (device seconds)", "simulated wall-clock time (s)"} <= set(labels), labels
     # a rerun of the finished sweep plans nothing and builds no engine (before: every point's world)
     import groupfel.experiments.runner
     import groupfel.experiments.tasks
