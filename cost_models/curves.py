@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from groupfel.errors import InputError
+
 Curve = Callable[[float | np.ndarray], float | np.ndarray]
 
 
@@ -138,3 +140,14 @@ def first_nonpositive(curve: Curve, xs) -> tuple[float, float] | None:
         values = np.asarray(getattr(curve, "raw", curve)(xs), dtype=float)
     bad = np.flatnonzero(~(values > 0))
     return (float(xs[bad[0]]), float(values[bad[0]])) if len(bad) else None
+
+
+def require_finite(curve: Curve, xs, where: str, name: str, unit: str, used_by: str) -> None:
+    """Refuse ``curve`` where its cost overflows a float at an x in ``xs`` (sizes or sample counts
+    that ``used_by`` prices), in one line naming the curve and the x."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        values = np.asarray(curve(xs), dtype=float)
+    if not np.isfinite(values).all():
+        i = int(np.flatnonzero(~np.isfinite(values))[0])
+        raise InputError(f"{where}: curve {name} overflows a float ({values[i]:g} s) at {unit} {xs[i]:g}, which "
+                         f"{used_by} uses; a cost must be finite: fix the curve's coefficients or lower the {unit}s")

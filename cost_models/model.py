@@ -8,7 +8,7 @@ import numpy as np
 
 from groupfel.errors import InputError
 
-from .curves import first_nonpositive
+from .curves import first_nonpositive, require_finite
 from .profiles import DeviceProfile, missing_curve_fix, shipped_profiles
 
 TRAINING = "training"
@@ -60,13 +60,7 @@ class CostModel:
                      for op in self.operations if f"{op}-recovery" in prof.group_overhead]
             for kind, method, curve, xs, unit in uses:
                 if len(xs):
-                    with np.errstate(over="ignore", invalid="ignore"):
-                        values = np.asarray(curve(xs), dtype=float)
-                    if not np.isfinite(values).all():
-                        i = int(np.flatnonzero(~np.isfinite(values))[0])
-                        raise InputError(f"{where}: curve {prof.name}/{method} overflows a float ({values[i]:g} s) "
-                                         f"at {unit} {xs[i]:g}, which this run uses; a cost must be finite: fix the "
-                                         f"curve's coefficients or lower the {unit}s")
+                    require_finite(curve, xs, where, f"{prof.name}/{method}", unit, "this run")
                 bad = first_nonpositive(curve, xs) if len(xs) else None
                 if bad is None:
                     continue

@@ -484,15 +484,22 @@ class ContendedFederation(Federation):
             lat = ctx.topology.edge_link(j).latency_s
             yield env.process(e.cloud.transfer(up, None, lat))
 
+    def _send(self, link: SharedLink, nbytes: float, bps: float, latency: float):
+        """One client transfer through its edge's side of ``link``: on a dedicated link size / rate
+        plus latency in one timeout (one event per step where it can), else a shared flow."""
+        if link.capacity_bps is None:
+            yield self.ctx.env.timeout(8.0 * nbytes / bps + latency)
+            return
+        yield link.send(nbytes, bps)
+        if latency:
+            yield self.ctx.env.timeout(latency)
+
     def _c_client(self, where, e: _Edge, client, member, charges, slow, dropped, down, up):
         env, cn = self.ctx.env, self.net.clients
         bps, lat = cn.bandwidth_mbps[client] * 1e6, float(cn.latency_s[client])
         t0 = env.now
         self._bytes["edge_to_client"] += down
-        # one event per step where it can (a dedicated link: size / rate + latency in one timeout)
-        yield env.timeout(8.0 * down / bps + lat) if e.down.capacity_bps is None else e.down.send(down, bps)
-        if lat and e.down.capacity_bps is not None:
-            yield env.timeout(lat)
+        yield from self._send(e.down, down, bps, lat)
         self.trace.append(dict(zip(TRACE_COLUMNS, ("download", *where, client, down, t0, t0, env.now))))
         a, spans = env.now, []
         for comp, amounts in charges.items():   # the compute steps back to back: one timeout
@@ -504,9 +511,7 @@ class ContendedFederation(Federation):
         if not dropped:
             a = env.now
             self._bytes["client_to_edge"] += up
-            yield env.timeout(8.0 * up / bps + lat) if e.up.capacity_bps is None else e.up.send(up, bps)
-            if lat and e.up.capacity_bps is not None:
-                yield env.timeout(lat)
+            yield from self._send(e.up, up, bps, lat)
             self.trace.append(dict(zip(TRACE_COLUMNS, ("upload", *where, client, up, a, a, env.now))))
         return spans
 

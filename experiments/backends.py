@@ -219,7 +219,6 @@ def _context():
     The server preloads groupfel's modules only, never the caller's ``__main__``, and starts with
     this process's environment, so with the numerics' variables that
     :func:`groupfel.emulator.numerics.apply` set before torch loaded here."""
-    _startup_errors_dir()   # in the environment before the server starts: it and its workers see it
     ctx = _WorkerContext()
     ctx.set_forkserver_preload(["groupfel.experiments.pool_hook", "groupfel.experiments.backends",
                                 "groupfel.emulator.world", "groupfel.emulator.driver"])
@@ -315,7 +314,7 @@ def _run_pool(tasks: Sequence, jobs: int, on_start: Callable, on_done: Callable)
     """The process pool. A worker the OS kills (kill -9, the out-of-memory killer) breaks the pool:
     the tasks it held are submitted again to a new pool and resume from their checkpoints."""
     queue_, started, losses = list(tasks), set(), {}
-    errors = _startup_errors_dir()
+    errors = _startup_errors_dir()   # in the environment before the forkserver starts: its workers see it
     while queue_:
         with ProcessPoolExecutor(jobs, mp_context=_context(), initializer=pool_worker.start,
                                  initargs=(os.getpid(), WORKER_SETUP, str(errors))) as pool:

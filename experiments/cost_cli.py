@@ -153,19 +153,13 @@ def _check_whatif_curves(args, prof, overhead, sizes, n_samples) -> None:
     import numpy as np
 
     from groupfel.cost_models import shipped_profiles
-    from groupfel.cost_models.curves import first_nonpositive
+    from groupfel.cost_models.curves import first_nonpositive, require_finite
 
     shipped = shipped_profiles().get(prof.name)
     for flag, kind, method, curve, xs, unit in (
             ("--profile", "group_overhead", args.profile.rpartition("/")[2], overhead, np.unique(sizes), "group size"),
             ("--training", "training", args.training, prof.training[args.training], np.unique(n_samples), "samples")):
-        with np.errstate(over="ignore", invalid="ignore"):
-            values = np.asarray(curve(xs), dtype=float)
-        if not np.isfinite(values).all():
-            i = int(np.flatnonzero(~np.isfinite(values))[0])
-            raise InputError(f"{flag}: curve {prof.name}/{method} overflows a float ({values[i]:g} s) at {unit} "
-                             f"{xs[i]:g}, which this what-if uses; a cost must be finite: fix the curve's "
-                             f"coefficients or lower the {unit}s")
+        require_finite(curve, xs, flag, f"{prof.name}/{method}", unit, "this what-if")
         bad = first_nonpositive(curve, xs)
         if bad is None:
             continue

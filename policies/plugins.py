@@ -103,9 +103,9 @@ def spec_of(obj: Any) -> str:
 
 def _import(spec: str, where: str) -> Any:
     module_name, _, attr = spec.partition(":")
-    if renamed(spec):   # groupfel's own file under its old name: a second copy, whose classes are not ours
+    if new := renamed(spec):   # groupfel's own file under its old name: a second copy, whose classes are not ours
         raise InputError(f"{where}: {spec!r} names groupfel's old top-level module {module_name.split('.')[0]!r}; "
-                         f"groupfel's modules now live beneath groupfel: write {renamed(spec)!r}")
+                         f"groupfel's modules now live beneath groupfel: write {new!r}")
     if not module_name or not attr:
         raise InputError(f"{where}: {spec!r} is not an import path; write \"module:attr\" (e.g. \"mypkg.policies:MyPolicy\")")
     try:
