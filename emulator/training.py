@@ -24,9 +24,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
-import mmap
-import multiprocessing
 import os
+import pickle
 import signal
 import weakref
 from collections.abc import Sequence
@@ -39,6 +38,7 @@ from torch import nn
 
 from groupfel.topologies import Dataset
 
+from . import procs
 from .io import exit_with_parent
 from .models import build_model
 
@@ -85,12 +85,16 @@ class TrainingEngine(Protocol):
 class TorchEngine:
     """Plain per-client minibatch SGD on the CPU (or ``device``), one client after another."""
 
-    def __init__(self, dataset: Dataset, client_samples: Sequence[np.ndarray], model: str,
+    def __init__(self, dataset: Dataset, client_samples: Sequence[np.ndarray], model: str | nn.Module,
                  lr: float, batch_size: int, device: str = "cpu", *, momentum: float = 0.0,
                  weight_decay: float = 0.0, mu: float = 0.0):
         self.device = torch.device(device)
-        self.model = build_model(model, dataset.input_shape, dataset.num_classes).to(self.device)
-        self.model_name = model
+        if isinstance(model, str):
+            self.model_name, model = model, build_model(model, dataset.input_shape, dataset.num_classes)
+        else:   # a built model (a worker's copy of its engine's)
+            self.model_name = type(model).__name__
+        self.model = model.to(self.device)
+        self.num_classes = dataset.num_classes
         self.n_params = sum(p.numel() for p in self.model.parameters())
         self.lr, self.batch_size = lr, batch_size
         self.momentum, self.weight_decay, self.mu = momentum, weight_decay, mu
@@ -214,21 +218,52 @@ def keep_freed_memory() -> bool:
                ((_M_MMAP_THRESHOLD, 32 << 20), (_M_TRIM_THRESHOLD, 1 << 30), (_M_TOP_PAD, 256 << 20)))
 
 
-_WORKER: BatchedEngine | None = None
+_WORKER: TorchEngine | None = None     # a pool worker's own engine (per-client formulation)
+_BLOCK: np.ndarray | None = None
 
 
-def _worker_init() -> None:
+def _worker_init(parent: int, spec: dict, data, block) -> None:
+    """A per-client worker's start: its own sequential engine over the dataset and model block it
+    shares with the engine in process ``parent`` (:mod:`groupfel.emulator.procs`)."""
     # Ctrl-C reaches the whole process group; the parent stops the run and says so in one line,
-    # so the workers ignore it rather than print a KeyboardInterrupt traceback each. They are
-    # forked with SIGINT blocked (see _fork_pool), so none can take it before this line.
+    # so the workers ignore it rather than print a KeyboardInterrupt traceback each.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    exit_with_parent()
+    exit_with_parent(parent)
     torch.set_num_threads(1)   # one process per core: more threads only contend
+    keep_freed_memory()
+    global _WORKER, _BLOCK
+    arrays = procs.attach(data)
+    _BLOCK = procs.attach(block)["block"]
+    empty = np.empty((0, *arrays["x"].shape[1:]), dtype=arrays["x"].dtype)
+    dataset = Dataset("shared", arrays["x"], arrays["y"], empty, np.empty(0, dtype=arrays["y"].dtype),
+                      spec.pop("num_classes"))
+    channels_last = spec.pop("channels_last")
+    _WORKER = TorchEngine(dataset, spec.pop("client_samples"), pickle.loads(spec.pop("model")), **spec)
+    if channels_last:
+        _WORKER.channels_last = True
+        _WORKER.model = _WORKER.model.to(memory_format=torch.channels_last)
 
 
 def _worker_run(job) -> None:
-    _WORKER._run_chunk(*job)
+    """Runs in a worker: the sequential loop over some clients (positions ``chunk`` of the call),
+    reading start models, corrections and momentum from the shared block and writing the trained
+    models (and momentum, in place) back into it."""
+    layout, chunk, rows, clients, seeds, epochs, lr = job
+    block = torch.from_numpy(_BLOCK)
+    for i, r, client, seed in zip(chunk, rows, clients, seeds):
+        corr = block[layout["correction"] + i] if "correction" in layout else None
+        buf = block[layout["momentum"] + i] if "momentum" in layout else None
+        block[layout["out"] + i] = _WORKER._train_client(block[layout["table"] + r], client, seed, epochs, lr,
+                                                         corr, buf)
+
+
+def _unimportable(model: nn.Module) -> str | None:
+    """Where a class of ``model`` lives that a fresh process cannot import (None: none does)."""
+    for m in model.modules():
+        cls = type(m)
+        if cls.__module__ == "__main__" or "<locals>" in cls.__qualname__:
+            return f"{cls.__module__}.{cls.__qualname__}"
+    return None
 
 
 def _has_conv(model: nn.Module) -> bool:
@@ -280,7 +315,13 @@ class BatchedEngine(TorchEngine):
             self.model = self.model.to(memory_format=torch.channels_last)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self.workers = 1 if self.device.type != "cpu" or formulation == "stacked" else (workers or cores)
-        self._pool, self._block = None, np.empty((0, self.n_params), dtype=np.float32)
+        if self.workers > 1 and (where := _unimportable(self.model)):
+            log.warning("batched engine: model %r is defined in %s, which worker processes cannot import; "
+                        "training its clients in this process", model, where)
+            self.workers = 1
+        self._pool = None
+        self._data: procs.SharedArrays | None = None      # the training set, shared with the workers
+        self._block: procs.SharedArrays | None = None     # models in and out of the workers
 
     # ---- stacked formulation -------------------------------------------------------------------
     def _loss_fn(self):
@@ -360,17 +401,6 @@ class BatchedEngine(TorchEngine):
         return torch.cat([p.reshape(C, -1) for p in params], dim=1)
 
     # ---- per-client formulation ----------------------------------------------------------------
-    def _run_chunk(self, layout: dict[str, int], chunk, rows, clients, seeds, epochs, lr):
-        """Runs in a worker: the sequential loop over some clients (positions ``chunk`` of the
-        call), reading start models, corrections and momentum from the shared block and writing
-        the trained models (and momentum, in place) back into it."""
-        block = torch.from_numpy(self._block)
-        for i, r, client, seed in zip(chunk, rows, clients, seeds):
-            corr = block[layout["correction"] + i] if "correction" in layout else None
-            buf = block[layout["momentum"] + i] if "momentum" in layout else None
-            block[layout["out"] + i] = self._train_client(block[layout["table"] + r], client, seed, epochs, lr,
-                                                          corr, buf)
-
     def _chunks(self, clients) -> list[list[int]]:
         """Positions of the clients split into ``workers`` chunks of about equal work (samples)."""
         sizes = [len(self.client_samples[c]) for c in clients]
@@ -383,32 +413,24 @@ class BatchedEngine(TorchEngine):
         return [sorted(c) for c in chunks if c]
 
     def _shared_block(self, rows: int) -> torch.Tensor:
-        """A (≥ rows, P) block shared with the workers, (re)forking them when it must grow: models
+        """A (≥ rows, P) block shared with the workers, (re)starting them when it must grow: models
         travel through it, not through pickles (pickling cost 5 % of a CNN round)."""
-        if self._pool is None or len(self._block) < rows:
+        if self._pool is None or len(self._block["block"]) < rows:
             if self._pool is not None:
                 self._pool.terminate()
-            # an anonymous shared mapping: the workers forked below see the parent's writes and
-            # the parent theirs; pages are only backed once touched
-            rows = max(rows, 2 * len(self._block))    # grow by doubling: few re-forks in a run
-            raw = mmap.mmap(-1, rows * self.n_params * 4)
-            self._block = np.frombuffer(raw, dtype=np.float32).reshape(rows, self.n_params)
-            global _WORKER
-            _WORKER = self
-            # fork: the workers inherit this engine and the dataset's pages, never copies; and
-            # SIGINT blocked, as is the pool's thread that forks replacements (a block, unlike an
-            # ignore, works from any thread and delays a Ctrl-C here by microseconds only)
-            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-            try:
-                self._pool = multiprocessing.get_context("fork").Pool(self.workers, _worker_init)
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-                _WORKER = None
+            if self._data is None:   # the training set, once per engine: workers map it, never copy it
+                self._data = procs.SharedArrays.of({"x": self.x.numpy(), "y": self.y.numpy()})
+                self.x, self.y = torch.from_numpy(self._data["x"]), torch.from_numpy(self._data["y"])
+            rows = max(rows, 2 * len(self._block["block"]) if self._block is not None else 0)   # few restarts
+            self._block = procs.SharedArrays({"block": ((rows, self.n_params), np.float32)})
+            spec = {"client_samples": [s.numpy() for s in self.client_samples], "model": pickle.dumps(self.model),
+                    "lr": self.lr, "batch_size": self.batch_size, "momentum": self.momentum,
+                    "weight_decay": self.weight_decay, "mu": self.mu, "num_classes": self.num_classes,
+                    "channels_last": self.channels_last}
+            self._pool = procs.worker_context().Pool(
+                self.workers, _worker_init, (os.getpid(), spec, self._data.handle(), self._block.handle()))
             weakref.finalize(self, self._pool.terminate)
-        return torch.from_numpy(self._block)
-
-    def __getstate__(self):
-        raise TypeError("BatchedEngine is shared with its workers by fork, never pickled")
+        return torch.from_numpy(self._block["block"])
 
     def train(self, start, clients, epochs, seeds, *, lr=None, correction=None, momentum=None, rows=None):
         table, rows = self._inputs(start, len(clients), rows)

@@ -28,17 +28,15 @@ import shutil
 import sys
 import tempfile
 import threading
-import types
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from functools import cache
 from importlib.util import find_spec
-from multiprocessing import context
 from pathlib import Path
 
-from groupfel.emulator import numerics
+from groupfel.emulator import numerics, procs
 from groupfel.errors import DivergenceError, InputError, WorkerLostError
 from groupfel.emulator.io import atomic_write, exit_with_parent
 
@@ -192,37 +190,8 @@ def ray_task(config_json: str, arm: int, files: dict[str, bytes], dataset, gpus_
 
 # ---- the local process pool --------------------------------------------------------------------
 
-class _WorkerProcess(context.ForkServerProcess):
-    """A pool worker that does not re-run the caller's ``__main__``. multiprocessing re-imports the
-    main module in every worker so that functions defined there unpickle; ours run
-    :func:`run_task` and need none of it. Re-running it would start the run again from a script
-    without an ``if __name__ == "__main__":`` guard, and fail for ``python -`` (no file to read)."""
-
-    @staticmethod
-    def _Popen(process_obj):
-        main = sys.modules["__main__"]
-        sys.modules["__main__"] = types.ModuleType("__main__")   # no __file__, no __spec__: nothing to re-run
-        try:
-            return context.ForkServerProcess._Popen(process_obj)
-        finally:
-            sys.modules["__main__"] = main
-
-
-class _WorkerContext(context.ForkServerContext):
-    Process = _WorkerProcess
-
-
-def _context():
-    """Workers fork from a server process that imported torch and the emulator but never ran a
-    torch op: each worker starts without re-importing them (seconds each), and without the
-    hazard of forking a process whose torch thread pool already ran (this one, after validation).
-    The server preloads groupfel's modules only, never the caller's ``__main__``, and starts with
-    this process's environment, so with the numerics' variables that
-    :func:`groupfel.emulator.numerics.apply` set before torch loaded here."""
-    ctx = _WorkerContext()
-    ctx.set_forkserver_preload(["groupfel.experiments.pool_hook", "groupfel.experiments.backends",
-                                "groupfel.emulator.world", "groupfel.emulator.driver"])
-    return ctx
+# The run pool's workers record an error before their task loop (:mod:`.pool_hook`).
+procs.preload("groupfel.experiments.pool_hook", "groupfel.experiments.backends")
 
 
 # What a pool worker runs first (tests replace it with one that fails, to see the error reported).
@@ -316,7 +285,7 @@ def _run_pool(tasks: Sequence, jobs: int, on_start: Callable, on_done: Callable)
     queue_, started, losses = list(tasks), set(), {}
     errors = _startup_errors_dir()   # in the environment before the forkserver starts: its workers see it
     while queue_:
-        with ProcessPoolExecutor(jobs, mp_context=_context(), initializer=pool_worker.start,
+        with ProcessPoolExecutor(jobs, mp_context=procs.worker_context(), initializer=pool_worker.start,
                                  initargs=(os.getpid(), WORKER_SETUP, str(errors))) as pool:
             pending, broken = {}, False
             while (queue_ or pending) and not broken:

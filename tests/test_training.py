@@ -1,5 +1,6 @@
 import ast
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -77,7 +78,7 @@ def test_batched_engine_equals_sequential(digits_parts, model, formulation, algo
 
 def test_worker_block_grows_between_calls(digits_parts):
     """Models travel to and from the workers through a shared block; a call with more clients than
-    it holds re-forks them with a bigger one, and the results stay the sequential engine's."""
+    it holds restarts them with a bigger one, and the results stay the sequential engine's."""
     data, parts = digits_parts
     seq = TorchEngine(data, parts, "mlp", lr=0.05, batch_size=8, momentum=0.9)
     bat = BatchedEngine(data, parts, "mlp", lr=0.05, batch_size=8, momentum=0.9, workers=2,
@@ -89,7 +90,35 @@ def test_worker_block_grows_between_calls(digits_parts):
         a = seq.train(start, clients, 1, seeds, momentum=m_seq)
         b = bat.train(start, clients, 1, seeds, momentum=m_bat)
         assert float((a - b).abs().max()) <= 1e-6 and float((m_seq - m_bat).abs().max()) <= 1e-6
-    assert len(bat._block) >= 4 + 4 + 1     # out + momentum + table rows of the largest call
+    assert len(bat._block["block"]) >= 4 + 4 + 1     # out + momentum + table rows of the largest call
+
+
+_WATCH_FORKS: list[int] = []   # pids that forked while a test watched (os.register_at_fork is for good)
+_WATCHING = [False]
+os.register_at_fork(before=lambda: _WATCHING[0] and _WATCH_FORKS.append(os.getpid()))
+
+
+def test_the_engine_never_forks_a_process_that_ran_backward(digits_parts):
+    """A CUDA build of torch with a GPU present starts autograd's device threads at a process's
+    first backward pass, and a child forked after that refuses to run backward ("Unable to handle
+    autograd's threading in combination with fork-based multiprocessing"). A CPU-only torch never
+    starts those threads, so the crash itself cannot happen here (tests/test_gpu.py shows it on a
+    GPU machine); this tests the design that prevents it: after a backward pass in this process,
+    the per-client workers train without this process forking (they fork from a server that never
+    ran a torch op, :mod:`groupfel.emulator.procs`), and give the sequential engine's models."""
+    data, parts = digits_parts
+    seq = TorchEngine(data, parts, "cnn", lr=0.05, batch_size=8)
+    start = seq.initial_weights(0)
+    a = seq.train(start, [0, 1, 2], 1, [1, 2, 3])                     # backward in this process
+    _WATCHING[0] = True
+    try:
+        bat = BatchedEngine(data, parts, "cnn", lr=0.05, batch_size=8, workers=2, formulation="per-client")
+        b = bat.train(start, [0, 1, 2], 1, [1, 2, 3])
+    finally:
+        _WATCHING[0] = False
+    assert os.getpid() not in _WATCH_FORKS
+    assert float((a - b).abs().max()) <= 1e-5
+    assert bat._pool is not None                                      # the workers did the training
 
 
 def test_padded_steps_change_nothing(digits_parts):
