@@ -78,9 +78,10 @@ def run_group_rounds(engine: TrainingEngine, starts: dict[int, torch.Tensor], gr
             continue
         seeds = client_seeds(spec.seed, t, k, np.asarray(members)).tolist()
         table = torch.stack(starts_k)
-        idx = torch.as_tensor(members)
+        dev = table.device
+        idx = torch.as_tensor(members, device=dev)
         if type(algorithm).local_start is not Algorithm.local_start:   # one start model per client
-            own = algorithm.local_start(state, scratch, idx, table[torch.as_tensor(rows)], group_of)
+            own = algorithm.local_start(state, scratch, idx, table[torch.as_tensor(rows, device=dev)], group_of)
             if own is not None:
                 table, rows = own, list(range(len(members)))
         correction = algorithm.correction(state, scratch, idx, group_of)
@@ -96,19 +97,19 @@ def run_group_rounds(engine: TrainingEngine, starts: dict[int, torch.Tensor], gr
             for r, c in enumerate(members):
                 trained[c] = local[r].clone()
         if type(algorithm).after_local is not Algorithm.after_local:   # FedAvg skips the gather
-            steps = torch.tensor([engine.steps(c, spec.local_epochs) for c in members], dtype=local.dtype)
-            algorithm.after_local(state, scratch, idx, table[torch.as_tensor(rows)], local, steps, spec.lr,
+            steps = torch.tensor([engine.steps(c, spec.local_epochs) for c in members], dtype=local.dtype, device=dev)
+            algorithm.after_local(state, scratch, idx, table[torch.as_tensor(rows, device=dev)], local, steps, spec.lr,
                                   correction)
         pos = 0
         for gid in live:
             g, alive = groups[gid], alive_of[gid]
             if alive is None:
                 if gid not in full_weights:
-                    full_weights[gid] = torch.as_tensor(g.n_samples / g.n_samples.sum(), dtype=local.dtype)
+                    full_weights[gid] = torch.as_tensor(g.n_samples / g.n_samples.sum(), dtype=local.dtype, device=dev)
                 w = full_weights[gid]
             else:
                 n = g.n_samples[alive]
-                w = torch.as_tensor(n / n.sum(), dtype=local.dtype)
+                w = torch.as_tensor(n / n.sum(), dtype=local.dtype, device=dev)
             rows_g = slice(pos, pos + len(w))
             x[gid] = algorithm.aggregate_group(state, scratch, GroupUpdate(gid, g.n_samples, alive, w, local[rows_g],
                                                                             rows_g, x[gid]))

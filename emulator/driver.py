@@ -151,7 +151,9 @@ def _plain(obj):
     if isinstance(obj, (list, tuple)):
         return [_plain(v) for v in obj]
     if isinstance(obj, np.ndarray):
-        return obj.tolist() if obj.dtype == object else torch.tensor(obj)
+        return obj.tolist() if obj.dtype == object else torch.tensor(obj, device="cpu")
+    if isinstance(obj, torch.Tensor):
+        return obj.cpu()   # a checkpoint resumes on any device
     if isinstance(obj, np.generic):
         return obj.item()
     return obj
@@ -165,11 +167,12 @@ def save_checkpoint(path: Path, state: ArmState) -> None:
     atomic_write(path, lambda p: torch.save(blob, p))
 
 
-def load_checkpoint(path: Path) -> ArmState:
+def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> ArmState:
     """A checkpoint holds only tensors and plain containers: loading one from an untrusted run
-    directory cannot run code (``weights_only=True`` refuses anything else)."""
+    directory cannot run code (``weights_only=True`` refuses anything else). Its model tables
+    (:data:`MODEL_TABLES`) go to ``device``, the engine's, whichever device wrote them."""
     try:
-        blob = torch.load(path, weights_only=True)
+        blob = torch.load(path, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError:   # torch's refusal; its text suggests weights_only=False, we never do
         raise InputError(f"--resume: {path} holds objects other than tensors and plain containers, so it "
                          f"does not load safely and is refused; delete it to restart the arm from scratch") from None
@@ -186,7 +189,20 @@ def load_checkpoint(path: Path) -> ArmState:
     columns = {c: np.asarray(v, dtype=object) if isinstance(v, list) else v.numpy()
                for c, v in led["columns"].items()}
     blob["ledger"] = CostLedger.from_state({**led, "columns": columns})
+    for name in MODEL_TABLES:
+        blob[name] = _to(blob[name], device)
     return ArmState(**blob)
+
+
+# What lives on the engine's device: models and the state of their training. The rest of an arm's
+# state (assignments, flags, the ledger) is bookkeeping on the CPU.
+MODEL_TABLES = ("weights", "cluster_models", "models", "momentum", "gradients", "algorithm")
+
+
+def _to(obj, device):
+    if isinstance(obj, dict):
+        return {k: _to(v, device) for k, v in obj.items()}
+    return obj.to(device) if isinstance(obj, torch.Tensor) else obj
 
 
 def _versions() -> dict:
@@ -212,7 +228,7 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path, on_round: OnRound | None
     wall0 = time.perf_counter()
     fresh = not ckpt.exists()
     try:
-        state = ArmState() if fresh else load_checkpoint(ckpt)
+        state = ArmState() if fresh else load_checkpoint(ckpt, world.engine.device)
     except InputError as exc:
         if "is not a readable checkpoint" not in str(exc):
             raise   # unsafe or of another version: the user decides

@@ -156,7 +156,7 @@ class TorchEngine:
         idx = self.client_samples[client]
         gen = torch.Generator().manual_seed(seed)
         for _ in range(epochs):
-            order = idx[torch.randperm(len(idx), generator=gen).to(self.device)]
+            order = idx[torch.randperm(len(idx), generator=gen, device="cpu").to(self.device)]   # a CPU generator
             for b in range(0, len(order), self.batch_size):
                 batch = order[b:b + self.batch_size]
                 x = self.x[batch]
@@ -374,7 +374,7 @@ class BatchedEngine(TorchEngine):
             order = torch.zeros(C, steps * B, dtype=torch.long, device=dev)
             mask = torch.zeros(C, steps * B, device=dev)
             for r, (i, g) in enumerate(zip(idx, gens)):
-                order[r, :len(i)] = i[torch.randperm(len(i), generator=g).to(dev)]
+                order[r, :len(i)] = i[torch.randperm(len(i), generator=g, device="cpu").to(dev)]
                 mask[r, :len(i)] = 1.0
             for b in range(steps):
                 cols = slice(b * B, (b + 1) * B)

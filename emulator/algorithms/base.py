@@ -133,7 +133,7 @@ class Algorithm:
         return {}
 
     def init_state(self, n_clients: int, weights: torch.Tensor) -> AlgorithmState:
-        return AlgorithmState({k: torch.zeros(n_clients, weights.numel(), dtype=weights.dtype)
+        return AlgorithmState({k: torch.zeros(n_clients, weights.numel(), dtype=weights.dtype, device=weights.device)
                                for k in self.client_state()}, self.server_state(weights))
 
     # -- a round ---------------------------------------------------------------------------------

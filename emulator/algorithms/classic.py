@@ -74,12 +74,14 @@ class Scaffold(Algorithm):
 
     def begin_round(self, state, groups, members):
         c = state.server["control"]
-        return _Round({g: c for g in groups}, state.clients["variates"][torch.as_tensor(members)].clone(), members)
+        return _Round({g: c for g in groups}, state.clients["variates"][torch.as_tensor(members, device=c.device)].clone(),
+                      members)
 
     def correction(self, state, scratch, clients, group_of):
         c_table = torch.stack([scratch.control[g] for g in dict.fromkeys(group_of)])
         position = {g: i for i, g in enumerate(dict.fromkeys(group_of))}
-        return c_table[torch.as_tensor([position[g] for g in group_of])] - state.clients["variates"][clients]
+        return c_table[torch.as_tensor([position[g] for g in group_of], device=c_table.device)] - \
+            state.clients["variates"][clients]
 
     def after_local(self, state, scratch, clients, starts, trained, steps, lr, correction):
         new = -correction + (starts - trained) / (steps[:, None] * lr)
@@ -89,15 +91,16 @@ class Scaffold(Algorithm):
 
     def aggregate_group(self, state, scratch, update):
         # the survivors' changes over all members (a dropped member: no change)
-        n = torch.as_tensor(update.n_samples, dtype=torch.float64)
-        share = (n / n.sum())[torch.as_tensor(update.alive)] if update.alive is not None else n / n.sum()
+        dev = update.models.device
+        n = torch.as_tensor(update.n_samples, dtype=torch.float64, device=dev)
+        share = (n / n.sum())[torch.as_tensor(update.alive, device=dev)] if update.alive is not None else n / n.sum()
         delta = scratch.delta[update.rows]
         scratch.control[update.gid] = scratch.control[update.gid] + (share @ delta.double()).to(delta.dtype)
         return update.weights @ update.models
 
     def aggregate_cloud(self, state, scratch, weights, models, members, n_samples):
         c = state.server["control"]
-        idx = torch.as_tensor(np.asarray(members, dtype=np.int64))
-        share = torch.as_tensor(n_samples[members] / n_samples.sum(), dtype=torch.float64)
+        idx = torch.as_tensor(np.asarray(members, dtype=np.int64), device=c.device)
+        share = torch.as_tensor(n_samples[members] / n_samples.sum(), dtype=torch.float64, device=c.device)
         state.server["control"] = c + (share @ (state.clients["variates"][idx] - scratch.before).double()).to(c.dtype)
         return super().aggregate_cloud(state, scratch, weights, models, members, n_samples)

@@ -47,7 +47,7 @@ def _group_losses(ctx: AlgorithmContext, clients: torch.Tensor, starts: torch.Te
     groups = np.asarray(group_of)
     for g in dict.fromkeys(group_of):
         rows = np.flatnonzero(groups == g)
-        out[rows] = _score(ctx, starts[rows[0]], clients[rows].numpy())[1]
+        out[rows] = _score(ctx, starts[rows[0]], clients[rows].cpu().numpy())[1]
     return out
 
 
@@ -67,7 +67,7 @@ def fedfa_weights(accuracy: np.ndarray, n_samples: np.ndarray) -> np.ndarray:
 
 @dataclass
 class _Accuracies:
-    accuracy: torch.Tensor | None = None   # each training client's A_i in the current group round (batch rows)
+    accuracy: np.ndarray | None = None     # each training client's A_i in the current group round (batch rows)
     clients: torch.Tensor | None = None    # ... and who they are
 
 
@@ -87,14 +87,13 @@ class FedFA(Algorithm):
         return _Accuracies()
 
     def after_local(self, state, scratch, clients, starts, trained, steps, lr, correction):
-        scratch.accuracy = torch.as_tensor(np.array([_score(self.ctx, starts[r], [int(c)])[0][0]
-                                                     for r, c in enumerate(clients.tolist())]))
+        scratch.accuracy = np.array([_score(self.ctx, starts[r], [int(c)])[0][0] for r, c in enumerate(clients.tolist())])
         scratch.clients = clients
 
     def aggregate_group(self, state, scratch, update: GroupUpdate) -> torch.Tensor:
-        clients = scratch.clients[update.rows].numpy()
-        q = fedfa_weights(scratch.accuracy[update.rows].numpy(), self.ctx.n_samples[clients])
-        return torch.as_tensor(q, dtype=update.models.dtype) @ update.models
+        clients = scratch.clients[update.rows].cpu().numpy()
+        q = fedfa_weights(scratch.accuracy[update.rows], self.ctx.n_samples[clients])
+        return torch.as_tensor(q, dtype=update.models.dtype, device=update.models.device) @ update.models
 
 
 # -- MAXFL ------------------------------------------------------------------------------------------
@@ -146,11 +145,12 @@ class MaxFL(Algorithm):
 
     def init_state(self, n_clients: int, weights: torch.Tensor) -> AlgorithmState:
         # ŵ_i starts at the initial model, as independent training does; the round counter seeds ŵ_i's batches
-        return AlgorithmState({"own": weights.repeat(n_clients, 1)}, {"round": torch.zeros((), dtype=torch.int64)})
+        return AlgorithmState({"own": weights.repeat(n_clients, 1)},
+                              {"round": torch.zeros((), dtype=torch.int64, device=weights.device)})
 
     def begin_round(self, state, groups, members):
         t = int(state.server["round"])
-        state.server["round"] = torch.tensor(t + 1)
+        state.server["round"] = torch.tensor(t + 1, device=state.server["round"].device)
         return _MaxRound(t)
 
     def local_start(self, state, scratch, clients, starts, group_of):
@@ -161,7 +161,7 @@ class MaxFL(Algorithm):
             o_loss = np.array([_score(self.ctx, own[int(clients[r])], [int(clients[r])])[1][0] for r in new])
             for r, j in zip(new, maxfl_joins(g_loss, o_loss, self.margin)):
                 scratch.joins[int(clients[r])] = bool(j)
-        scratch.row_joins = torch.tensor([scratch.joins[c] for c in clients.tolist()])
+        scratch.row_joins = torch.tensor([scratch.joins[c] for c in clients.tolist()], device=own.device)
         return torch.where(scratch.row_joins[:, None], starts, own[clients])
 
     def after_local(self, state, scratch, clients, starts, trained, steps, lr, correction):
@@ -206,8 +206,8 @@ def flsc_aggregate(clusters: torch.Tensor, choice: np.ndarray, models: torch.Ten
     for m in range(len(clusters)):
         rows = np.flatnonzero((choice == m).any(axis=1))
         if len(rows):
-            n = torch.as_tensor(n_samples[rows], dtype=torch.float64)
-            out[m] = ((n / n.sum()) @ models[torch.as_tensor(rows)].double()).to(clusters.dtype)
+            n = torch.as_tensor(n_samples[rows], dtype=torch.float64, device=models.device)
+            out[m] = ((n / n.sum()) @ models[torch.as_tensor(rows, device=models.device)].double()).to(clusters.dtype)
     return out
 
 
@@ -261,14 +261,14 @@ class Flsc(Algorithm):
 
     def local_start(self, state, scratch, clients, starts, group_of):
         clusters = self._clusters(state)
-        ids = clients.numpy()
+        ids = clients.cpu().numpy()
         new = np.array([c for c in ids if int(c) not in scratch.choice], dtype=np.int64)
         if len(new):
             for c, ch in zip(new, self._choose(clusters, new)):
                 scratch.choice[int(c)] = ch
         scratch.rows = np.stack([scratch.choice[int(c)] for c in ids])
         scratch.clients, scratch.before, scratch.done = ids, clusters.clone(), []
-        return clusters[torch.as_tensor(scratch.rows)].mean(dim=1)
+        return clusters[torch.as_tensor(scratch.rows, device=clusters.device)].mean(dim=1)
 
     def aggregate_group(self, state, scratch, update):
         # every group aggregated so far this group round counts: one cluster model may be chosen
@@ -284,7 +284,7 @@ class Flsc(Algorithm):
 
     def personal_model(self, state, client, model):
         clusters = self._clusters(state)
-        return clusters[torch.as_tensor(self._choose(clusters, np.array([client]))[0])].mean(dim=0)
+        return clusters[torch.as_tensor(self._choose(clusters, np.array([client]))[0], device=clusters.device)].mean(dim=0)
 
 
 # -- HCCT-P: personalisation layers (FedPer) -----------------------------------------------------------

@@ -38,7 +38,7 @@ def _batches(engine: Any, client: int, epochs: int, seed: int) -> Iterator[torch
     idx = engine.client_samples[client]
     gen = torch.Generator().manual_seed(int(seed))
     for _ in range(epochs):
-        order = idx[torch.randperm(len(idx), generator=gen).to(idx.device)]
+        order = idx[torch.randperm(len(idx), generator=gen, device="cpu").to(idx.device)]   # the generator is a CPU one
         for b in range(0, len(order), engine.batch_size):
             yield order[b:b + engine.batch_size]
 
@@ -151,7 +151,7 @@ class PerFedAvg(Algorithm):
         super().bind(ctx)
 
     def local_update(self, engine, state, scratch, table, clients, rows, epochs, seeds, lr, correction, momentum):
-        out = torch.empty(len(clients), table.shape[1], dtype=table.dtype)
+        out = torch.empty(len(clients), table.shape[1], dtype=table.dtype, device=table.device)
         for i, (c, s) in enumerate(zip(clients, seeds)):
             w = table[rows[i]].clone()
             for d, d2 in zip(_batches(engine, c, epochs, s), _batches(engine, c, epochs, _personal_seed(s))):
@@ -207,11 +207,11 @@ class PFedMe(Algorithm):
 
     def init_state(self, n_clients: int, weights: torch.Tensor) -> AlgorithmState:
         state = super().init_state(n_clients, weights)
-        state.server["trained"] = torch.zeros(n_clients)        # whose θ_i exists
+        state.server["trained"] = torch.zeros(n_clients, device=weights.device)        # whose θ_i exists
         return state
 
     def local_update(self, engine, state, scratch, table, clients, rows, epochs, seeds, lr, correction, momentum):
-        out = torch.empty(len(clients), table.shape[1], dtype=table.dtype)
+        out = torch.empty(len(clients), table.shape[1], dtype=table.dtype, device=table.device)
         lam, plr = self.lam, self.personal_lr
         for i, (c, s) in enumerate(zip(clients, seeds)):
             w = table[rows[i]].clone()

@@ -36,7 +36,7 @@ class ArmTraining:
         if fresh:
             tc = world.config.train
             if tc.client_state == "persistent" and tc.momentum > 0:
-                state.momentum = torch.zeros(world.topology.n_clients, world.engine.n_params)
+                state.momentum = torch.zeros(world.topology.n_clients, world.engine.n_params, device=world.engine.device)
             state.algorithm = self.algorithm.init_state(world.topology.n_clients, start).state()
         self.state = AlgorithmState.from_state(state.algorithm)
         self.world = world

@@ -116,7 +116,7 @@ def local_reference(world: World, run_dir: Path, test_data: LocalData) -> torch.
     path = Path(run_dir) / REFERENCE.format(seed=cfg.seed)
     key_ = _reference_key(world)
     if path.exists():
-        blob = torch.load(path, weights_only=True)
+        blob = torch.load(path, weights_only=True, map_location="cpu")
         if blob["key"] == key_:
             return blob["accuracy"]
     state = ArmState()
@@ -130,7 +130,7 @@ def local_reference(world: World, run_dir: Path, test_data: LocalData) -> torch.
         for g, x in models.items():
             state.models[g] = x
         rows.append(test_data.evaluate(state.models, state.assign, state.models[0])[0])
-    acc = torch.as_tensor(np.stack(rows))
+    acc = torch.as_tensor(np.stack(rows), device="cpu")
     atomic_write(path, lambda p: torch.save({"key": key_, "accuracy": acc}, p))
     return acc
 
@@ -322,7 +322,7 @@ class PerGroupRounds(RoundStrategy):
         clusters, work = cluster_clients(world, self.plan.grouping, clients, starts, t)
         models, assign = [], np.full(topo.n_clients, -1)
         for _, members in clusters:
-            n = torch.as_tensor(topo.n_samples[members], dtype=starts.dtype)
+            n = torch.as_tensor(topo.n_samples[members], dtype=starts.dtype, device=starts.device)
             models.append((n / n.sum()) @ state.models[state.assign[members]])
             assign[members] = len(models) - 1
         state.models, state.model_edge, state.assign = torch.stack(models), [j for j, _ in clusters], assign
@@ -377,7 +377,8 @@ class PerGroupRounds(RoundStrategy):
                 if len(old) == 1:
                     models.append(state.models[old[0]])
                 else:
-                    n = torch.as_tensor([topo.n_samples[state.assign == m].sum() for m in old], dtype=state.models.dtype)
+                    n = torch.as_tensor([topo.n_samples[state.assign == m].sum() for m in old], dtype=state.models.dtype,
+                                        device=state.models.device)
                     models.append((n / n.sum()) @ state.models[old])
                 edges.append(j)
                 assign[members] = len(models) - 1
@@ -451,7 +452,7 @@ class PerGroupRounds(RoundStrategy):
                                                        rng(world.config.seed, "grouping", 0, j))
             if seeds is not None:
                 rows = [m for m, e in enumerate(state.model_edge) if e == j]
-                state.models[rows[:len(seeds)]] = local[torch.as_tensor(seeds)]
+                state.models[rows[:len(seeds)]] = local[torch.as_tensor(seeds, device=local.device)]
         return work
 
     def _nearest(self, t: int) -> None:
@@ -469,4 +470,4 @@ class PerGroupRounds(RoundStrategy):
     def write_outputs(self) -> None:
         state = self.state
         atomic_write(self.arm_dir / "models.pt", lambda p: torch.save(
-            {"models": state.models, "client_model": torch.as_tensor(state.assign)}, p))
+            {"models": state.models.cpu(), "client_model": torch.as_tensor(state.assign, device="cpu")}, p))
