@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from groupfel.errors import InputError
 
@@ -241,7 +241,10 @@ class TrainConfig(_Strict):
         "model); sequential: one client after another (the readable reference).")
     workers: int | None = Field(None, ge=1, description="The batched engine's processes on a CPU; unset: one "
                                 "per core.")
-    device: str = Field("cpu", description="A torch device, e.g. \"cuda\".")
+    device: str = Field("cpu", description="The torch device the clients train on: cpu, cuda, cuda:N, mps or "
+                        "auto (the first CUDA GPU if torch sees one, else cpu). On a GPU, deterministic algorithms "
+                        "and no TF32: one GPU and one set of library versions give a seed the same numbers. "
+                        "`--device` on run, sweep and reproduce overrides it.")
     numerics: Literal["portable", "native"] = Field(
         "native", description="portable: torch's CPU kernels pinned (ATen and oneDNN at AVX2, MKL's compatible "
         "branch) and one torch thread, so a seed gives the same numbers on every x86-64 CPU with AVX2 (same "
@@ -275,6 +278,15 @@ class TrainConfig(_Strict):
     eval_every: int = Field(1, ge=1, description="Evaluate the global model every this many rounds.")
     target_accuracy: float | None = Field(None, gt=0, le=1, description="The summary reports the cost to "
                                           "first reach this test accuracy.")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        from .devices import HELP, PATTERN
+
+        if not PATTERN.match(value):
+            raise ValueError(f"{value!r} is not a device; give {HELP}")
+        return value
 
     @model_validator(mode="after")
     def _stop(self):

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import mmap
 import os
+import signal
 import sys
 import tempfile
+import threading
 import types
 import weakref
-from multiprocessing import context, reduction
+from multiprocessing import context, forkserver, reduction
 
 import numpy as np
 
@@ -56,9 +58,19 @@ class _WorkerContext(context.ForkServerContext):
 
 
 def worker_context() -> context.ForkServerContext:
-    """The multiprocessing context of every groupfel pool (see the module docstring)."""
+    """The multiprocessing context of every groupfel pool (see the module docstring). The server
+    starts with SIGINT ignored, and so does every worker it forks (a forked worker takes the
+    server's first handlers): Ctrl-C reaches the whole process group, and the run speaks for all
+    of them in one line, with no KeyboardInterrupt traceback from a worker."""
     ctx = _WorkerContext()
     ctx.set_forkserver_preload(list(_PRELOAD))
+    if threading.current_thread() is not threading.main_thread():   # handlers are the main thread's
+        return ctx
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)   # an ignored signal stays ignored across exec
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, before)
     return ctx
 
 

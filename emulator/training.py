@@ -38,7 +38,7 @@ from torch import nn
 
 from groupfel.topologies import Dataset
 
-from . import procs
+from . import devices, procs
 from .io import exit_with_parent
 from .models import build_model
 
@@ -88,7 +88,8 @@ class TorchEngine:
     def __init__(self, dataset: Dataset, client_samples: Sequence[np.ndarray], model: str | nn.Module,
                  lr: float, batch_size: int, device: str = "cpu", *, momentum: float = 0.0,
                  weight_decay: float = 0.0, mu: float = 0.0):
-        self.device = torch.device(device)
+        self.device = torch.device(devices.resolve(device))
+        devices.prepare(self.device)
         if isinstance(model, str):
             self.model_name, model = model, build_model(model, dataset.input_shape, dataset.num_classes)
         else:   # a built model (a worker's copy of its engine's)
@@ -227,7 +228,7 @@ def _worker_init(parent: int, spec: dict, data, block) -> None:
     shares with the engine in process ``parent`` (:mod:`groupfel.emulator.procs`)."""
     # Ctrl-C reaches the whole process group; the parent stops the run and says so in one line,
     # so the workers ignore it rather than print a KeyboardInterrupt traceback each.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # ignored from the start where the server was (procs)
     exit_with_parent(parent)
     torch.set_num_threads(1)   # one process per core: more threads only contend
     keep_freed_memory()
@@ -268,6 +269,72 @@ def _unimportable(model: nn.Module) -> str | None:
 
 def _has_conv(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
+
+
+class _Stack:
+    """A stack of ``width`` clients' models and optimiser state in fixed tensors, and one local
+    SGD step of all of them (``torch.func.vmap`` over the model). On a GPU the step is captured
+    once as a CUDA graph and replayed: the step reads its minibatch and learning rate from the
+    tensors it was captured with, so each replay is one launch."""
+
+    def __init__(self, engine: BatchedEngine, width: int, corrected: bool):
+        from torch.func import grad, vmap
+
+        dev = engine.device
+        self.engine = engine
+        self.params = [torch.zeros(width, *p.shape, device=dev) for p in engine.model.parameters()]
+        self.anchor = [torch.zeros_like(p) for p in self.params] if engine.mu else None
+        self.corr = [torch.zeros_like(p) for p in self.params] if corrected else None
+        self.bufs = [torch.zeros_like(p) for p in self.params] if engine.momentum else None
+        self.batch = torch.zeros(width, engine.batch_size, dtype=torch.long, device=dev)
+        self.mask = torch.zeros(width, engine.batch_size, device=dev)
+        self.lr = torch.zeros((), device=dev)
+        self._grad = vmap(grad(engine._loss_fn()))
+        self._graph = None
+
+    def _step(self) -> None:
+        e, m = self.engine, self.mask
+        grads = self._grad(tuple(self.params), e.x[self.batch], e.y[self.batch], m)
+        active = m.sum(1) > 0                                # clients with a real step here
+        with torch.no_grad():
+            for j, (p, g) in enumerate(zip(self.params, grads)):
+                if e.weight_decay:
+                    g = g.add(p, alpha=e.weight_decay)
+                if self.anchor is not None:
+                    g = g.add(p - self.anchor[j], alpha=e.mu)
+                if self.corr is not None:
+                    g = g + self.corr[j]
+                act = active.view(-1, *[1] * (p.dim() - 1))
+                if self.bufs is not None:
+                    g = torch.where(act, self.bufs[j] * e.momentum + g, self.bufs[j])
+                    self.bufs[j].copy_(g)
+                p.sub_(torch.where(act, g, torch.zeros_like(g)) * self.lr)
+
+    def step(self) -> None:
+        if self.engine.device.type != "cuda":
+            self._step()
+            return
+        if self._graph is None:
+            self._graph = self._capture()
+        self._graph.replay()
+
+    def _capture(self):
+        """The step as a CUDA graph. Warm-up steps run first (as CUDA graphs require) and are
+        undone, so every step of every call is the graph's: a resumed run computes as the
+        uninterrupted one did."""
+        state = [t.clone() for t in self.params + (self.bufs or [])]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._step()
+        torch.cuda.current_stream().wait_stream(side)
+        for t, saved in zip(self.params + (self.bufs or []), state):
+            t.copy_(saved)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._step()
+        return graph
 
 
 class BatchedEngine(TorchEngine):
@@ -319,6 +386,8 @@ class BatchedEngine(TorchEngine):
             log.warning("batched engine: model %r is defined in %s, which worker processes cannot import; "
                         "training its clients in this process", model, where)
             self.workers = 1
+        self._stacks: dict[tuple, _Stack] = {}
+        self._cpu_samples = [s.cpu() for s in self.client_samples]
         self._pool = None
         self._data: procs.SharedArrays | None = None      # the training set, shared with the workers
         self._block: procs.SharedArrays | None = None     # models in and out of the workers
@@ -349,56 +418,66 @@ class BatchedEngine(TorchEngine):
         return None
 
     def _train_stacked(self, table, rows, clients, epochs, seeds, lr, correction, momentum):
-        from torch.func import grad, vmap
-        C, B, dev = len(clients), self.batch_size, self.device
-        m_, wd, mu = self.momentum, self.weight_decay, self.mu
-        shapes = [p.shape for p in self.model.parameters()]
+        C, dev = len(clients), self.device
+        # on a GPU one CUDA graph per stack width replays each step (one launch, no Python per
+        # kernel); padding the stack to a multiple of 8 masked clients keeps the widths few
+        width = -(-C // 8) * 8 if dev.type == "cuda" else C
+        st = self._stack(width, correction is not None, momentum is not None)
+        sizes = [p[0].numel() for p in st.params]
+
+        def split(flat):
+            return [v.reshape(C, *p.shape[1:]) for v, p in zip(flat.split(sizes, dim=1), st.params)]
         starts = table[torch.as_tensor(rows, device=dev)]                  # (C, P)
-        params, offset = [], 0
-        for s in shapes:
-            n = s.numel()
-            params.append(starts[:, offset:offset + n].reshape(C, *s).clone())
-            offset += n
-        anchor = [p.clone() for p in params] if mu else None
-        split = lambda flat: [v.reshape(C, *s) for v, s in  # noqa: E731
-                              zip(flat.split([s.numel() for s in shapes], dim=1), shapes)]
-        corr = split(correction.to(dev)) if correction is not None else None
-        bufs = split(momentum) if momentum is not None and m_ else \
-            ([torch.zeros_like(p) for p in params] if m_ else None)
-        step_grad = vmap(grad(self._loss_fn()))
-        idx = [self.client_samples[c] for c in clients]
-        steps = max((len(i) + B - 1) // B for i in idx)
-        gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
+        for p, s in zip(st.params, split(starts)):
+            p[:C].copy_(s)
+        if st.anchor is not None:
+            for a, p in zip(st.anchor, st.params):
+                a.copy_(p)
+        if st.corr is not None:
+            for c, s in zip(st.corr, split(correction.to(dev))):
+                c[:C].copy_(s)
+        if st.bufs is not None:
+            if momentum is not None:
+                for b, s in zip(st.bufs, split(momentum)):
+                    b[:C].copy_(s)
+            else:
+                for b in st.bufs:
+                    b.zero_()
+        order, mask = self._schedule(clients, seeds, epochs, width)
+        st.lr.fill_(lr)
         self.model.train()
-        for _ in range(epochs):
-            order = torch.zeros(C, steps * B, dtype=torch.long, device=dev)
-            mask = torch.zeros(C, steps * B, device=dev)
-            for r, (i, g) in enumerate(zip(idx, gens)):
-                order[r, :len(i)] = i[torch.randperm(len(i), generator=g, device="cpu").to(dev)]
-                mask[r, :len(i)] = 1.0
-            for b in range(steps):
-                cols = slice(b * B, (b + 1) * B)
-                m = mask[:, cols]
-                live = m.sum(0) > 0                          # drop columns that pad every client
-                batch, m = order[:, cols][:, live], m[:, live]
-                active = m.sum(1) > 0                        # clients with a real step here
-                grads = step_grad(tuple(params), self.x[batch], self.y[batch], m)
-                with torch.no_grad():
-                    for j, (p, g) in enumerate(zip(params, grads)):
-                        if wd:
-                            g = g.add(p, alpha=wd)
-                        if mu:
-                            g = g.add(p - anchor[j], alpha=mu)
-                        if corr is not None:
-                            g = g + corr[j]
-                        act = active.view(C, *[1] * (p.dim() - 1))
-                        if m_:
-                            g = torch.where(act, bufs[j] * m_ + g, bufs[j])
-                            bufs[j].copy_(g)
-                        p.sub_(torch.where(act, g, torch.zeros_like(g)), alpha=lr)
-        if momentum is not None and m_:
-            momentum.copy_(torch.cat([b.reshape(C, -1) for b in bufs], dim=1))
-        return torch.cat([p.reshape(C, -1) for p in params], dim=1)
+        for b in range(len(order)):
+            st.batch.copy_(order[b])
+            st.mask.copy_(mask[b])
+            st.step()
+        if momentum is not None and st.bufs is not None:
+            momentum.copy_(torch.cat([b[:C].reshape(C, -1) for b in st.bufs], dim=1))
+        return torch.cat([p[:C].reshape(C, -1) for p in st.params], dim=1)
+
+    def _schedule(self, clients, seeds, epochs, width) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every step's sample indices and mask, (steps, width, B) each, on the device: each
+        client's epochs shuffled by its own seed as the sequential engine does, padded to the
+        longest client's step count (a pad: sample 0 with weight 0)."""
+        B = self.batch_size
+        idx = [self._cpu_samples[c] for c in clients]
+        steps = max(-(-len(i) // B) for i in idx)
+        order = torch.zeros(epochs, width, steps * B, dtype=torch.long, device="cpu")
+        mask = torch.zeros(epochs, width, steps * B, device="cpu")
+        for r, (i, seed) in enumerate(zip(idx, seeds)):
+            gen = torch.Generator().manual_seed(int(seed))
+            for e in range(epochs):
+                order[e, r, :len(i)] = i[torch.randperm(len(i), generator=gen, device="cpu")]
+                mask[e, r, :len(i)] = 1.0
+        as_steps = lambda t: t.view(epochs, width, steps, B).transpose(1, 2).reshape(epochs * steps, width, B)  # noqa: E731
+        return as_steps(order).to(self.device), as_steps(mask).to(self.device)
+
+    def _stack(self, width: int, corrected: bool, with_momentum: bool) -> _Stack:
+        key = (width, corrected, with_momentum)
+        if key not in self._stacks:
+            if len(self._stacks) >= 8:   # few widths recur; an old one's memory goes back
+                self._stacks.pop(next(iter(self._stacks)))
+            self._stacks[key] = _Stack(self, width, corrected)
+        return self._stacks[key]
 
     # ---- per-client formulation ----------------------------------------------------------------
     def _chunks(self, clients) -> list[list[int]]:

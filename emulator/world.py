@@ -19,6 +19,7 @@ from .config import SHIFTS, RunConfig, parts
 from groupfel.errors import InputError
 from .algorithms import Algorithm, FedAvg, algorithms, make_algorithm
 from .contention import EdgeNetwork, build_network
+from .devices import resolve as resolve_device
 from .training import ENGINES, TorchEngine
 from . import rng as streams
 
@@ -271,7 +272,7 @@ def build_world(config: RunConfig, dataset: Dataset | None = None) -> World:
     network = build_network(config, topology.n_clients, algorithm, cost.operations, config.cost.profiles_file)
     t = config.train
     try:
-        torch.empty(0, device=t.device)
+        torch.empty(0, device=resolve_device(t.device))
     except (RuntimeError, AssertionError) as exc:
         raise InputError(f"train.device: {t.device!r} is not usable here ({str(exc).splitlines()[0]}); "
                          f"use \"cpu\"") from None

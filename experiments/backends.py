@@ -469,8 +469,18 @@ def _run_ray(tasks: Sequence, jobs: int | None, options: RayOptions, on_start: C
 
 # ---- command line ------------------------------------------------------------------------------
 
+def add_device_argument(parser) -> None:
+    """--device: the torch device every run trains on (overrides train.device)."""
+    from groupfel.emulator.devices import HELP
+
+    parser.add_argument("--device", metavar="DEVICE",
+                        help=f"train on {HELP}; default: the config's train.device (cpu). A killed run resumes on "
+                             f"any device")
+
+
 def add_backend_arguments(parser, what: str) -> None:
     """--backend, --jobs and the Ray options of a command that runs ``what`` as tasks."""
+    add_device_argument(parser)
     parser.add_argument("--backend", default="local", choices=list(BACKENDS),
                         help=f"where {what} go: local, a process pool, one worker per core (default); ray: Ray tasks")
     parser.add_argument("--jobs", type=int, help=f"parallel {what} (default: one per core; with ray, its CPUs)")

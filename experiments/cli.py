@@ -28,6 +28,11 @@ def _cmd_run(args) -> int:
         flag = "--output" if args.output else "config output_dir/name ="
     if args.numerics and args.numerics != config.train.numerics:
         config = config.model_copy(update={"train": config.train.model_copy(update={"numerics": args.numerics})})
+    if args.device:
+        from groupfel.emulator.devices import check
+
+        config = config.model_copy(update={"train": config.train.model_copy(
+            update={"device": check(args.device, "--device")})})
     from groupfel.emulator import numerics
 
     numerics.apply(config.train.numerics)    # before anything below loads torch

@@ -19,11 +19,26 @@ def one_line(exc: BaseException) -> str:
 
 
 def record_startup_error(exc_type, exc, tb, directory: str | None = None) -> None:
+    if _owner_gone(exc, tb):
+        return
     directory = directory or os.environ.get(STARTUP_ERRORS)
     if directory and os.path.isdir(directory):
         Path(directory, str(os.getpid())).write_text(one_line(exc))
     else:
         sys.__excepthook__(exc_type, exc, tb)
+
+
+def _owner_gone(exc: BaseException, tb) -> bool:
+    """A worker started as its pool's owner exited (Ctrl-C while the pool starts): the pool's locks
+    are gone before the worker could read its start. The run has already said it stopped; the
+    worker leaves without a word."""
+    if not isinstance(exc, FileNotFoundError):
+        return False
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.endswith(os.path.join("multiprocessing", "synchronize.py")):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def start(parent: int, setup: Callable[[int], None], directory: str) -> None:

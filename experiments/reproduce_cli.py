@@ -18,8 +18,13 @@ def _cmd_reproduce(args) -> int:
             raise InputError(f"reproduce: give NAME or --list; names: {', '.join(reproduce.names())}")
         print(reproduce.list_table())
         return 0
+    overrides = reproduce.parse_overrides(args.set)
+    if args.device:
+        from groupfel.emulator.devices import check
+
+        overrides["train.device"] = check(args.device, "--device")
     return reproduce.run(args.name, quick=args.quick, backend=args.backend, jobs=args.jobs, output=args.output,
-               data_path=args.data_path, progress=not args.quiet, overrides=reproduce.parse_overrides(args.set))
+                         data_path=args.data_path, progress=not args.quiet, overrides=overrides)
 
 
 def add_reproduce_parser(sub) -> None:
@@ -36,6 +41,9 @@ def add_reproduce_parser(sub) -> None:
                    help="change a setting of every run (e.g. train.model=mlp where the paper's model is "
                         "too slow); repeatable; NOTES.txt and the output list each change")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    from .backends import add_device_argument
+
+    add_device_argument(p)
     p.add_argument("--render", action="store_true",
                    help="rewrite experiments/reproductions/README.md from its template and the committed results")
     p.set_defaults(func=_cmd_reproduce)

@@ -114,17 +114,18 @@ def validate(config: RunConfig, run_dir: Path, *, force: bool = False, where: st
 
 def check_dir(config: RunConfig, run_dir: Path, *, force: bool = False, where: str = "") -> None:
     saved = Path(run_dir) / "config.json"
-    if saved.exists() and not force and not _same_but_numerics(_saved_config(saved), config):
+    if saved.exists() and not force and not _same_run(_saved_config(saved), config):
         raise InputError(f"{where}output: {run_dir} holds a run of a different config; pass --force to replace "
                          f"it, or change 'name'/'output_dir'")
 
 
-def _same_but_numerics(saved: RunConfig | None, config: RunConfig) -> bool:
-    """A run may resume under other numerics (``--numerics``): it warns then, see
-    :func:`groupfel.emulator.numerics.check_resume`."""
+def _same_run(saved: RunConfig | None, config: RunConfig) -> bool:
+    """The same run, wherever it trains: it may resume under other numerics (``--numerics``; it
+    warns then, see :func:`groupfel.emulator.numerics.check_resume`) or on another device
+    (``--device``: checkpoints load onto any device)."""
     if saved is None:
         return False
-    train = saved.train.model_copy(update={"numerics": config.train.numerics})
+    train = saved.train.model_copy(update={"numerics": config.train.numerics, "device": config.train.device})
     return saved.model_copy(update={"train": train}) == config
 
 

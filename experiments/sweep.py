@@ -171,10 +171,15 @@ def point_configs(sweep: SweepConfig, base: dict) -> list[RunConfig]:
 
 def run_sweep(path: str | Path, *, backend: str = "local", jobs: int | None = None, address: str | None = None,
               output: str | Path | None = None, force: bool = False, progress: bool = True,
-              ray=None) -> pd.DataFrame:
+              ray=None, device: str | None = None) -> pd.DataFrame:
     """Validate every point, run every unfinished (point, seed, arm) task, write the sweep tables
-    (``ray``: :class:`groupfel.experiments.backends.RayOptions`)."""
+    (``ray``: :class:`groupfel.experiments.backends.RayOptions`; ``device``: every point's
+    train.device)."""
     sweep, base = load_sweep(path)
+    if device:
+        from groupfel.emulator.devices import check
+
+        base.setdefault("train", {})["device"] = check(device, "--device")
     return run_loaded_sweep(sweep, base, backend=backend, jobs=jobs, address=address, output=output, force=force,
                             progress=progress, ray=ray)
 
@@ -388,7 +393,7 @@ def _cmd_sweep(args) -> int:
     from .stats import compact_summary, notes
 
     summary = run_sweep(args.sweep, backend=args.backend, jobs=args.jobs, output=args.output, force=args.force,
-                        progress=not args.quiet, ray=ray_options(args))
+                        progress=not args.quiet, ray=ray_options(args), device=args.device)
     sweep, _ = load_sweep(args.sweep)
     root = summary.attrs["root"]
     with_target = bool(summary["target_reached"].sum() > 0 or summary["cost_to_target_mean"].notna().any())

@@ -11,7 +11,6 @@ nothing does not pay for them.
 from __future__ import annotations
 
 import json
-import platform
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,21 +88,14 @@ def execute(config_json: str, run_dir: Path, arm: int, *, dataset=None, device: 
         torch.set_num_threads(threads)
 
 
-def describe_device(device: str) -> str:
-    """The hardware a run trained on, for its manifest (numbers are deterministic per device type)."""
-    import torch
-
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        return f"cuda ({torch.cuda.get_device_name(dev)})"
-    return f"{dev.type} ({platform.machine()})"
-
-
 def record_device(arm_dir: Path, device: str) -> None:
+    """The hardware the arm trained on, in its manifest: in words, and its GPU, driver, CUDA and
+    cuDNN versions and determinism settings (:func:`groupfel.emulator.devices.describe`)."""
+    from groupfel.emulator.devices import describe, resolve
     from groupfel.emulator.runfiles import complete_manifest
 
     path = Path(arm_dir) / MANIFEST
     manifest = complete_manifest(Path(arm_dir))
     if manifest is not None:
-        manifest["device"] = describe_device(device)
+        manifest["device"], manifest["device_details"] = describe(resolve(device))
         atomic_write(path, lambda p: p.write_text(json.dumps(manifest, indent=2, default=str) + "\n"))

@@ -195,17 +195,24 @@ def test_ctrl_c_prints_one_line_exits_130_and_the_rerun_resumes(tiny_dict, tmp_p
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
                             # as from a terminal: a background shell (nohup ... &) starts us with SIGINT ignored
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    def forked_children() -> list[int]:   # the engine's workers: forks of the run (same executable), not
-        exe, out = os.readlink(f"/proc/{proc.pid}/exe"), []   # a short-lived helper it spawns
-        for t in Path(f"/proc/{proc.pid}/task").iterdir():
-            try:   # a thread, or a child, may end while we look
+    def forked_children(pid: int | None = None) -> list[int]:
+        # the engine's workers and the server they fork from: the run's descendants (same
+        # executable), not a short-lived helper it spawns
+        pid = pid or proc.pid
+        exe, out = os.readlink(f"/proc/{proc.pid}/exe"), []
+        try:   # a thread, or a child, may end while we look
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        except FileNotFoundError:
+            return out
+        for t in tasks:
+            try:
                 children = (t / "children").read_text().split()
             except FileNotFoundError:
                 continue
             for c in children:
                 try:
                     if os.readlink(f"/proc/{c}/exe") == exe:
-                        out.append(int(c))
+                        out += [int(c), *forked_children(int(c))]
                 except FileNotFoundError:
                     pass
         return out
@@ -228,7 +235,7 @@ def test_ctrl_c_prints_one_line_exits_130_and_the_rerun_resumes(tiny_dict, tmp_p
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
-    assert err.strip().splitlines()[-1] == f"groupfel: interrupted; continue with 'groupfel run --resume {run}'"
+    assert err.strip().splitlines()[-1] == f"groupfel: interrupted; continue with 'groupfel run --resume {run}'", err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     assert main(["run", "--resume", str(run), "--quiet"]) == 0
     run_experiment(config, tmp_path / "ref", progress=False)
