@@ -74,8 +74,8 @@ class Timed:
             self.seconds += time.perf_counter() - t0
 
 
-def setup(groups: int, size: int, seed: int = 0):
-    data = load_dataset("fashion-mnist")
+def setup(groups: int, size: int, seed: int = 0, dataset: str = "fashion-mnist"):
+    data = load_dataset(dataset)
     rng = np.random.default_rng(seed)
     n = groups * size
     sizes = client_sizes(n, 20, 200, 110, 45, rng)

@@ -1,0 +1,105 @@
+"""groupfel on a GPU. The CUDA tests run where torch sees a GPU and are skipped elsewhere (the
+CPU-side guarantees are tests/test_devices.py and tests/test_training.py); the benchmark's quick
+mode runs everywhere, so it cannot rot."""
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import TINY
+from test_devices import RESUMED, configs, run_twice
+
+from groupfel.emulator.config import parse_config
+from groupfel.emulator.driver import plan_arm, run_arm
+from groupfel.emulator.training import BatchedEngine, TorchEngine
+from groupfel.emulator.world import build_world
+from groupfel.topologies import load_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def test_the_gpu_benchmark_runs_quick_on_the_cpu(tmp_path):
+    out = tmp_path / "gpu.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--device", "cpu", "--quick",
+                           "--json", str(out)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert result["tiny"]["ok"] and result["tiny"]["bitwise_repeatable"]
+    engines = {(r["where"], r["engine"]) for r in result["round"]}
+    assert {("cpu", "sequential"), ("cpu", "batched per-client"), ("cpu", "batched stacked")} <= engines
+    assert all(r["seconds"] > 0 for r in result["round"])
+    assert result["full_size"]["rounds"] == 1 and result["full_size"]["eq5_cost_per_round"] > 0
+
+
+@cuda
+@pytest.mark.parametrize("name,d", configs(TINY), ids=[c[0] for c in configs(TINY)])
+def test_every_algorithm_and_mode_runs_on_cuda_and_resumes(name, d, tmp_path):
+    full, resumed = run_twice(d, tmp_path, "cuda", resume=name in RESUMED)
+    assert np.isfinite(full["loss"]).all()
+    np.testing.assert_array_equal(full["accuracy"], resumed["accuracy"])   # deterministic, graphs included
+
+
+@cuda
+@pytest.mark.parametrize("first,then", [("cuda", "cpu"), ("cpu", "cuda")])
+def test_a_checkpoint_resumes_on_the_other_device(first, then, tmp_path):
+    d = copy.deepcopy(TINY)
+    d["arms"] = [d["arms"][0]]
+    d["train"].update(rounds=4, momentum=0.5, client_state="persistent")
+
+    class Killed(Exception):
+        pass
+
+    def kill(t, cost, acc):
+        if t == 2:
+            raise Killed
+    d["train"]["device"] = first
+    world = build_world(parse_config(d))
+    with pytest.raises(Killed):
+        run_arm(world, plan_arm(world, 0), tmp_path / "run", kill)
+    d["train"]["device"] = then
+    world = build_world(parse_config(d))
+    rows = run_arm(world, plan_arm(world, 0), tmp_path / "run")
+    assert list(rows["round"])[-1] == 4 and np.isfinite(rows["loss"]).all()
+
+
+@cuda
+def test_the_cpu_engine_trains_after_a_backward_pass_on_the_gpu():
+    """The crash this guards against: a CUDA build with a GPU starts autograd's device threads at
+    the first backward pass, after which a forked child refuses to run backward."""
+    x = torch.ones(3, device="cuda", requires_grad=True)
+    (x * 2).sum().backward()
+    data = load_dataset("digits")
+    parts = [np.arange(i * 20, i * 20 + 20) for i in range(4)]
+    seq = TorchEngine(data, parts, "mlp", 0.05, 8)
+    bat = BatchedEngine(data, parts, "mlp", 0.05, 8, workers=2, formulation="per-client")
+    start = seq.initial_weights(0)
+    a = seq.train(start, [0, 1, 2, 3], 1, [1, 2, 3, 4])
+    b = bat.train(start, [0, 1, 2, 3], 1, [1, 2, 3, 4])
+    assert float((a - b).abs().max()) <= 1e-5
+
+
+@cuda
+@pytest.mark.parametrize("model", ["mlp", "cnn", "resnet-1"])
+def test_the_stacked_engine_on_cuda_is_the_sequential_one(model):
+    data = load_dataset("digits")
+    rng = np.random.default_rng(0)
+    parts = [rng.choice(len(data.y_train), n, replace=False) for n in (9, 20, 33, 5, 17)]
+    seq = TorchEngine(data, parts, model, 0.05, 8, "cuda", momentum=0.9, weight_decay=1e-3, mu=0.01)
+    bat = BatchedEngine(data, parts, model, 0.05, 8, "cuda", momentum=0.9, weight_decay=1e-3, mu=0.01,
+                        formulation="stacked")
+    start = seq.initial_weights(0)
+    for _ in range(2):   # the second call replays the captured graph
+        a = seq.train(start, [0, 1, 2, 3, 4], 2, [5, 6, 7, 8, 9])
+        b = bat.train(start, [0, 1, 2, 3, 4], 2, [5, 6, 7, 8, 9])
+        assert float((a - b).abs().max()) <= 1e-4
+    again = BatchedEngine(data, parts, model, 0.05, 8, "cuda", momentum=0.9, weight_decay=1e-3, mu=0.01,
+                          formulation="stacked").train(start, [0, 1, 2, 3, 4], 2, [5, 6, 7, 8, 9])
+    assert torch.equal(b, again)   # a fresh engine (a resumed run) computes bitwise as the first
