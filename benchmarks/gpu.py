@@ -163,6 +163,7 @@ def round_table(device: torch.device, models: list[str], batches: list[int], gro
                     print(f"  {model} B={batch} {where} {name}: {exc!r}", flush=True)
                     continue
                 memory = torch.cuda.max_memory_allocated(on) / 2**30 if on.type == "cuda" else None
+                print(f"  {model} B={batch} {where} {name}: {seconds:.3f} s ({baseline / seconds:.1f}x)", flush=True)
                 rows.append({"model": model, "batch": batch, "where": where, "engine": name, "seconds": seconds,
                              "scaled": scaled, "speedup": baseline / seconds, "tflops": flops / seconds / 1e12,
                              "peak_share": flops / seconds / 1e12 / peak if on.type == "cuda" else None,

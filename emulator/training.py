@@ -26,6 +26,8 @@ import ctypes.util
 import logging
 import os
 import pickle
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 import signal
 import weakref
 from collections.abc import Sequence
@@ -496,7 +498,7 @@ class BatchedEngine(TorchEngine):
         travel through it, not through pickles (pickling cost 5 % of a CNN round)."""
         if self._pool is None or len(self._block["block"]) < rows:
             if self._pool is not None:
-                self._pool.terminate()
+                self._pool.shutdown(wait=False, cancel_futures=True)
             if self._data is None:   # the training set, once per engine: workers map it, never copy it
                 self._data = procs.SharedArrays.of({"x": self.x.numpy(), "y": self.y.numpy()})
                 self.x, self.y = torch.from_numpy(self._data["x"]), torch.from_numpy(self._data["y"])
@@ -506,9 +508,11 @@ class BatchedEngine(TorchEngine):
                     "lr": self.lr, "batch_size": self.batch_size, "momentum": self.momentum,
                     "weight_decay": self.weight_decay, "mu": self.mu, "num_classes": self.num_classes,
                     "channels_last": self.channels_last}
-            self._pool = procs.worker_context().Pool(
-                self.workers, _worker_init, (os.getpid(), spec, self._data.handle(), self._block.handle()))
-            weakref.finalize(self, self._pool.terminate)
+            # an executor, not a multiprocessing.Pool: a worker that cannot start breaks it (an
+            # error here) where a Pool would start replacements forever
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=procs.worker_context(), initializer=_worker_init,
+                                             initargs=(os.getpid(), spec, self._data.handle(), self._block.handle()))
+            weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
         return torch.from_numpy(self._block["block"])
 
     def train(self, start, clients, epochs, seeds, *, lr=None, correction=None, momentum=None, rows=None):
@@ -531,8 +535,14 @@ class BatchedEngine(TorchEngine):
         for name, rows_of in sections.items():
             if rows_of is not None:
                 block[layout[name]:layout[name] + len(rows_of)] = rows_of.cpu()
-        self._pool.map(_worker_run, [(layout, chunk, [rows[i] for i in chunk], [clients[i] for i in chunk],
-                                      [seeds[i] for i in chunk], epochs, lr) for chunk in self._chunks(clients)])
+        jobs = [(layout, chunk, [rows[i] for i in chunk], [clients[i] for i in chunk], [seeds[i] for i in chunk],
+                 epochs, lr) for chunk in self._chunks(clients)]
+        try:
+            list(self._pool.map(_worker_run, jobs))
+        except BrokenProcessPool:
+            self._pool = None
+            raise RuntimeError("the batched engine's worker processes stopped (killed, or they could not start: "
+                               "see the lines above); set train.workers = 1 to train in this process") from None
         if momentum is not None:
             momentum.copy_(block[layout["momentum"]:layout["momentum"] + C])
         return block[layout["out"]:layout["out"] + C].clone().to(self.device)
