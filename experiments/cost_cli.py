@@ -13,6 +13,9 @@ from pathlib import Path
 from groupfel.errors import InputError
 from groupfel.emulator.io import atomic_write, check_writable
 
+from . import flags
+from .flags import Number
+
 
 def _number(v: float) -> str:
     """A table number: 4 significant digits, but whole thousands written out (10000, never
@@ -21,6 +24,7 @@ def _number(v: float) -> str:
 
 
 MAX_SIZES = 100_000      # sizes one command sweeps; more is a typo or a missing step
+EDGE_CLIENTS = 10_000    # the what-if's one edge: every client a SimPy process in every round
 INT64 = 2**63 - 1
 
 
@@ -107,10 +111,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("operation", choices=["secagg", "backdoor", "training"])
     m.add_argument("--sizes", help="group sizes (or sample counts for training): LO..HI[:STEP] or A,B,C "
                                    "(default 2..30; training 16..256:16)")
-    m.add_argument("--repeats", type=int, default=3, help="measurements per size (default 3)")
-    m.add_argument("--params", type=int, help="model parameters for secagg/backdoor (default: --model's)")
+    m.add_argument("--repeats", type=Number(int, 1, 10**4), default=3, help="measurements per size (default 3)")
+    m.add_argument("--params", type=Number(int, 1, 10**10), help="model parameters for secagg/backdoor (default: --model's)")
     m.add_argument("--model", default="cnn", choices=["cnn", "mlp"], help="model (groupfel.emulator.training.build_model)")
-    m.add_argument("--threads", type=int, default=1, help="torch threads while timing (default 1: one core)")
+    m.add_argument("--threads", type=flags.JOBS, default=1, help="torch threads while timing (default 1: one core)")
     m.add_argument("--device", default="local", help="device name written to the CSV (default local)")
     m.add_argument("--server", action="store_true", help="secagg: time the aggregator's part alone (secagg-server "
                    "and secagg-server-recovery rows, an edge server's curves for topology.edge_profile)")
@@ -233,14 +237,6 @@ def _wants_makespan(args) -> bool:
     return any(getattr(args, k, None) is not None for k in ("access_mbps", "edge_cores", "edge_clients"))
 
 
-def _positive(value: float, flag: str) -> float:
-    import math
-
-    if not (math.isfinite(value) and value > 0):
-        raise InputError(f"{flag}: {value!r} must be a positive finite number")
-    return value
-
-
 def _with_makespan(df, args, prof, overhead, sc):
     """The round makespan of one edge of --edge-clients clients, cut into groups of each size, at
     each --access-mbps capacity and --edge-cores (the shared-edge model, groupfel.emulator.contention)."""
@@ -249,16 +245,9 @@ def _with_makespan(df, args, prof, overhead, sc):
 
     from groupfel.emulator.contention import edge_makespan
 
-    caps = [_positive(c, "--access-mbps") for c in _floats(args.access_mbps, "--access-mbps")] \
-        if args.access_mbps else [None]
-    if args.edge_cores is not None and args.edge_cores < 1:
-        raise InputError(f"--edge-cores: {args.edge_cores} must be a positive integer")
+    caps = args.access_mbps or [None]
     m = args.edge_clients if args.edge_clients is not None else 60
     args.edge_clients = m
-    if m < 1:
-        raise InputError(f"--edge-clients: {m} must be >= 1")
-    for flag in ("model_mb", "client_mbps"):
-        _positive(getattr(args, flag), "--" + flag.replace("_", "-"))
     curves = {}
     if args.edge_profile:
         from groupfel.cost_models import get_profile, read_profiles
@@ -295,14 +284,6 @@ class _PolicyGrouper:
         return self.policy.group(EdgeView(counts), rng).groups
 
 
-def _floats(text: str, flag: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.split(",")]
-    except ValueError:
-        raise InputError(f"{flag} {text!r}: give numbers separated by commas (e.g. 0.1,0.5,1)") from None
-    return values
-
-
 def _whatif_grouped(args) -> int:
     """What-if over the groups a grouping policy builds, on a label matrix or Dirichlet(α) edges,
     against MinGS, MaxCoV and α (every combination of the values given)."""
@@ -326,14 +307,14 @@ def _whatif_grouped(args) -> int:
     prof, overhead = _whatif_curves(args)
     sampling = samplings.make(args.sampling, None, "--sampling") if args.sampling != "random" else None
     min_sizes = parse_sizes(args.min_group_size, "--min-group-size") if args.min_group_size else [None]
-    max_covs = _floats(args.max_cov, "--max-cov") if args.max_cov else [None]
-    alphas = _floats(args.alpha, "--alpha") if args.alpha else [None]
+    max_covs = args.max_cov or [None]
+    alphas = args.alpha or [None]
     grouping_policies = [make_policy(args.policy, g, c) for g, c in itertools.product(min_sizes, max_covs)]
     if args.label_matrix:
         counts, edges, _ = read_label_matrix(args.label_matrix)
         clients = len(counts)
     else:
-        if args.clients_per_edge < 1 or args.clients % args.clients_per_edge:
+        if args.clients % args.clients_per_edge:
             raise InputError(f"--clients-per-edge: {args.clients_per_edge} must divide --clients {args.clients}")
         clients = args.clients
         _check_memory(clients, 64 + 8 * args.labels)
@@ -388,36 +369,57 @@ def register_whatif(sub: argparse._SubParsersAction) -> None:
                    help="device/task/operation curve for O_g (default raspberry-pi-4/cifar10-resnet/secagg)")
     w.add_argument("--profiles-file", help="extra profile file (CSV or TOML) to look --profile up in")
     w.add_argument("--training", default="sgd", help="training method of the profile for H (default sgd)")
-    w.add_argument("--clients", type=int, default=10_000, help="number of clients (default 10000)")
-    w.add_argument("--samples-mean", type=float, default=50.0, help="mean samples per client, Poisson (default 50)")
-    w.add_argument("--rounds", type=int, default=100, help="global rounds T (default 100)")
-    w.add_argument("--group-rounds", type=int, default=5, help="K (default 5)")
-    w.add_argument("--local-epochs", type=int, default=2, help="E (default 2)")
-    w.add_argument("--groups-per-round", type=int, help="S (default: groups holding --participation of clients)")
-    w.add_argument("--participation", type=float, default=0.1, help="share of clients per round when S is unset (default 0.1)")
-    w.add_argument("--seed", type=int, default=0, help="seed of the sample counts and draws (default 0)")
+    w.add_argument("--clients", type=Number(int, 1, 10**8), default=10_000, help="number of clients (default 10000)")
+    w.add_argument("--samples-mean", type=Number(float, 0, 10**6, open_lo=True), default=50.0, help="mean samples per client, Poisson (default 50)")
+    w.add_argument("--rounds", type=flags.ROUNDS, default=100, help="global rounds T (default 100)")
+    w.add_argument("--group-rounds", type=Number(int, 1, 10**4), default=5, help="K (default 5)")
+    w.add_argument("--local-epochs", type=Number(int, 1, 10**4), default=2, help="E (default 2)")
+    w.add_argument("--groups-per-round", type=Number(int, 1, 10**8), help="S (default: groups holding --participation of clients)")
+    w.add_argument("--participation", type=Number(float, 0, 1, open_lo=True), default=0.1, help="share of clients per round when S is unset (default 0.1)")
+    w.add_argument("--seed", type=flags.SEED, default=0, help="seed of the sample counts and draws (default 0)")
     w.add_argument("--out", default="whatif", metavar="DIR", help="output directory (default whatif)")
     m = w.add_argument_group("round makespan of one shared edge (adds makespan_s and edge_cost columns)")
-    m.add_argument("--access-mbps", help="the edge's shared access capacity in Mbit/s, or several: 8,50,200 "
+    m.add_argument("--access-mbps", type=flags.Number(float, 1e-6, 1e9, "Mbit/s", many=True), help="the edge's shared access capacity in Mbit/s, or several: 8,50,200 "
                    "(default: dedicated client links)")
-    m.add_argument("--edge-cores", type=int, help="the edge server's cores (default: unlimited)")
-    m.add_argument("--edge-clients", type=int, help="clients of the edge, all in sampled groups (default 60)")
+    m.add_argument("--edge-cores", type=Number(int, 1, 10**6), help="the edge server's cores (default: unlimited)")
+    m.add_argument("--edge-clients", type=Number(int, 1, EDGE_CLIENTS),
+                   help=f"clients of the edge, all in sampled groups (default 60, at most {EDGE_CLIENTS:,})")
     m.add_argument("--edge-profile", help="DEVICE/TASK profile with the edge's aggregation and secagg-server "
                    "curves (default: aggregation takes no time)")
-    m.add_argument("--model-mb", type=float, default=1.0, help="model size in MB (10^6 bytes; default 1)")
-    m.add_argument("--client-mbps", type=float, default=20.0, help="each client's own link, Mbit/s (default 20)")
-    m.add_argument("--latency-s", type=float, default=0.02, help="each client's latency (default 0.02)")
+    m.add_argument("--model-mb", type=Number(float, 0, 10**6, "MB", open_lo=True), default=1.0, help="model size in MB (10^6 bytes; default 1)")
+    m.add_argument("--client-mbps", type=flags.MBPS, default=20.0, help="each client's own link, Mbit/s (default 20)")
+    m.add_argument("--latency-s", type=flags.LATENCY, default=0.02, help="each client's latency (default 0.02)")
     g = w.add_argument_group("with a grouping policy (instead of random groups of each --group-sizes)")
     g.add_argument("--policy", help="grouping policy that forms the groups: covg, rg, cdg, kldg, qcid, fedcollab")
     g.add_argument("--label-matrix", metavar="FILE.csv", help="clients × labels counts (optional 'edge' column)")
-    g.add_argument("--alpha", help="generate Dirichlet(α) label counts instead: α values, e.g. 0.1,1")
-    g.add_argument("--clients-per-edge", type=int, default=1000, help="with --alpha (default 1000)")
-    g.add_argument("--labels", type=int, default=10, help="with --alpha: number of labels (default 10)")
+    g.add_argument("--alpha", type=Number(float, 1e-3, 1e6, many=True), help="generate Dirichlet(α) label counts instead: α values, e.g. 0.1,1")
+    g.add_argument("--clients-per-edge", type=Number(int, 1, 10**8), default=1000, help="with --alpha (default 1000)")
+    g.add_argument("--labels", type=Number(int, 2, 10**4), default=10, help="with --alpha: number of labels (default 10)")
     g.add_argument("--min-group-size", help="MinGS values: LO..HI[:STEP] or A,B,C (default: the policy's)")
-    g.add_argument("--max-cov", help="MaxCoV values, e.g. 0.3,0.5,1 (covg; default: the policy's)")
+    g.add_argument("--max-cov", type=Number(float, 0, 1e3, open_lo=True, many=True), help="MaxCoV values, e.g. 0.3,0.5,1 (covg; default: the policy's)")
     g.add_argument("--sampling", default="random", help="sampling policy drawing the groups (default random)")
-    g.add_argument("--jobs", type=int, help="processes grouping the edges (default: one per core)")
+    g.add_argument("--jobs", type=flags.JOBS, help="processes grouping the edges (default: one per core)")
     w.set_defaults(func=_cmd_whatif)
+
+
+def whatif_values(**values):
+    """The what-if's numbers given to the Python API, checked by the same types as its flags:
+    one line naming the argument and its range."""
+    parser = argparse.ArgumentParser()
+    register_whatif(parser.add_subparsers())
+    actions = {a.dest: a for a in parser._subparsers._group_actions[0].choices["whatif"]._actions}
+    out = {}
+    for name, v in values.items():
+        kind = actions[name].type
+        if v is None or not isinstance(kind, Number):
+            out[name] = v
+            continue
+        text = ",".join(str(x) for x in v) if kind.many and isinstance(v, (list, tuple)) else str(v)
+        try:
+            out[name] = kind(text)
+        except argparse.ArgumentTypeError as exc:
+            raise InputError(f"{name}: {exc}") from None
+    return out
 
 
 def _cmd_timeline(args) -> int:
@@ -443,6 +445,6 @@ def _cmd_timeline(args) -> int:
 def register_timeline(sub: argparse._SubParsersAction) -> None:
     t = sub.add_parser("timeline", help="Gantt chart of one global round from RUN_DIR/ARM/ledger.parquet")
     t.add_argument("arm_dir", metavar="RUN_DIR/ARM")
-    t.add_argument("--round", type=int, default=1, help="global round, numbered from 1 as in results.csv (default 1)")
+    t.add_argument("--round", type=flags.ROUNDS, default=1, help="global round, numbered from 1 as in results.csv (default 1)")
     t.add_argument("--out", metavar="FILE.png", help="default RUN_DIR/ARM/timeline-roundN.png")
     t.set_defaults(func=_cmd_timeline)
