@@ -369,7 +369,8 @@ def register_whatif(sub: argparse._SubParsersAction) -> None:
                    help="device/task/operation curve for O_g (default raspberry-pi-4/cifar10-resnet/secagg)")
     w.add_argument("--profiles-file", help="extra profile file (CSV or TOML) to look --profile up in")
     w.add_argument("--training", default="sgd", help="training method of the profile for H (default sgd)")
-    w.add_argument("--clients", type=Number(int, 1, 10**8), default=10_000, help="number of clients (default 10000)")
+    w.add_argument("--clients", type=Number(int, 1, 10**12), default=10_000,   # beyond memory: _check_memory
+                   help="number of clients (default 10000)")
     w.add_argument("--samples-mean", type=Number(float, 0, 10**6, open_lo=True), default=50.0, help="mean samples per client, Poisson (default 50)")
     w.add_argument("--rounds", type=flags.ROUNDS, default=100, help="global rounds T (default 100)")
     w.add_argument("--group-rounds", type=Number(int, 1, 10**4), default=5, help="K (default 5)")
