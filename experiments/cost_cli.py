@@ -192,7 +192,7 @@ def _check_memory(clients: int, per_client_bytes: int = 64) -> None:
 def _cmd_whatif(args) -> int:
     import time
 
-    from groupfel.cost_models.whatif import Scenario, plot_sweep, sweep
+    from groupfel.cost_models.whatif import Scenario, plot_makespan, plot_sweep, sweep
 
     out = check_writable(args.out, "dir", "--out")
     if args.policy or args.label_matrix or args.alpha:
@@ -214,21 +214,26 @@ def _cmd_whatif(args) -> int:
     df.to_csv(out / "whatif.csv", index=False)
     title = (f"{args.profile} + {args.training}; {sc.clients} clients, T={sc.rounds}, K={sc.group_rounds}, "
              f"E={sc.local_epochs}")
-    plot_sweep(df, out / "whatif.png", title)
     cols = ["group_size", "groups_per_round", "clients_per_round", "training_per_round", "operations_per_round",
             "total_per_round", "operations_share"]
     if "makespan_s" in df:
-        cols = ["group_size", "access_mbps", "edge_cores", "makespan_s", "core_wait_s", "edge_cost",
-                "total_per_round"]
+        plot_makespan(df, out / "whatif.png", title + f"; one edge of {args.edge_clients} clients")
+        cols = ["edge_groups", "edge_group_sizes", "access_mbps", "edge_cores", "makespan_s", "core_wait_s",
+                "edge_cost", "group_size", "total_per_round"]
+        print(f"one edge of {args.edge_clients} clients: the groups it forms (edge_groups of edge_group_sizes) "
+              f"for each --group-sizes value (group_size: the smallest that forms them)")
+    else:
+        plot_sweep(df, out / "whatif.png", title)
     print(df[cols].to_string(index=False, float_format=_number))
     if "makespan_s" in df:
         for cap, part in df.groupby("access_mbps", dropna=False, sort=False):
             fast = part.loc[part["makespan_s"].idxmin()]
-            print(f"\nshortest round at access {cap:g} Mbit/s: group size {int(fast.group_size)} "
+            at = "dedicated links" if cap != cap else f"access {cap:g} Mbit/s"
+            print(f"\nshortest round at {at}: {int(fast.edge_groups)} groups of {fast.edge_group_sizes} "
                   f"({fast.makespan_s:.4g} s on an edge of {args.edge_clients} clients)")
     best = df.loc[df["total_per_round"].idxmin()]
     print(f"\ncheapest per round: group size {int(best.group_size)} ({best.total_per_round:.4g} device s/round)")
-    print(f"swept {df['group_size'].nunique()} group sizes × {sc.rounds} rounds × {sc.clients} clients in {elapsed:.2f} s")
+    print(f"swept {len(group_sizes)} group sizes × {sc.rounds} rounds × {sc.clients} clients in {elapsed:.2f} s")
     print(f"table: {out / 'whatif.csv'}\nplot:  {out / 'whatif.png'}")
     return 0
 
@@ -257,17 +262,23 @@ def _with_makespan(df, args, prof, overhead, sc):
                   if k in ("aggregation", "secagg-server", "secagg-server-recovery")}
     n = sc.sample_counts()[:m]
     op = args.profile.rpartition("/")[2]
+    # the groups the edge actually forms: m // s groups, the remainder spread (sizes s..s+1); sizes
+    # asked for that form the same groups (60 clients at 16 and at 20: 3 groups of 20) are one row
+    formed: dict[tuple[int, ...], int] = {}
+    for s in df["group_size"]:
+        sizes = tuple(len(p) for p in np.array_split(np.arange(m), max(m // int(s), 1)))
+        formed.setdefault(sizes, int(s))
     rows = []
     for cap in caps:
-        for s in df["group_size"]:
-            s = int(min(s, m))
-            sizes = [len(p) for p in np.array_split(np.arange(m), m // s)]   # the remainder spread: sizes s..s+1
-            r = edge_makespan(sizes, n, prof.training[args.training], overhead, group_rounds=sc.group_rounds,
+        for sizes, s in formed.items():
+            r = edge_makespan(list(sizes), n, prof.training[args.training], overhead, group_rounds=sc.group_rounds,
                               local_epochs=sc.local_epochs, model_bytes=int(args.model_mb * 1e6),
                               client_mbps=args.client_mbps, latency_s=args.latency_s, access_mbps=cap,
                               cores=args.edge_cores, edge_curves=curves, secagg="secagg" in op, operation=op)
-            rows.append({"group_size": int(s), "access_mbps": np.nan if cap is None else cap,
-                         "edge_cores": args.edge_cores, **r})
+            lo, hi = min(sizes), max(sizes)
+            rows.append({"group_size": s, "edge_groups": len(sizes),
+                         "edge_group_sizes": f"{lo}" if lo == hi else f"{lo}-{hi}",
+                         "access_mbps": np.nan if cap is None else cap, "edge_cores": args.edge_cores, **r})
     extra = pd.DataFrame(rows)
     return extra.merge(df, on="group_size", how="left")
 

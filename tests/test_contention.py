@@ -234,12 +234,39 @@ def test_whatif_makespan_columns(tmp_path, capsys):
     assert len(df) == 6 and {"makespan_s", "edge_cost", "core_wait_s", "total_per_round"} <= set(df)
     slow, fast = df[df.access_mbps == 8], df[df.access_mbps == 50]
     assert (slow["makespan_s"].to_numpy() > fast["makespan_s"].to_numpy()).all()
+    assert slow[["edge_groups", "edge_group_sizes"]].astype(str).values.tolist() == [["6", "2"], ["3", "4"], ["2", "6"]]
     assert main(["whatif", "--clients", "200", "--access-mbps", "0", "--out", str(out)]) == 2
     assert "--access-mbps: '0': give a number from 1e-06 to" in capsys.readouterr().err
     from groupfel.experiments import api
 
     py = api.whatif([2, 4], clients=200, rounds=5, access_mbps=[8, 50], edge_cores=1, edge_clients=12)
     assert py["makespan_s"].tolist() == pytest.approx(df["makespan_s"].iloc[[0, 1, 3, 4]].tolist())
+
+
+def test_whatif_rows_are_the_groups_formed_and_each_capacity_is_its_own_line(tmp_path, capsys):
+    """Before: 60 clients at sizes 16 and 20 were two rows of the same 3 groups of 20, and the
+    capacities were drawn as one line jumping from size 40 back to 2."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from groupfel.experiments.cli import main
+
+    seen = []
+    real = plt.Figure.savefig
+    plt.Figure.savefig = lambda fig, *a, **k: (seen.append(fig), real(fig, *a, **k))[1]
+    try:
+        assert main(["whatif", "--clients", "200", "--rounds", "2", "--group-sizes", "16,20,30", "--access-mbps",
+                     "8,50,200", "--edge-clients", "60", "--out", str(tmp_path)]) == 0
+    finally:
+        plt.Figure.savefig = real
+    df = pd.read_csv(tmp_path / "whatif.csv")
+    assert df.groupby("access_mbps")["edge_group_sizes"].apply(list).map(lambda v: [str(x) for x in v]).tolist() \
+        == [["20", "30"]] * 3 and df["edge_groups"].tolist() == [3, 2] * 3
+    makespan, cost = seen[0].axes
+    assert [ln.get_label() for ln in makespan.get_lines()] == ["access 8 Mbit/s", "access 50 Mbit/s",
+                                                             "access 200 Mbit/s"]
+    assert all(list(ln.get_xdata()) == [20.0, 30.0] for ln in makespan.get_lines())   # no jump back
+    assert "makespan" in makespan.get_ylabel() and "Eq. 5" in cost.get_ylabel()
 
 
 def test_measure_secagg_server_part(tmp_path):
