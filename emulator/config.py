@@ -44,7 +44,7 @@ class ClientTypeConfig(_Strict):
     rotation: float | None = Field(None, ge=-360, le=360, description="feature-shift: rotation of the type's images, in "
                                    "degrees counter-clockwise.")
     permutation: list[Annotated[int, Field(ge=0, le=MAX_CLIENTS)]] | None = Field(None, description="concept-shift: label c becomes permutation[c].")
-    domain: Annotated[int, Field(ge=0, le=MAX_CLIENTS)] | str | None = Field(None, description="The domain (name or index) of a multi-domain dataset "
+    domain: Annotated[int, Field(ge=0, le=MAX_CLIENTS)] | Annotated[str, Field(min_length=1)] | None = Field(None, description="The domain (name or index) of a multi-domain dataset "
                                      "(digit-domains: sklearn or mnist) the type's clients draw all their "
                                      "samples from (HCCT's Digit task: one digit dataset a group). Give every "
                                      "type one, or none.")

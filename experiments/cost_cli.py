@@ -109,7 +109,7 @@ def _cmd_calibrate(args) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     m = sub.add_parser("measure", help="time real group operations or training on this machine")
     m.add_argument("operation", choices=["secagg", "backdoor", "training"])
-    m.add_argument("--sizes", help="group sizes (or sample counts for training): LO..HI[:STEP] or A,B,C "
+    m.add_argument("--sizes", type=flags.SIZES, help="group sizes (or sample counts for training): LO..HI[:STEP] or A,B,C "
                                    "(default 2..30; training 16..256:16)")
     m.add_argument("--repeats", type=Number(int, 1, 10**4), default=3, help="measurements per size (default 3)")
     m.add_argument("--params", type=Number(int, 1, 10**10), help="model parameters for secagg/backdoor (default: --model's)")
@@ -375,7 +375,7 @@ def _whatif_grouped(args) -> int:
 
 def register_whatif(sub: argparse._SubParsersAction) -> None:
     w = sub.add_parser("whatif", help="Eq. 5 cost per global round across group sizes (no training)")
-    w.add_argument("--group-sizes", default="2..40", help="LO..HI[:STEP] or A,B,C (default 2..40)")
+    w.add_argument("--group-sizes", type=flags.SIZES, default="2..40", help="LO..HI[:STEP] or A,B,C (default 2..40)")
     w.add_argument("--profile", default="raspberry-pi-4/cifar10-resnet/secagg",
                    help="device/task/operation curve for O_g (default raspberry-pi-4/cifar10-resnet/secagg)")
     w.add_argument("--profiles-file", help="extra profile file (CSV or TOML) to look --profile up in")
@@ -407,7 +407,7 @@ def register_whatif(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--alpha", type=Number(float, 1e-3, 1e6, many=True), help="generate Dirichlet(α) label counts instead: α values, e.g. 0.1,1")
     g.add_argument("--clients-per-edge", type=Number(int, 1, 10**8), default=1000, help="with --alpha (default 1000)")
     g.add_argument("--labels", type=Number(int, 2, 10**4), default=10, help="with --alpha: number of labels (default 10)")
-    g.add_argument("--min-group-size", help="MinGS values: LO..HI[:STEP] or A,B,C (default: the policy's)")
+    g.add_argument("--min-group-size", type=flags.SIZES, help="MinGS values: LO..HI[:STEP] or A,B,C (default: the policy's)")
     g.add_argument("--max-cov", type=Number(float, 0, 1e3, open_lo=True, many=True), help="MaxCoV values, e.g. 0.3,0.5,1 (covg; default: the policy's)")
     g.add_argument("--sampling", default="random", help="sampling policy drawing the groups (default random)")
     g.add_argument("--jobs", type=flags.JOBS, help="processes grouping the edges (default: one per core)")

@@ -53,10 +53,25 @@ class Number:
         return [self.one(t) for t in text.split(",")]
 
 
-def positive_int(hi: int, unit: str = "") -> Number:
-    return Number(int, 1, hi, unit)
+class SizesText:
+    """The type of a flag of sizes (``LO..HI[:STEP]`` or ``A,B,C``): its form is checked here,
+    its bound where the flag it depends on is known (``cost_cli.parse_sizes``)."""
+
+    __name__ = "sizes"
+
+    def __call__(self, text: str) -> str:
+        from groupfel.errors import InputError
+
+        from .cost_cli import parse_sizes
+
+        try:
+            parse_sizes(text, "")
+        except InputError as exc:
+            raise argparse.ArgumentTypeError(str(exc).strip()) from None
+        return text
 
 
+SIZES = SizesText()
 SEED = Number(int, 0, INT64)
 JOBS = Number(int, 1, 1024, "processes")
 ROUNDS = Number(int, 1, 10**6)
