@@ -137,6 +137,7 @@ def plot_makespan(df: pd.DataFrame, path, title: str) -> None:
     ax.set_xlabel("size of the groups the edge forms (clients; labels: groups × size)")
     ax.set_ylabel("round makespan on the edge (simulated s)")
     ax.set_title("makespan: one line per access capacity", fontsize=9)
+    ax.margins(x=0.06)    # room for the end points' labels
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     ax2.plot(one["x"], one["edge_cost"], marker="o", ms=3.5, color="tab:gray")

@@ -449,6 +449,9 @@ _FIX = {
     "extra_forbidden": "unknown key; remove it or check its spelling",
     "missing": "required; add it",
 }
+# a number out of its range: (the bound's name in pydantic's context, how to say it)
+_BOUND = {"greater_than_equal": ("ge", "at least"), "greater_than": ("gt", "above"),
+          "less_than_equal": ("le", "at most"), "less_than": ("lt", "below")}
 
 
 def parts(config: RunConfig) -> list[tuple[str, str, Any]]:
@@ -468,6 +471,11 @@ def _one_line(exc: ValidationError) -> str:
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"])
     msg = _FIX.get(err["type"]) or err["msg"].removeprefix("Value error, ")
+    if err["type"] in _BOUND:
+        key, word = _BOUND[err["type"]]
+        msg = f"{err['input']!r} is out of range; give a number {word} {err['ctx'][key]:g} (see the config guide's Limits)"
+    elif err["type"] == "finite_number":
+        msg = f"{err['input']!r} is not a finite number; give one"
     if err["type"] == "string_pattern_mismatch" and err["loc"] and err["loc"][-1] in ("dataset", "model", "policy", "aggregation", "algorithm"):
         msg = f"{err['input']!r} is neither a name nor an import path \"module:attr\""
     return f"config: {loc}: {msg}" if loc else f"config: {msg}"

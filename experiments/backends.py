@@ -509,7 +509,7 @@ def add_backend_arguments(parser, what: str) -> None:
     parser.add_argument("--jobs", type=flags.JOBS, help=f"parallel {what} (default: one per core; with ray, its CPUs)")
     parser.add_argument("--address", help="with --backend ray: a cluster's address, e.g. 10.0.0.5:6379 (default: "
                                           "$RAY_ADDRESS, else a new local instance); see docs/cluster.md")
-    parser.add_argument("--gpus-per-task", type=flags.Number(float, 0, 64, "GPUs"), default=0.0, metavar="G",
+    parser.add_argument("--gpus-per-task", type=flags.Number(float, 1e-4, 64, "GPUs"), default=0.0, metavar="G",
                         help="with --backend ray: GPUs each task asks for (0.5: two tasks share one); tasks then "
                              "train on CUDA (default 0: no GPUs)")
     parser.add_argument("--ship-data", action="store_true",

@@ -382,7 +382,7 @@ def register_whatif(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--training", default="sgd", help="training method of the profile for H (default sgd)")
     w.add_argument("--clients", type=Number(int, 1, 10**12), default=10_000,   # beyond memory: _check_memory
                    help="number of clients (default 10000)")
-    w.add_argument("--samples-mean", type=Number(float, 0, 10**6, open_lo=True), default=50.0, help="mean samples per client, Poisson (default 50)")
+    w.add_argument("--samples-mean", type=Number(float, 1, 10**6), default=50.0, help="mean samples per client, Poisson (default 50)")
     w.add_argument("--rounds", type=flags.ROUNDS, default=100, help="global rounds T (default 100)")
     w.add_argument("--group-rounds", type=Number(int, 1, 10**4), default=5, help="K (default 5)")
     w.add_argument("--local-epochs", type=Number(int, 1, 10**4), default=2, help="E (default 2)")
@@ -398,7 +398,7 @@ def register_whatif(sub: argparse._SubParsersAction) -> None:
                    help=f"clients of the edge, all in sampled groups (default 60, at most {EDGE_CLIENTS:,})")
     m.add_argument("--edge-profile", help="DEVICE/TASK profile with the edge's aggregation and secagg-server "
                    "curves (default: aggregation takes no time)")
-    m.add_argument("--model-mb", type=Number(float, 0, 10**6, "MB", open_lo=True), default=1.0, help="model size in MB (10^6 bytes; default 1)")
+    m.add_argument("--model-mb", type=Number(float, 1e-6, 10**6, "MB"), default=1.0, help="model size in MB (10^6 bytes; default 1)")
     m.add_argument("--client-mbps", type=flags.MBPS, default=20.0, help="each client's own link, Mbit/s (default 20)")
     m.add_argument("--latency-s", type=flags.LATENCY, default=0.02, help="each client's latency (default 0.02)")
     g = w.add_argument_group("with a grouping policy (instead of random groups of each --group-sizes)")

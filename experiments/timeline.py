@@ -107,8 +107,9 @@ def plot_timeline(rows: pd.DataFrame, path: Path, title: str, network: pd.DataFr
     for i, j in enumerate(edges):   # one row per edge: the groups' waits for a core, then their holds
         y = len(ypos) + i
         part = cores[cores["edge"] == j]
+        waits = (cores["start"] > cores["queued"]).any()
         ax.barh([y] * len(part), part["start"] - part["queued"], left=part["queued"], height=0.7,
-                color=WAIT, label="waiting for a core" if i == 0 else None)
+                color=WAIT, label="waiting for a core" if i == 0 and waits else None)
         ax.barh([y] * len(part), np.maximum(part["end"] - part["start"], MIN_WIDTH * span), left=part["start"],
                 height=0.7, color=CORE, edgecolor="white", linewidth=0.5,
                 label="edge aggregation (at least 0.4 % of the round wide)" if i == 0 else None)

@@ -245,6 +245,9 @@ def _check_table(path: Path) -> None:
     df = pd.read_csv(path)
     nums = df.select_dtypes("number")
     assert not np.isinf(nums.to_numpy()).any(), path
+    for col in ("total_per_round", "makespan_s", "edge_cost"):
+        if col in df:
+            assert (df[col] > 0).all() and np.isfinite(df[col]).all(), (path, col, df[col].tolist())
 
 
 def _refused(err: str, names: tuple[str, ...]) -> None:
@@ -379,3 +382,155 @@ def test_every_accepted_flag_value_runs_to_finite_outputs(tmp_path, capsys):
         (tmp_path / str(i)).mkdir()
         seen.append((command, flag, text, run_flag(tmp_path / str(i), command, flag, text, capsys)))
     assert len(seen) >= 3
+
+
+# -- the cases the limits were found by ------------------------------------------------------------
+
+@pytest.mark.parametrize("args, says", [
+    (["--access-mbps", "1e308"], "argument --access-mbps: '1e308': give a number from 1e-06 to 1e+09 Mbit/s"),
+    (["--access-mbps", ""], "argument --access-mbps: '': give a number from 1e-06 to 1e+09 Mbit/s"),
+    (["--model-mb", "1e308"], "argument --model-mb: '1e308': give a number from 1e-06 to 1e+06 MB"),
+    (["--edge-clients", str(10**7)], "argument --edge-clients: '10000000': give an integer from 1 to 10,000"),
+    (["--latency-s", "-1"], "argument --latency-s: '-1': give a number from 0 to 86400 s"),
+])
+def test_whatif_limits_are_one_line_before_any_work(tmp_path, capsys, args, says):
+    """Before: an OverflowError, a MemoryError after 37 s, 'ValueError: Negative delay', and
+    'access nan Mbit/s' printed with exit 0."""
+    assert main(["whatif", "--clients", "200", "--out", str(tmp_path / "w"), *args]) == 2
+    _refused(capsys.readouterr().err, (says,))
+    assert not (tmp_path / "w").exists()
+
+
+def test_the_python_whatif_has_the_flags_bounds():
+    from groupfel.experiments import api
+
+    with pytest.raises(InputError, match=r"^latency_s: '-1.0': give a number from 0 to 86400 s$"):
+        api.whatif([2], clients=200, rounds=2, latency_s=-1.0, edge_clients=12)
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda t: t.update(heterogeneity={"speed_sigma": 0.2}),
+     "config: topology.heterogeneity: speed_sigma is now slowdown_sigma (a factor: 2 is twice as slow); rename the key"),
+    (lambda t: t.update(heterogeneity={"file": "links.csv", "bandwidth_sigma": 0.5}),
+     "config: topology.heterogeneity: bandwidth_sigma: the file gives every client's link, so bandwidth_sigma would "
+     "be ignored; remove bandwidth_sigma or the file"),
+    (lambda t: t.update(edge_access_mbps=1e-300),
+     "config: topology.edge_access_mbps: 1e-300 is out of range; give a number at least 1e-06"),
+    (lambda t: t.update(edge_access_mbps=1e308),
+     "config: topology.edge_access_mbps: 1e+308 is out of range; give a number at most 1e+09"),
+    (lambda t: t.update(client_link={"bandwidth_mbps": 1e-300, "latency_s": 0.02}),
+     "config: topology.client_link.bandwidth_mbps: 1e-300 is out of range; give a number at least 1e-06"),
+    (lambda t: t.update(client_link={"bandwidth_mbps": 20.0, "latency_s": 1e308}),
+     "config: topology.client_link.latency_s: 1e+308 is out of range; give a number at most 86400"),
+    (lambda t: t.update(edge_access_mbps=math.inf),
+     "config: topology.edge_access_mbps: inf is not a finite number; give one"),
+])
+def test_shared_edge_keys_out_of_bounds_or_together_are_refused(edit, says):
+    d = _tiny()
+    edit(d["topology"])
+    with pytest.raises(InputError) as e:
+        parse_config(d)
+    assert str(e.value).startswith(says), str(e.value)
+
+
+def test_slowdown_reads_as_a_slowdown(tmp_path):
+    """Before, ``speed = 2`` made a client twice as slow; a slowdown of 2 now says so."""
+    from groupfel.emulator.config import HeterogeneityConfig
+    from groupfel.emulator.contention import client_net
+
+    f = tmp_path / "links.csv"
+    f.write_text("client,bandwidth_mbps,latency_s,slowdown\n0,10,0.1,2\n1,10,0.1,1\n")
+    assert client_net(HeterogeneityConfig(file=str(f)), 2, 20.0, 0.02, 0).slowdown.tolist() == [2.0, 1.0]
+    with pytest.raises(InputError, match="slowdown_sigma: .* has a slowdown column, so the sigma would be ignored"):
+        client_net(HeterogeneityConfig(file=str(f), slowdown_sigma=0.3), 2, 20.0, 0.02, 0)
+
+
+def test_a_run_where_no_client_is_online_is_refused_before_training(tmp_path, capsys):
+    """Before: every client offline in every round, nothing trained, exit 0."""
+    late = tmp_path / "late.csv"
+    late.write_text("client,start_s,end_s\n" + "".join(f"{c},1000,2000\n" for c in range(12)))
+    d = _tiny()
+    d["topology"]["availability"] = {"file": str(late)}
+    cfg = write_toml(tmp_path, d)
+    out = tmp_path / "run"
+    assert main(["run", str(cfg), "--output", str(out), "--quiet"]) == 2
+    _refused(capsys.readouterr().err, ("topology.availability: all 6 clients sampled in round 1 are offline at its "
+                                       "start (0 s simulated), so nothing would train",))
+    assert not out.exists(), sorted(out.rglob("*"))
+
+
+@pytest.fixture(scope="module")
+def shared_edge_arm(tmp_path_factory):
+    """One round on shared edges with clients going offline and dropping out."""
+    tmp = tmp_path_factory.mktemp("edge")
+    d = _tiny()
+    d["train"].update(group_rounds=2)
+    d["arms"][0]["sampling"]["groups_per_round"] = 4
+    d["faults"] = {"dropout": 0.3}
+    d["topology"].update(edge_access_mbps=2.0, edge_cores=1, edge_profile="edge/cifar10-resnet",
+                         availability={"mean_on_s": 30.0, "mean_off_s": 10.0})
+    (tmp / "edge.csv").write_text("device,task,operation,method,a,b,c\n"
+                                  "edge,cifar10-resnet,group_overhead,aggregation,0,0.0002,0.0001\n")
+    d["cost"]["profiles_file"] = str(tmp / "edge.csv")
+    assert main(["run", str(write_toml(tmp, d)), "--output", str(tmp / "run"), "--quiet"]) == 0
+    return tmp / "run" / d["arms"][0]["name"]
+
+
+def test_timeline_marks_offline_and_dropped_and_counts_who_trained(shared_edge_arm, tmp_path, capsys):
+    """Before: members counted clients that were offline, a dropped client was only a missing bar,
+    the legend covered bars, colours moved between charts and millisecond core holds were empty."""
+    import matplotlib.pyplot as plt
+
+    from groupfel.experiments.timeline import COLORS, load_network, load_round, member_states, summary
+
+    rows = load_round(shared_edge_arm, 1)
+    states = member_states(rows)
+    table = summary(rows)
+    assert states["offline"].any() and states["dropped"].any()
+    assert (table["members"] == table.merge(states.groupby(["edge", "group", "group_round"])["trained"].sum()
+                                            .reset_index())["trained"]).all()
+    trained = rows[(rows.component == "training") & (rows.amount > 0)].groupby(["edge", "group", "group_round"])
+    assert table.set_index(["edge", "group", "group_round"])["members"].tolist() == trained["client"].nunique().tolist()
+    seen = []
+    real = plt.Figure.savefig
+    plt.Figure.savefig = lambda fig, *a, **k: (seen.append(fig), real(fig, *a, **k))[1]
+    try:
+        out = tmp_path / "missing" / "dir" / "t.png"       # before: FileNotFoundError
+        assert main(["timeline", str(shared_edge_arm), "--out", str(out)]) == 0
+    finally:
+        plt.Figure.savefig = real
+    assert out.stat().st_size > 0
+    ax = seen[0].axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert {"offline: left the group", "dropped: update left out", "training", "secagg"} <= set(labels)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(seen[0]).get_renderer()
+    seen[0].draw(renderer)
+    legend = ax.get_legend().get_window_extent(renderer)
+    assert legend.x0 >= ax.get_window_extent(renderer).x1   # beside the bars, not on them
+    by_label = {h.get_label(): h for h in ax.containers}
+    assert tuple(by_label["training"].patches[0].get_facecolor()) == plt.matplotlib.colors.to_rgba(COLORS["training"])
+    cores = by_label["edge aggregation (at least 0.4 % of the round wide)"].patches
+    span = max(rows["end"].max(), load_network(shared_edge_arm, 1)["end"].max())
+    assert cores and min(p.get_width() for p in cores) >= 0.004 * span * 0.999
+
+
+@pytest.mark.parametrize("name, damage, says", [
+    ("ledger.parquet", b"not parquet", "ledger.parquet: damaged (not a readable Parquet file"),
+    ("network.parquet", b"PAR1 broken", "network.parquet: damaged (not a readable Parquet file"),
+    ("network.parquet", None, "network.parquet: damaged (no column 'round')"),
+])
+def test_timeline_reads_through_the_damaged_file_check(shared_edge_arm, tmp_path, capsys, name, damage, says):
+    """Before: pyarrow's ArrowInvalid, or KeyError: 'round'."""
+    import shutil
+
+    arm = tmp_path / "arm"
+    shutil.copytree(shared_edge_arm, arm)
+    if damage is None:
+        pd.DataFrame({"kind": ["core"]}).to_parquet(arm / name)
+    else:
+        (arm / name).write_bytes(damage)
+    assert main(["timeline", str(arm), "--out", str(tmp_path / "t.png")]) == 2
+    _refused(capsys.readouterr().err, (says,))
+    assert not (tmp_path / "t.png").exists()
