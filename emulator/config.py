@@ -467,13 +467,33 @@ def parts(config: RunConfig) -> list[tuple[str, str, Any]]:
     return out
 
 
+def _union_tag(part: Any) -> bool:
+    """A loc part pydantic adds for a branch of a union (``constrained-int``, ``list[...]``)."""
+    return isinstance(part, str) and (part in ("int", "float", "str") or part.startswith(
+        ("constrained-", "list[", "dict[", "function-")))
+
+
+def _first_error(exc: ValidationError) -> dict:
+    """The first error; of a union's branches, the one that got furthest into the input (a list
+    of counts: the list's error, not the single count's)."""
+    errors = exc.errors()
+    err = errors[0]
+    tag = next((i for i, p in enumerate(err["loc"]) if _union_tag(p)), None)
+    if tag is not None:
+        same = [e for e in errors if e["loc"][:tag] == err["loc"][:tag]]
+        err = max(same, key=lambda e: len(e["loc"]))
+    return {**err, "loc": tuple(p for p in err["loc"] if not _union_tag(p))}
+
+
 def _one_line(exc: ValidationError) -> str:
-    err = exc.errors()[0]
+    err = _first_error(exc)
     loc = ".".join(str(p) for p in err["loc"])
     msg = _FIX.get(err["type"]) or err["msg"].removeprefix("Value error, ")
     if err["type"] in _BOUND:
         key, word = _BOUND[err["type"]]
-        msg = f"{err['input']!r} is out of range; give a number {word} {err['ctx'][key]:g} (see the config guide's Limits)"
+        bound = err["ctx"][key]
+        msg = (f"{err['input']!r} is out of range; give a number {word} "
+               f"{f'{bound:,}' if isinstance(bound, int) else f'{bound:g}'} (see the config guide's Limits)")
     elif err["type"] == "finite_number":
         msg = f"{err['input']!r} is not a finite number; give one"
     if err["type"] == "string_pattern_mismatch" and err["loc"] and err["loc"][-1] in ("dataset", "model", "policy", "aggregation", "algorithm"):
