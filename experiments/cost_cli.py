@@ -7,50 +7,21 @@ supplies the emulator's model and writes every file atomically.
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
 from groupfel.errors import InputError
 from groupfel.emulator.io import atomic_write, check_writable
 
 from . import flags
-from .flags import Number
+from .flags import Number, parse_sizes
+
+EDGE_CLIENTS = 10_000    # the what-if's one edge: every client a SimPy process in every round
 
 
 def _number(v: float) -> str:
     """A table number: 4 significant digits, but whole thousands written out (10000, never
     1e+04 beside 9999)."""
     return f"{v:.0f}" if 1e4 <= abs(v) < 1e9 else f"{v:.4g}"
-
-
-MAX_SIZES = 100_000      # sizes one command sweeps; more is a typo or a missing step
-EDGE_CLIENTS = 10_000    # the what-if's one edge: every client a SimPy process in every round
-INT64 = 2**63 - 1
-
-
-def parse_sizes(text: str, where: str = "--sizes", most: int | None = None, bound: str = "") -> list[int]:
-    """``2..30`` (inclusive), ``2..30:4`` (step 4) or ``2,5,10``; each size at most ``most``
-    (``bound`` says what that is). The bounds are compared before the list is built, so a range
-    that cannot be meant (``2..100000000``) gets one line instead of a MemoryError."""
-    form = f"{where} {text!r}: give positive integers as LO..HI, LO..HI:STEP or A,B,C (e.g. 2..30)"
-    m = re.fullmatch(r"\s*(\d+)\s*\.\.\s*(\d+)\s*(?::\s*(\d+))?\s*", text)
-    try:
-        ends = [int(m[1]), int(m[2])] if m else [int(s) for s in text.split(",")]
-    except ValueError:
-        raise InputError(form) from None
-    step = int(m[3] or 1) if m else 1
-    if not ends or min(ends) < 1 or step < 1 or m and ends[0] > ends[1]:
-        raise InputError(form)
-    top = max(ends)
-    if top > INT64:
-        raise InputError(f"{where} {text!r}: {top} is beyond 64-bit integers; give sizes up to {most or INT64:,}")
-    if most is not None and top > most:
-        raise InputError(f"{where} {text!r}: size {top:,} exceeds {bound or most}; give sizes up to {most:,}")
-    count = (ends[1] - ends[0]) // step + 1 if m else len(ends)
-    if count > MAX_SIZES:
-        raise InputError(f"{where} {text!r}: {count:,} sizes; sweep at most {MAX_SIZES:,} (add a step, e.g. "
-                         f"{ends[0]}..{ends[1]}:{-(-(ends[1] - ends[0]) // MAX_SIZES) + 1})")
-    return list(range(ends[0], ends[1] + 1, step)) if m else ends
 
 
 def write_text(path: Path, text: str) -> Path:

@@ -371,6 +371,7 @@ def test_shared_edge_fields_at_their_limits(tmp_path, capsys, path, text):
 def test_every_accepted_field_value_runs_to_finite_outputs(tmp_path, capsys):
     seen = []
     for i, (path, text) in enumerate(_accepted_fields()):
+        (tmp_path / str(i)).mkdir()
         seen.append((path, text, run_field(tmp_path / str(i), path, text, capsys)))
     assert len(seen) >= 10
 
