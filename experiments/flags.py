@@ -102,4 +102,3 @@ ROUNDS = Number(int, 1, 10**6)
 MBPS = Number(float, 1e-6, 1e9, "Mbit/s")         # 1 bit/s .. 1 Pbit/s
 LATENCY = Number(float, 0, 86_400, "s")           # at most a day
 MAX_COV = Number(float, 0, 1e3, open_lo=True)
-ALPHA = Number(float, 1e-3, 1e6)
