@@ -28,6 +28,8 @@ Mbps = Annotated[float, Field(ge=1e-6, le=1e9)]          # 1 bit/s .. 1 Pbit/s
 Latency = Annotated[float, Field(ge=0, le=DAY_S)]        # one-way, at most a day
 Sigma = Annotated[float, Field(ge=0, le=2)]               # lognormal spread: exp(2 x 6 sigma) is 1.6e5
 Seconds = Annotated[float, Field(ge=1, le=1e9)]          # a duration drawn again and again: >= 1 s
+Index = Annotated[int, Field(ge=0, le=MAX_CLIENTS)]
+Weight = Annotated[float, Field(ge=0, le=1e6)]
 
 
 class ClientTypeConfig(_Strict):
@@ -39,12 +41,12 @@ class ClientTypeConfig(_Strict):
     clients: int = Field(ge=1, le=MAX_CLIENTS, description="Number of clients of this type.")
     samples: int | None = Field(None, ge=2, le=MAX_CLIENTS, description="Samples per client (training plus local test); "
                                 "unset: drawn as `[data] sizes` says.")
-    label_weights: list[Annotated[float, Field(ge=0, le=1e6)]] | None = Field(None, description="label-shift: the type's label distribution "
+    label_weights: list[Weight] | None = Field(None, description="label-shift: the type's label distribution "
                                               "(one weight per label; exact counts by largest remainder).")
     rotation: float | None = Field(None, ge=-360, le=360, description="feature-shift: rotation of the type's images, in "
                                    "degrees counter-clockwise.")
-    permutation: list[Annotated[int, Field(ge=0, le=MAX_CLIENTS)]] | None = Field(None, description="concept-shift: label c becomes permutation[c].")
-    domain: Annotated[int, Field(ge=0, le=MAX_CLIENTS)] | Annotated[str, Field(min_length=1)] | None = Field(None, description="The domain (name or index) of a multi-domain dataset "
+    permutation: list[Index] | None = Field(None, description="concept-shift: label c becomes permutation[c].")
+    domain: Index | Annotated[str, Field(min_length=1)] | None = Field(None, description="The domain (name or index) of a multi-domain dataset "
                                      "(digit-domains: sklearn or mnist) the type's clients draw all their "
                                      "samples from (HCCT's Digit task: one digit dataset a group). Give every "
                                      "type one, or none.")
@@ -189,7 +191,7 @@ class TopologyConfig(_Strict):
     edges: Count = Field(3, description="Number of edge servers.")
     clients_per_edge: Count | list[Count] = Field(100, description="Clients on each edge, or a list with one "
                                               "count per edge.")
-    devices: dict[str, Annotated[float, Field(ge=0, le=1e6)]] = Field(default_factory=lambda: {"raspberry-pi-4": 1.0},
+    devices: dict[str, Weight] = Field(default_factory=lambda: {"raspberry-pi-4": 1.0},
                                       description="Device name → share of the clients (normalised, with a "
                                       "warning, if the shares do not sum to 1). Each device needs a profile "
                                       "`<device>/<cost.task>`.")
