@@ -91,7 +91,7 @@ def setup(groups: int, size: int, seed: int = 0, dataset: str = "fashion-mnist")
 
 def shared_edges(n_clients: int, seed: int = 0):
     """Every part of the shared-edge model switched on: 100 Mbit/s of access per edge, 2 cores
-    with aggregation and secagg-server curves, lognormal client links and speeds, and clients
+    with aggregation and secagg-server curves, lognormal client links and slowdowns, and clients
     online 90 % of the time (on/off means 900 s and 100 s)."""
     from groupfel.cost_models import quadratic
     from groupfel.emulator.config import AvailabilityConfig, HeterogeneityConfig
@@ -99,7 +99,7 @@ def shared_edges(n_clients: int, seed: int = 0):
 
     curves = {"aggregation": quadratic(0.0, 0.01, 0.0), "secagg-server": quadratic(3.5e-5, 5e-4, 4e-3),
               "secagg-server-recovery": quadratic(3.4e-5, -3e-4, 1e-2)}
-    clients = client_net(HeterogeneityConfig(bandwidth_sigma=0.5, latency_sigma=0.3, speed_sigma=0.2), n_clients,
+    clients = client_net(HeterogeneityConfig(bandwidth_sigma=0.5, latency_sigma=0.3, slowdown_sigma=0.2), n_clients,
                          20.0, 0.02, seed)
     avail = Availability(AvailabilityConfig(mean_on_s=900.0, mean_off_s=100.0), n_clients, seed)
     return EdgeNetwork(100e6, 2, True, clients, 1, True, curves, avail)

@@ -150,7 +150,7 @@ def emulate(sc: Scenario, efficiency: float = EFFICIENCY) -> dict:
     from groupfel.topologies.topology import Link, build_topology
 
     n = sc.n
-    # training takes 1 s on the device curve, times each client's speed factor = its compute time
+    # training takes 1 s on the device curve, times each client's slowdown factor = its compute time
     device = DeviceProfile("bench", "network", training={"sgd": linear(0.0, 1.0)})
     cost = CostModel({"bench": device}, operations=())
     topology = build_topology([n], ["bench"] * n, [np.arange(1)] * n, np.ones((n, 1), dtype=int),

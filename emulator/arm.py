@@ -51,16 +51,23 @@ def budget_error(budget: float, first: float, where: str) -> InputError:
 def sample_groups(world: World, plan: ArmPlan, groups: list[Group], t: int) -> tuple[int, np.ndarray, np.ndarray]:
     """S, the log sampling masses of ``groups`` and the indices the cloud samples in round t (the
     ``sampling`` stream of round t, so a resume draws the same)."""
-    from groupfel.policies import groups_per_round, sample_without_replacement
+    from groupfel.policies import SamplingPolicy, groups_per_round, sample_without_replacement
+    from groupfel.policies.sampling import cov_zero_first
 
     from .contracts import calling, check_weights, spec_of
 
     s = plan.arm.sampler
     covs = np.array([g.cov for g in groups])
     spec = spec_of(plan.sampling)
-    with calling("sampling.policy", spec, "log_weights()"):
-        log_p = plan.sampling.log_masses(covs)
-    check_weights(log_p, len(groups), "sampling.policy", spec, "sampling", "log_weights()", allow_inf=covs == 0)
+    # the plug-in's own return is checked before our code touches it (the base class's log_masses
+    # calls log_weights, then gives CoV 0 its infinite weight)
+    own = type(plan.sampling).log_masses is not SamplingPolicy.log_masses
+    hook = "log_masses()" if own else "log_weights()"
+    with calling("sampling.policy", spec, hook), np.errstate(divide="ignore"):
+        log_p = (plan.sampling.log_masses if own else plan.sampling.log_weights)(covs)
+    log_p = check_weights(log_p, len(groups), "sampling.policy", spec, "sampling", hook, allow_inf=covs == 0)
+    if not own:
+        log_p = cov_zero_first(covs, log_p)
     S = groups_per_round(len(groups), np.array([g.total_samples for g in groups]),
                          groups=s.groups_per_round, data_fraction=s.data_fraction)
     return S, log_p, sample_without_replacement(log_p, S, rng(world.config.seed, "sampling", t))

@@ -12,7 +12,24 @@ from groupfel.errors import InputError
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # no field takes inf or NaN: every number a run uses is finite by construction
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+# Physical bounds (docs/guide/config.md, "Limits"): beyond them a run's numbers stop meaning anything
+# (a transfer of 10^300 s, a model overflowing to inf) long before they stop being floats.
+MAX_CLIENTS = 10**8     # clients of one run: each holds >= 1 training sample, and no dataset has 10^8
+MAX_ROUNDS = 10**6      # global rounds, group rounds x epochs, intervals counted in rounds
+INT64 = 2**63 - 1
+DAY_S = 86_400.0
+Count = Annotated[int, Field(ge=1, le=MAX_CLIENTS)]
+Rounds = Annotated[int, Field(ge=1, le=MAX_ROUNDS)]
+Mbps = Annotated[float, Field(ge=1e-6, le=1e9)]          # 1 bit/s .. 1 Pbit/s
+Latency = Annotated[float, Field(ge=0, le=DAY_S)]        # one-way, at most a day
+Sigma = Annotated[float, Field(ge=0, le=2)]               # lognormal spread: exp(2 x 6 sigma) is 1.6e5
+Seconds = Annotated[float, Field(ge=1, le=1e9)]          # a duration drawn again and again: >= 1 s
+Index = Annotated[int, Field(ge=0, le=MAX_CLIENTS)]
+Weight = Annotated[float, Field(ge=0, le=1e6)]
 
 
 class ClientTypeConfig(_Strict):
@@ -21,15 +38,15 @@ class ClientTypeConfig(_Strict):
     shift) and what makes it differ: label weights (label-shift), a rotation in degrees or a domain
     of a multi-domain dataset (feature-shift) or a label permutation (concept-shift)."""
 
-    clients: int = Field(ge=1, description="Number of clients of this type.")
-    samples: int | None = Field(None, ge=2, description="Samples per client (training plus local test); "
+    clients: int = Field(ge=1, le=MAX_CLIENTS, description="Number of clients of this type.")
+    samples: int | None = Field(None, ge=2, le=MAX_CLIENTS, description="Samples per client (training plus local test); "
                                 "unset: drawn as `[data] sizes` says.")
-    label_weights: list[float] | None = Field(None, description="label-shift: the type's label distribution "
+    label_weights: list[Weight] | None = Field(None, description="label-shift: the type's label distribution "
                                               "(one weight per label; exact counts by largest remainder).")
-    rotation: float | None = Field(None, description="feature-shift: rotation of the type's images, in "
+    rotation: float | None = Field(None, ge=-360, le=360, description="feature-shift: rotation of the type's images, in "
                                    "degrees counter-clockwise.")
-    permutation: list[int] | None = Field(None, description="concept-shift: label c becomes permutation[c].")
-    domain: int | str | None = Field(None, description="The domain (name or index) of a multi-domain dataset "
+    permutation: list[Index] | None = Field(None, description="concept-shift: label c becomes permutation[c].")
+    domain: Index | Annotated[str, Field(min_length=1)] | None = Field(None, description="The domain (name or index) of a multi-domain dataset "
                                      "(digit-domains: sklearn or mnist) the type's clients draw all their "
                                      "samples from (HCCT's Digit task: one digit dataset a group). Give every "
                                      "type one, or none.")
@@ -39,10 +56,6 @@ class ClientTypeConfig(_Strict):
 # import path "module:attr". Resolved (imported) only when a run builds its world, never on parsing,
 # so a run directory's config reads back wherever its plug-ins are not installed (report, plot).
 PartName = Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.+-]+(:[A-Za-z_][A-Za-z0-9_.]*)?$")]
-
-
-MAX_CLIENTS = 10**8     # clients of one run: each holds >= 1 training sample, and no dataset has 10^8
-INT64 = 2**63 - 1
 
 
 class DataConfig(_Strict):
@@ -57,28 +70,28 @@ class DataConfig(_Strict):
     partition: Literal["dirichlet", "shards", "label-shift", "feature-shift", "concept-shift"] = Field(
         "dirichlet", description="How data is placed on clients: dirichlet (Group-FEL), shards (HCCT's "
         "CIFAR-10), label-, feature- or concept-shift client types (FedCollab Sec. 5.1).")
-    alpha: float = Field(0.1, gt=0, description="dirichlet: the Dirichlet concentration of each client's "
+    alpha: float = Field(0.1, ge=1e-3, le=1e6, description="dirichlet: the Dirichlet concentration of each client's "
                          "label shares (smaller: more skew).")
     dirichlet_counts: Literal["exact", "floor"] = Field(
         "exact", description="dirichlet: exact gives each client exactly n_i samples; floor gives "
         "floor(q_ic·n_i) of class c (the Group-FEL authors' code, so fewer than n_i).")
-    n_shards: int = Field(100, ge=1, description="shards: single-label shards dealt over all clients.")
+    n_shards: int = Field(100, ge=1, le=MAX_CLIENTS, description="shards: single-label shards dealt over all clients.")
     sizes: Literal["normal", "uniform", "half-normal"] = Field(
         "normal", description="Client sample counts: normal (Group-FEL paper: Normal(mean, std) clipped "
         "to [min, max]), uniform (randint(min, max + 1), the Group-FEL authors' code), half-normal "
         "(HCCT's H(1), scaled so its mean is mean_samples).")
     min_samples: int = Field(20, ge=1, le=MAX_CLIENTS, description="Fewest samples a client holds.")
     max_samples: int = Field(200, ge=1, le=MAX_CLIENTS, description="Most samples a client holds (≥ min_samples).")
-    mean_samples: float | None = Field(None, gt=0, description="Mean client size; unset: the midpoint of "
+    mean_samples: float | None = Field(None, gt=0, le=MAX_CLIENTS, description="Mean client size; unset: the midpoint of "
                                        "[min_samples, max_samples].")
-    std_samples: float | None = Field(None, ge=0, description="normal sizes: standard deviation; unset: "
+    std_samples: float | None = Field(None, ge=0, le=MAX_CLIENTS, description="normal sizes: standard deviation; unset: "
                                       "(max_samples - min_samples) / 4.")
     types: list[ClientTypeConfig] | None = Field(None, description="label/feature/concept-shift: the client "
                                                  "types; unset: FedCollab's four.")
     test_fraction: float | None = Field(None, ge=0, lt=1, description="Share of each client's samples held "
                                         "out as its local test split (same distribution, disjoint from its "
                                         "training samples); unset: 0.2 in per-group mode, none in global mode.")
-    test_samples: int | None = Field(None, ge=1, description="Instead of test_fraction: exactly this many of "
+    test_samples: int | None = Field(None, ge=1, le=MAX_CLIENTS, description="Instead of test_fraction: exactly this many of "
                                      "each client's samples as its local test split (FedCollab Table 4: 350 "
                                      "on every client, large or small).")
 
@@ -106,11 +119,8 @@ SHIFTS = {"label-shift": "label_weights", "feature-shift": "rotation", "concept-
 
 
 class LinkConfig(_Strict):
-    bandwidth_mbps: float = Field(gt=0, description="Link bandwidth in Mbit/s.")
-    latency_s: float = Field(ge=0, description="One-way latency in seconds.")
-
-
-Capacity = Annotated[float, Field(gt=0, allow_inf_nan=False)]   # a positive, finite number
+    bandwidth_mbps: Mbps = Field(description="Link bandwidth in Mbit/s.")
+    latency_s: Latency = Field(description="One-way latency in seconds.")
 
 
 class EdgeLinkConfig(LinkConfig):
@@ -121,27 +131,43 @@ class EdgeLinkConfig(LinkConfig):
 
 
 class HeterogeneityConfig(_Strict):
-    """Per-client links and compute speeds: read from a CSV or drawn around the defaults."""
+    """Per-client links and compute slowdowns: read from a CSV or drawn around the defaults."""
 
     file: str | None = Field(None, description="A CSV with columns client, bandwidth_mbps, latency_s and "
-                             "optionally speed; one row for every client (ids 0..N-1).")
-    bandwidth_sigma: float = Field(0.0, ge=0, allow_inf_nan=False, description="Without file: each client's "
+                             "optionally slowdown; one row for every client (ids 0..N-1).")
+    bandwidth_sigma: Sigma = Field(0.0, description="Without file: each client's "
                                    "bandwidth is client_link.bandwidth_mbps × exp(N(0, σ²)) (lognormal, median "
                                    "the default).")
-    latency_sigma: float = Field(0.0, ge=0, allow_inf_nan=False, description="Without file: each client's "
+    latency_sigma: Sigma = Field(0.0, description="Without file: each client's "
                                  "latency is client_link.latency_s × exp(N(0, σ²)).")
-    speed_sigma: float = Field(0.0, ge=0, allow_inf_nan=False, description="Each client's compute factor "
-                               "exp(N(0, σ²)) (without file, or a file without a speed column): its device "
-                               "curves times the factor, in its Eq. 5 charges and in simulated time.")
+    slowdown_sigma: Sigma = Field(0.0, description="Each client's slowdown factor "
+                                  "exp(N(0, σ²)) (without file, or a file without a slowdown column): its device "
+                                  "curves times the factor (2: twice as slow), in its Eq. 5 charges and in "
+                                  "simulated time.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "speed_sigma" in data:
+            raise ValueError("speed_sigma is now slowdown_sigma (a factor: 2 is twice as slow); rename the key")
+        return data
+
+    @model_validator(mode="after")
+    def _file_or_sigmas(self):
+        given = [k for k in ("bandwidth_sigma", "latency_sigma") if getattr(self, k)]
+        if self.file is not None and given:
+            raise ValueError(f"{given[0]}: the file gives every client's link, so {given[0]} would be ignored; "
+                             f"remove {given[0]} or the file")
+        return self
 
 
 class AvailabilityConfig(_Strict):
     """When each client is online, in simulated seconds: a CSV of intervals or an on/off process."""
 
     file: str | None = Field(None, description="A CSV with columns client, start_s, end_s: the intervals each "
-                             "client is online (a client without rows is never online).")
-    mean_on_s: Capacity | None = Field(None, description="Without file: online periods last Exp(mean_on_s).")
-    mean_off_s: Capacity | None = Field(None, description="Without file: offline periods last Exp(mean_off_s).")
+                             "client is online; every client needs at least one row.")
+    mean_on_s: Seconds | None = Field(None, description="Without file: online periods last Exp(mean_on_s).")
+    mean_off_s: Seconds | None = Field(None, description="Without file: offline periods last Exp(mean_off_s).")
 
     @model_validator(mode="after")
     def _one(self):
@@ -156,16 +182,16 @@ class ArrivalsConfig(_Strict):
     2·``every``, ... (a newcomer starts from the initial model). Per-group mode, with a grouping
     that places clients every round."""
 
-    initial: int = Field(ge=1, description="Clients present at round 0 (the first ones by index).")
-    every: int = Field(10, ge=1, description="Rounds between arrivals.")
-    per_arrival: int = Field(1, ge=0, description="Clients that join at each arrival (HCCT: N_new).")
+    initial: Count = Field(description="Clients present at round 0 (the first ones by index).")
+    every: Rounds = Field(10, description="Rounds between arrivals.")
+    per_arrival: int = Field(1, ge=0, le=MAX_CLIENTS, description="Clients that join at each arrival (HCCT: N_new).")
 
 
 class TopologyConfig(_Strict):
-    edges: int = Field(3, ge=1, description="Number of edge servers.")
-    clients_per_edge: int | list[int] = Field(100, description="Clients on each edge, or a list with one "
+    edges: Count = Field(3, description="Number of edge servers.")
+    clients_per_edge: Count | list[Count] = Field(100, description="Clients on each edge, or a list with one "
                                               "count per edge.")
-    devices: dict[str, float] = Field(default_factory=lambda: {"raspberry-pi-4": 1.0},
+    devices: dict[str, Weight] = Field(default_factory=lambda: {"raspberry-pi-4": 1.0},
                                       description="Device name → share of the clients (normalised, with a "
                                       "warning, if the shares do not sum to 1). Each device needs a profile "
                                       "`<device>/<cost.task>`.")
@@ -173,11 +199,11 @@ class TopologyConfig(_Strict):
                                     description="The link between a client and its edge.")
     edge_link: EdgeLinkConfig = Field(EdgeLinkConfig(bandwidth_mbps=1000.0, latency_s=0.01),
                                       description="The link between an edge and the cloud.")
-    edge_access_mbps: Capacity | None = Field(None, description="Each edge's access capacity in Mbit/s, "
+    edge_access_mbps: Mbps | None = Field(None, description="Each edge's access capacity in Mbit/s, "
                                               "shared by its clients' concurrent transfers in each direction "
                                               "(processor sharing; each client's own link still caps it); "
                                               "unset: every client has a dedicated link.")
-    edge_cores: int | None = Field(None, ge=1, strict=True, description="Cores of each edge server: group "
+    edge_cores: int | None = Field(None, ge=1, le=10**6, strict=True, description="Cores of each edge server: group "
                                    "aggregations queue for them; unset: unlimited.")
     edge_profile: str | None = Field(None, description="The edge server's profile `<device>/<task>`: its "
                                      "group_overhead curves aggregation, secagg-server and secagg-server-recovery "
@@ -239,7 +265,7 @@ class TrainConfig(_Strict):
     engine: Literal["sequential", "batched"] = Field(
         "batched", description="batched: a whole group round per engine call (measured faster for every "
         "model); sequential: one client after another (the readable reference).")
-    workers: int | None = Field(None, ge=1, description="The batched engine's processes on a CPU; unset: one "
+    workers: int | None = Field(None, ge=1, le=1024, description="The batched engine's processes on a CPU; unset: one "
                                 "per core.")
     device: str = Field("cpu", description="The torch device the clients train on: cpu, cuda, cuda:N, mps or "
                         "auto (the first CUDA GPU if torch sees one, else cpu). On a GPU, deterministic algorithms "
@@ -258,24 +284,24 @@ class TrainConfig(_Strict):
         "`groupfel.emulator.algorithms.Algorithm` dataclass.")
     algorithm_params: dict[str, Any] = Field(default_factory=dict, description="The algorithm's parameters "
                                              "(its dataclass fields), checked when the run starts.")
-    mu: float = Field(0.0, ge=0, description="FedProx's proximal weight (algorithm = \"fedprox\"; 0 gives "
+    mu: float = Field(0.0, ge=0, le=1e3, description="FedProx's proximal weight (algorithm = \"fedprox\"; 0 gives "
                       "FedAvg exactly); given to an algorithm with a `mu` parameter.")
-    lr: float = Field(0.05, gt=0, description="The clients' SGD learning rate.")
+    lr: float = Field(0.05, gt=0, le=10, description="The clients' SGD learning rate.")
     lr_decay: float = Field(1.0, gt=0, le=1, description="The learning rate in global round t is "
                             "lr × lr_decay^t.")
     momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum (the Group-FEL authors: 0.9).")
-    weight_decay: float = Field(0.0, ge=0, description="SGD weight decay (the Group-FEL authors: 1e-4).")
+    weight_decay: float = Field(0.0, ge=0, le=1, description="SGD weight decay (the Group-FEL authors: 1e-4).")
     client_state: Literal["fresh", "persistent"] = Field(
         "fresh", description="persistent: each client keeps its momentum buffers across rounds (the "
         "Group-FEL authors' code); fresh: new buffers every round.")
-    batch_size: int = Field(32, ge=1, description="Local mini-batch size.")
-    group_rounds: int = Field(5, ge=1, description="K: group rounds per global round.")
-    local_epochs: int = Field(2, ge=1, description="E: local epochs per group round.")
-    rounds: int | None = Field(100, ge=1, description="T: the most global rounds; unset: run until the "
+    batch_size: Count = Field(32, description="Local mini-batch size.")
+    group_rounds: int = Field(5, ge=1, le=10**4, description="K: group rounds per global round.")
+    local_epochs: int = Field(2, ge=1, le=10**4, description="E: local epochs per group round.")
+    rounds: Rounds | None = Field(100, description="T: the most global rounds; unset: run until the "
                                "budget is spent.")
-    budget: float | None = Field(None, gt=0, description="Eq. 5 cost budget (the paper: 1e6): a round that "
+    budget: float | None = Field(None, gt=0, le=1e300, description="Eq. 5 cost budget (the paper: 1e6): a round that "
                                  "would cross it is not run; an error if the first round would.")
-    eval_every: int = Field(1, ge=1, description="Evaluate the global model every this many rounds.")
+    eval_every: Rounds = Field(1, description="Evaluate the global model every this many rounds.")
     target_accuracy: float | None = Field(None, gt=0, le=1, description="The summary reports the cost to "
                                           "first reach this test accuracy.")
 
@@ -297,11 +323,11 @@ class TrainConfig(_Strict):
 
 class SamplingConfig(_Strict):
     # other keys are the policy's parameters (a plug-in's dataclass fields), checked when the arm is planned
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
 
     policy: PartName = Field("random", description="The sampling policy (see Policies below), an installed "
                              "plug-in's short name, or an import path \"module:Class\".")
-    groups_per_round: int | None = Field(None, ge=1, description="S: groups sampled each round (capped at "
+    groups_per_round: Count | None = Field(None, description="S: groups sampled each round (capped at "
                                          "the groups formed, with a warning).")
     data_fraction: float | None = Field(None, gt=0, le=1, description="Instead of groups_per_round: S is "
                                         "the number of average-sized groups holding this share of the data.")
@@ -325,7 +351,7 @@ class ArmConfig(_Strict):
     aggregation: PartName = Field("biased", description="The cloud's aggregation rule: biased, unbiased "
                                   "(Eq. 4) or stabilized (Eq. 39), an installed plug-in's short name, or an "
                                   "import path \"module:Class\".")
-    regroup_every: int | None = Field(None, ge=1, description="Regroup the clients every this many rounds "
+    regroup_every: Rounds | None = Field(None, description="Regroup the clients every this many rounds "
                                       "(Sec. 5.2); unset: group once.")
 
     @property
@@ -341,8 +367,8 @@ class StragglerConfig(_Strict):
 
     distribution: Literal["lognormal", "pareto"] = Field("lognormal", description="The slowdown's "
                                                          "distribution.")
-    sigma: float = Field(0.5, gt=0, description="lognormal: σ of the underlying normal.")
-    shape: float = Field(3.0, gt=0, description="pareto: the Lomax shape (smaller: heavier tail).")
+    sigma: float = Field(0.5, gt=0, le=3, description="lognormal: σ of the underlying normal.")
+    shape: float = Field(3.0, ge=0.1, le=1e6, description="pareto: the Lomax shape (smaller: heavier tail).")
 
 
 class FaultsConfig(_Strict):
@@ -350,7 +376,7 @@ class FaultsConfig(_Strict):
                            "it pays its training, not the group operations, and its update is excluded.")
     straggler: StragglerConfig | None = Field(None, description="Compute slowdowns (simulated time only); "
                                               "unset: none.")
-    recovery_multiple: float = Field(1.0, ge=0, description="Recovery cost per dropped member when a profile "
+    recovery_multiple: float = Field(1.0, ge=0, le=1e3, description="Recovery cost per dropped member when a profile "
                                      "has no `<op>-recovery` curve: recovery_multiple × O_op(|g|) / "
                                      "|g| per survivor (groupfel.cost_models.model.CostModel.recovery).")
 
@@ -437,6 +463,9 @@ _FIX = {
     "extra_forbidden": "unknown key; remove it or check its spelling",
     "missing": "required; add it",
 }
+# a number out of its range: (the bound's name in pydantic's context, how to say it)
+_BOUND = {"greater_than_equal": ("ge", "at least"), "greater_than": ("gt", "above"),
+          "less_than_equal": ("le", "at most"), "less_than": ("lt", "below")}
 
 
 def parts(config: RunConfig) -> list[tuple[str, str, Any]]:
@@ -452,10 +481,35 @@ def parts(config: RunConfig) -> list[tuple[str, str, Any]]:
     return out
 
 
+def _union_tag(part: Any) -> bool:
+    """A loc part pydantic adds for a branch of a union (``constrained-int``, ``list[...]``)."""
+    return isinstance(part, str) and (part in ("int", "float", "str") or part.startswith(
+        ("constrained-", "list[", "dict[", "function-")))
+
+
+def _first_error(exc: ValidationError) -> dict:
+    """The first error; of a union's branches, the one that got furthest into the input (a list
+    of counts: the list's error, not the single count's)."""
+    errors = exc.errors()
+    err = errors[0]
+    tag = next((i for i, p in enumerate(err["loc"]) if _union_tag(p)), None)
+    if tag is not None:
+        same = [e for e in errors if e["loc"][:tag] == err["loc"][:tag]]
+        err = max(same, key=lambda e: len(e["loc"]))
+    return {**err, "loc": tuple(p for p in err["loc"] if not _union_tag(p))}
+
+
 def _one_line(exc: ValidationError) -> str:
-    err = exc.errors()[0]
+    err = _first_error(exc)
     loc = ".".join(str(p) for p in err["loc"])
     msg = _FIX.get(err["type"]) or err["msg"].removeprefix("Value error, ")
+    if err["type"] in _BOUND:
+        key, word = _BOUND[err["type"]]
+        bound = err["ctx"][key]
+        msg = (f"{err['input']!r} is out of range; give a number {word} "
+               f"{f'{bound:,}' if isinstance(bound, int) else f'{bound:g}'} (see the config guide's Limits)")
+    elif err["type"] == "finite_number":
+        msg = f"{err['input']!r} is not a finite number; give one"
     if err["type"] == "string_pattern_mismatch" and err["loc"] and err["loc"][-1] in ("dataset", "model", "policy", "aggregation", "algorithm"):
         msg = f"{err['input']!r} is neither a name nor an import path \"module:attr\""
     return f"config: {loc}: {msg}" if loc else f"config: {msg}"

@@ -12,7 +12,7 @@ One group round of a sampled group, in simulated time:
 2. each remaining member downloads the group model plus its share of the secure-aggregation key
    messages (the edge's downlink, shared with every concurrent download of the edge when
    ``edge_access_mbps`` is set, capped by the client's own link);
-3. trains and runs its group operations (its device curves × its speed factor, × any straggler
+3. trains and runs its group operations (its device curves × its slowdown factor, × any straggler
    slowdown in time only);
 4. uploads its payload (the model, the algorithm's extra vectors such as SCAFFOLD's variates, or
    under secure aggregation the masked vector in 32-bit words) plus its key and share messages
@@ -41,7 +41,7 @@ import simpy
 
 from groupfel.cost_models import TRAINING
 
-from .config import AvailabilityConfig, HeterogeneityConfig, RunConfig
+from .config import DAY_S, AvailabilityConfig, HeterogeneityConfig, RunConfig
 from groupfel.errors import InputError
 from groupfel.usercsv import read_user_csv
 from .federation import Federation, Group, RoundContext, draw_faults
@@ -83,17 +83,17 @@ def client_bytes(model_bytes: int, group_size: int, vectors: int = 1, secagg: bo
     return down, up
 
 
-# -- per-client links and speeds ---------------------------------------------------------------------
+# -- per-client links and slowdowns ---------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class ClientNet:
     bandwidth_mbps: np.ndarray
     latency_s: np.ndarray
-    speed: np.ndarray           # compute factor: the device curves times it
+    slowdown: np.ndarray        # compute factor: the device curves times it (2: twice as slow)
 
     def manifest(self) -> dict:
         return {"bandwidth_mbps": self.bandwidth_mbps.tolist(), "latency_s": self.latency_s.tolist(),
-                "speed": self.speed.tolist()}
+                "slowdown": self.slowdown.tolist()}
 
 
 def _read_csv(path: str, where: str, columns: tuple[str, ...], optional: tuple[str, ...] = ()
@@ -105,14 +105,20 @@ def _read_csv(path: str, where: str, columns: tuple[str, ...], optional: tuple[s
     return table.header, [(row.line, row.cells) for row in table.rows]
 
 
-def _num(row: dict, col: str, where: str, line: int, positive: bool = False) -> float:
+# each CSV column's bounds: the config's (docs/guide/config.md, "Limits")
+_BOUNDS = {"bandwidth_mbps": (1e-6, 1e9, "Mbit/s"), "latency_s": (0.0, DAY_S, "s"),
+           "slowdown": (1e-3, 1e3, ""), "start_s": (0.0, 1e12, "s"), "end_s": (0.0, 1e12, "s")}
+
+
+def _num(row: dict, col: str, where: str, line: int) -> float:
+    lo, hi, unit = _BOUNDS[col]
     try:
         v = float(row[col])
     except (TypeError, ValueError):
         v = math.nan
-    if not math.isfinite(v) or v < 0 or (positive and v == 0):
-        raise InputError(f"{where}: line {line}: {col} = {row.get(col)!r} must be a {'positive' if positive else 'non-negative'} "
-                         f"finite number")
+    if not lo <= v <= hi:    # NaN fails too
+        raise InputError(f"{where}: line {line}: {col} = {row.get(col)!r}; give a number from {lo:g} to {hi:g}"
+                         f"{' ' + unit if unit else ''}")
     return v
 
 
@@ -126,38 +132,48 @@ def _client_id(row: dict, where: str, line: int, n: int) -> int:
     return c
 
 
+def _require_every_client(seen: set[int], n: int, where: str, path: str) -> None:
+    if len(seen) != n:
+        missing = sorted(set(range(n)) - seen)
+        raise InputError(f"{where}: {path} has no row for client(s) {', '.join(map(str, missing[:5]))}"
+                         f"{' ...' if len(missing) > 5 else ''} ({len(missing)} of {n}); give every client a row")
+
+
 def client_net(h: HeterogeneityConfig | None, n: int, bandwidth: float, latency: float, seed: int) -> ClientNet:
-    """Every client's link and speed factor (``topology.heterogeneity``)."""
-    bw, lat, speed = np.full(n, float(bandwidth)), np.full(n, float(latency)), np.ones(n)
+    """Every client's link and slowdown factor (``topology.heterogeneity``)."""
+    bw, lat, slowdown = np.full(n, float(bandwidth)), np.full(n, float(latency)), np.ones(n)
     if h is None:
-        return ClientNet(bw, lat, speed)
+        return ClientNet(bw, lat, slowdown)
     draws = [stream(seed, "heterogeneity", c).normal(size=3) for c in range(n)]
     z = np.array(draws).reshape(n, 3)
-    has_speed = False
+    has_slowdown = False
     if h.file is not None:
         where = "topology.heterogeneity.file"
-        header, rows = _read_csv(h.file, where, ("client", "bandwidth_mbps", "latency_s"), ("speed",))
+        header, rows = _read_csv(h.file, where, ("client", "bandwidth_mbps", "latency_s"), ("slowdown",))
+        if "speed" in header:
+            raise InputError(f"{where}: {h.file}: column speed is now slowdown (a factor: 2 is twice as slow); "
+                             f"rename the column")
+        has_slowdown = "slowdown" in header
+        if has_slowdown and h.slowdown_sigma:
+            raise InputError(f"topology.heterogeneity.slowdown_sigma: {h.file} has a slowdown column, so the "
+                             f"sigma would be ignored; remove slowdown_sigma or the column")
         seen: set[int] = set()
-        has_speed = "speed" in header
         for line, row in rows:
             c = _client_id(row, where, line, n)
             if c in seen:
                 raise InputError(f"{where}: line {line}: client {c} appears twice; give one row per client")
             seen.add(c)
-            bw[c] = _num(row, "bandwidth_mbps", where, line, positive=True)
+            bw[c] = _num(row, "bandwidth_mbps", where, line)
             lat[c] = _num(row, "latency_s", where, line)
-            if has_speed:
-                speed[c] = _num(row, "speed", where, line, positive=True)
-        if len(seen) != n:
-            missing = sorted(set(range(n)) - seen)
-            raise InputError(f"{where}: {h.file} has no row for client(s) {', '.join(map(str, missing[:5]))}"
-                             f"{' ...' if len(missing) > 5 else ''} ({len(missing)} of {n}); give one row per client")
+            if has_slowdown:
+                slowdown[c] = _num(row, "slowdown", where, line)
+        _require_every_client(seen, n, where, h.file)
     else:
         bw = bw * np.exp(h.bandwidth_sigma * z[:, 0])
         lat = lat * np.exp(h.latency_sigma * z[:, 1])
-    if not has_speed:
-        speed = np.exp(h.speed_sigma * z[:, 2])
-    return ClientNet(bw, lat, speed)
+    if not has_slowdown:
+        slowdown = np.exp(h.slowdown_sigma * z[:, 2])
+    return ClientNet(bw, lat, slowdown)
 
 
 # -- availability ------------------------------------------------------------------------------------
@@ -194,6 +210,7 @@ class Availability:
                 if a1 < b0:
                     raise InputError(f"{where}: client {c}'s intervals [{a0:g}, {b0:g}) and [{a1:g}, {b1:g}) overlap; "
                                      f"merge them")
+        _require_every_client({c for c, iv in enumerate(self._iv) if iv}, self.n, where, path)
 
     def _extend(self, c: int, until: float) -> None:
         r, t, on = self._gen[c]
@@ -343,7 +360,18 @@ class ContendedFederation(Federation):
             dry.run_round(t, sampled)
             self._offline[t] = dry._offline.get(t, {})
             self._planned = {t: (key_, dry)}   # run_round replays it: the same clock, charges and stats
+            if t == 0:
+                self._refuse_empty_start(sampled)
         return frozenset(self._offline.get(t, {}))
+
+    def _refuse_empty_start(self, sampled: list[tuple[int, Group]]) -> None:
+        """A first round in which every sampled client is offline trains nothing, and its clock
+        barely moves, so every later round would find the same: refused before any training."""
+        members = {int(c) for _, g in sampled for c in g.clients}
+        if members and all((0, c) in self._offline[0] for c in members):
+            raise InputError(f"topology.availability: all {len(members)} clients sampled in round 1 are offline "
+                             f"at its start ({self.ctx.env.now:g} s simulated), so nothing would train; let "
+                             f"clients be online from 0 s (an interval with start_s = 0, or a shorter mean_off_s)")
 
     def run_round(self, t, sampled):
         env = self.ctx.env
@@ -384,9 +412,9 @@ class ContendedFederation(Federation):
         key_ = g.clients.tobytes() + g.n_samples.tobytes()
         if key_ not in self._priced:
             devices, nominal = super()._price(g)
-            speed = self.net.clients.speed[g.clients]
-            if not np.all(speed == 1.0):
-                nominal = {c: v * speed for c, v in nominal.items()}
+            slowdown = self.net.clients.slowdown[g.clients]
+            if not np.all(slowdown == 1.0):
+                nominal = {c: v * slowdown for c, v in nominal.items()}
                 for v in nominal.values():
                     v.flags.writeable = False
             self._priced[key_] = devices, nominal

@@ -24,7 +24,7 @@ STREAMS: dict[str, int | None] = {
     "finetune": 11,        # a client's fine-tuning batch seeds at evaluation (Finetune): (client,)
     "independent": 20,
     "availability": 21,    # a client's on/off process (topology.availability): (client,)
-    "heterogeneity": 22,   # a client's drawn bandwidth, latency and speed factor: (client,)     # MAXFL: batch seeds of a client's own model in group round k of round t: (t, k, client)
+    "heterogeneity": 22,   # a client's drawn bandwidth, latency and slowdown factor: (client,)     # MAXFL: batch seeds of a client's own model in group round k of round t: (t, k, client)
     "discriminators": None,  # FedCollab's discriminators at epoch e on an edge: (e, edge); sub-streams below
 }
 # streams derived from a key of "discriminators": the tag is appended last

@@ -310,16 +310,18 @@ def whatif(group_sizes: Iterable[int] = range(2, 41), *, profile: str = "raspber
 
     from groupfel.cost_models.whatif import Scenario, sweep as price
 
-    from .cost_cli import _wants_makespan, _whatif_curves, _with_makespan
+    from .cost_cli import _wants_makespan, _whatif_curves, _with_makespan, whatif_values
 
+    v = whatif_values(clients=clients, samples_mean=samples_mean, rounds=rounds, group_rounds=group_rounds,
+                      local_epochs=local_epochs, groups_per_round=groups_per_round, participation=participation,
+                      seed=seed, access_mbps=None if access_mbps is None else list(np.atleast_1d(access_mbps)),
+                      edge_cores=edge_cores, edge_clients=edge_clients, model_mb=model_mb,
+                      client_mbps=client_mbps, latency_s=latency_s)
     args = SimpleNamespace(profile=profile, training=training, profiles_file=profiles_file,
-                           access_mbps=None if access_mbps is None else ",".join(
-                               str(float(c)) for c in np.atleast_1d(access_mbps)),
-                           edge_cores=edge_cores, edge_clients=edge_clients, edge_profile=edge_profile,
-                           model_mb=model_mb, client_mbps=client_mbps, latency_s=latency_s)
+                           edge_profile=edge_profile, **{k: v.pop(k) for k in (
+                               "access_mbps", "edge_cores", "edge_clients", "model_mb", "client_mbps", "latency_s")})
     prof, overhead = _whatif_curves(args)
-    sc = Scenario(clients=clients, samples_mean=samples_mean, rounds=rounds, group_rounds=group_rounds,
-                  local_epochs=local_epochs, groups_per_round=groups_per_round, participation=participation, seed=seed)
+    sc = Scenario(**v)
     df = price([int(s) for s in group_sizes], overhead, prof.training[training], sc)
     return _with_makespan(df, args, prof, overhead, sc) if _wants_makespan(args) else df
 

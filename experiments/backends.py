@@ -480,13 +480,15 @@ def add_device_argument(parser) -> None:
 
 def add_backend_arguments(parser, what: str) -> None:
     """--backend, --jobs and the Ray options of a command that runs ``what`` as tasks."""
+    from . import flags
+
     add_device_argument(parser)
     parser.add_argument("--backend", default="local", choices=list(BACKENDS),
                         help=f"where {what} go: local, a process pool, one worker per core (default); ray: Ray tasks")
-    parser.add_argument("--jobs", type=int, help=f"parallel {what} (default: one per core; with ray, its CPUs)")
+    parser.add_argument("--jobs", type=flags.JOBS, help=f"parallel {what} (default: one per core; with ray, its CPUs)")
     parser.add_argument("--address", help="with --backend ray: a cluster's address, e.g. 10.0.0.5:6379 (default: "
                                           "$RAY_ADDRESS, else a new local instance); see docs/cluster.md")
-    parser.add_argument("--gpus-per-task", type=float, default=0.0, metavar="G",
+    parser.add_argument("--gpus-per-task", type=flags.Number(float, 1e-4, 64, "GPUs"), default=0.0, metavar="G",
                         help="with --backend ray: GPUs each task asks for (0.5: two tasks share one); tasks then "
                              "train on CUDA (default 0: no GPUs)")
     parser.add_argument("--ship-data", action="store_true",

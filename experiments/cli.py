@@ -135,6 +135,11 @@ class _Parser(argparse.ArgumentParser):
                            + (f"Installed plug-ins: {'; '.join(kinds)}." if kinds else "No plug-ins installed."))
         return super().format_help()
 
+    def error(self, message: str):
+        """A usage error (a flag's value out of range included) as the CLI's one line, exit 2."""
+        self.exit(2, f"groupfel: error: {self.prog.removeprefix('groupfel').strip() or 'groupfel'}: {message} "
+                     f"(see {self.prog} --help)\n")
+
 
 def _lazy(module: str, name: str):
     """A subcommand's function, imported when it runs: building the parser (``--help``, ``group``)
@@ -232,7 +237,12 @@ def main(argv: list[str] | None = None) -> int:
     _shown.clear()
     warnings.showwarning = _show_warning
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:   # a usage error (its one line is printed) returns 2 like any input error
+        if exc.code == 2:
+            return 2
+        raise
     try:
         return args.func(args)
     except BrokenPipeError:

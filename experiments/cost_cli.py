@@ -7,46 +7,21 @@ supplies the emulator's model and writes every file atomically.
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
 from groupfel.errors import InputError
 from groupfel.emulator.io import atomic_write, check_writable
+
+from . import flags
+from .flags import Number, parse_sizes
+
+EDGE_CLIENTS = 10_000    # the what-if's one edge: every client a SimPy process in every round
 
 
 def _number(v: float) -> str:
     """A table number: 4 significant digits, but whole thousands written out (10000, never
     1e+04 beside 9999)."""
     return f"{v:.0f}" if 1e4 <= abs(v) < 1e9 else f"{v:.4g}"
-
-
-MAX_SIZES = 100_000      # sizes one command sweeps; more is a typo or a missing step
-INT64 = 2**63 - 1
-
-
-def parse_sizes(text: str, where: str = "--sizes", most: int | None = None, bound: str = "") -> list[int]:
-    """``2..30`` (inclusive), ``2..30:4`` (step 4) or ``2,5,10``; each size at most ``most``
-    (``bound`` says what that is). The bounds are compared before the list is built, so a range
-    that cannot be meant (``2..100000000``) gets one line instead of a MemoryError."""
-    form = f"{where} {text!r}: give positive integers as LO..HI, LO..HI:STEP or A,B,C (e.g. 2..30)"
-    m = re.fullmatch(r"\s*(\d+)\s*\.\.\s*(\d+)\s*(?::\s*(\d+))?\s*", text)
-    try:
-        ends = [int(m[1]), int(m[2])] if m else [int(s) for s in text.split(",")]
-    except ValueError:
-        raise InputError(form) from None
-    step = int(m[3] or 1) if m else 1
-    if not ends or min(ends) < 1 or step < 1 or m and ends[0] > ends[1]:
-        raise InputError(form)
-    top = max(ends)
-    if top > INT64:
-        raise InputError(f"{where} {text!r}: {top} is beyond 64-bit integers; give sizes up to {most or INT64:,}")
-    if most is not None and top > most:
-        raise InputError(f"{where} {text!r}: size {top:,} exceeds {bound or most}; give sizes up to {most:,}")
-    count = (ends[1] - ends[0]) // step + 1 if m else len(ends)
-    if count > MAX_SIZES:
-        raise InputError(f"{where} {text!r}: {count:,} sizes; sweep at most {MAX_SIZES:,} (add a step, e.g. "
-                         f"{ends[0]}..{ends[1]}:{-(-(ends[1] - ends[0]) // MAX_SIZES) + 1})")
-    return list(range(ends[0], ends[1] + 1, step)) if m else ends
 
 
 def write_text(path: Path, text: str) -> Path:
@@ -105,12 +80,12 @@ def _cmd_calibrate(args) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     m = sub.add_parser("measure", help="time real group operations or training on this machine")
     m.add_argument("operation", choices=["secagg", "backdoor", "training"])
-    m.add_argument("--sizes", help="group sizes (or sample counts for training): LO..HI[:STEP] or A,B,C "
+    m.add_argument("--sizes", type=flags.SIZES, help="group sizes (or sample counts for training): LO..HI[:STEP] or A,B,C "
                                    "(default 2..30; training 16..256:16)")
-    m.add_argument("--repeats", type=int, default=3, help="measurements per size (default 3)")
-    m.add_argument("--params", type=int, help="model parameters for secagg/backdoor (default: --model's)")
+    m.add_argument("--repeats", type=Number(int, 1, 10**4), default=3, help="measurements per size (default 3)")
+    m.add_argument("--params", type=Number(int, 1, 10**10), help="model parameters for secagg/backdoor (default: --model's)")
     m.add_argument("--model", default="cnn", choices=["cnn", "mlp"], help="model (groupfel.emulator.training.build_model)")
-    m.add_argument("--threads", type=int, default=1, help="torch threads while timing (default 1: one core)")
+    m.add_argument("--threads", type=flags.JOBS, default=1, help="torch threads while timing (default 1: one core)")
     m.add_argument("--device", default="local", help="device name written to the CSV (default local)")
     m.add_argument("--server", action="store_true", help="secagg: time the aggregator's part alone (secagg-server "
                    "and secagg-server-recovery rows, an edge server's curves for topology.edge_profile)")
@@ -188,7 +163,7 @@ def _check_memory(clients: int, per_client_bytes: int = 64) -> None:
 def _cmd_whatif(args) -> int:
     import time
 
-    from groupfel.cost_models.whatif import Scenario, plot_sweep, sweep
+    from groupfel.cost_models.whatif import Scenario, plot_makespan, plot_sweep, sweep
 
     out = check_writable(args.out, "dir", "--out")
     if args.policy or args.label_matrix or args.alpha:
@@ -210,35 +185,32 @@ def _cmd_whatif(args) -> int:
     df.to_csv(out / "whatif.csv", index=False)
     title = (f"{args.profile} + {args.training}; {sc.clients} clients, T={sc.rounds}, K={sc.group_rounds}, "
              f"E={sc.local_epochs}")
-    plot_sweep(df, out / "whatif.png", title)
     cols = ["group_size", "groups_per_round", "clients_per_round", "training_per_round", "operations_per_round",
             "total_per_round", "operations_share"]
     if "makespan_s" in df:
-        cols = ["group_size", "access_mbps", "edge_cores", "makespan_s", "core_wait_s", "edge_cost",
-                "total_per_round"]
+        plot_makespan(df, out / "whatif.png", title + f"; one edge of {args.edge_clients} clients")
+        cols = ["edge_groups", "edge_group_sizes", "access_mbps", "edge_cores", "makespan_s", "core_wait_s",
+                "edge_cost", "group_size", "total_per_round"]
+        print(f"one edge of {args.edge_clients} clients: the groups it forms (edge_groups of edge_group_sizes) "
+              f"for each --group-sizes value (group_size: the smallest that forms them)")
+    else:
+        plot_sweep(df, out / "whatif.png", title)
     print(df[cols].to_string(index=False, float_format=_number))
     if "makespan_s" in df:
         for cap, part in df.groupby("access_mbps", dropna=False, sort=False):
             fast = part.loc[part["makespan_s"].idxmin()]
-            print(f"\nshortest round at access {cap:g} Mbit/s: group size {int(fast.group_size)} "
+            at = "dedicated links" if cap != cap else f"access {cap:g} Mbit/s"
+            print(f"\nshortest round at {at}: {int(fast.edge_groups)} groups of {fast.edge_group_sizes} "
                   f"({fast.makespan_s:.4g} s on an edge of {args.edge_clients} clients)")
     best = df.loc[df["total_per_round"].idxmin()]
     print(f"\ncheapest per round: group size {int(best.group_size)} ({best.total_per_round:.4g} device s/round)")
-    print(f"swept {df['group_size'].nunique()} group sizes × {sc.rounds} rounds × {sc.clients} clients in {elapsed:.2f} s")
+    print(f"swept {len(group_sizes)} group sizes × {sc.rounds} rounds × {sc.clients} clients in {elapsed:.2f} s")
     print(f"table: {out / 'whatif.csv'}\nplot:  {out / 'whatif.png'}")
     return 0
 
 
 def _wants_makespan(args) -> bool:
     return any(getattr(args, k, None) is not None for k in ("access_mbps", "edge_cores", "edge_clients"))
-
-
-def _positive(value: float, flag: str) -> float:
-    import math
-
-    if not (math.isfinite(value) and value > 0):
-        raise InputError(f"{flag}: {value!r} must be a positive finite number")
-    return value
 
 
 def _with_makespan(df, args, prof, overhead, sc):
@@ -249,16 +221,9 @@ def _with_makespan(df, args, prof, overhead, sc):
 
     from groupfel.emulator.contention import edge_makespan
 
-    caps = [_positive(c, "--access-mbps") for c in _floats(args.access_mbps, "--access-mbps")] \
-        if args.access_mbps else [None]
-    if args.edge_cores is not None and args.edge_cores < 1:
-        raise InputError(f"--edge-cores: {args.edge_cores} must be a positive integer")
+    caps = args.access_mbps or [None]
     m = args.edge_clients if args.edge_clients is not None else 60
     args.edge_clients = m
-    if m < 1:
-        raise InputError(f"--edge-clients: {m} must be >= 1")
-    for flag in ("model_mb", "client_mbps"):
-        _positive(getattr(args, flag), "--" + flag.replace("_", "-"))
     curves = {}
     if args.edge_profile:
         from groupfel.cost_models import get_profile, read_profiles
@@ -268,17 +233,23 @@ def _with_makespan(df, args, prof, overhead, sc):
                   if k in ("aggregation", "secagg-server", "secagg-server-recovery")}
     n = sc.sample_counts()[:m]
     op = args.profile.rpartition("/")[2]
+    # the groups the edge actually forms: m // s groups, the remainder spread (sizes s..s+1); sizes
+    # asked for that form the same groups (60 clients at 16 and at 20: 3 groups of 20) are one row
+    formed: dict[tuple[int, ...], int] = {}
+    for s in df["group_size"]:
+        sizes = tuple(len(p) for p in np.array_split(np.arange(m), max(m // int(s), 1)))
+        formed.setdefault(sizes, int(s))
     rows = []
     for cap in caps:
-        for s in df["group_size"]:
-            s = int(min(s, m))
-            sizes = [len(p) for p in np.array_split(np.arange(m), m // s)]   # the remainder spread: sizes s..s+1
-            r = edge_makespan(sizes, n, prof.training[args.training], overhead, group_rounds=sc.group_rounds,
+        for sizes, s in formed.items():
+            r = edge_makespan(list(sizes), n, prof.training[args.training], overhead, group_rounds=sc.group_rounds,
                               local_epochs=sc.local_epochs, model_bytes=int(args.model_mb * 1e6),
                               client_mbps=args.client_mbps, latency_s=args.latency_s, access_mbps=cap,
                               cores=args.edge_cores, edge_curves=curves, secagg="secagg" in op, operation=op)
-            rows.append({"group_size": int(s), "access_mbps": np.nan if cap is None else cap,
-                         "edge_cores": args.edge_cores, **r})
+            lo, hi = min(sizes), max(sizes)
+            rows.append({"group_size": s, "edge_groups": len(sizes),
+                         "edge_group_sizes": f"{lo}" if lo == hi else f"{lo}-{hi}",
+                         "access_mbps": np.nan if cap is None else cap, "edge_cores": args.edge_cores, **r})
     extra = pd.DataFrame(rows)
     return extra.merge(df, on="group_size", how="left")
 
@@ -293,14 +264,6 @@ class _PolicyGrouper:
         from groupfel.policies import EdgeView
 
         return self.policy.group(EdgeView(counts), rng).groups
-
-
-def _floats(text: str, flag: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.split(",")]
-    except ValueError:
-        raise InputError(f"{flag} {text!r}: give numbers separated by commas (e.g. 0.1,0.5,1)") from None
-    return values
 
 
 def _whatif_grouped(args) -> int:
@@ -326,14 +289,14 @@ def _whatif_grouped(args) -> int:
     prof, overhead = _whatif_curves(args)
     sampling = samplings.make(args.sampling, None, "--sampling") if args.sampling != "random" else None
     min_sizes = parse_sizes(args.min_group_size, "--min-group-size") if args.min_group_size else [None]
-    max_covs = _floats(args.max_cov, "--max-cov") if args.max_cov else [None]
-    alphas = _floats(args.alpha, "--alpha") if args.alpha else [None]
+    max_covs = args.max_cov or [None]
+    alphas = args.alpha or [None]
     grouping_policies = [make_policy(args.policy, g, c) for g, c in itertools.product(min_sizes, max_covs)]
     if args.label_matrix:
         counts, edges, _ = read_label_matrix(args.label_matrix)
         clients = len(counts)
     else:
-        if args.clients_per_edge < 1 or args.clients % args.clients_per_edge:
+        if args.clients % args.clients_per_edge:
             raise InputError(f"--clients-per-edge: {args.clients_per_edge} must divide --clients {args.clients}")
         clients = args.clients
         _check_memory(clients, 64 + 8 * args.labels)
@@ -383,41 +346,63 @@ def _whatif_grouped(args) -> int:
 
 def register_whatif(sub: argparse._SubParsersAction) -> None:
     w = sub.add_parser("whatif", help="Eq. 5 cost per global round across group sizes (no training)")
-    w.add_argument("--group-sizes", default="2..40", help="LO..HI[:STEP] or A,B,C (default 2..40)")
+    w.add_argument("--group-sizes", type=flags.SIZES, default="2..40", help="LO..HI[:STEP] or A,B,C (default 2..40)")
     w.add_argument("--profile", default="raspberry-pi-4/cifar10-resnet/secagg",
                    help="device/task/operation curve for O_g (default raspberry-pi-4/cifar10-resnet/secagg)")
     w.add_argument("--profiles-file", help="extra profile file (CSV or TOML) to look --profile up in")
     w.add_argument("--training", default="sgd", help="training method of the profile for H (default sgd)")
-    w.add_argument("--clients", type=int, default=10_000, help="number of clients (default 10000)")
-    w.add_argument("--samples-mean", type=float, default=50.0, help="mean samples per client, Poisson (default 50)")
-    w.add_argument("--rounds", type=int, default=100, help="global rounds T (default 100)")
-    w.add_argument("--group-rounds", type=int, default=5, help="K (default 5)")
-    w.add_argument("--local-epochs", type=int, default=2, help="E (default 2)")
-    w.add_argument("--groups-per-round", type=int, help="S (default: groups holding --participation of clients)")
-    w.add_argument("--participation", type=float, default=0.1, help="share of clients per round when S is unset (default 0.1)")
-    w.add_argument("--seed", type=int, default=0, help="seed of the sample counts and draws (default 0)")
+    w.add_argument("--clients", type=Number(int, 1, 10**12), default=10_000,   # beyond memory: _check_memory
+                   help="number of clients (default 10000)")
+    w.add_argument("--samples-mean", type=Number(float, 1, 10**6), default=50.0, help="mean samples per client, Poisson (default 50)")
+    w.add_argument("--rounds", type=flags.ROUNDS, default=100, help="global rounds T (default 100)")
+    w.add_argument("--group-rounds", type=Number(int, 1, 10**4), default=5, help="K (default 5)")
+    w.add_argument("--local-epochs", type=Number(int, 1, 10**4), default=2, help="E (default 2)")
+    w.add_argument("--groups-per-round", type=Number(int, 1, 10**8), help="S (default: groups holding --participation of clients)")
+    w.add_argument("--participation", type=Number(float, 0, 1, open_lo=True), default=0.1, help="share of clients per round when S is unset (default 0.1)")
+    w.add_argument("--seed", type=flags.SEED, default=0, help="seed of the sample counts and draws (default 0)")
     w.add_argument("--out", default="whatif", metavar="DIR", help="output directory (default whatif)")
     m = w.add_argument_group("round makespan of one shared edge (adds makespan_s and edge_cost columns)")
-    m.add_argument("--access-mbps", help="the edge's shared access capacity in Mbit/s, or several: 8,50,200 "
+    m.add_argument("--access-mbps", type=flags.Number(float, 1e-6, 1e9, "Mbit/s", many=True), help="the edge's shared access capacity in Mbit/s, or several: 8,50,200 "
                    "(default: dedicated client links)")
-    m.add_argument("--edge-cores", type=int, help="the edge server's cores (default: unlimited)")
-    m.add_argument("--edge-clients", type=int, help="clients of the edge, all in sampled groups (default 60)")
+    m.add_argument("--edge-cores", type=Number(int, 1, 10**6), help="the edge server's cores (default: unlimited)")
+    m.add_argument("--edge-clients", type=Number(int, 1, EDGE_CLIENTS),
+                   help=f"clients of the edge, all in sampled groups (default 60, at most {EDGE_CLIENTS:,})")
     m.add_argument("--edge-profile", help="DEVICE/TASK profile with the edge's aggregation and secagg-server "
                    "curves (default: aggregation takes no time)")
-    m.add_argument("--model-mb", type=float, default=1.0, help="model size in MB (10^6 bytes; default 1)")
-    m.add_argument("--client-mbps", type=float, default=20.0, help="each client's own link, Mbit/s (default 20)")
-    m.add_argument("--latency-s", type=float, default=0.02, help="each client's latency (default 0.02)")
+    m.add_argument("--model-mb", type=Number(float, 1e-6, 10**6, "MB"), default=1.0, help="model size in MB (10^6 bytes; default 1)")
+    m.add_argument("--client-mbps", type=flags.MBPS, default=20.0, help="each client's own link, Mbit/s (default 20)")
+    m.add_argument("--latency-s", type=flags.LATENCY, default=0.02, help="each client's latency (default 0.02)")
     g = w.add_argument_group("with a grouping policy (instead of random groups of each --group-sizes)")
     g.add_argument("--policy", help="grouping policy that forms the groups: covg, rg, cdg, kldg, qcid, fedcollab")
     g.add_argument("--label-matrix", metavar="FILE.csv", help="clients × labels counts (optional 'edge' column)")
-    g.add_argument("--alpha", help="generate Dirichlet(α) label counts instead: α values, e.g. 0.1,1")
-    g.add_argument("--clients-per-edge", type=int, default=1000, help="with --alpha (default 1000)")
-    g.add_argument("--labels", type=int, default=10, help="with --alpha: number of labels (default 10)")
-    g.add_argument("--min-group-size", help="MinGS values: LO..HI[:STEP] or A,B,C (default: the policy's)")
-    g.add_argument("--max-cov", help="MaxCoV values, e.g. 0.3,0.5,1 (covg; default: the policy's)")
+    g.add_argument("--alpha", type=Number(float, 1e-3, 1e6, many=True), help="generate Dirichlet(α) label counts instead: α values, e.g. 0.1,1")
+    g.add_argument("--clients-per-edge", type=Number(int, 1, 10**8), default=1000, help="with --alpha (default 1000)")
+    g.add_argument("--labels", type=Number(int, 2, 10**4), default=10, help="with --alpha: number of labels (default 10)")
+    g.add_argument("--min-group-size", type=flags.SIZES, help="MinGS values: LO..HI[:STEP] or A,B,C (default: the policy's)")
+    g.add_argument("--max-cov", type=Number(float, 0, 1e3, open_lo=True, many=True), help="MaxCoV values, e.g. 0.3,0.5,1 (covg; default: the policy's)")
     g.add_argument("--sampling", default="random", help="sampling policy drawing the groups (default random)")
-    g.add_argument("--jobs", type=int, help="processes grouping the edges (default: one per core)")
+    g.add_argument("--jobs", type=flags.JOBS, help="processes grouping the edges (default: one per core)")
     w.set_defaults(func=_cmd_whatif)
+
+
+def whatif_values(**values):
+    """The what-if's numbers given to the Python API, checked by the same types as its flags:
+    one line naming the argument and its range."""
+    parser = argparse.ArgumentParser()
+    register_whatif(parser.add_subparsers())
+    actions = {a.dest: a for a in parser._subparsers._group_actions[0].choices["whatif"]._actions}
+    out = {}
+    for name, v in values.items():
+        kind = actions[name].type
+        if v is None or not isinstance(kind, Number):
+            out[name] = v
+            continue
+        text = ",".join(str(x) for x in v) if kind.many and isinstance(v, (list, tuple)) else str(v)
+        try:
+            out[name] = kind(text)
+        except argparse.ArgumentTypeError as exc:
+            raise InputError(f"{name}: {exc}") from None
+    return out
 
 
 def _cmd_timeline(args) -> int:
@@ -443,6 +428,6 @@ def _cmd_timeline(args) -> int:
 def register_timeline(sub: argparse._SubParsersAction) -> None:
     t = sub.add_parser("timeline", help="Gantt chart of one global round from RUN_DIR/ARM/ledger.parquet")
     t.add_argument("arm_dir", metavar="RUN_DIR/ARM")
-    t.add_argument("--round", type=int, default=1, help="global round, numbered from 1 as in results.csv (default 1)")
+    t.add_argument("--round", type=flags.ROUNDS, default=1, help="global round, numbered from 1 as in results.csv (default 1)")
     t.add_argument("--out", metavar="FILE.png", help="default RUN_DIR/ARM/timeline-roundN.png")
     t.set_defaults(func=_cmd_timeline)

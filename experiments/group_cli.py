@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 from groupfel.errors import InputError
 from groupfel.usercsv import read_user_csv
 
+from . import flags
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -166,8 +168,8 @@ def add_group_parser(sub) -> None:
     p.before_help = _policy_help
     p.add_argument("--label-matrix", required=True, metavar="FILE.csv",
                    help="clients × labels counts with a header; optional 'edge' column")
-    p.add_argument("--min-group-size", type=int, default=None, help="MinGS (default: the policy's)")
-    p.add_argument("--max-cov", type=float, default=None, help="MaxCoV, covg only (default: the policy's)")
-    p.add_argument("--seed", type=int, default=0, help="(default 0)")
+    p.add_argument("--min-group-size", type=flags.Number(int, 1, 10**8), default=None, help="MinGS (default: the policy's)")
+    p.add_argument("--max-cov", type=flags.MAX_COV, default=None, help="MaxCoV, covg only (default: the policy's)")
+    p.add_argument("--seed", type=flags.SEED, default=0, help="(default 0)")
     p.add_argument("--format", choices=("table", "json"), default="table", help="(default table)")
     p.set_defaults(func=_cmd_group)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from groupfel.errors import InputError
 
-from . import reproduce
+from . import flags, reproduce
 
 
 def _cmd_reproduce(args) -> int:
@@ -33,7 +33,7 @@ def add_reproduce_parser(sub) -> None:
     p.add_argument("--list", action="store_true", help="list every reproduction: paper, table/figure, data")
     p.add_argument("--quick", action="store_true", help="scaled down to minutes on 2 cores (not the paper's setting)")
     p.add_argument("--backend", default="local", choices=["local", "ray"], help="where the runs go (default local)")
-    p.add_argument("--jobs", type=int, help="parallel runs (default: one per core)")
+    p.add_argument("--jobs", type=flags.JOBS, help="parallel runs (default: one per core)")
     p.add_argument("--output", metavar="DIR", help="default results/reproductions/NAME[-quick]")
     p.add_argument("--data-path", metavar="DIR",
                    help="the paper's dataset (CIFAR-10 / Speech Commands directory) instead of the stand-in")

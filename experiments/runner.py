@@ -221,7 +221,7 @@ def _drop_if_empty(run_dir: Path, new: bool) -> None:
     half-written is left behind."""
     if not new or not run_dir.exists():
         return
-    left = [p for p in run_dir.rglob("*") if p.is_file() and p.name not in ("config.json", ".groupfel.lock")]
+    left = [p for p in run_dir.rglob("*") if p.is_file() and p.name not in ("config.json", "numerics.json", ".groupfel.lock")]
     if not left:
         shutil.rmtree(run_dir, ignore_errors=True)
 

@@ -228,10 +228,10 @@ def _fmt(v: float) -> str:
     return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 
-def _ci(row, m: str, kind: str = "") -> str:
+def _ci(row, m: str, kind: str = "", intervals: bool = True) -> str:
     mean, lo, hi = row[f"{m}_{kind}mean"], row[f"{m}_{kind}ci95_low"], row[f"{m}_{kind}ci95_high"]
     sign = "+" if kind and np.isfinite(mean) and mean > 0 else ""
-    if not np.isfinite(lo):
+    if not intervals or not np.isfinite(lo):
         return f"{sign}{_fmt(mean)}"
     mark = "†" if not kind and bool(row.get(f"{m}_ci95_clipped", False)) else ""
     return f"{sign}{_fmt(mean)} [{_fmt(lo)}, {_fmt(hi)}]{mark}"
@@ -252,22 +252,24 @@ def render_summary(summary: pd.DataFrame, target: float | None) -> str:
     difference from the first arm, in words."""
     metrics = [m for m in METRICS if m != "cost_to_target" or target is not None]
     n = int(summary["seeds"].max())
+    ci = n >= MIN_PAIRS     # fewer seeds: intervals too wide (or of zero width) to print
     table = pd.DataFrame({"arm": summary["arm"],
                           **{c: summary[c] for c in ("groups", "group_size", "avg_cov", "rounds", "overhead_share") if c in summary},
-                          **{m: [_ci(r, m) for _, r in summary.iterrows()] for m in metrics}})
+                          **{m: [_ci(r, m, intervals=ci) for _, r in summary.iterrows()] for m in metrics}})
     if target is not None:
         table["target_reached"] = [f"{k}/{n}" for k in summary["target_reached"]]
-    lines = [f"mean [95 % CI] over {n} seed{'s' if n > 1 else ''}:",
+    lines = [f"mean [95 % CI] over {n} seeds:" if ci else
+             f"mean over {n} seed{'s' if n > 1 else ''} (fewer than {MIN_PAIRS}: no confidence intervals; give "
+             f"seeds = [0, 1, 2] for them):",
              table.to_string(index=False, float_format=lambda v: f"{v:.4g}")]
-    if n < 2:
-        lines.append("one seed: no confidence intervals (give seeds = [0, 1, 2] for them)")
-    lines += notes(summary, metrics)
+    lines += notes(summary, metrics) if ci else []   # both notes concern intervals
     first = summary["arm"].iloc[0]
     summary = add_verdicts(summary, metrics)
     rows = []
     for _, r in summary.iloc[1:].iterrows():
         for m in metrics:
-            rows.append({"arm": r["arm"], "metric": m, f"difference from {first} [95 % CI]": _ci(r, m, "diff_"),
+            rows.append({"arm": r["arm"], "metric": m, f"difference from {first}{' [95 % CI]' if ci else ''}":
+                         _ci(r, m, "diff_", intervals=ci),
                          "verdict": r[f"{m}_verdict"]})
     if rows:
         k = summary.attrs.get("comparisons", 0)
@@ -275,7 +277,8 @@ def render_summary(summary: pd.DataFrame, target: float | None) -> str:
                   pd.DataFrame(rows).to_string(index=False),
                   f"verdict: Holm's correction over the {k} comparison{'s' if k != 1 else ''} above with a test "
                   f"(family-wise 5 %); the interval beside it is unadjusted. {TOO_FEW}: fewer than "
-                  f"{MIN_PAIRS} paired seeds, or no spread"]
+                  f"{MIN_PAIRS} paired seeds, or no spread" if k else
+                  f"verdict: {TOO_FEW} to test any difference (fewer than {MIN_PAIRS} paired seeds)"]
         if target is not None:
             lines.append(f"cost_to_target: over the seeds where both arms reached accuracy {target:g}")
     return "\n".join(lines)

@@ -35,12 +35,17 @@ class SamplingPolicy(ABC):
         covs = np.asarray(covs, dtype=float)
         with np.errstate(divide="ignore"):
             logw = np.asarray(self.log_weights(covs), dtype=float)
-        return np.where(covs == 0.0, np.inf, logw)
+        return cov_zero_first(covs, logw)
 
     def log_probabilities(self, covs: np.ndarray) -> np.ndarray:
         """log p (Eq. 38); exact under ties: groups with CoV 0 share the mass (the rest get
         log p = −∞), and near-tied huge weights normalise after subtracting their maximum."""
         return normalise(self.log_masses(covs))
+
+
+def cov_zero_first(covs: np.ndarray, logw: np.ndarray) -> np.ndarray:
+    """``logw`` with +inf (an infinite weight) for the groups of CoV 0."""
+    return np.where(np.asarray(covs) == 0.0, np.inf, logw)
 
 
 def normalise(logw: np.ndarray) -> np.ndarray:

@@ -104,7 +104,7 @@ def test_result_files_respect_the_umask(tmp_path, mask, mode):
 def test_study_fig5_small_max_clients_is_a_clear_error(tmp_path, capsys, value):
     code = main(["study", "fig5", "--max-clients", value, "--out", str(tmp_path / "s")])
     err = capsys.readouterr().err
-    assert code == 2 and "--max-clients" in err and "at least 100" in err
+    assert code == 2 and "--max-clients" in err and "from 100 to" in err
     assert not (tmp_path / "s").exists()
 
 

@@ -35,7 +35,7 @@ def _fed(n_clients=4, *, access=None, cores=None, aggregation=None, avail=None, 
     curves = {"aggregation": quadratic(0.0, 0.0, aggregation)} if aggregation else {}
     clients = client_net(None, n_clients, bw, 0.0, 0)
     if bws is not None:
-        clients = ClientNet(np.array(bws, dtype=float), clients.latency_s, clients.speed)
+        clients = ClientNet(np.array(bws, dtype=float), clients.latency_s, clients.slowdown)
     net = EdgeNetwork(None if access is None else access * 1e6, cores, False, clients, 1, False, curves, avail)
     env = simpy.Environment()
     ctx = RoundContext(env, MB, cost, CostLedger(), topo, seed=0, group_rounds=group_rounds, local_epochs=1)
@@ -143,9 +143,9 @@ def test_secagg_bytes():
 
 def test_heterogeneity_csv(tmp_path):
     f = tmp_path / "c.csv"
-    f.write_text("client,bandwidth_mbps,latency_s,speed\n0,10,0.1,1.5\n1,5,0.2,1\n")
+    f.write_text("client,bandwidth_mbps,latency_s,slowdown\n0,10,0.1,1.5\n1,5,0.2,1\n")
     net = client_net(HeterogeneityConfig(file=str(f)), 2, 20.0, 0.02, 0)
-    assert net.bandwidth_mbps.tolist() == [10.0, 5.0] and net.speed.tolist() == [1.5, 1.0]
+    assert net.bandwidth_mbps.tolist() == [10.0, 5.0] and net.slowdown.tolist() == [1.5, 1.0]
     drawn = client_net(HeterogeneityConfig(bandwidth_sigma=0.5), 100, 20.0, 0.02, 0)
     assert drawn.bandwidth_mbps.std() > 0 and (drawn.latency_s == 0.02).all()
 
@@ -153,7 +153,11 @@ def test_heterogeneity_csv(tmp_path):
 @pytest.mark.parametrize("rows, match", [
     ("client,bandwidth_mbps,latency_s\n0,10,0.1\n1,5,0.2\n7,5,0.2\n", "unknown client '7'"),
     ("client,bandwidth_mbps,latency_s\n0,10,0.1\n", r"no row for client\(s\) 1"),
-    ("client,bandwidth_mbps,latency_s\n0,0,0.1\n1,5,0.2\n", "bandwidth_mbps = '0' must be a positive"),
+    ("client,bandwidth_mbps,latency_s\n0,0,0.1\n1,5,0.2\n", "bandwidth_mbps = '0'; give a number from 1e-06 to 1e"),
+    ("client,bandwidth_mbps,latency_s\n0,1e-300,0.1\n1,5,0.2\n", "bandwidth_mbps = '1e-300'; give a number from"),
+    ("client,bandwidth_mbps,latency_s\n0,5,1e308\n1,5,0.2\n", "latency_s = '1e308'; give a number from 0 to 86400 s"),
+    ("client,bandwidth_mbps,latency_s,slowdown\n0,5,0.1,1e308\n1,5,0.2,1\n", "slowdown = '1e308'; give a number from"),
+    ("client,bandwidth_mbps,latency_s,speed\n0,5,0.1,2\n1,5,0.2,1\n", "column speed is now slowdown"),
     ("client,bandwidth_mbps,latency_s\n0,nan,0.1\n1,5,0.2\n", "bandwidth_mbps = 'nan'"),
     ("client,bandwidth\n0,10\n", "missing columns 'bandwidth_mbps', 'latency_s'"),
 ])
@@ -168,16 +172,18 @@ def test_heterogeneity_csv_errors(tmp_path, rows, match):
 
 def test_a_spreadsheets_link_table_reads_like_a_plain_file(tmp_path):
     plain, saved = tmp_path / "plain.csv", tmp_path / "saved.csv"
-    plain.write_text("client,bandwidth_mbps,latency_s,speed\n0,10,0.1,1.5\n1,5,0.2,0.5\n")
+    plain.write_text("client,bandwidth_mbps,latency_s,slowdown\n0,10,0.1,1.5\n1,5,0.2,0.5\n")
     saved.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes().replace(b"\n", b"\r\n"))
     a, b = (client_net(HeterogeneityConfig(file=str(f)), 2, 20.0, 0.02, 0) for f in (plain, saved))
-    assert a.manifest() == b.manifest() == {"bandwidth_mbps": [10.0, 5.0], "latency_s": [0.1, 0.2], "speed": [1.5, 0.5]}
+    assert a.manifest() == b.manifest() == {"bandwidth_mbps": [10.0, 5.0], "latency_s": [0.1, 0.2], "slowdown": [1.5, 0.5]}
 
 
 @pytest.mark.parametrize("rows, match", [
-    ("client,start_s,end_s\n0,0,10\n0,5,20\n", "overlap"),
-    ("client,start_s,end_s\n0,10,5\n", "reversed"),
+    ("client,start_s,end_s\n0,0,10\n0,5,20\n1,0,5\n", "overlap"),
+    ("client,start_s,end_s\n0,10,5\n1,0,5\n", "reversed"),
     ("client,start_s,end_s\n3,0,5\n", "unknown client '3'"),
+    ("client,start_s,end_s\n0,0,5\n", r"no row for client\(s\) 1 \(1 of 2\); give every client a row"),
+    ("client,start_s,end_s\n0,0,1e308\n1,0,5\n", r"end_s = '1e308'; give a number from 0 to 1e\+12 s"),
 ])
 def test_availability_csv_errors(tmp_path, rows, match):
     f = tmp_path / "a.csv"
@@ -228,12 +234,39 @@ def test_whatif_makespan_columns(tmp_path, capsys):
     assert len(df) == 6 and {"makespan_s", "edge_cost", "core_wait_s", "total_per_round"} <= set(df)
     slow, fast = df[df.access_mbps == 8], df[df.access_mbps == 50]
     assert (slow["makespan_s"].to_numpy() > fast["makespan_s"].to_numpy()).all()
+    assert slow[["edge_groups", "edge_group_sizes"]].astype(str).values.tolist() == [["6", "2"], ["3", "4"], ["2", "6"]]
     assert main(["whatif", "--clients", "200", "--access-mbps", "0", "--out", str(out)]) == 2
-    assert "--access-mbps: 0.0 must be a positive finite number" in capsys.readouterr().err
+    assert "--access-mbps: '0': give a number from 1e-06 to" in capsys.readouterr().err
     from groupfel.experiments import api
 
     py = api.whatif([2, 4], clients=200, rounds=5, access_mbps=[8, 50], edge_cores=1, edge_clients=12)
     assert py["makespan_s"].tolist() == pytest.approx(df["makespan_s"].iloc[[0, 1, 3, 4]].tolist())
+
+
+def test_whatif_rows_are_the_groups_formed_and_each_capacity_is_its_own_line(tmp_path, capsys):
+    """Before: 60 clients at sizes 16 and 20 were two rows of the same 3 groups of 20, and the
+    capacities were drawn as one line jumping from size 40 back to 2."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from groupfel.experiments.cli import main
+
+    seen = []
+    real = plt.Figure.savefig
+    plt.Figure.savefig = lambda fig, *a, **k: (seen.append(fig), real(fig, *a, **k))[1]
+    try:
+        assert main(["whatif", "--clients", "200", "--rounds", "2", "--group-sizes", "16,20,30", "--access-mbps",
+                     "8,50,200", "--edge-clients", "60", "--out", str(tmp_path)]) == 0
+    finally:
+        plt.Figure.savefig = real
+    df = pd.read_csv(tmp_path / "whatif.csv")
+    assert df.groupby("access_mbps")["edge_group_sizes"].apply(list).map(lambda v: [str(x) for x in v]).tolist() \
+        == [["20", "30"]] * 3 and df["edge_groups"].tolist() == [3, 2] * 3
+    makespan, cost = seen[0].axes
+    assert [ln.get_label() for ln in makespan.get_lines()] == ["access 8 Mbit/s", "access 50 Mbit/s",
+                                                             "access 200 Mbit/s"]
+    assert all(list(ln.get_xdata()) == [20.0, 30.0] for ln in makespan.get_lines())   # no jump back
+    assert "makespan" in makespan.get_ylabel() and "Eq. 5" in cost.get_ylabel()
 
 
 def test_measure_secagg_server_part(tmp_path):

@@ -101,7 +101,7 @@ def _screenshot(url: str, path: Path, size: str = "1280,1000") -> np.ndarray:
 
 @need_site
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium; .ci/run does)")
-@pytest.mark.parametrize("rel", ["", "reference/config"])
+@pytest.mark.parametrize("rel", ["", "reference/config", "guide/whatif", "guide/timeline"])
 def test_page_renders_in_chromium(site, rel, tmp_path, capsys):
     shot = tmp_path / f"{rel.replace('/', '-') or 'home'}.png"
     px = _screenshot((site / rel / "index.html").as_uri(), shot)
@@ -113,6 +113,8 @@ def test_page_renders_in_chromium(site, rel, tmp_path, capsys):
     # Material's stylesheet applied: its coloured header bar spans the top of the page
     header = px[5:40, :, :]
     assert ((header[..., 2] - header[..., 0]) > 40).mean() > 0.5, "no coloured header: theme CSS not loaded"
+    for img in re.findall(r'<img[^>]+src="([^"]+\.png)"', _page(site, rel)):   # every picture the page shows is there
+        assert (site / rel / img).resolve().is_file(), img
 
 
 # --- every TOML block of docs/ runs as printed ----------------------------------------------------

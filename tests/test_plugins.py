@@ -406,6 +406,12 @@ class NaNSampling(SamplingPolicy):
 
 
 @dataclass(frozen=True)
+class LongSampling(SamplingPolicy):
+    def log_weights(self, covs):
+        return np.zeros(len(covs) + 1)
+
+
+@dataclass(frozen=True)
 class ShortAggregation(AggregationRule):
     def weights(self, n_g, log_pi, n_total):
         return np.ones(len(n_g) + 1)
@@ -452,6 +458,9 @@ def nan_features(path):
     ('{ policy = "random", groups_per_round = 2 }\n[[arms]]', '{ policy = "seam:NaNSampling", groups_per_round = 2 }'
      '\n[[arms]]', "arms[0].sampling.policy: 'seam:NaNSampling' breaks the sampling contract: log_weights() must be "
      "finite; got nan for group 0 of"),
+    ('{ policy = "random", groups_per_round = 2 }\n[[arms]]', '{ policy = "seam:LongSampling", groups_per_round = 2 }'
+     '\n[[arms]]', "arms[0].sampling.policy: 'seam:LongSampling' breaks the sampling contract: log_weights() must be "
+     "one number per group ("),
     ('{ policy = "random", groups_per_round = 2 }\n[[arms]]', '{ policy = "random", groups_per_round = 2 }\n'
      'aggregation = "seam:ShortAggregation"\n[[arms]]', "arms[0].aggregation: 'seam:ShortAggregation' breaks the "
      "aggregation contract: weights() must be one number per group (2 groups); got shape (3,)"),

@@ -78,7 +78,7 @@ def test_other_usage_errors(tmp_path, capsys):
     for args, needle in [(["--policy", "nope"], "unknown grouping policy"),
                          (["--policy", "hcct"], "gradients"),
                          (["--policy", "kldg", "--max-cov", "0.3"], "--max-cov"),
-                         (["--policy", "covg", "--min-group-size", "0"], "min_group_size"),
+                         (["--policy", "covg", "--min-group-size", "0"], "--min-group-size"),
                          (["--policy", "rg", "--min-group-size", "9"], "--min-group-size")]:
         code, _, err = _run(capsys, *args, "--label-matrix", str(path))
         assert code == 2 and needle in err and err.count("\n") == 1, args

@@ -87,3 +87,8 @@ def test_readme_demo_block_is_what_groupfel_run_prints(tmp_path, capsys):
 def test_the_run_guide_shows_the_readme_demo_block():
     guide = (ROOT / "docs" / "guide" / "run.md").read_text()
     assert f"```\n{_demo_block()}\n```" in guide
+
+
+def test_readme_front_page_is_short():
+    """The front page sets up, shows the demo and points on; the detail is on the docs site."""
+    assert len(README.splitlines()) <= 200, len(README.splitlines())

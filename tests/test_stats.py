@@ -135,11 +135,14 @@ def test_bounded_intervals_are_clipped_with_a_footnote():
 
 
 def test_two_seeds_warn_and_equal_differences_are_too_few_seeds():
-    from groupfel.experiments.stats import TWO_SEEDS_NOTE, conclusion, render_summary
+    from groupfel.experiments.stats import conclusion, render_summary
 
     s = _study({"a": [0.5, 0.6], "b": [0.6, 0.7]})           # +0.1 in both seeds: a zero-width interval
     text = render_summary(s, None)
-    assert TWO_SEEDS_NOTE in text and "supported:" not in text
+    assert "supported:" not in text
+    # before: a zero-width interval and "Holm's correction over the 0 comparisons"
+    assert "fewer than 3: no confidence intervals" in text and "[" not in text.replace("seeds = [0, 1, 2]", "")
+    assert "0 comparisons" not in text and "too few seeds to test any difference" in text
     assert s.iloc[1]["final_acc_verdict"] == "too few seeds (2 pairs)"
     s = _study({"a": [0.5, 0.6, 0.55], "b": [0.6, 0.7, 0.65]})   # three equal differences: no spread
     assert s.iloc[1]["final_acc_verdict"] == "too few seeds (3 pairs, no spread)"
