@@ -62,7 +62,9 @@ def load_study(root: Path) -> Study:
         return Study("sweep", root, config, arms, results, load_csv(root / "summary.csv"), meta)
     if not (root / "config.json").exists():
         raise InputError(f"report: {root} holds no config.json; give a run or sweep directory")
-    config = parse_config(load_json(root / "config.json"))
+    from .runner import resolved_config
+
+    config = resolved_config(root)
     if config.seeds is not None:
         if not (root / "runs.csv").exists():
             raise InputError(f"report: {root} is unfinished; resume it with 'groupfel run --resume {root}'")
