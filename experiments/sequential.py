@@ -104,10 +104,24 @@ def _region(c: float, info: float, two_sided: bool) -> tuple[np.ndarray, np.ndar
     return x, w
 
 
-@lru_cache(maxsize=256)
 def _table(ns: tuple[int, ...], n_max: int, two_sided: bool) -> np.ndarray:
-    """Nominal levels, shape (levels, looks), for every tabulated level."""
-    return np.stack([boundaries(ns, n_max, a, two_sided) for a in _LEVELS])
+    """Nominal levels, shape (levels, looks), for every tabulated level. A look's boundary depends
+    on the looks before it only, so a schedule's table is the first columns of a longer one's."""
+    for longer in _tables:
+        if longer[1:] == (n_max, two_sided) and longer[0][:len(ns)] == ns:
+            return _tables[longer][:, :len(ns)]
+    table = np.stack([boundaries(ns, n_max, a, two_sided) for a in _LEVELS])
+    _tables[(ns, n_max, two_sided)] = table
+    return table
+
+
+_tables: dict[tuple, np.ndarray] = {}
+
+
+def prepare(ns: tuple[int, ...], n_max: int) -> None:
+    """Tabulate the boundaries of a whole schedule at once (its prefixes then cost nothing)."""
+    for two_sided in (True, False):
+        _table(tuple(ns), int(n_max), two_sided)
 
 
 def _raw_repeated_p(p: np.ndarray, ns: tuple[int, ...], n_max: int, two_sided: bool) -> np.ndarray:
@@ -321,6 +335,7 @@ def simulate(n_studies: int, sd: np.ndarray, margin: np.ndarray, true_diff: np.n
     values[:, 0] += ref_mean
     values[:, 1:] += (ref_mean[None, :] + true_diff)[None, :, None, :]
     ns = looks(first, batch, max_seeds)
+    prepare(tuple(ns), max_seeds)
     comparison = np.tile(np.arange(n_arms * n_metrics), 2)
     p = np.full((3, n_studies, n_arms, n_metrics, len(ns)), np.nan)
     means = np.zeros((n_studies, n_arms, n_metrics, len(ns)))
