@@ -275,7 +275,7 @@ def fixed_seeds_needed(sd: float, diff: float, margin: float, m: int, alpha: flo
     if not (np.isfinite(sd) and sd > 0 and np.isfinite(diff)):
         return float("nan")
     a = alpha / max(m, 1)
-    n = np.arange(MIN_PAIRS, 100001)
+    n = np.arange(MIN_PAIRS, 10001)
     df = n - 1
     options = []
     if diff != 0:

@@ -446,8 +446,9 @@ def conclusion(summary: pd.DataFrame, target: float | None, command: str | None 
     near = sorted(int(x) for x in needs if np.isfinite(x) and x <= CONTINUE_CAP)
     text += f"; undecided: {len(open_)}"
     if near:
+        rest = len(open_) - len(near)
         text += (f", of which {len(near)} would take at most {near[-1]} seeds in a fixed design at the observed "
-                 f"spread ({len(open_) - len(near)} more than {CONTINUE_CAP} or never)")
+                 f"spread" + (f" ({rest} more than {CONTINUE_CAP}, or never)" if rest else ""))
         if command:
             text += f"; continue until decided with '{command} --seeds auto --max-seeds {max(near[-1], n + 1)}'"
     else:
