@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from groupfel.errors import InputError
 
@@ -380,6 +380,14 @@ class RunConfig(_Strict):
     faults: FaultsConfig = Field(FaultsConfig(), description="The `[faults]` table.")
     arms: list[ArmConfig] = Field(min_length=1, description="One or more `[[arms]]`; all share data, "
                                   "topology and costs.")
+
+    @field_validator("seeds", mode="before")
+    @classmethod
+    def _seeds_word(cls, value):
+        if isinstance(value, str) and value != "auto":
+            raise ValueError(f"{value!r} is neither a list of seeds nor \"auto\"; give seeds = [0, 1, 2] or "
+                             f"seeds = \"auto\" (seeds added until decided)")
+        return value
 
     @model_validator(mode="after")
     def _arms(self):
