@@ -190,3 +190,35 @@ def test_auto_study_adds_seeds_until_decided_and_resumes_keeping_finished_seeds(
     from groupfel.experiments import api
 
     assert api.load(out).seeds == list(range(n))
+
+
+def test_seed_words_in_configs_and_sweeps_get_one_line_naming_the_fix(tiny_dict):
+    from groupfel.emulator.config import parse_config
+    from groupfel.errors import InputError
+    from groupfel.experiments.sweep import SweepConfig
+
+    cfg = {k: v for k, v in tiny_dict.items() if k != "seed"}
+    with pytest.raises(InputError, match="'some' is neither a list of seeds nor \"auto\""):
+        parse_config({**cfg, "seeds": "some"})
+    with pytest.raises(ValueError, match="a sweep runs a list of seeds at every point"):
+        SweepConfig.model_validate({"name": "s", "base": "b.toml", "seeds": "auto", "axes": {"data.alpha": [0.1]}})
+
+
+def test_a_continued_fixed_run_keeps_its_seeds(tiny_dict, tmp_path):
+    """seeds = [0, 1, 2] run, then --seeds auto on the same directory: seeds 0-2 are not rerun."""
+    from groupfel.experiments.cli import main
+
+    cfg = {k: v for k, v in tiny_dict.items() if k != "seed"}
+    cfg.update(seeds=[0, 1, 2], name="cont")
+    cfg["train"] = {**cfg["train"], "rounds": 2}
+    import tomli_w
+
+    path = tmp_path / "cont.toml"
+    path.write_text(tomli_w.dumps(cfg))
+    out = tmp_path / "cont"
+    assert main(["run", str(path), "--output", str(out), "--quiet", "--jobs", "1"]) == 0
+    kept = (out / "seed-2" / "rg-random" / "results.csv").stat().st_mtime_ns
+    assert main(["run", str(path), "--output", str(out), "--quiet", "--jobs", "1", "--seeds", "auto",
+                 "--max-seeds", "4"]) == 0
+    assert (out / "seed-2" / "rg-random" / "results.csv").stat().st_mtime_ns == kept
+    assert json.loads((out / "config.json").read_text())["seeds"] == "auto"
