@@ -147,20 +147,31 @@ _PATHS = 200_000
 _CALIBRATION_SEED = 36
 
 
-@lru_cache(maxsize=8)
-def _null_paths(n_max: int, two_sided: bool) -> np.ndarray:
-    """t-test p-values after 1..n_max pairs along simulated normal null paths, (paths, n_max)."""
+def _null_p(ns: tuple[int, ...], two_sided: bool) -> np.ndarray:
+    """t-test p-values at the looks ``ns`` along simulated normal null paths, (paths, looks). Each
+    look adds a block of seeds whose sum (normal) and sum of squares about its own mean
+    (chi-square) are drawn directly, which is exact for normal seeds and needs no memory per seed;
+    the blocks are drawn in look order, so a schedule's first looks are the same paths as its
+    prefix's."""
     from scipy import stats
 
     rng = np.random.default_rng(_CALIBRATION_SEED)
-    x = rng.standard_normal((_PATHS, n_max))
-    n = np.arange(1, n_max + 1)
-    s1, s2 = np.cumsum(x, axis=1), np.cumsum(x * x, axis=1)
-    mean = s1 / n
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t = mean / np.sqrt(np.maximum(s2 - n * mean ** 2, 0) / (n - 1) / n)
-    df = np.maximum(n - 1, 1)
-    return 2 * stats.t.sf(np.abs(t), df) if two_sided else stats.t.sf(t, df)
+    total = np.zeros(_PATHS)
+    squares = np.zeros(_PATHS)
+    out = np.empty((_PATHS, len(ns)))
+    before = 0
+    for k, n in enumerate(ns):
+        size = n - before
+        block = rng.standard_normal(_PATHS) * np.sqrt(size)
+        within = rng.chisquare(size - 1, _PATHS) if size > 1 else np.zeros(_PATHS)
+        total += block
+        squares += within + block ** 2 / size
+        before = n
+        mean = total / n
+        sd = np.sqrt(np.maximum(squares - n * mean ** 2, 0) / (n - 1))
+        t = mean / (sd / np.sqrt(n))
+        out[:, k] = 2 * stats.t.sf(np.abs(t), n - 1) if two_sided else stats.t.sf(t, n - 1)
+    return out
 
 
 @lru_cache(maxsize=256)
@@ -169,8 +180,7 @@ def _calibration(ns: tuple[int, ...], n_max: int, two_sided: bool) -> np.ndarray
     normal paths. The boundaries are exact for normal statistics; applied to t-tests through their
     nominal levels they cross a few per cent too often at small degrees of freedom (Jennison &
     Turnbull 2000, §3.8), so the repeated p-value is read through this simulated null law."""
-    paths = _null_paths(int(n_max), two_sided)
-    return np.sort(_raw_repeated_p(paths[:, np.asarray(ns) - 1], ns, n_max, two_sided))
+    return np.sort(_raw_repeated_p(_null_p(ns, two_sided), ns, n_max, two_sided))
 
 
 def repeated_p(p: np.ndarray, ns: tuple[int, ...], n_max: int, two_sided: bool) -> np.ndarray:
