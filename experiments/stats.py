@@ -3,12 +3,14 @@
 A study's unit of replication is the seed: within one seed every arm shares the data placement,
 topology and costs, so arms are compared by their per-seed differences (a paired t interval).
 
-A study makes many comparisons (every arm against the first, on every metric), so its verdicts
-use Holm's step-down correction over all of them (family-wise error 5 %), beside each
-difference's unadjusted 95 % interval. Fewer than 3 pairs, or pairs whose differences are all
-equal, give "too few seeds": two seeds have one degree of freedom (t = 12.7), and a zero spread
-is no evidence of a zero variance. Intervals of bounded metrics (accuracy in [0, 1], costs and
-times >= 0) are clipped to the bounds, and the tables say so.
+A study makes many comparisons (every arm against the first, on every metric); each ends in a
+decision (higher, lower, equivalent within the metric's margin, or undecided) from
+:mod:`groupfel.experiments.sequential`: t-tests (and TOST) per look, alpha spending where seeds were
+added, Holm's step-down over all of them (family-wise error 5 %), beside each difference's
+unadjusted 95 % interval. Fewer than 3 pairs, or pairs whose differences are all equal, have no
+test: two seeds have one degree of freedom (t = 12.7), and a zero spread is no evidence of a zero
+variance. Intervals of bounded metrics (accuracy in [0, 1], costs and times >= 0) are clipped to
+the bounds, and the tables say so.
 """
 from __future__ import annotations
 
