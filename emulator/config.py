@@ -381,6 +381,19 @@ class FaultsConfig(_Strict):
                                      "|g| per survivor (groupfel.cost_models.model.CostModel.recovery).")
 
 
+class MarginsConfig(_Strict):
+    """Equivalence margins δ: a difference from the reference arm inside ±δ counts as none."""
+    final_acc: float = Field(0.01, gt=0, le=1, description="Final accuracy, absolute (0.01: one accuracy point).")
+    acc_at_common_cost: float = Field(0.01, gt=0, le=1, description="Accuracy at the common cost, absolute.")
+    cost_to_target: float = Field(0.05, gt=0, le=1, description="Eq. 5 cost to the target, as a share of the "
+                                  "reference arm's mean (0.05: 5 %).")
+    sim_time_s: float = Field(0.05, gt=0, le=1, description="Simulated time, as a share of the reference arm's mean.")
+
+
+# A study with seeds = "auto" and no max_seeds stops adding seeds here.
+DEFAULT_MAX_SEEDS = 20
+
+
 class RunConfig(_Strict):
     name: str = Field("run", pattern=r"^[A-Za-z0-9_.+-]+$", description="The run directory is "
                       "`<output_dir>/<name>`.")
@@ -389,8 +402,14 @@ class RunConfig(_Strict):
         "model (HCCT, FedCollab), evaluated on the clients' local test splits.")
     seed: int = Field(0, ge=0, le=INT64, description="The seed of a single-seed run: same config and seed give the same "
                       "tables.")
-    seeds: list[Annotated[int, Field(ge=0, le=INT64)]] | None = Field(None, min_length=1, description="Instead of seed: every arm runs on each "
-                                    "seed; means with 95 % confidence intervals.")
+    seeds: list[Annotated[int, Field(ge=0, le=INT64)]] | Literal["auto"] | None = Field(
+        None, description="Instead of seed: every arm runs on each seed; means with 95 % confidence intervals. "
+        "\"auto\": seeds 0, 1, 2, ... are added until every comparison is decided, or max_seeds.")
+    max_seeds: int | None = Field(None, ge=3, le=10000, description="With seeds = \"auto\": the most seeds a "
+                                  f"study runs (default {DEFAULT_MAX_SEEDS}).")
+    seed_batch: int = Field(2, ge=1, le=10000, description="With seeds = \"auto\": seeds added between two looks "
+                            "(the first look is after 3).")
+    margins: MarginsConfig = Field(MarginsConfig(), description="The `[margins]` table: equivalence margins per metric.")
     output_dir: str = Field("results", description="Where run directories go.")
     data: DataConfig = Field(DataConfig(), description="The `[data]` table.")
     topology: TopologyConfig = Field(TopologyConfig(), description="The `[topology]` table.")
@@ -399,6 +418,14 @@ class RunConfig(_Strict):
     faults: FaultsConfig = Field(FaultsConfig(), description="The `[faults]` table.")
     arms: list[ArmConfig] = Field(min_length=1, description="One or more `[[arms]]`; all share data, "
                                   "topology and costs.")
+
+    @field_validator("seeds", mode="before")
+    @classmethod
+    def _seeds_word(cls, value):
+        if isinstance(value, str) and value != "auto":
+            raise ValueError(f"{value!r} is neither a list of seeds nor \"auto\"; give seeds = [0, 1, 2] or "
+                             f"seeds = \"auto\" (seeds added until decided)")
+        return value
 
     @model_validator(mode="after")
     def _arms(self):
@@ -411,8 +438,13 @@ class RunConfig(_Strict):
         names = [a.name for a in self.arms]
         if len(set(names)) != len(names):
             raise ValueError("arm names must be unique")
-        if self.seeds is not None and len(set(self.seeds)) != len(self.seeds):
+        if isinstance(self.seeds, list) and not self.seeds:
+            raise ValueError("seeds: give at least one seed, or seeds = \"auto\"")
+        if isinstance(self.seeds, list) and len(set(self.seeds)) != len(self.seeds):
             raise ValueError("seeds must be distinct")
+        if self.max_seeds is not None and self.seeds != "auto":
+            raise ValueError(f"max_seeds = {self.max_seeds} needs seeds = \"auto\" (seeds added until decided); "
+                             f"remove max_seeds or set seeds = \"auto\"")
         self._check_arrivals()
         return self
 
@@ -445,8 +477,16 @@ class RunConfig(_Strict):
 
     @property
     def seed_list(self) -> list[int]:
-        """The seeds to run: ``seeds`` when given, else the single ``seed``."""
+        """The seeds to run: ``seeds`` when given, else the single ``seed``; with ``"auto"``, the
+        seeds of the first look (the runner adds the others)."""
+        if self.seeds == "auto":
+            return list(range(min(3, self.seed_cap)))
         return list(self.seeds) if self.seeds is not None else [self.seed]
+
+    @property
+    def seed_cap(self) -> int:
+        """The most seeds a study with seeds = "auto" runs."""
+        return self.max_seeds if self.max_seeds is not None else DEFAULT_MAX_SEEDS
 
 
 def arrival_rounds(arrivals: ArrivalsConfig | None, n_clients: int) -> np.ndarray:

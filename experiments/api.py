@@ -161,7 +161,9 @@ def load(run_dir: str | Path) -> "Study":
     path = run_dir / "config.json"
     if not path.exists():
         raise InputError(f"run_dir: {run_dir} holds no config.json; give a directory a run was started in")
-    study = Study(run_dir, parse_config(load_json(path)))
+    from .runner import resolved_config
+
+    study = Study(run_dir, resolved_config(run_dir))
     from groupfel.emulator import numerics
 
     first = study.arm_dir(study.seeds[0] if study.multi_seed else None, study.arms[0]) / "manifest.json"

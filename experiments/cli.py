@@ -26,6 +26,7 @@ def _cmd_run(args) -> int:
         config = load_config(args.config) if args.config else default_config()
         run_dir = Path(args.output) if args.output else Path(config.output_dir) / config.name
         flag = "--output" if args.output else "config output_dir/name ="
+    config = _with_seeds(config, args.seeds, args.max_seeds)
     if args.numerics and args.numerics != config.train.numerics:
         config = config.model_copy(update={"train": config.train.model_copy(update={"numerics": args.numerics})})
     if args.device:
@@ -42,7 +43,9 @@ def _cmd_run(args) -> int:
                       backend=args.backend, address=args.address, gpus_per_task=args.gpus_per_task,
                       ship_data=args.ship_data, py_modules=tuple(args.py_module)).summary
     if config.seeds is not None:
-        print(seeds_printout(summary, config, run_dir))
+        again = ["groupfel", "run", *([args.config] if args.config else []),
+                 *(["--resume", str(run_dir)] if args.resume else ["--output", str(run_dir)] if args.output else [])]
+        print(seeds_printout(summary, config, run_dir, shlex.join(again)))
         return report_diverged(run_dir)
     with_cols = ["arm", "groups", "group_size", "avg_cov", "rounds", "cost", "sim_time_s", "final_acc",
                  "acc_at_common_cost", "stop"]
@@ -57,13 +60,39 @@ def _cmd_run(args) -> int:
     return 0
 
 
-def seeds_printout(summary, config, run_dir: Path) -> str:
-    """What ``groupfel run`` prints for a multi-seed config (the README shows the demo's)."""
+def _with_seeds(config, seeds: str | None, max_seeds: int | None):
+    """``config`` with ``--seeds`` (auto, or N: seeds 0 to N−1) and ``--max-seeds`` applied."""
+    from groupfel.emulator.config import DEFAULT_MAX_SEEDS
+
+    if max_seeds is not None and max_seeds < 3:
+        raise InputError(f"--max-seeds: must be at least 3 (the first look needs 3 paired seeds), got {max_seeds}")
+    if seeds is None and max_seeds is None:
+        return config
+    if seeds is None and config.seeds != "auto":
+        raise InputError(f"--max-seeds {max_seeds}: needs --seeds auto (or seeds = \"auto\" in the config)")
+    if seeds is not None and seeds != "auto":
+        try:
+            count = int(seeds)
+        except ValueError:
+            count = 0
+        if count < 1:
+            raise InputError(f"--seeds: give auto (seeds added until decided, at most --max-seeds, default "
+                             f"{DEFAULT_MAX_SEEDS}) or a number of seeds N >= 1 (seeds 0 to N-1), got {seeds!r}")
+        if max_seeds is not None:
+            raise InputError(f"--max-seeds {max_seeds}: only with --seeds auto, not --seeds {seeds}")
+        return config.model_copy(update={"seeds": list(range(count)), "max_seeds": None})
+    return config.model_copy(update={"seeds": "auto", "max_seeds": max_seeds if max_seeds is not None else
+                                     config.max_seeds})
+
+
+def seeds_printout(summary, config, run_dir: Path, command: str = "groupfel run") -> str:
+    """What ``groupfel run`` prints for a multi-seed config (the README shows the demo's);
+    ``command``: the command that ran it, for the conclusion's way to continue."""
     from .stats import conclusion, render_summary
 
     target = config.train.target_accuracy
     return "\n".join([
-        render_summary(summary, target), "", conclusion(summary, target), "",
+        render_summary(summary, target), "", conclusion(summary, target, command), "",
         "acc_at_common_cost: accuracy at the smallest final cost of any arm of the same seed",
         f"results: {run_dir}/  (summary.csv, runs.csv, seed-<s>/<arm>/results.csv, ledger.parquet)",
         f"plot:    {run_dir / 'accuracy_vs_cost.png'}"])
@@ -185,6 +214,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="CPU kernels: portable (pinned at AVX2: the same numbers on every x86-64 CPU with "
                           "AVX2) or native (the machine's fastest); default: the config's train.numerics (native; "
                           "the demo: portable)")
+    run.add_argument("--seeds", metavar="auto|N", help="auto: add seeds 0, 1, 2, ... in batches until every "
+                     "comparison is decided (higher, lower, equivalent) or --max-seeds; N: seeds 0 to N-1. "
+                     "Finished seeds of the run directory are kept")
+    run.add_argument("--max-seeds", type=int, metavar="N", help="with --seeds auto: the most seeds to run "
+                     "(default: the config's max_seeds, else 20)")
     from .backends import add_backend_arguments
 
     add_backend_arguments(run, "(seed, arm) runs of a config with seeds")

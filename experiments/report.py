@@ -62,7 +62,9 @@ def load_study(root: Path) -> Study:
         return Study("sweep", root, config, arms, results, load_csv(root / "summary.csv"), meta)
     if not (root / "config.json").exists():
         raise InputError(f"report: {root} holds no config.json; give a run or sweep directory")
-    config = parse_config(load_json(root / "config.json"))
+    from .runner import resolved_config
+
+    config = resolved_config(root)
     if config.seeds is not None:
         if not (root / "runs.csv").exists():
             raise InputError(f"report: {root} is unfinished; resume it with 'groupfel run --resume {root}'")
@@ -257,8 +259,9 @@ def _summary(study: Study) -> str:
         said = compact["verdict"]
         first = _opening_sentence(study)
         words = (f"{int(said.str.contains(' than ').sum())} of {int((said != 'reference').sum())} arms differ from "
-                 f"their point's first arm in accuracy at equal cost after Holm's correction over the sweep; "
-                 f"{int(said.str.startswith('too few').sum())} comparisons have too few seeds to tell (verdict column).")
+                 f"their point's first arm in accuracy at equal cost after Holm's correction over the sweep, "
+                 f"{int(said.str.startswith('equivalent').sum())} are equivalent to it; "
+                 f"{int(said.str.startswith('undecided').sum())} comparisons are undecided (verdict column).")
         foot = "".join(f"<p>{html.escape(n)}</p>" for n in notes(study.summary, METRICS))
         return (f"<p><b>{html.escape(first)}</b></p><p>{html.escape(words)}</p><p>Mean [95 % CI] over seeds {study.extra['sweep']['seeds']}.</p>"
                 f"{_table(compact)}{foot}<details><summary>full table (every metric, interval and paired "

@@ -67,7 +67,8 @@ def config_from_run_dir(run_dir: Path) -> RunConfig:
 
 def seed_config(config: RunConfig, seed: int) -> RunConfig:
     """The single-seed config of one seed of a multi-seed config."""
-    return parse_config({**json.loads(config.model_dump_json()), "seed": seed, "seeds": None})
+    return parse_config({**json.loads(config.model_dump_json()), "seed": seed, "seeds": None,
+                         "max_seeds": None})
 
 
 def finished(config: RunConfig, run_dir: Path) -> bool:
@@ -122,11 +123,15 @@ def check_dir(config: RunConfig, run_dir: Path, *, force: bool = False, where: s
 def _same_run(saved: RunConfig | None, config: RunConfig) -> bool:
     """The same run, wherever it trains: it may resume under other numerics (``--numerics``; it
     warns then, see :func:`groupfel.emulator.numerics.check_resume`) or on another device
-    (``--device``: checkpoints load onto any device)."""
+    (``--device``: checkpoints load onto any device). A multi-seed run may also continue with other
+    seeds (``--seeds auto``): a seed's runs do not depend on the others, so finished seeds are kept."""
     if saved is None:
         return False
     train = saved.train.model_copy(update={"numerics": config.train.numerics, "device": config.train.device})
-    return saved.model_copy(update={"train": train}) == config
+    update = {"train": train}
+    if saved.seeds is not None and config.seeds is not None:
+        update.update({k: getattr(config, k) for k in ("seeds", "max_seeds", "seed_batch")})
+    return saved.model_copy(update=update) == config
 
 
 def _saved_config(path: Path) -> RunConfig | None:
@@ -145,13 +150,7 @@ def prepare(config: RunConfig, run_dir: Path, *, force: bool = False) -> list[Ta
         for s in config.seed_list:
             shutil.rmtree(seed_dir(run_dir, s), ignore_errors=True)
     write_json(run_dir / "config.json", json.loads(config.model_dump_json()))
-    tasks = []
-    for s in config.seed_list:
-        cfg = seed_config(config, s)
-        resolved = json.loads(cfg.model_dump_json())
-        write_json(seed_dir(run_dir, s) / "config.json", resolved)
-        tasks += [Task(json.dumps(resolved), str(seed_dir(run_dir, s)), i) for i in range(len(cfg.arms))]
-    return tasks
+    return _seed_tasks(config, run_dir)
 
 
 def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: bool = False,
@@ -164,6 +163,14 @@ def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: boo
     run_dir = Path(run_dir) if run_dir else Path(config.output_dir) / config.name
     if jobs is not None and jobs < 1:
         raise InputError(f"--jobs: must be >= 1, got {jobs}")
+    if config.seeds == "auto":
+        from .backends import check_backend, run_tasks
+
+        validate(config, run_dir, force=force)
+        check_backend(backend, jobs, address, ray)
+        return _locked(config, run_dir, force, lambda: _run_auto(
+            config, run_dir, force=force, progress=progress, jobs=jobs, backend=backend, address=address, ray=ray,
+            run_tasks=run_tasks))
     if not force and finished(config, run_dir):
         # a rerun of a finished run: nothing to plan, no engine to build; the tables are recomputed
         # from the intact results, the plots kept
@@ -205,6 +212,65 @@ def _run_seeds(config, run_dir, *, force, progress, jobs, backend, address, ray,
               unit="run", disable=not progress, dynamic_ncols=True) as bar:
         run_tasks(todo, backend=backend, jobs=jobs, address=address, ray=ray, on_done=lambda _task: bar.update())
     return finish(config, run_dir)
+
+
+def _run_auto(config, run_dir, *, force, progress, jobs, backend, address, ray, run_tasks) -> pd.DataFrame:
+    """Seeds 0, 1, 2, ... in batches, a look after each, until every comparison is decided or
+    ``max_seeds`` (:mod:`groupfel.experiments.sequential`). Each look's decisions are computed from
+    the finished seeds alone, so a resumed study repeats the same looks and adds no seed twice."""
+    from .sequential import looks
+
+    if force:
+        for d in Path(run_dir).glob("seed-*"):
+            shutil.rmtree(d, ignore_errors=True)
+    write_json(run_dir / "config.json", json.loads(config.model_dump_json()))
+    schedule = looks(3, config.seed_batch, config.seed_cap)
+    for k, n in enumerate(schedule):
+        fixed = config.model_copy(update={"seeds": list(range(n)), "max_seeds": None})
+        tasks = _seed_tasks(fixed, run_dir)
+        todo = [t for t in tasks if not t.done]
+        with tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"{config.name}: {n} seeds x arms",
+                  unit="run", disable=not progress, dynamic_ncols=True) as bar:
+            run_tasks(todo, backend=backend, jobs=jobs, address=address, ray=ray, on_done=lambda _task: bar.update())
+        write_json(run_dir / LOOKS_FILE, {"looks": schedule[:k + 1], "max_seeds": config.seed_cap})
+        per_seed = per_seed_metrics(load_runs(fixed, run_dir), config.train.target_accuracy)
+        summary = summarize_seeds(per_seed, [a.name for a in config.arms], **_sequential(config, schedule[:k + 1]))
+        decided = [summary[c].iloc[1:] for c in summary if c.endswith("_decision")]
+        if k == len(schedule) - 1 or all((d != "undecided").all() for d in decided):
+            return finish(fixed, run_dir, sequential=(config, schedule[:k + 1]))
+    raise AssertionError("unreachable: the last look returns")
+
+
+LOOKS_FILE = "looks.json"
+
+
+def _sequential(config: RunConfig, done: list[int]) -> dict:
+    return {"margins": config.margins.model_dump(), "looks": done, "max_seeds": config.seed_cap}
+
+
+def resolved_config(run_dir: Path) -> RunConfig:
+    """The config of a run directory, a study with seeds = "auto" given the seeds it ran (its
+    looks file); for reading a finished run (a resume reads the config as saved)."""
+    from groupfel.emulator.runfiles import load_json
+
+    config = parse_config(load_json(Path(run_dir) / "config.json"))
+    if config.seeds == "auto":
+        path = Path(run_dir) / LOOKS_FILE
+        done = load_json(path)["looks"] if path.exists() else config.seed_list
+        config = config.model_copy(update={"seeds": list(range(done[-1] if path.exists() else len(done))),
+                                           "max_seeds": None})
+    return config
+
+
+def _seed_tasks(config: RunConfig, run_dir: Path) -> list[Task]:
+    """Each seed's config file and its (seed, arm) tasks, done ones included."""
+    tasks = []
+    for s in config.seed_list:
+        cfg = seed_config(config, s)
+        resolved = json.loads(cfg.model_dump_json())
+        write_json(seed_dir(run_dir, s) / "config.json", resolved)
+        tasks += [Task(json.dumps(resolved), str(seed_dir(run_dir, s)), i) for i in range(len(cfg.arms))]
+    return tasks
 
 
 def _run_single(config: RunConfig, run_dir: Path, *, force: bool, progress: bool) -> pd.DataFrame:
@@ -301,9 +367,11 @@ def report_diverged(root: Path) -> int:
     return 1 if runs else 0
 
 
-def finish(config: RunConfig, run_dir: Path, replot: bool = True) -> pd.DataFrame:
+def finish(config: RunConfig, run_dir: Path, replot: bool = True,
+           sequential: tuple[RunConfig, list[int]] | None = None) -> pd.DataFrame:
     """The tables and plots of a multi-seed run whose (seed, arm) tasks are all complete
-    (``replot`` False: existing plots are kept)."""
+    (``replot`` False: existing plots are kept; ``sequential``: the study's own config with
+    seeds = "auto" and the looks it made)."""
     run_dir = Path(run_dir)
     per_seed_summaries = [finish_seed(seed_config(config, s), seed_dir(run_dir, s), replot) for s in config.seed_list]
     results = load_runs(config, run_dir)
@@ -312,7 +380,8 @@ def finish(config: RunConfig, run_dir: Path, replot: bool = True) -> pd.DataFram
     arms = [a.name for a in config.arms]
     per_seed = per_seed_metrics(results, config.train.target_accuracy)
     atomic_write(run_dir / "per_seed.csv", lambda p: per_seed.to_csv(p, index=False))
-    summary = summarize_seeds(per_seed, arms)
+    summary = summarize_seeds(per_seed, arms, **(_sequential(*sequential) if sequential else
+                                                  {"margins": config.margins.model_dump()}))
     # Grouping and cost facts of each arm, averaged over seeds (each seed's are in its directory);
     # overhead_share: the group operations' part of the Eq. 5 cost.
     first = pd.concat(per_seed_summaries, ignore_index=True).groupby("arm", sort=False)

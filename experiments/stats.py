@@ -3,17 +3,21 @@
 A study's unit of replication is the seed: within one seed every arm shares the data placement,
 topology and costs, so arms are compared by their per-seed differences (a paired t interval).
 
-A study makes many comparisons (every arm against the first, on every metric), so its verdicts
-use Holm's step-down correction over all of them (family-wise error 5 %), beside each
-difference's unadjusted 95 % interval. Fewer than 3 pairs, or pairs whose differences are all
-equal, give "too few seeds": two seeds have one degree of freedom (t = 12.7), and a zero spread
-is no evidence of a zero variance. Intervals of bounded metrics (accuracy in [0, 1], costs and
-times >= 0) are clipped to the bounds, and the tables say so.
+A study makes many comparisons (every arm against the first, on every metric); each ends in a
+decision (higher, lower, equivalent within the metric's margin, or undecided) from
+:mod:`groupfel.experiments.sequential`: t-tests (and TOST) per look, alpha spending where seeds were
+added, Holm's step-down over all of them (family-wise error 5 %), beside each difference's
+unadjusted 95 % interval. Fewer than 3 pairs, or pairs whose differences are all equal, have no
+test: two seeds have one degree of freedom (t = 12.7), and a zero spread is no evidence of a zero
+variance. Intervals of bounded metrics (accuracy in [0, 1], costs and times >= 0) are clipped to
+the bounds, and the tables say so.
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
+from .sequential import NAMES
 
 LEVEL = 0.95
 
@@ -38,9 +42,17 @@ BOUNDS = {"final_acc": (0.0, 1.0), "acc_at_common_cost": (0.0, 1.0), "cost_to_ta
           # per-group mode's local test error over clients (HCCT Table 5)
           **{f"local_error_{k}": (0.0, 1.0) for k in ("mean", "std", "min", "max")}}
 MIN_PAIRS = 3
+# Equivalence margins δ (metric -> size, relative to the reference arm's mean?): a difference
+# inside ±δ counts as none. One accuracy point, and 5 % of a cost or time; a config's [margins]
+# table sets its own (docs/statistics-and-safety.md says where the defaults come from).
+MARGINS: dict[str, tuple[float, bool]] = {"final_acc": (0.01, False), "acc_at_common_cost": (0.01, False),
+                                          "cost_to_target": (0.05, True), "sim_time_s": (0.05, True)}
 # A Holm p within this factor of the line (0.025 to 0.1 at 95 %) is called close to it.
 CLOSE = 2.0
 TOO_FEW = "too few seeds"
+# The conclusion proposes continuing a study only to decide comparisons that need at most this
+# many seeds at the observed spread.
+CONTINUE_CAP = 50
 CLIPPED_NOTE = "†: interval clipped to the metric's range (accuracy in [0, 1], costs and times >= 0)"
 TWO_SEEDS_NOTE = ("with 2 seeds each interval uses t = 12.7 (1 degree of freedom): too wide to inform; "
                   "run 3 or more seeds")
@@ -137,23 +149,58 @@ def _p(p: float) -> str:
 
 
 def add_verdicts(summary: pd.DataFrame, metrics=None, level: float = LEVEL) -> pd.DataFrame:
-    """``<m>_diff_p_holm`` and ``<m>_verdict`` over every comparison in ``summary`` (one family:
-    every row's paired difference on every metric in ``metrics``, default all with a p-value)."""
+    """One decision per comparison (every row's paired difference from its reference on every
+    metric in ``metrics``, default all with a test), over one family: ``<m>_diff_p_holm`` and
+    ``<m>_eq_p_holm`` (Holm-Shaffer adjusted, :func:`groupfel.experiments.sequential.step_down`),
+    ``<m>_decision`` (higher, lower, equivalent, undecided) and ``<m>_verdict`` (in words)."""
+    from .sequential import decide, step_down
+
     metrics = [m for m in (metrics or METRICS) if f"{m}_diff_p" in summary]
-    cells = [(i, m) for i in range(len(summary)) for m in metrics]
-    adjusted = holm([summary[f"{m}_diff_p"].iloc[i] for i, m in cells])
+    cells = [(i, m) for i in range(len(summary)) for m in metrics if np.isfinite(summary[f"{m}_diff_n"].iloc[i])]
+    q = np.array([summary[f"{m}_diff_p"].iloc[i] for i, m in cells] +
+                 [summary[f"{m}_eq_p"].iloc[i] if f"{m}_eq_p" in summary else np.nan for i, m in cells], dtype=float)
+    adjusted = step_down(q, np.tile(np.arange(len(cells)), 2)) if cells else q
     out = summary.copy()
     for m in metrics:
         out[f"{m}_diff_p_holm"] = np.nan
+        out[f"{m}_eq_p_holm"] = np.nan
+        out[f"{m}_decision"] = ""
         out[f"{m}_verdict"] = ""
-    for (i, m), q in zip(cells, adjusted):
+    k = len(cells)
+    for j, (i, m) in enumerate(cells):
         r = out.iloc[i]
-        out.iat[i, out.columns.get_loc(f"{m}_diff_p_holm")] = q
-        if np.isfinite(r[f"{m}_diff_n"]):
-            out.iat[i, out.columns.get_loc(f"{m}_verdict")] = verdict(r[f"{m}_diff_mean"], q, int(r[f"{m}_diff_n"]), level)
+        qd, qe = adjusted[j], adjusted[k + j]
+        decision = NAMES[int(decide(r[f"{m}_diff_mean"], qd, qe, 1 - level))]
+        out.iat[i, out.columns.get_loc(f"{m}_diff_p_holm")] = qd
+        out.iat[i, out.columns.get_loc(f"{m}_eq_p_holm")] = qe
+        out.iat[i, out.columns.get_loc(f"{m}_decision")] = decision
+        out.iat[i, out.columns.get_loc(f"{m}_verdict")] = decision_words(r, m, decision, qd, qe, level)
     out.attrs.update(summary.attrs)
-    out.attrs["comparisons"] = int(np.isfinite(adjusted).sum())
+    out.attrs["comparisons"] = int(sum(np.isfinite(adjusted[j]) or np.isfinite(adjusted[k + j]) for j in range(k)))
     return out
+
+
+def decision_words(r, m: str, decision: str, qd: float, qe: float, level: float = LEVEL) -> str:
+    """A decision in words: the adjusted p-value behind it, the margin of an equivalence, the seeds
+    it took when a study added seeds; for an undecided comparison, why, and about how many seeds a
+    fixed design would need at the observed spread."""
+    n = int(r[f"{m}_diff_n"])
+    after = f" after {int(r[f'{m}_seeds'])} seeds" if r.get("looks", 1) > 1 and np.isfinite(r.get(f"{m}_seeds", np.nan)) else ""
+    if decision in ("higher", "lower"):
+        return f"{decision} (Holm p = {_p(qd)}{_close(qd, level)}{after})"
+    if decision == "equivalent":
+        return f"equivalent (within {margin_text(r, m)}: Holm p = {_p(qe)}{after})"
+    if not (np.isfinite(qd) or np.isfinite(qe)):
+        return f"undecided: {TOO_FEW} ({n} pair{'s' if n != 1 else ''}" + (", no spread)" if n >= MIN_PAIRS else ")")
+    need = r.get(f"{m}_seeds_needed", np.nan)
+    more = f"; fixed design: ~{int(need)} seeds" if np.isfinite(need) else ""
+    return f"undecided (Holm p = {_p(qd)}{_close(qd, level)}{more})"
+
+
+def margin_text(r, m: str) -> str:
+    """The margin of metric ``m`` as the user set it: ±0.01, or ±5 % of the reference (±275)."""
+    size, relative = r[f"{m}_margin"], MARGINS[m][1]
+    return f"±{_fmt(size)}" if not relative else f"±{r[f'{m}_margin_share']:.0%} (±{_fmt(size)})".replace("%", " %")
 
 
 def per_seed_metrics(results: pd.DataFrame, target: float | None) -> pd.DataFrame:
@@ -173,27 +220,96 @@ def per_seed_metrics(results: pd.DataFrame, target: float | None) -> pd.DataFram
     return pd.DataFrame(rows)
 
 
-def summarize_seeds(per_seed: pd.DataFrame, arms: list[str], level: float = LEVEL) -> pd.DataFrame:
+def summarize_seeds(per_seed: pd.DataFrame, arms: list[str], level: float = LEVEL, margins: dict | None = None,
+                    looks: list[int] | None = None, max_seeds: int | None = None) -> pd.DataFrame:
     """One row per arm: for each headline metric ``<m>_mean``, ``<m>_ci95_low/high`` over seeds,
-    and the paired difference from the first arm ``<m>_diff_mean``, ``<m>_diff_ci95_low/high``.
-    ``target_reached`` counts the seeds whose run reached the target accuracy."""
-    wide = {m: per_seed.pivot(index="seed", columns="arm", values=m) for m in METRICS}
+    the paired difference from the first arm ``<m>_diff_mean``, ``<m>_diff_ci95_low/high``, and its
+    decision (:func:`add_verdicts`). ``target_reached`` counts the seeds whose run reached the
+    target accuracy. ``looks``: the numbers of seeds (first ones, in seed order) at which a study
+    that adds seeds looked, up to ``max_seeds``; default one look at every seed (a fixed design).
+    ``margins``: metric -> δ (a share of the reference's mean for costs and times; :data:`MARGINS`)."""
+    from .sequential import fixed_seeds_needed, look_pvalues, repeated_p
+
+    wide = {m: per_seed.pivot(index="seed", columns="arm", values=m).sort_index() for m in METRICS}
+    n_seeds = len(wide["final_acc"])
+    looks = [n for n in (looks or [n_seeds]) if n <= n_seeds] or [n_seeds]
+    sequential = max_seeds is not None
+    margins = {m: (margins or {}).get(m, MARGINS[m][0]) for m in METRICS}
     rows = []
+    history = []   # (row, metric, [(q_diff, q_eq) after each look])
     for arm in arms:
         row = {"arm": arm, "seeds": int(wide["final_acc"][arm].notna().sum()),
-               "target_reached": int(wide["cost_to_target"][arm].notna().sum())}
+               "target_reached": int(wide["cost_to_target"][arm].notna().sum()), "looks": len(looks)}
         for m in METRICS:
             mean, lo, hi = mean_ci(wide[m][arm], level)
             lo, hi, clipped = clip(lo, hi, BOUNDS.get(m))
             row[f"{m}_mean"], row[f"{m}_ci95_low"], row[f"{m}_ci95_high"] = mean, lo, hi
             row[f"{m}_ci95_clipped"] = clipped
-            d, lo, hi, _ = paired_diff(wide[m][arms[0]], wide[m][arm], level) if arm != arms[0] \
-                else (np.nan, np.nan, np.nan, 0)
+            if arm == arms[0]:   # the reference arm: no comparison
+                row.update({f"{m}_diff_mean": np.nan, f"{m}_diff_ci95_low": np.nan, f"{m}_diff_ci95_high": np.nan,
+                            f"{m}_diff_p": np.nan, f"{m}_eq_p": np.nan, f"{m}_diff_n": np.nan})
+                continue
+            ref, other = wide[m][arms[0]].to_numpy(float), wide[m][arm].to_numpy(float)
+            d, lo, hi, n = paired_diff(ref, other, level)
             row[f"{m}_diff_mean"], row[f"{m}_diff_ci95_low"], row[f"{m}_diff_ci95_high"] = d, lo, hi
-            row[f"{m}_diff_p"], row[f"{m}_diff_n"] = paired_p(wide[m][arms[0]], wide[m][arm]) if arm != arms[0] \
-                else (np.nan, np.nan)   # the reference arm: no comparison
+            row[f"{m}_diff_n"] = n
+            ok = np.isfinite(ref) & np.isfinite(other)
+            row[f"{m}_diff_sd"] = float(np.std(other[ok] - ref[ok], ddof=1)) if n > 1 else np.nan
+            share, relative = margins[m], MARGINS[m][1]
+            ns, p = [], []
+            after = []
+            for n_look in looks:
+                okk = ok[:n_look]
+                diffs = (other[:n_look] - ref[:n_look])[okk]
+                delta = share * abs(float(ref[:n_look][okk].mean())) if relative and okk.any() else share
+                if len(diffs) >= MIN_PAIRS and (not ns or len(diffs) > ns[-1]):
+                    ns.append(len(diffs))
+                    p.append(look_pvalues(diffs, delta))
+                n_max = max_seeds if sequential else (ns[-1] if ns else 0)
+                if ns:
+                    pd_, plo, phi = (np.array([x[j] for x in p], dtype=float) for j in range(3))
+                    after.append((float(repeated_p(pd_, tuple(ns), n_max, True)),
+                                  float(max(repeated_p(plo, tuple(ns), n_max, False),
+                                            repeated_p(phi, tuple(ns), n_max, False)))))
+                else:
+                    after.append((np.nan, np.nan))
+                row[f"{m}_margin"] = delta
+            row[f"{m}_margin_share"] = share
+            row[f"{m}_diff_p"], row[f"{m}_eq_p"] = after[-1]
+            history.append((len(rows), m, after))
         rows.append(row)
-    return add_verdicts(pd.DataFrame(rows), level=level)
+    out = pd.DataFrame(rows)
+    _decided_at(out, history, looks, level)
+    out = add_verdicts(out, level=level)
+    m_family = max(int(out.attrs.get("comparisons", 1)), 1)
+    for m in METRICS:
+        if f"{m}_diff_sd" not in out:
+            continue
+        out[f"{m}_seeds_needed"] = [
+            fixed_seeds_needed(r[f"{m}_diff_sd"], r[f"{m}_diff_mean"], r[f"{m}_margin"], m_family, 1 - level)
+            if r[f"{m}_decision"] == "undecided" else np.nan for _, r in out.iterrows()]
+    return add_verdicts(out, level=level)   # again: the words name the seeds needed
+
+
+def _decided_at(out: pd.DataFrame, history, looks: list[int], level: float) -> None:
+    """``<m>_seeds``: the seeds after which each comparison was first decided (the family's
+    decisions at each look), or all the seeds where it never was."""
+    from .sequential import UNDECIDED, decide, step_down
+
+    for _, m, _ in history:
+        out[f"{m}_seeds"] = np.nan
+    if not history:
+        return
+    at = [looks[-1]] * len(history)
+    for k in range(len(looks) - 1, -1, -1):
+        q = np.array([h[2][k][0] for h in history] + [h[2][k][1] for h in history], dtype=float)
+        adj = step_down(q, np.tile(np.arange(len(history)), 2))
+        means = np.array([out[f"{m}_diff_mean"].iloc[i] for i, m, _ in history])
+        now = decide(means, adj[:len(history)], adj[len(history):], 1 - level)
+        for j in np.flatnonzero(now != UNDECIDED):
+            at[j] = looks[k]
+    for (i, m, _), n in zip(history, at):
+        out.iat[i, out.columns.get_loc(f"{m}_seeds")] = n
 
 
 def curves_on_grid(results: pd.DataFrame, x: str = "cost", y: str = "accuracy", points: int = 200,
@@ -264,44 +380,58 @@ def render_summary(summary: pd.DataFrame, target: float | None) -> str:
              table.to_string(index=False, float_format=lambda v: f"{v:.4g}")]
     lines += notes(summary, metrics) if ci else []   # both notes concern intervals
     first = summary["arm"].iloc[0]
-    summary = add_verdicts(summary, metrics)
+    summary = _decided(summary, metrics)
     rows = []
     for _, r in summary.iloc[1:].iterrows():
         for m in metrics:
             rows.append({"arm": r["arm"], "metric": m, f"difference from {first}{' [95 % CI]' if ci else ''}":
                          _ci(r, m, "diff_", intervals=ci),
-                         "verdict": r[f"{m}_verdict"]})
+                         "decision": r[f"{m}_verdict"]})
     if rows:
         k = summary.attrs.get("comparisons", 0)
         lines += ["", f"paired difference from {first} (same seeds: same data, topology and costs):",
                   pd.DataFrame(rows).to_string(index=False),
-                  f"verdict: Holm's correction over the {k} comparison{'s' if k != 1 else ''} above with a test "
-                  f"(family-wise 5 %); the interval beside it is unadjusted. {TOO_FEW}: fewer than "
-                  f"{MIN_PAIRS} paired seeds, or no spread" if k else
-                  f"verdict: {TOO_FEW} to test any difference (fewer than {MIN_PAIRS} paired seeds)"]
+                  f"decision: higher or lower (a difference the seeds support), equivalent (inside the margin: "
+                  f"{_margins_said(summary, metrics)}) or undecided; Holm's correction over the {k} comparison"
+                  f"{'s' if k != 1 else ''} above with a test (family-wise 5 %), the interval beside it unadjusted; "
+                  f"fixed design: the seeds that would decide it with 80 % power at the observed difference and spread"
+                  if k else f"decision: undecided, {TOO_FEW} to test any difference (fewer than {MIN_PAIRS} paired seeds)"]
+        looks = int(summary["looks"].max()) if "looks" in summary else 1
+        if looks > 1:
+            lines.append(f"seeds added until decided: {looks} looks, O'Brien-Fleming-type alpha spending "
+                         f"(docs: statistics-and-safety)")
         if target is not None:
             lines.append(f"cost_to_target: over the seeds where both arms reached accuracy {target:g}")
     return "\n".join(lines)
 
 
-def conclusion(summary: pd.DataFrame, target: float | None) -> str:
-    """One sentence, computed from the summary: the most accurate arm at equal cost, whether its
-    lead over the first arm is supported, the cheapest arm to the target, and which paired
-    differences from the first arm (accuracy at equal cost, cost to target) the seeds support."""
+def _decided(summary: pd.DataFrame, metrics) -> pd.DataFrame:
+    """``summary`` with its decisions: as computed when it was made (a study's looks are not in the
+    table), else computed here (a table of one look)."""
+    if all(f"{m}_decision" in summary for m in metrics if f"{m}_diff_p" in summary):
+        return summary
+    return add_verdicts(summary, metrics)
+
+
+def _margins_said(summary: pd.DataFrame, metrics) -> str:
+    ref = summary.iloc[1] if len(summary) > 1 else summary.iloc[0]
+    return ", ".join(f"{m} {margin_text(ref, m).split(' (')[0]}" for m in metrics if f"{m}_margin" in summary)
+
+
+def conclusion(summary: pd.DataFrame, target: float | None, command: str | None = None) -> str:
+    """Computed from the summary: the most accurate arm at equal cost and its decision against the
+    first arm, the cheapest arm to the target, which comparisons are decided, and what deciding
+    the rest would take in a fixed design (with ``command``: how to continue the study)."""
     n = int(summary["seeds"].max())
-    summary = add_verdicts(summary, [m for m in METRICS if m != "cost_to_target" or target is not None])
+    metrics = [m for m in METRICS if m != "cost_to_target" or target is not None]
+    summary = _decided(summary, metrics)
     best = summary.loc[summary["acc_at_common_cost_mean"].idxmax()]
     first = summary.iloc[0]
     text = (f"Over {n} seeds, at equal cost the most accurate arm is {best['arm']} "
             f"({_ci(best, 'acc_at_common_cost')})")
     if best["arm"] != first["arm"]:
-        said = best["acc_at_common_cost_verdict"]
-        q = best["acc_at_common_cost_diff_p_holm"]
-        holm_said = f"Holm p = {_p(q)}{_close(q)}" if _close(q) else "Holm"
-        text += (f", {_ci(best, 'acc_at_common_cost', 'diff_')} over {first['arm']}, "
-                 + (f"a supported difference ({holm_said})" if "supported:" in said else
-                    "too few seeds to tell" if said.startswith(TOO_FEW) else
-                    f"a difference the seeds do not support ({holm_said})"))
+        text += (f", {_ci(best, 'acc_at_common_cost', 'diff_')} over {first['arm']}: "
+                 f"{best['acc_at_common_cost_verdict'].split(' (')[0].split(':')[0]}")
     if target is not None and summary["target_reached"].max() > 0:
         reached = summary[summary["target_reached"] > 0]
         cheap = reached.loc[reached["cost_to_target_mean"].idxmin()]
@@ -309,14 +439,25 @@ def conclusion(summary: pd.DataFrame, target: float | None) -> str:
                  f"{_ci(cheap, 'cost_to_target')}, reached in {int(cheap['target_reached'])}/{n} seeds)")
     elif target is not None:
         text += f"; no arm reached accuracy {target:g}"
-    words = {"acc_at_common_cost": "accuracy at equal cost", "cost_to_target": "cost to the target"}
-    found = [f"{r['arm']} {words[m]} {_ci(r, m, 'diff_')}" for _, r in summary.iloc[1:].iterrows() for m in words
-             if (m != "cost_to_target" or target is not None)
-             and "supported:" in r[f"{m}_verdict"]]
-    if n > 1:
-        text += (f"; differences from {first['arm']} the seeds support: {', '.join(found)}" if found else
-                 f"; no arm differs from {first['arm']} in {' or '.join(words if target is not None else list(words)[:1])} "
-                 f"beyond the seeds' noise")
+    if n < 2:
+        return text + "."
+    cells = [(r, m) for _, r in summary.iloc[1:].iterrows() for m in metrics]
+    decided = [f"{r['arm']} {m} {r[f'{m}_decision']}" for r, m in cells if r[f"{m}_decision"] not in ("undecided", "")]
+    open_ = [(r, m) for r, m in cells if r[f"{m}_decision"] in ("undecided", "")]
+    text += f". Decided: {len(decided)} of {len(cells)} comparisons" + (f" ({', '.join(decided)})" if decided else "")
+    if not open_:
+        return text + "."
+    needs = [r.get(f"{m}_seeds_needed", np.nan) for r, m in open_]
+    near = sorted(int(x) for x in needs if np.isfinite(x) and x <= CONTINUE_CAP)
+    text += f"; undecided: {len(open_)}"
+    if near:
+        rest = len(open_) - len(near)
+        text += (f", of which {len(near)} would take at most {near[-1]} seeds in a fixed design at the observed "
+                 f"spread" + (f" ({rest} more than {CONTINUE_CAP}, or never)" if rest else ""))
+        if command:
+            text += f"; continue until decided with '{command} --seeds auto --max-seeds {max(near[-1], n + 1)}'"
+    else:
+        text += f", each needing more than {CONTINUE_CAP} seeds in a fixed design at the observed spread (or never)"
     return text + "."
 
 
@@ -333,8 +474,11 @@ def compact_summary(summary: pd.DataFrame, keys: list[str], with_target: bool) -
         out["target_reached"] = [f"{k}/{n}" for k, n in zip(summary["target_reached"], summary["seeds"])]
     first = summary.groupby("point", sort=False)["arm"].transform("first") if "point" in summary else summary["arm"].iloc[0]
     verdicts = summary.get("acc_at_common_cost_verdict", pd.Series([""] * len(summary))).fillna("")
+    decisions = summary.get("acc_at_common_cost_decision", pd.Series([""] * len(summary))).fillna("")
+    said = {"higher": "higher than", "lower": "lower than", "equivalent": "equivalent to"}
     out["verdict"] = [   # accuracy at equal cost against the point's first arm
-        "reference" if a == f else (f"{v.split(' (')[0]} than {f}" if "supported:" in v else v)
-        for a, f, v in zip(summary["arm"], first if isinstance(first, pd.Series) else [first] * len(summary), verdicts)]
+        "reference" if a == f else (f"{said[d]} {f}" if d in said else v)
+        for a, f, v, d in zip(summary["arm"], first if isinstance(first, pd.Series) else [first] * len(summary),
+                              verdicts, decisions)]
     return out
 

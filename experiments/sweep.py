@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from tqdm import tqdm
 
 from groupfel.emulator.config import RunConfig, _one_line, parse_config, read_toml
@@ -58,6 +58,15 @@ class SweepConfig(BaseModel):
     axes: dict[str, list[Any]] = Field(min_length=1)
     # the point every other point is compared with, per axis (default: each axis's first value)
     reference: dict[str, Any] | None = None
+
+    @field_validator("seeds", mode="before")
+    @classmethod
+    def _fixed_seeds(cls, value):
+        if value == "auto":   # one family over all points needs every point's looks together: not yet
+            raise ValueError("seeds = \"auto\" runs one config until decided; a sweep runs a list of seeds "
+                             "at every point: give seeds = [0, 1, 2, ...], or run a point's config with "
+                             "'groupfel run CONFIG --seeds auto'")
+        return value
 
     @model_validator(mode="after")
     def _axes(self):

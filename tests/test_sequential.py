@@ -1,0 +1,224 @@
+"""Decisions that hold: group-sequential looks, TOST equivalence and Holm-Shaffer over the family.
+
+The error rates are checked by simulating whole studies (every look, the stopping rule, the family
+of the demo's 3 arms × 4 metrics) with noise shaped like the demo's seed-to-seed spread.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.special import ndtri
+
+from groupfel.experiments import sequential as seq
+
+# The demo's spread (groupfel run, seeds 0, 1, 2, portable numerics): the seed-to-seed sd of one
+# arm's metric, pooled over its 4 arms, and the reference arm's mean; metrics final_acc,
+# acc_at_common_cost, cost_to_target, sim_time_s. Margins are the defaults (1 point; 5 %).
+DEMO_SD = np.array([0.0195, 0.0193, 818.0, 82.4])
+DEMO_REF = np.array([0.913, 0.899, 5506.0, 749.0])
+RELATIVE = np.array([False, False, True, True])
+MARGIN = np.array([0.01, 0.01, 0.05, 0.05])
+# Studies per simulation: with a family-wise rate near 4.5 %, 20,000 studies put its standard error
+# at 0.15 points (4,000 would leave 0.35, too close to the 5 % line to tell); heavy tails err lower.
+STUDIES = {None: 20_000, 3.0: 5_000}
+
+
+def test_boundaries_are_the_published_obrien_fleming_type_ones():
+    """Lan-DeMets O'Brien-Fleming-type spending, 5 equally spaced looks, two-sided 5 %: the
+    z-boundaries 4.877, 3.357, 2.680, 2.290, 2.031 (Jennison & Turnbull 2000, Table 7.6 ff.)."""
+    nominal = seq.boundaries((1, 2, 3, 4, 5), 5, 0.05, True)
+    assert -ndtri(nominal / 2) == pytest.approx([4.877, 3.357, 2.680, 2.290, 2.031], abs=2e-3)
+    assert seq.spend(0.05, np.array([1.0]), True)[0] == pytest.approx(0.05)
+
+
+def test_one_look_at_every_seed_is_the_plain_t_test():
+    p = np.array([[0.031], [0.2]])
+    assert seq.repeated_p(p, (3,), 3, True) == pytest.approx([0.031, 0.2])
+
+
+def test_an_early_look_needs_more_evidence_than_the_last():
+    ns = tuple(seq.looks(3, 2, 20))
+    assert ns[0] == 3 and ns[-1] == 20
+    early = seq.repeated_p(np.array([[0.001] + [np.nan] * (len(ns) - 1)]), ns, 20, True)[0]
+    late = seq.repeated_p(np.array([[np.nan] * (len(ns) - 1) + [0.001]]), ns, 20, True)[0]
+    assert late < 0.01 < early
+
+
+def test_step_down_is_holm_and_counts_comparisons_not_hypotheses():
+    # one hypothesis per comparison: Holm (sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1, monotone)
+    assert seq.step_down(np.array([0.01, 0.04, 0.03, 0.005]), np.arange(4)) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    # two per comparison (at most one true): the divisor is the number of comparisons still open
+    q = np.array([0.01, 0.04, 0.03, 0.005])
+    assert seq.step_down(q, np.array([0, 0, 1, 1])) == pytest.approx([0.02, 0.06, 0.06, 0.01])
+    assert seq.step_down_fast(q[None, :], np.array([0, 0, 1, 1]))[0] == pytest.approx([0.02, 0.06, 0.06, 0.01])
+
+
+def _demo_like(true_diff, *, tails=None, seed=0, corr=0.2, studies=None):
+    return seq.simulate(studies or STUDIES[tails], DEMO_SD, MARGIN, true_diff, ref_mean=DEMO_REF, relative=RELATIVE,
+                        first=3, batch=2, max_seeds=20, corr=corr, tails=tails, seed=seed)
+
+
+@pytest.mark.parametrize("tails", [None, 3.0], ids=["normal", "heavy-tailed t3"])
+def test_identical_arms_give_a_false_higher_or_lower_in_at_most_5_percent_of_studies(tails):
+    decisions, used = _demo_like(np.zeros((3, 4)), tails=tails, seed=1)
+    false = ((decisions == seq.HIGHER) | (decisions == seq.LOWER)).any(axis=(1, 2))
+    assert len(false) >= 2000 and false.mean() <= 0.05
+    assert (used >= 3).all() and (used <= 20).all()
+
+
+@pytest.mark.parametrize("tails", [None, 3.0], ids=["normal", "heavy-tailed t3"])
+def test_a_true_difference_at_the_margin_gives_a_false_equivalent_in_at_most_5_percent(tails):
+    at_margin = np.tile(np.where(RELATIVE, MARGIN * DEMO_REF, MARGIN), (3, 1))
+    decisions, _ = _demo_like(at_margin, tails=tails, seed=2, studies=5_000)
+    false = (decisions == seq.EQUIVALENT).any(axis=(1, 2))
+    assert len(false) >= 2000 and false.mean() <= 0.05
+
+
+def test_clear_differences_stop_early_and_small_spread_shows_equivalence():
+    """A large difference is decided before max_seeds; arms equal within a spread small against
+    the margin end equivalent; both with the demo's family size."""
+    sd = DEMO_SD / 4
+    big = np.tile(np.where(RELATIVE, 0.3 * DEMO_REF, 0.1), (3, 1))
+    decisions, used = seq.simulate(2000, sd, MARGIN, big, ref_mean=DEMO_REF, relative=RELATIVE, seed=3)
+    assert (decisions == seq.HIGHER).mean() > 0.95 and used.mean() < 20
+    decisions, _ = seq.simulate(2000, sd / 4, MARGIN, np.zeros((3, 4)), ref_mean=DEMO_REF, relative=RELATIVE, seed=4)
+    assert (decisions == seq.EQUIVALENT).mean() > 0.9
+
+
+def test_fixed_design_seeds_reach_the_stated_power():
+    """The seeds a fixed design needs (80 % power) do give about 80 % power when simulated at that
+    many seeds (one comparison: its family's size is 1)."""
+    n = seq.fixed_seeds_needed(sd=1.0, diff=1.0, margin=0.1, m=1)
+    decisions, _ = seq.simulate(4000, np.array([1.0 / np.sqrt(2)]), np.array([0.1]), np.array([[1.0]]),
+                                first=int(n), max_seeds=int(n), corr=0.0, seed=5)
+    assert 0.8 <= (decisions == seq.HIGHER).mean() < 0.9
+
+
+# -- the study: summary columns, runs that add seeds, resume ------------------------------------------
+
+def _per_seed(values: dict[str, list[float]]) -> pd.DataFrame:
+    return pd.DataFrame([{"seed": s, "arm": arm, "final_acc": v, "acc_at_common_cost": v, "sim_time_s": 100.0,
+                          "cost_to_target": np.nan, "cost": 1.0, "common_cost": 1.0}
+                         for arm, vals in values.items() for s, v in enumerate(vals)])
+
+
+def test_summary_has_a_decision_per_metric_equivalent_included():
+    from groupfel.experiments.stats import summarize_seeds
+
+    rng = np.random.default_rng(0)
+    base = 0.9 + rng.normal(0, 0.01, 12)
+    s = summarize_seeds(_per_seed({"a": list(base), "same": list(base + rng.normal(0, 0.001, 12)),
+                                   "up": list(base + 0.05 + rng.normal(0, 0.002, 12))}), ["a", "same", "up"])
+    same, up = s.iloc[1], s.iloc[2]
+    assert same["final_acc_decision"] == "equivalent" and same["final_acc_verdict"].startswith("equivalent (within ±0.01")
+    assert up["final_acc_decision"] == "higher"
+    assert same["sim_time_s_decision"] == "undecided" and "no spread" in same["sim_time_s_verdict"]
+    assert s.iloc[0]["final_acc_decision"] == ""       # the reference arm
+
+
+def test_a_sequential_summary_says_after_how_many_seeds():
+    from groupfel.experiments.stats import summarize_seeds
+
+    rng = np.random.default_rng(1)
+    base = 0.9 + rng.normal(0, 0.01, 9)
+    s = summarize_seeds(_per_seed({"a": list(base), "up": list(base + 0.2 + rng.normal(0, 0.002, 9))}), ["a", "up"],
+                        looks=[3, 5, 7, 9], max_seeds=20)
+    assert s.iloc[1]["final_acc_decision"] == "higher" and s.iloc[1]["final_acc_seeds"] < 9
+    assert "after" in s.iloc[1]["final_acc_verdict"]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--max-seeds", "0"], "--max-seeds: must be at least 3"),
+    (["--seeds", "some"], "--seeds: give auto"),
+    (["--max-seeds", "5"], "--max-seeds 5: needs --seeds auto"),
+])
+def test_bad_seed_flags_are_one_line_and_exit_2(argv, says, tmp_path, capsys):
+    from groupfel.experiments.cli import main
+
+    assert main(["run", "--output", str(tmp_path / "r"), "--quiet", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0]
+    assert not (tmp_path / "r").exists()
+
+
+def test_max_seeds_in_a_config_needs_auto(tiny_dict):
+    from groupfel.emulator.config import parse_config
+    from groupfel.errors import InputError
+
+    with pytest.raises(InputError, match="max_seeds = 5 needs seeds = \"auto\""):
+        parse_config({**tiny_dict, "seeds": [0, 1, 2], "max_seeds": 5})
+    assert parse_config({**tiny_dict, "seeds": "auto"}).seed_cap == 20       # the stated default
+
+
+def test_auto_study_adds_seeds_until_decided_and_resumes_keeping_finished_seeds(tiny_dict, tmp_path):
+    """Two arms that differ a lot (groups of 3 against groups of 6: the sim time): the study stops
+    at a look before max_seeds; a killed study (one seed's arm lost, tables gone) resumes to the same
+    tables without rerunning the seeds it kept."""
+    from groupfel.emulator.config import parse_config
+    from groupfel.experiments.runner import run_experiment
+
+    cfg = {**tiny_dict, "seeds": "auto", "max_seeds": 9, "seed_batch": 2, "name": "auto"}
+    cfg.pop("seed")
+    cfg["train"] = {**cfg["train"], "rounds": 2, "eval_every": 1}
+    cfg["arms"] = [{"name": "g3", "grouping": {"policy": "rg", "min_group_size": 3},
+                    "sampling": {"policy": "random", "groups_per_round": 2}},
+                   {"name": "g6", "grouping": {"policy": "rg", "min_group_size": 6},
+                    "sampling": {"policy": "random", "groups_per_round": 2}}]
+    config = parse_config(cfg)
+    out = tmp_path / "auto"
+    summary = run_experiment(config, out, progress=False, jobs=1)
+    looks = json.loads((out / "looks.json").read_text())["looks"]
+    n = looks[-1]
+    assert summary["seeds"].max() == n and looks[0] == 3
+    assert sorted(p.name for p in out.glob("seed-*")) == sorted(f"seed-{s}" for s in range(n))
+    decisions = summary.iloc[1][[f"{m}_decision" for m in ("final_acc", "acc_at_common_cost", "sim_time_s")]]
+    assert (decisions != "undecided").all() or n == 9
+    assert summary.iloc[1]["sim_time_s_decision"] == "higher"
+    kept = (out / "seed-0" / "g3" / "results.csv").stat().st_mtime_ns
+    import shutil
+
+    shutil.rmtree(out / f"seed-{n - 1}" / "g6")
+    for f in ("summary.csv", "per_seed.csv", "runs.csv"):
+        (out / f).unlink()
+    again = run_experiment(config, out, progress=False, jobs=1)
+    cols = [c for c in summary.columns if c.endswith(("_decision", "_diff_p_holm", "_mean"))]
+    pd.testing.assert_frame_equal(again[cols], summary[cols])
+    assert (out / "seed-0" / "g3" / "results.csv").stat().st_mtime_ns == kept
+    from groupfel.experiments import api
+
+    assert api.load(out).seeds == list(range(n))
+
+
+def test_seed_words_in_configs_and_sweeps_get_one_line_naming_the_fix(tiny_dict):
+    from groupfel.emulator.config import parse_config
+    from groupfel.errors import InputError
+    from groupfel.experiments.sweep import SweepConfig
+
+    cfg = {k: v for k, v in tiny_dict.items() if k != "seed"}
+    with pytest.raises(InputError, match="'some' is neither a list of seeds nor \"auto\""):
+        parse_config({**cfg, "seeds": "some"})
+    with pytest.raises(ValueError, match="a sweep runs a list of seeds at every point"):
+        SweepConfig.model_validate({"name": "s", "base": "b.toml", "seeds": "auto", "axes": {"data.alpha": [0.1]}})
+
+
+def test_a_continued_fixed_run_keeps_its_seeds(tiny_dict, tmp_path):
+    """seeds = [0, 1, 2] run, then --seeds auto on the same directory: seeds 0-2 are not rerun."""
+    from groupfel.experiments.cli import main
+
+    cfg = {k: v for k, v in tiny_dict.items() if k != "seed"}
+    cfg.update(seeds=[0, 1, 2], name="cont")
+    cfg["train"] = {**cfg["train"], "rounds": 2}
+    import tomli_w
+
+    path = tmp_path / "cont.toml"
+    path.write_text(tomli_w.dumps(cfg))
+    out = tmp_path / "cont"
+    assert main(["run", str(path), "--output", str(out), "--quiet", "--jobs", "1"]) == 0
+    kept = (out / "seed-2" / "rg-random" / "results.csv").stat().st_mtime_ns
+    assert main(["run", str(path), "--output", str(out), "--quiet", "--jobs", "1", "--seeds", "auto",
+                 "--max-seeds", "4"]) == 0
+    assert (out / "seed-2" / "rg-random" / "results.csv").stat().st_mtime_ns == kept
+    assert json.loads((out / "config.json").read_text())["seeds"] == "auto"
