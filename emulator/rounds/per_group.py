@@ -344,8 +344,8 @@ class PerGroupRounds(RoundStrategy):
 
     def _merge(self, t: int) -> None:
         """"merge" (HCCT Alg. 1 line 6 at epoch t ≥ 1): on each edge, :meth:`repartition` (Alg. 2)
-        merges the current groups on the clients' latest uploaded gradients; a merged group
-        starts from its members' sample-weighted mean model (Alg. 1 line 15). A client without
+        re-partitions the clients on their latest uploaded gradients; a new group starts from
+        the sample-weighted mean of its members' models (Alg. 1 line 15). A client without
         an upload runs a charged probe epoch first."""
         world, state, topo = self.world, self.state, self.world.topology
         missing = np.flatnonzero(~state.uploaded & (state.assign >= 0))
@@ -376,8 +376,9 @@ class PerGroupRounds(RoundStrategy):
                 old = np.unique(state.assign[members])
                 if len(old) == 1:
                     models.append(state.models[old[0]])
-                else:
-                    n = torch.as_tensor([topo.n_samples[state.assign == m].sum() for m in old], dtype=state.models.dtype)
+                else:   # Alg. 1 line 15: Σ D_i w_i / D̂_k, w_i the model of client i's old group
+                    n = torch.as_tensor([topo.n_samples[members[state.assign[members] == m]].sum() for m in old],
+                                        dtype=state.models.dtype)
                     models.append((n / n.sum()) @ state.models[old])
                 edges.append(j)
                 assign[members] = len(models) - 1
