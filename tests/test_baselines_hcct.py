@@ -170,6 +170,16 @@ def test_flsc_round_through_the_hooks(tiny_dict):
                                flsc_aggregate(clusters, choice, trained, world.topology.n_samples[clients]))
 
 
+def test_flsc_shared_init_starts_every_cluster_at_the_initial_model(tiny_dict):
+    world = build_world(_pergroup(tiny_dict, "flsc", {"n_clusters": 3, "n_soft": 2, "init": "shared"}))
+    training, x0 = _bound(world)
+    clusters = training.algorithm._clusters(training.state)
+    assert all(torch.equal(c, x0) for c in clusters)
+    # every loss ties: each client picks clusters 0 and 1 (ties to the lower index)
+    _, scratch = _one_group_round(world, training, x0, np.array([0, 1, 2]))
+    assert scratch.rows.tolist() == [[0, 1]] * 3
+
+
 # -- HCCT-P (FedPer) ---------------------------------------------------------------------------------
 
 def test_fedper_keeps_the_classifier_with_each_client(tiny_dict):

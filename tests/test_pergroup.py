@@ -143,6 +143,22 @@ def test_ifca_picks_the_lowest_loss_model_on_two_obvious_clusters(tiny_dict, tmp
     assert (ledger["group"] == -1).all() and env.now > 0
 
 
+def test_ifca_shared_init_starts_every_cluster_at_the_initial_model_and_ties_go_to_cluster_0(tiny_dict, tmp_path):
+    """The HCCT authors' IFCA (``init = "shared"``): every cluster model is x_0, so every client's
+    losses tie and it joins cluster 0; with ``"random"`` the models differ."""
+    cfg = _two_concepts(tiny_dict, [{"name": "ifca", "grouping": {"policy": "ifca", "n_clusters": 3,
+                                                                  "init": "shared"}}])
+    world = build_world(cfg)
+    rounds = PerGroupRounds(world, plan_arm(world, 0), tmp_path, ArmState())
+    rounds.start(True)
+    x0 = world.engine.initial_weights(cfg.seed)
+    assert all(torch.equal(m, x0) for m in rounds.state.models)
+    rounds.before_round(0)
+    assert list(rounds.state.assign) == [0] * 6
+    with pytest.raises(ValueError, match="init must be one of random, shared"):
+        Ifca(init="same")
+
+
 def test_fedclar_clusters_updates_after_its_round(tiny_dict, tmp_path):
     up = np.array([[1.0, 0.0, 0.1], [0.9, 0.1, 0.0], [0.0, 1.0, 0.0], [0.1, 1.0, 0.1], [1.0, 0.05, 0.0]])
     assert [c.tolist() for c in FedClar(cluster_round=1, threshold=0.5).cluster(up)] == [[0, 1, 4], [2, 3]]

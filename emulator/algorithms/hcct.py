@@ -259,8 +259,9 @@ class _SoftRound:
 @dataclass
 class Flsc(Algorithm):
     """FLSC, federated learning with soft clustering (Li et al. 2022), as HCCT runs it (Sec. 7.1):
-    ``n_clusters`` global models (``server_state`` ``"clusters"``, each from its own random
-    initialisation, IFCA's); in every epoch each client picks the ``n_soft`` (N_g) models with the
+    ``n_clusters`` global models (``server_state`` ``"clusters"``; ``init = "random"``, default:
+    each from its own random initialisation, IFCA's; ``"shared"``, code: the HCCT authors', all
+    from the run's initial model); in every epoch each client picks the ``n_soft`` (N_g) models with the
     lowest loss on its training data (:func:`flsc_choice`), starts its local steps from their
     average (``local_start``), and every chosen model becomes the sample-weighted mean of the
     trained models of the clients that chose it (:func:`flsc_aggregate`, in ``aggregate_group``).
@@ -270,6 +271,7 @@ class Flsc(Algorithm):
 
     n_clusters: int = 5
     n_soft: int = 2
+    init: str = "random"
     modes: ClassVar[tuple[str, ...]] = PER_GROUP
 
     def __post_init__(self):
@@ -278,11 +280,15 @@ class Flsc(Algorithm):
         if not isinstance(self.n_soft, int) or not 1 <= self.n_soft <= self.n_clusters:
             raise ValueError(f"n_soft (FLSC's N_g) must be an integer from 1 to n_clusters = {self.n_clusters}, "
                              f"got {self.n_soft!r}")
+        if self.init not in ("random", "shared"):
+            raise ValueError(f"init must be one of random, shared (\"shared\": every cluster model from the one "
+                             f"initial model, the HCCT authors' code), got {self.init!r}")
 
     def _clusters(self, state: AlgorithmState) -> torch.Tensor:
         """The cluster models, initialised on first use (the engine is needed, so not in init_state)."""
         if "clusters" not in state.server:
-            seeds = [seed_of(key(self.ctx.seed, "cluster-init", m)) for m in range(self.n_clusters)]
+            seeds = [seed_of(key(self.ctx.seed, "cluster-init", m)) if self.init == "random" else self.ctx.seed
+                     for m in range(self.n_clusters)]
             state.server["clusters"] = torch.stack([self.ctx.engine.initial_weights(s) for s in seeds])
         return state.server["clusters"]
 
