@@ -369,10 +369,9 @@ def base_sources(quick: bool = False) -> str:
 
 
 FUNCTIONS = {f.__name__: f for f in (ours, paper, summary, cell, summary_ci, at_cost, at_round, at_cost_over,
-                                     paired_at_cost, last, paired_last, paired_folders, paired_points, paired_final, cost_to,
-                                     diverged,
-                                     span, seeds, fmt, table1, arms_table, methods_table, grid, table2, table2_diff,
-                                     table2_span, sources, base_sources)}
+                                     paired_at_cost, last, paired_last, paired_folders, paired_points, paired_final,
+                                     cost_to, diverged, span, seeds, fmt, table1, arms_table, methods_table, grid,
+                                     table2, table2_diff, table2_span, sources, base_sources)}
 
 
 def render(template: Path = TEMPLATE) -> str:
