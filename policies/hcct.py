@@ -196,7 +196,10 @@ class HCCTGrouping(GroupingPolicy):
         """ClientPartition({g_i^t}, {C_k}) (HCCT Alg. 1 line 6, Alg. 2) on the clients' gradients:
         from singletons (``restart = "singletons"``, Alg. 2 line 2), or merging the current
         ``groups`` (row indices of ``view``) into unions of them (``restart = "merge"``)."""
-        start = None if self.restart == "singletons" else [list(g) for g in groups]
+        if self.restart == "singletons":   # every client of the current groups alone (not yet arrived: in none)
+            start = [[int(i)] for i in sorted(int(i) for g in groups for i in g)]
+        else:
+            start = [list(g) for g in groups]
         merged = hcct_partition(self._gradients(view), view.n_samples, self.alpha, start, self.n_groups)
         return [np.array(sorted(g), dtype=int) for g in merged]
 

@@ -111,6 +111,9 @@ def test_repartition_restarts_from_singletons_unless_restart_is_merge():
     assert _canon(groupings.make("hcct", {"alpha": 1.0}).repartition(view, current)) == [(0, 1), (2, 3)]
     merged = groupings.make("hcct", {"alpha": 1.0, "restart": "merge"}).repartition(view, current)
     assert _canon(merged) == [(0, 2), (1,), (3,)]
+    # a client in no current group (not yet arrived) stays out of the partition
+    present = groupings.make("hcct", {"alpha": 1.0}).repartition(view, [np.array([0, 2]), np.array([1])])
+    assert _canon(present) == [(0, 1), (2,)]
     with pytest.raises(ValueError, match="restart must be one of singletons, merge"):
         groupings.make("hcct-e", {"restart": "keep"})
 
