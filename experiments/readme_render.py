@@ -165,6 +165,19 @@ def paired_last(name: str, mode: str, column: str, arm: str, ref: str, digits: i
     return _ci(*mean_ci([x[s] - y[s] for s in x if s in y]), digits)
 
 
+def paired_folders(name: str, mode: str, before: str, column: str, arm: str, digits: int = 2,
+                   scale: float = 100.0) -> str:
+    """Paired difference of ``column`` at each run's last evaluation between two committed runs of
+    one reproduction, folder ``mode`` minus folder ``before`` (e.g. ``full`` − ``full-before``:
+    what a change of setting did), per seed: mean [95 % CI] over seeds."""
+    def final(folder: str) -> dict[int, float]:
+        runs = _select(_csv(name, folder, "runs.csv"), arm, {})
+        return {int(s): float(r.sort_values("round")[column].iloc[-1]) * scale for s, r in runs.groupby("seed")}
+
+    x, y = final(mode), final(before)
+    return _ci(*mean_ci([x[s] - y[s] for s in x if s in y]), digits)
+
+
 def paired_points(name: str, mode: str, arm: str, a: dict, b: dict, digits: int = 2) -> str:
     """Paired difference of the final accuracy (points), point ``b`` minus point ``a``, per seed
     (the same seed draws the same partition at both points where the data settings are equal)."""
@@ -356,9 +369,9 @@ def base_sources(quick: bool = False) -> str:
 
 
 FUNCTIONS = {f.__name__: f for f in (ours, paper, summary, cell, summary_ci, at_cost, at_round, at_cost_over,
-                                     paired_at_cost, last, paired_last, paired_points, paired_final, cost_to, diverged,
-                                     span, seeds, fmt, table1, arms_table, methods_table, grid, table2, table2_diff,
-                                     table2_span, sources, base_sources)}
+                                     paired_at_cost, last, paired_last, paired_folders, paired_points, paired_final,
+                                     cost_to, diverged, span, seeds, fmt, table1, arms_table, methods_table, grid,
+                                     table2, table2_diff, table2_span, sources, base_sources)}
 
 
 def render(template: Path = TEMPLATE) -> str:

@@ -8,8 +8,9 @@ the per-group round strategy (:mod:`groupfel.emulator.rounds`) calls; the loop k
   start; after every round a cluster whose clients' updates are near a stationary point of their
   joint objective but not of each client's (Sattler Eqs. 29-30: the sample-weighted mean update's
   norm below ``eps1``, the largest single update's norm above ``eps2``) is bipartitioned so that
-  the largest cosine similarity across the two parts is smallest (Sattler Eq. 31; complete-linkage
-  clustering into two, as the authors' code does). Regroup kind ``"split"``: during FL.
+  the largest cosine similarity across the two parts is small (Sattler Eq. 31: single linkage
+  finds its exact minimum; complete linkage, the authors' code's default here, approximates it).
+  Regroup kind ``"split"``: during FL.
 * ``fesem`` (Long et al. 2022, "Multi-center federated learning", FeSEM): ``n_clusters`` centre
   models; every round each client joins the centre nearest (L2) to its local model (E-step) and
   each centre becomes the average of its members' trained models (M-step). Regroup kind
@@ -29,6 +30,7 @@ import numpy as np
 from .grouping import EdgeGrouping, EdgeView, GroupingPolicy, groupings
 
 PER_GROUP = ("per-group",)
+LINKAGES = ("complete", "single")
 
 
 def _one_group(view: EdgeView) -> EdgeGrouping:
@@ -50,9 +52,10 @@ class FedCluster(GroupingPolicy):
     updates Δθ_i (trained − start model, what the clients uploaded; nothing extra is computed or
     charged): it splits when ‖Σ_i (n_i/n_c) Δθ_i‖ < ``eps1`` and max_i ‖Δθ_i‖ > ``eps2``
     (Sattler Eqs. 29-30; the sample weights are the paper's, the authors' code averages without
-    them). The split (:meth:`split`) minimises the largest cross-part cosine similarity (Sattler
-    Eq. 31), by complete-linkage clustering of the cosine similarities into two clusters, the
-    authors' code's method. Both parts start from the cluster's model (the authors aggregate the
+    them). The split (:meth:`split`) is a two-cluster cut of agglomerative clustering on the
+    cosine distances (:func:`bipartition`), with ``linkage``: ``"complete"`` (default; code:
+    Sattler's public code), which does not always reach Eq. 31's minimum of the largest
+    cross-part cosine similarity, or ``"single"`` (paper: Eq. 31 exactly). Both parts start from the cluster's model (the authors aggregate the
     round's updates inside the new parts; we split after aggregating, one round's update apart).
     A split that would leave a part smaller than ``min_group_size`` is not made.
 
@@ -63,11 +66,15 @@ class FedCluster(GroupingPolicy):
     eps1: float = 0.4
     eps2: float = 1.6
     min_group_size: int = 1
+    linkage: str = "complete"
     modes: ClassVar[tuple[str, ...]] = PER_GROUP
     regroup: ClassVar[str] = "split"
 
     def __post_init__(self):
         _check_int("min_group_size", self.min_group_size, 1)
+        if self.linkage not in LINKAGES:
+            raise ValueError(f"linkage must be one of {', '.join(LINKAGES)} (\"single\": Sattler Eq. 31 exactly; "
+                             f"\"complete\": the authors' code), got {self.linkage!r}")
         if not self.eps1 >= 0 or not self.eps2 >= 0:
             raise ValueError(f"eps1 and eps2 must be update norms >= 0, got {self.eps1!r}, {self.eps2!r}")
 
@@ -88,7 +95,7 @@ class FedCluster(GroupingPolicy):
         max_norm = float(np.linalg.norm(updates, axis=1).max())                    # Eq. 30
         if not (mean_norm < self.eps1 and max_norm > self.eps2):
             return whole
-        parts = bipartition(updates)
+        parts = bipartition(updates, self.linkage)
         if min(len(p) for p in parts) < self.min_group_size:
             return whole
         return parts
@@ -101,16 +108,18 @@ def cosine_similarity(updates: np.ndarray) -> np.ndarray:
     return np.clip(unit @ unit.T, -1.0, 1.0)
 
 
-def bipartition(updates: np.ndarray) -> list[np.ndarray]:
-    """Sattler Eq. 31: the two parts whose largest cross-part cosine similarity is smallest,
-    found by complete-linkage clustering on the cosine distance 1 − α cut into two clusters
-    (the part holding row 0 first)."""
-    from scipy.cluster.hierarchy import fcluster, linkage
+def bipartition(updates: np.ndarray, linkage: str = "complete") -> list[np.ndarray]:
+    """Sattler Eq. 31's bipartition: agglomerative clustering on the cosine distance 1 − α cut
+    into two clusters (the part holding row 0 first). With ``"single"`` linkage this is Eq. 31's
+    exact minimiser of the largest cross-part similarity (the cut removes the longest edge of
+    the distances' minimum spanning tree, so the smallest cross-part distance is the largest
+    possible); ``"complete"`` linkage (the authors' code) may end at a larger one."""
+    from scipy.cluster.hierarchy import fcluster, linkage as cluster
     from scipy.spatial.distance import squareform
 
     dist = 1.0 - cosine_similarity(updates)
     np.fill_diagonal(dist, 0.0)
-    labels = fcluster(linkage(squareform(np.maximum(dist, 0.0), checks=False), method="complete"),
+    labels = fcluster(cluster(squareform(np.maximum(dist, 0.0), checks=False), method=linkage),
                       t=2, criterion="maxclust")
     first = labels == labels[0]
     return [np.flatnonzero(first), np.flatnonzero(~first)]

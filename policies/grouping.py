@@ -74,8 +74,8 @@ class GroupingPolicy(ABC):
       - ``"every-round"``: ``n_clusters`` models per edge; before every round
         ``assign(losses) -> model index per client`` picks from the clients × models losses (IFCA);
       - ``"merge"``: start from singletons; before every round t ≥ 1
-        ``repartition(view, groups) -> groups`` merges the current groups on the clients'
-        uploaded gradients (HCCT Alg. 1);
+        ``repartition(view, groups) -> groups`` re-partitions the clients on their uploaded
+        gradients, given the current groups (HCCT Alg. 1);
       - ``"split"``: start from :meth:`group`; before every round t ≥ 1, each group whose
         members all trained in round t − 1 is passed their updates of that round (trained −
         start model, nothing extra charged) to ``split(updates, sizes) -> list[row arrays]``;

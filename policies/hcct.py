@@ -105,6 +105,7 @@ def hcct_partition(grads: np.ndarray, sizes: np.ndarray, alpha: float,
 
 
 SCHEDULES = ("alg1", "once")
+RESTARTS = ("singletons", "merge")
 
 
 @groupings.register("hcct")
@@ -122,12 +123,19 @@ class HCCTGrouping(GroupingPolicy):
     ``schedule`` says when the partition is made (per-group mode, :mod:`groupfel.emulator.rounds`):
 
     * ``"alg1"`` (HCCT Alg. 1, lines 2-7; per-group mode's default): at t = 0 every client is its
-      own group and trains alone; at every epoch t ≥ 1 :meth:`repartition` runs Alg. 2 from the
-      current groups on the gradients the clients uploaded while training, so groups only merge.
+      own group and trains alone; at every epoch t ≥ 1 :meth:`repartition` runs Alg. 2 on the
+      gradients the clients uploaded while training.
     * ``"once"``: :meth:`group` partitions once, from singletons, on gradients of a probe epoch
       from the initial model, and the groups stay. Global mode's only schedule (there
       ``regroup_every`` re-partitions from a probe of the current global model).
     ``None`` is the mode's default.
+
+    ``restart`` says where Alg. 2 starts at each epoch of ``"alg1"``:
+
+    * ``"singletons"`` (default; paper: HCCT Alg. 2 line 2, "Initialize K = N groups C_k = {k}",
+      as the authors' ``user_cluster`` does): every client alone, so a group may split again.
+    * ``"merge"`` (a departure, assumed: Alg. 1 passes the current groups {C_k} in): Alg. 2
+      merges the current groups, so groups only merge.
     """
 
     needs_gradients: ClassVar[bool] = True
@@ -135,6 +143,7 @@ class HCCTGrouping(GroupingPolicy):
     alpha: float = 10.0
     schedule: str | None = None
     n_groups: int | None = None
+    restart: str = "singletons"
 
     def __post_init__(self):
         if not isinstance(self.min_group_size, int) or self.min_group_size < 1:
@@ -146,6 +155,9 @@ class HCCTGrouping(GroupingPolicy):
         if self.schedule is not None and self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)} (\"alg1\": HCCT Alg. 1, re-partition "
                              f"every epoch; \"once\": partition once), got {self.schedule!r}")
+        if self.restart not in RESTARTS:
+            raise ValueError(f"restart must be one of {', '.join(RESTARTS)} (\"singletons\": HCCT Alg. 2 line 2; "
+                             f"\"merge\": merge the current groups), got {self.restart!r}")
         if self.schedule == "alg1" and self.min_group_size > 1:
             raise ValueError("schedule \"alg1\" starts from singletons (HCCT Alg. 1), so min_group_size must be 1; "
                              "use schedule = \"once\" for a minimum group size")
@@ -181,10 +193,14 @@ class HCCTGrouping(GroupingPolicy):
         return float(sum(group_utility(grads, view.n_samples, g, self.alpha) for g in groups))
 
     def repartition(self, view: EdgeView, groups: list[np.ndarray]) -> list[np.ndarray]:
-        """ClientPartition({g_i^t}, {C_k}) (HCCT Alg. 1 line 6, Alg. 2): merge the current
-        ``groups`` (row indices of ``view``) by their gradients; unions of them."""
-        merged = hcct_partition(self._gradients(view), view.n_samples, self.alpha, [list(g) for g in groups],
-                                self.n_groups)
+        """ClientPartition({g_i^t}, {C_k}) (HCCT Alg. 1 line 6, Alg. 2) on the clients' gradients:
+        from singletons (``restart = "singletons"``, Alg. 2 line 2), or merging the current
+        ``groups`` (row indices of ``view``) into unions of them (``restart = "merge"``)."""
+        if self.restart == "singletons":   # every client of the current groups alone (not yet arrived: in none)
+            start = [[int(i)] for i in sorted(int(i) for g in groups for i in g)]
+        else:
+            start = [list(g) for g in groups]
+        merged = hcct_partition(self._gradients(view), view.n_samples, self.alpha, start, self.n_groups)
         return [np.array(sorted(g), dtype=int) for g in merged]
 
 

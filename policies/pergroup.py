@@ -17,6 +17,7 @@ import numpy as np
 from .grouping import EdgeGrouping, EdgeView, GroupingPolicy, RandomGrouping, groupings
 
 BOTH = ("global", "per-group")
+CLUSTER_INITS = ("random", "shared")
 
 
 @groupings.register("local")
@@ -51,16 +52,25 @@ class Ifca(GroupingPolicy):
     whose model has the lowest loss on its training data, then each cluster trains its model with
     its members. Per-group mode only: there is no single model to aggregate. ``min_group_size``
     is accepted like every policy's but has no effect: clusters are as large as the losses make
-    them."""
+    them.
+
+    ``init``: ``"random"`` (default; paper: Ghosh et al. initialise each cluster model on its
+    own) or ``"shared"`` (code: the HCCT authors start every cluster model from the one initial
+    model, so the first choices tie and go to cluster 0; HCCT notes that "all clients may find
+    the same model appealing")."""
 
     n_clusters: int = 5
     min_group_size: int = 1
+    init: str = "random"
     modes: ClassVar[tuple[str, ...]] = ("per-group",)
     regroup: ClassVar[str] = "every-round"
 
     def __post_init__(self):
         if not isinstance(self.n_clusters, int) or self.n_clusters < 1:
             raise ValueError(f"n_clusters must be an integer >= 1, got {self.n_clusters!r}")
+        if self.init not in CLUSTER_INITS:
+            raise ValueError(f"init must be one of {', '.join(CLUSTER_INITS)} (\"shared\": every cluster model from "
+                             f"the one initial model, the HCCT authors' code), got {self.init!r}")
 
     def group(self, view: EdgeView, rng: np.random.Generator) -> EdgeGrouping:
         """Before any model exists: clients dealt at random over the clusters."""

@@ -49,7 +49,8 @@ def test_newcomers_are_free_until_they_join_then_hcct_places_them_with_their_con
     assert set(probes.loc[probes["round"] == 5, "client"]) == {5}
     assert (seen[1][4:] == -1).all() and seen[3][5] == -1                   # in no group before they join
     assert seen[3][4] == seen[3][3]          # Alg. 2 puts client 4 with its concept in the round it joins
-    assert seen[8][5] == seen[8][3] != seen[8][0] == seen[8][1] == seen[8][2]   # client 5 a round later
+    assert seen[8][5] == seen[8][4] == seen[8][3]                            # client 5 a round later
+    assert not set(seen[8][:3]) & set(seen[8][3:])                          # the concepts never share a group
     assert list(full["round"]) == list(range(9))
 
     def kill(t, cost, acc):

@@ -56,6 +56,17 @@ def test_fedfa_weights_are_minus_log2_accuracy_normalised():
     np.testing.assert_allclose(fedfa_weights([1.0, 1.0], [1, 3]), [0.25, 0.75])
 
 
+def test_fedfa_floor_is_the_authors_1e_7_where_set():
+    # A = 0 floored at 1e-7: −log2 = 23.25; beside A = 0.5 (1): 23.25/24.25 and 1/24.25
+    q0 = -np.log2(1e-7)
+    np.testing.assert_allclose(fedfa_weights([0.5, 0.0], [4, 4], 1e-7), [1 / (1 + q0), q0 / (1 + q0)])
+    # the issue's case: 3 of 6 clients at 0 weigh 0.300 with 1e-7 against 0.205 at half a sample
+    acc, n = np.array([0.0, 0.0, 0.0, 0.5, 0.25, 0.125]), np.array([10, 20, 40, 10, 20, 40])
+    assert fedfa_weights(acc, n, 1e-7)[:3].sum() > fedfa_weights(acc, n)[:3].sum()
+    with pytest.raises(ValueError, match="floor must be an accuracy in"):
+        algorithms.make("fedfa", {"floor": 0.0})
+
+
 def test_fedfa_aggregates_a_group_by_its_clients_training_accuracy(tiny_dict):
     world = build_world(_pergroup(tiny_dict, "fedfa"))
     training, x0 = _bound(world)
@@ -79,6 +90,22 @@ def test_maxfl_joins_while_the_global_loss_is_within_the_threshold():
     assert maxfl_joins([0.5, 0.9, 0.7], [0.6, 0.8, 0.7]).tolist() == [True, False, True]
     # a margin of 0.15 raises every threshold: 0.9 ≤ 0.8 + 0.15
     assert maxfl_joins([0.5, 0.9, 0.7], [0.6, 0.8, 0.7], margin=0.15).tolist() == [True, True, True]
+
+
+def test_maxfl_distance_threshold_is_the_authors_squared_distance(tiny_dict):
+    # strict: a tie does not join
+    assert maxfl_joins([0.5, 0.7], [0.6, 0.7], strict=True).tolist() == [True, False]
+    world = build_world(_pergroup(tiny_dict, "maxfl", {"threshold": "distance"}))
+    training, x0 = _bound(world)
+    alg, own = training.algorithm, training.state.clients["own"]
+    # client 0's own model is x_0 + 0.1 everywhere, ‖ŵ_0 − x_0‖² = 0.01·M above its loss: it joins;
+    # client 1's own model is x_0 (distance 0 < any loss): it stays out
+    own[0] = x0 + 0.1
+    assert 0.01 * len(x0) > alg.ctx.score_train(x0, [0])[1][0]
+    _, scratch = _one_group_round(world, training, x0, [0, 1])
+    assert scratch.joins == {0: True, 1: False}
+    with pytest.raises(ValueError, match="threshold must be one of loss, distance"):
+        algorithms.make("maxfl", {"threshold": "gap"})
 
 
 def test_maxfl_global_model_is_the_mean_of_its_participants_only(tiny_dict):
@@ -141,6 +168,16 @@ def test_flsc_round_through_the_hooks(tiny_dict):
     trained = world.engine.train(starts, clients.tolist(), 1, client_seeds(3, 0, 0, clients).tolist())
     torch.testing.assert_close(state.server["clusters"],
                                flsc_aggregate(clusters, choice, trained, world.topology.n_samples[clients]))
+
+
+def test_flsc_shared_init_starts_every_cluster_at_the_initial_model(tiny_dict):
+    world = build_world(_pergroup(tiny_dict, "flsc", {"n_clusters": 3, "n_soft": 2, "init": "shared"}))
+    training, x0 = _bound(world)
+    clusters = training.algorithm._clusters(training.state)
+    assert all(torch.equal(c, x0) for c in clusters)
+    # every loss ties: each client picks clusters 0 and 1 (ties to the lower index)
+    _, scratch = _one_group_round(world, training, x0, np.array([0, 1, 2]))
+    assert scratch.rows.tolist() == [[0, 1]] * 3
 
 
 # -- HCCT-P (FedPer) ---------------------------------------------------------------------------------

@@ -71,6 +71,44 @@ def test_finetune_evaluates_the_group_model_after_local_sgd():
     assert alg.evaluation_passes == 1.0 and _bound("finetune", engine, epochs=3).evaluation_passes == 3.0
 
 
+def test_finetune_steps_takes_that_many_minibatch_steps():
+    # FedCollab's code: 2 steps, lr ½, from w = 0: w₁ = [¼, −¼, ¼, −¼] (logits (½, −½)),
+    # w₂ = w₁ − ½·(σ(1) − 1)·[1, −1, 1, −1] = ¼ + ½(1 − σ(1)) (one sample: one batch an epoch)
+    engine = _engine(lr=0.5)
+    alg = _bound("finetune", engine, steps=2)
+    w = 0.25 + 0.5 * (1 - sigma(1.0))
+    _close(alg.personal_model(None, 0, torch.zeros(4)), [w, -w, w, -w])
+    assert alg.evaluation_passes == 1.0
+    with pytest.raises(ValueError, match="steps must be an integer >= 1"):
+        make_algorithm("finetune", {"steps": 0})
+
+
+def _two_labels_engine():
+    """Two samples, x = 1 with y = 0 and y = 1, in one minibatch of 2."""
+    x = np.ones((2, 1, 1, 1), dtype=np.float32)
+    y = np.array([0, 1], dtype=np.int64)
+    return TorchEngine(Dataset("two", x, y, x, y, 2), [np.array([0, 1])], "linear", lr=0.1, batch_size=2)
+
+
+def test_per_fedavg_halves_splits_each_minibatch_into_d_and_d_prime():
+    # FedCollab's code: D and D' are the two halves of one minibatch {y=0, y=1} (either order).
+    # D = {y=0}: w̃ = α/2·[1, −1, 1, −1], logits (α, −α); on D' = {y=1} the gradient is
+    # σ(2α)·[1, −1, 1, −1], so w = −β·σ(2α)·[1, −1, 1, −1]; D = {y=1} flips every sign.
+    # Independent batches of both samples: ∇ at 0 is 0, so w̃ = 0 and w stays 0.
+    engine = _two_labels_engine()
+    halves = _bound("perfedavg", engine, alpha=0.5, batches="halves")
+    out = halves.local_update(engine, halves.init_state(1, torch.zeros(4)), None, torch.zeros(1, 4), [0], [0], 1,
+                              [7], 0.1, None, None)[0]
+    v = 0.1 * sigma(1.0)
+    _close(out * torch.sign(out[1]) * -1, [v, -v, v, -v])
+    assert halves.training_passes == 1.0
+    plain = _bound("perfedavg", engine, alpha=0.5)
+    out = plain.local_update(engine, plain.init_state(1, torch.zeros(4)), None, torch.zeros(1, 4), [0], [0], 1,
+                             [7], 0.1, None, None)[0]
+    _close(out, [0.0] * 4)
+    assert plain.training_passes == 2.0
+
+
 def test_per_fedavg_takes_the_maml_step_and_adapts_one_step_for_evaluation():
     # α = ½: w̃ = 0 − ½·g(0) = [¼, −¼, ¼, −¼], logits (½, −½), g(w̃) = (σ(1) − 1)·[1, −1, 1, −1];
     # β = lr = 0.1: w ← 0 − 0.1·g(w̃) = 0.1·(1 − σ(1))·[1, −1, 1, −1] = 0.0268941·[1, −1, 1, −1]
@@ -106,6 +144,28 @@ def test_pfedme_solves_the_moreau_envelope_then_moves_the_local_model():
         state, None, GroupUpdate(0, np.array([1]), None, torch.ones(1), torch.full((1, 4), 2.0), slice(0, 1),
                                  torch.zeros(4)))
     _close(mixed, [1.0] * 4)
+
+
+def test_pfedme_theta_reset_restarts_the_inner_problem_at_w_every_minibatch():
+    # FedCollab's code, K = 1, λ = 2, personal_lr 0.2, η = 0.1, two minibatches (two epochs of one
+    # sample): θ = w − 0.2·g(w), w ← w − 0.2·(w − θ) = w − 0.04·g(w): SGD at lr 0.04.
+    #   w₁ = 0.02·[1, −1, 1, −1] (logits (0.04, −0.04)); g(w₁) = (σ(0.08) − 1)·[1, −1, 1, −1]
+    #   θ₂ = w₁ + 0.2·(1 − σ(0.08)), w₂ = w₁ + 0.04·(1 − σ(0.08))
+    engine = _engine()
+    alg = _bound("pfedme", engine, lam=2.0, inner_steps=1, personal_lr=0.2, theta="reset")
+    state = alg.init_state(1, torch.zeros(4))
+    out = alg.local_update(engine, state, None, torch.zeros(1, 4), [0], [0], 2, [7], 0.1, None, None)
+    theta, w = 0.02 + 0.2 * (1 - sigma(0.08)), 0.02 + 0.04 * (1 - sigma(0.08))
+    _close(state.clients["personal"][0], [theta, -theta, theta, -theta])
+    _close(out[0], [w, -w, w, -w])
+    # carried θ (the default) starts the second minibatch at θ₁ = 0.1, not at w₁: a different θ
+    carry = _bound("pfedme", engine, lam=2.0, inner_steps=1, personal_lr=0.2)
+    state = carry.init_state(1, torch.zeros(4))
+    carry.local_update(engine, state, None, torch.zeros(1, 4), [0], [0], 2, [7], 0.1, None, None)
+    carried = 0.1 - 0.2 * ((sigma(0.4) - 1) + 2 * (0.1 - 0.02))
+    _close(state.clients["personal"][0], [carried, -carried, carried, -carried])
+    with pytest.raises(ValueError, match="theta must be one of carry, reset"):
+        make_algorithm("pfedme", {"theta": "keep"})
 
 
 def test_ditto_trains_a_personal_model_pulled_to_the_group_model():

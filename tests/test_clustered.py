@@ -52,6 +52,32 @@ def test_fedcluster_bipartition_and_split_criterion_by_hand():
     assert len(FedCluster(eps1=0.7, eps2=0.9, min_group_size=3).split(updates, np.ones(4))) == 1
 
 
+def _largest_cross_similarity(sim: np.ndarray, first: np.ndarray) -> float:
+    second = np.setdiff1d(np.arange(len(sim)), first)
+    return float(sim[np.ix_(first, second)].max())
+
+
+def test_single_linkage_is_eq_31_exactly_and_complete_linkage_is_not_always():
+    """Sattler Eq. 31 by brute force over every bipartition of 7 random updates: single linkage
+    reaches the minimum of the largest cross-part cosine similarity in every case, complete
+    linkage (the authors' code) misses it in some."""
+    import itertools
+    from groupfel.policies.clustered import cosine_similarity
+
+    missed = 0
+    for seed in range(60):
+        updates = np.random.default_rng(seed).normal(size=(7, 5))
+        sim = cosine_similarity(updates)
+        best = min(_largest_cross_similarity(sim, np.array((0,) + rest))
+                   for k in range(0, 6) for rest in itertools.combinations(range(1, 7), k))
+        assert _largest_cross_similarity(sim, bipartition(updates, "single")[0]) == pytest.approx(best, abs=1e-12)
+        missed += _largest_cross_similarity(sim, bipartition(updates, "complete")[0]) > best + 1e-12
+    assert missed > 0
+    assert FedCluster(linkage="single").linkage == "single"
+    with pytest.raises(ValueError, match="linkage must be one of complete, single"):
+        FedCluster(linkage="average")
+
+
 def test_fedcluster_splits_two_concepts_during_fl_and_resumes(tiny_dict, tmp_path):
     # on this tiny task round 1's updates have norms ≈ 0.2 and a sample-weighted mean norm ≈ 0.13
     cfg, world, full, final, ledger = _run(tmp_path, tiny_dict, {"policy": "fedcluster", "eps1": 0.18, "eps2": 0.15})

@@ -143,6 +143,22 @@ def test_ifca_picks_the_lowest_loss_model_on_two_obvious_clusters(tiny_dict, tmp
     assert (ledger["group"] == -1).all() and env.now > 0
 
 
+def test_ifca_shared_init_starts_every_cluster_at_the_initial_model_and_ties_go_to_cluster_0(tiny_dict, tmp_path):
+    """The HCCT authors' IFCA (``init = "shared"``): every cluster model is x_0, so every client's
+    losses tie and it joins cluster 0; with ``"random"`` the models differ."""
+    cfg = _two_concepts(tiny_dict, [{"name": "ifca", "grouping": {"policy": "ifca", "n_clusters": 3,
+                                                                  "init": "shared"}}])
+    world = build_world(cfg)
+    rounds = PerGroupRounds(world, plan_arm(world, 0), tmp_path, ArmState())
+    rounds.start(True)
+    x0 = world.engine.initial_weights(cfg.seed)
+    assert all(torch.equal(m, x0) for m in rounds.state.models)
+    rounds.before_round(0)
+    assert list(rounds.state.assign) == [0] * 6
+    with pytest.raises(ValueError, match="init must be one of random, shared"):
+        Ifca(init="same")
+
+
 def test_fedclar_clusters_updates_after_its_round(tiny_dict, tmp_path):
     up = np.array([[1.0, 0.0, 0.1], [0.9, 0.1, 0.0], [0.0, 1.0, 0.0], [0.1, 1.0, 0.1], [1.0, 0.05, 0.0]])
     assert [c.tolist() for c in FedClar(cluster_round=1, threshold=0.5).cluster(up)] == [[0, 1, 4], [2, 3]]
@@ -268,10 +284,14 @@ def _partition(assign) -> list[tuple[int, ...]]:
     return sorted(tuple(np.flatnonzero(np.asarray(assign) == m).tolist()) for m in np.unique(assign))
 
 
-def test_hcct_alg1_starts_alone_and_merges_every_epoch_from_the_training_gradients(tiny_dict, tmp_path):
-    """HCCT Alg. 1: t = 0 singletons; at every epoch t ≥ 1 Alg. 2 merges the current groups on
-    the gradients the clients uploaded in the last epoch (no probe, nothing extra charged)."""
-    d = _two_concepts(tiny_dict, [{"name": "hcct", "grouping": {"policy": "hcct", "alpha": 10.0}}]).model_dump()
+@pytest.mark.parametrize("restart", ["singletons", "merge"])
+def test_hcct_alg1_starts_alone_and_repartitions_every_epoch_from_the_training_gradients(tiny_dict, tmp_path,
+                                                                                          restart):
+    """HCCT Alg. 1: t = 0 singletons; at every epoch t ≥ 1 Alg. 2 re-partitions on the gradients
+    the clients uploaded in the last epoch (no probe, nothing extra charged): from singletons
+    (Alg. 2 line 2), or merging the current groups (``restart = "merge"``)."""
+    grouping = {"policy": "hcct", "alpha": 10.0, "restart": restart}
+    d = _two_concepts(tiny_dict, [{"name": "hcct", "grouping": grouping}]).model_dump()
     d["train"].update(rounds=4, eval_every=1, group_rounds=1)      # HCCT: one local update an epoch
     cfg = parse_config(d)
     world = build_world(cfg)
@@ -289,10 +309,12 @@ def test_hcct_alg1_starts_alone_and_merges_every_epoch_from_the_training_gradien
     assert (ledger["group"] >= 0).all()                                         # no probe was charged
     for t in (1, 2, 3):
         before, after = _partition(seen[t][0]), _partition(seen[t + 1][0])
-        assert all(sum(set(g) <= set(h) for h in after) == 1 for g in before)   # groups only merge
-        # the partition of round t + 1 is Alg. 2 on round t's uploads, from round t's groups
+        # the partition of round t + 1 is Alg. 2 on round t's uploads, from singletons or round t's groups
         grads = seen[t][1].numpy().astype(np.float64)
-        assert after == sorted(tuple(g) for g in hcct_partition(grads, world.topology.n_samples, 10.0, before))
+        start = None if restart == "singletons" else before
+        assert after == sorted(tuple(g) for g in hcct_partition(grads, world.topology.n_samples, 10.0, start))
+        if restart == "merge":
+            assert all(sum(set(g) <= set(h) for h in after) == 1 for g in before)   # groups only merge
     assert _partition(seen[2][0]) == [(0, 1, 2), (3, 4, 5)]                      # by concept after one epoch
     # the gradients are the round's updates: a client alone in round 1 uploaded x_0 − its model
     lr = cfg.train.lr

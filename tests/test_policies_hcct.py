@@ -101,6 +101,23 @@ def test_hcct_schedule_is_checked():
         groupings.make("hcct", {"schedule": "alg1", "min_group_size": 3})
 
 
+def test_repartition_restarts_from_singletons_unless_restart_is_merge():
+    """HCCT Alg. 2 line 2 ("Initialize K = N groups C_k = {k}"): the current groups are ignored,
+    so {0, 2} splits into the parallel pairs; ``restart = "merge"`` keeps {0, 2} (the hand case
+    above: no merge pays)."""
+    grads, sizes = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]]), np.full(4, 10)
+    view = EdgeView(np.ones((4, 10), dtype=int), grads)
+    current = [np.array([0, 2]), np.array([1]), np.array([3])]
+    assert _canon(groupings.make("hcct", {"alpha": 1.0}).repartition(view, current)) == [(0, 1), (2, 3)]
+    merged = groupings.make("hcct", {"alpha": 1.0, "restart": "merge"}).repartition(view, current)
+    assert _canon(merged) == [(0, 2), (1,), (3,)]
+    # a client in no current group (not yet arrived) stays out of the partition
+    present = groupings.make("hcct", {"alpha": 1.0}).repartition(view, [np.array([0, 2]), np.array([1])])
+    assert _canon(present) == [(0, 1), (2,)]
+    with pytest.raises(ValueError, match="restart must be one of singletons, merge"):
+        groupings.make("hcct-e", {"restart": "keep"})
+
+
 def softmax_regression_gradients(x: np.ndarray, y: np.ndarray, parts: list[np.ndarray]) -> np.ndarray:
     """Each client's cross-entropy gradient of a zero-initialised softmax regression (real data)."""
     out = []

@@ -264,6 +264,21 @@ def test_render_reads_the_numbers_from_the_files(tmp_path, monkeypatch):
         readme_render.render(tmp_path / "bad.md")
 
 
+def test_render_pairs_one_arm_between_two_committed_runs(tmp_path, monkeypatch):
+    """Before/after a change of setting: the arm's last value in folder ``quick`` minus that in
+    ``quick-before``, per seed (hand-computed: 50 − 30 and 70 − 30 points)."""
+    from groupfel.experiments import readme_render
+
+    for folder, last in (("quick", [0.5, 0.7]), ("quick-before", [0.3, 0.3])):
+        d = tmp_path / "x" / folder
+        d.mkdir(parents=True)
+        pd.DataFrame({"arm": "a", "seed": [0, 0, 1, 1], "round": [0, 2, 0, 2],
+                      "accuracy": [0.1, last[0], 0.1, last[1]]}).to_csv(d / "runs.csv", index=False)
+    (tmp_path / "t.md").write_text('{{ paired_folders("x", "quick", "quick-before", "accuracy", "a", 1) }}')
+    monkeypatch.setattr(readme_render, "ROOT", tmp_path)
+    assert readme_render.render(tmp_path / "t.md") == "30.0 [-97.1, 157.1]"
+
+
 def test_render_pairs_arms_that_run_at_different_points(tmp_path, monkeypatch):
     """FedProx runs at its own point (train.algorithm is run-wide): its difference from Group-FEL
     at the FedAvg point is still paired per seed. Hand-computed from two seeds' curves."""

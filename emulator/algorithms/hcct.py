@@ -53,12 +53,14 @@ def _group_losses(ctx: AlgorithmContext, clients: torch.Tensor, starts: torch.Te
 
 # -- FedFA ------------------------------------------------------------------------------------------
 
-def fedfa_weights(accuracy: np.ndarray, n_samples: np.ndarray) -> np.ndarray:
+def fedfa_weights(accuracy: np.ndarray, n_samples: np.ndarray, floor: float | None = None) -> np.ndarray:
     """FedFA's aggregation weights (HCCT Sec. 7.1): q_i = −log2 A_i / Σ_j −log2 A_j.
 
-    A_i is floored at 1/(2 n_i), half a sample of client i (an accuracy of 0 would take every
-    weight); where every A_i is 1 (every q_i = 0) the weights are the samples' shares."""
-    a = np.maximum(np.asarray(accuracy, dtype=np.float64), 1.0 / (2.0 * np.asarray(n_samples, dtype=np.float64)))
+    q_i is undefined at A_i = 0, so A_i is floored: at ``floor`` where given (the authors' code:
+    1e-7), else at 1/(2 n_i), half a sample of client i. Where every A_i is 1 (every q_i = 0) the
+    weights are the samples' shares."""
+    n = np.asarray(n_samples, dtype=np.float64)
+    a = np.maximum(np.asarray(accuracy, dtype=np.float64), 1.0 / (2.0 * n) if floor is None else floor)
     q = -np.log2(np.minimum(a, 1.0))
     if not q.sum() > 0:
         return np.asarray(n_samples, dtype=np.float64) / np.sum(n_samples)
@@ -81,7 +83,17 @@ class FedFA(Algorithm):
     the model it received (its start model of the group round), measured before its local steps.
     The weights replace the samples' shares of Alg. 1, Line 14 (``aggregate_group``); the
     accuracies come from ``after_local``. Runs in both modes (in global mode the cloud then
-    aggregates the groups by the arm's rule)."""
+    aggregates the groups by the arm's rule).
+
+    ``floor`` is the accuracy that stands in for 0 in −log2 A_i (HCCT is silent): ``None``
+    (default, assumed) half a sample, 1/(2 n_i); the authors' code floors at 1e-7."""
+
+    floor: float | None = None
+
+    def __post_init__(self):
+        if self.floor is not None and not 0 < self.floor < 1:
+            raise ValueError(f"floor must be an accuracy in (0, 1) standing in for 0 (the authors' code: 1e-7), "
+                             f"got {self.floor!r}")
 
     def begin_round(self, state, groups, members):
         return _Accuracies()
@@ -92,16 +104,21 @@ class FedFA(Algorithm):
 
     def aggregate_group(self, state, scratch, update: GroupUpdate) -> torch.Tensor:
         clients = scratch.clients[update.rows].cpu().numpy()
-        q = fedfa_weights(scratch.accuracy[update.rows], self.ctx.n_samples[clients])
+        q = fedfa_weights(scratch.accuracy[update.rows], self.ctx.n_samples[clients], self.floor)
         return torch.as_tensor(q, dtype=update.models.dtype, device=update.models.device) @ update.models
 
 
 # -- MAXFL ------------------------------------------------------------------------------------------
 
-def maxfl_joins(global_loss: np.ndarray, own_loss: np.ndarray, margin: float = 0.0) -> np.ndarray:
+def maxfl_joins(global_loss: np.ndarray, threshold: np.ndarray, margin: float = 0.0,
+                strict: bool = False) -> np.ndarray:
     """MAXFL's participation rule: client i trains (and uses) the global model while its loss under
-    it is within its threshold, f_i(x) ≤ f_i(ŵ_i) + margin, ŵ_i its independently trained model."""
-    return np.asarray(global_loss) <= np.asarray(own_loss) + margin
+    it is within its threshold: f_i(x) ≤ threshold + margin (``strict``: <, the authors' code)."""
+    bound = np.asarray(threshold) + margin
+    return np.asarray(global_loss) < bound if strict else np.asarray(global_loss) <= bound
+
+
+THRESHOLDS = ("loss", "distance")
 
 
 @dataclass
@@ -130,15 +147,32 @@ class MaxFL(Algorithm):
     any other client trains only ŵ_i. A client is evaluated with the model it uses, the global
     model if appealing, else ŵ_i (``personal_model``). Training is charged as two passes for every
     client (``training_passes``): exact for participants, one pass too many for the others.
-    Per-group mode (with ``grouping = "global"``: HCCT's single global model)."""
+    Per-group mode (with ``grouping = "global"``: HCCT's single global model).
+
+    ``threshold`` is client i's threshold: ``"loss"`` (default; paper: Cho et al.'s rule,
+    f_i(x) ≤ f_i(ŵ_i)) or ``"distance"`` (code: the HCCT authors' MAXFL, f_i(x) < ‖ŵ_i − x‖², the
+    squared distance between the global model and the client's independent model)."""
 
     margin: float = 0.0
+    threshold: str = "loss"
     modes: ClassVar[tuple[str, ...]] = PER_GROUP
     training_passes: ClassVar[float] = 2.0
 
     def __post_init__(self):
         if not np.isfinite(self.margin):
             raise ValueError(f"margin must be a finite loss difference, got {self.margin!r}")
+        if self.threshold not in THRESHOLDS:
+            raise ValueError(f"threshold must be one of {', '.join(THRESHOLDS)} (\"loss\": f_i(x) <= f_i(w_i); "
+                             f"\"distance\": f_i(x) < |w_i - x|^2, the HCCT authors' code), got {self.threshold!r}")
+
+    def _joins(self, global_loss: np.ndarray, own: torch.Tensor, models: torch.Tensor, clients) -> np.ndarray:
+        """Each client's decision from its loss under the global model (``models``, one row per
+        client) and its own model ŵ_i (``own``)."""
+        if self.threshold == "distance":
+            bound = ((own.double() - models.double()) ** 2).sum(dim=1).numpy()
+        else:
+            bound = np.array([_score(self.ctx, own[r], [int(c)])[1][0] for r, c in enumerate(clients)])
+        return maxfl_joins(global_loss, bound, self.margin, strict=self.threshold == "distance")
 
     def client_state(self) -> tuple[str, ...]:
         return ("own",)
@@ -158,8 +192,8 @@ class MaxFL(Algorithm):
         new = [r for r, c in enumerate(clients.tolist()) if c not in scratch.joins]
         if new:   # the round's first group round with these clients: each decides once
             g_loss = _group_losses(self.ctx, clients, starts, group_of)[new]
-            o_loss = np.array([_score(self.ctx, own[int(clients[r])], [int(clients[r])])[1][0] for r in new])
-            for r, j in zip(new, maxfl_joins(g_loss, o_loss, self.margin)):
+            ids = clients[new]
+            for r, j in zip(new, self._joins(g_loss, own[ids], starts[new], ids.tolist())):
                 scratch.joins[int(clients[r])] = bool(j)
         scratch.row_joins = torch.tensor([scratch.joins[c] for c in clients.tolist()], device=own.device)
         return torch.where(scratch.row_joins[:, None], starts, own[clients])
@@ -186,8 +220,8 @@ class MaxFL(Algorithm):
 
     def personal_model(self, state, client, model):
         own = state.clients["own"][client]
-        g, o = _score(self.ctx, model, [client])[1][0], _score(self.ctx, own, [client])[1][0]
-        return model if maxfl_joins(g, o, self.margin) else own
+        g = _score(self.ctx, model, [client])[1]
+        return model if self._joins(g, own[None], model[None], [client])[0] else own
 
 
 # -- FLSC -------------------------------------------------------------------------------------------
@@ -225,8 +259,9 @@ class _SoftRound:
 @dataclass
 class Flsc(Algorithm):
     """FLSC, federated learning with soft clustering (Li et al. 2022), as HCCT runs it (Sec. 7.1):
-    ``n_clusters`` global models (``server_state`` ``"clusters"``, each from its own random
-    initialisation, IFCA's); in every epoch each client picks the ``n_soft`` (N_g) models with the
+    ``n_clusters`` global models (``server_state`` ``"clusters"``; ``init = "random"``, default:
+    each from its own random initialisation, IFCA's; ``"shared"``, code: the HCCT authors', all
+    from the run's initial model); in every epoch each client picks the ``n_soft`` (N_g) models with the
     lowest loss on its training data (:func:`flsc_choice`), starts its local steps from their
     average (``local_start``), and every chosen model becomes the sample-weighted mean of the
     trained models of the clients that chose it (:func:`flsc_aggregate`, in ``aggregate_group``).
@@ -236,6 +271,7 @@ class Flsc(Algorithm):
 
     n_clusters: int = 5
     n_soft: int = 2
+    init: str = "random"
     modes: ClassVar[tuple[str, ...]] = PER_GROUP
 
     def __post_init__(self):
@@ -244,11 +280,15 @@ class Flsc(Algorithm):
         if not isinstance(self.n_soft, int) or not 1 <= self.n_soft <= self.n_clusters:
             raise ValueError(f"n_soft (FLSC's N_g) must be an integer from 1 to n_clusters = {self.n_clusters}, "
                              f"got {self.n_soft!r}")
+        if self.init not in ("random", "shared"):
+            raise ValueError(f"init must be one of random, shared (\"shared\": every cluster model from the one "
+                             f"initial model, the HCCT authors' code), got {self.init!r}")
 
     def _clusters(self, state: AlgorithmState) -> torch.Tensor:
         """The cluster models, initialised on first use (the engine is needed, so not in init_state)."""
         if "clusters" not in state.server:
-            seeds = [seed_of(key(self.ctx.seed, "cluster-init", m)) for m in range(self.n_clusters)]
+            seeds = [seed_of(key(self.ctx.seed, "cluster-init", m)) if self.init == "random" else self.ctx.seed
+                     for m in range(self.n_clusters)]
             state.server["clusters"] = torch.stack([self.ctx.engine.initial_weights(s) for s in seeds])
         return state.server["clusters"]
 

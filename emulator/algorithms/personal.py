@@ -106,22 +106,37 @@ class Finetune(Algorithm):
     """Finetune (FedCollab Sec. 5.2): FedAvg, and each client evaluates its group's model after
     fine-tuning it locally for ``epochs`` epochs of SGD on its own training data (the engine's
     lr, batch size and weight decay; its batch order from the ``finetune`` stream). The
-    fine-tuning is charged at every evaluation (``evaluation_passes`` = epochs, × H_i(n_i))."""
+    fine-tuning is charged at every evaluation (``evaluation_passes`` = epochs, × H_i(n_i)).
+
+    ``steps`` (code: FedCollab's authors fine-tune for 2 minibatch steps; FedCollab's text
+    gives no length) replaces the epochs by that many plain minibatch SGD steps (the engine's
+    lr, batch size and weight decay, no momentum), charged as one epoch, an upper bound."""
 
     epochs: int = 1
+    steps: int | None = None
     modes: ClassVar[tuple[str, ...]] = ("per-group",)
 
     def __post_init__(self):
         if not (isinstance(self.epochs, int) and self.epochs >= 1):
             raise ValueError(f"epochs must be an integer >= 1, got {self.epochs!r}")
+        if self.steps is not None and not (isinstance(self.steps, int) and self.steps >= 1):
+            raise ValueError(f"steps must be an integer >= 1 (FedCollab's code: 2), got {self.steps!r}")
 
     @property
     def evaluation_passes(self) -> float:   # type: ignore[override]
-        return float(self.epochs)
+        return float(self.epochs) if self.steps is None else 1.0
 
     def personal_model(self, state, client, model):
         seed = seed_of(key(self.ctx.seed, "finetune", client))
-        return self.ctx.engine.train(model, [client], self.epochs, [seed])[0]
+        engine = self.ctx.engine
+        if self.steps is None:
+            return engine.train(model, [client], self.epochs, [seed])[0]
+        w = model.clone()
+        per_epoch = -(-len(engine.client_samples[client]) // engine.batch_size)
+        batches = _batches(engine, client, -(-self.steps // per_epoch), seed)
+        for _, batch in zip(range(self.steps), batches):
+            w = w - engine.lr * _grad(engine, w, batch)
+        return w
 
 
 # -- Per-FedAvg ----------------------------------------------------------------------------------
@@ -136,15 +151,26 @@ class PerFedAvg(Algorithm):
     round's lr: τ_i such steps per group round, two gradients each (``training_passes`` = 2).
     Groups average as FedAvg. A client is evaluated with its one-step adaptation
     w − α ∇f_i(w) of its group's model, the gradient over its whole training set
-    (``evaluation_passes`` = 1)."""
+    (``evaluation_passes`` = 1).
+
+    ``batches``: ``"independent"`` (default; paper: Fallah et al. Alg. 1, D and D' drawn
+    independently) or ``"halves"`` (code: FedCollab's authors split each minibatch, D its first
+    half and D' its second; every sample then takes one gradient a step, ``training_passes`` = 1)."""
 
     alpha: float = 0.01
-    training_passes: ClassVar[float] = 2.0
+    batches: str = "independent"
     evaluation_passes: ClassVar[float] = 1.0
     modes: ClassVar[tuple[str, ...]] = ("per-group",)
 
     def __post_init__(self):
         _positive("alpha", self.alpha)
+        if self.batches not in ("independent", "halves"):
+            raise ValueError(f"batches must be one of independent, halves (\"halves\": each minibatch split in "
+                             f"two, FedCollab's code), got {self.batches!r}")
+
+    @property
+    def training_passes(self) -> float:   # type: ignore[override]
+        return 2.0 if self.batches == "independent" else 1.0
 
     def bind(self, ctx):
         _plain_sgd_only(ctx, "perfedavg")
@@ -154,7 +180,13 @@ class PerFedAvg(Algorithm):
         out = torch.empty(len(clients), table.shape[1], dtype=table.dtype, device=table.device)
         for i, (c, s) in enumerate(zip(clients, seeds)):
             w = table[rows[i]].clone()
-            for d, d2 in zip(_batches(engine, c, epochs, s), _batches(engine, c, epochs, _personal_seed(s))):
+            if self.batches == "halves":
+                pairs = ((b[:(len(b) + 1) // 2], b[(len(b) + 1) // 2:]) for b in _batches(engine, c, epochs, s))
+            else:
+                pairs = zip(_batches(engine, c, epochs, s), _batches(engine, c, epochs, _personal_seed(s)))
+            for d, d2 in pairs:
+                if not len(d2):   # a one-sample minibatch has no second half
+                    continue
                 adapted = w - self.alpha * _grad(engine, w, d)
                 w = w - lr * _grad(engine, adapted, d2)
             out[i] = w
@@ -179,15 +211,23 @@ class PFedMe(Algorithm):
     local model w ← w − η λ (w − θ_i), η the round's lr: K gradients per step
     (``training_passes`` = K). The group mixes x_g ← (1 − β) x_g + β Σ_i p_i w_i. A client is
     evaluated with its personal model θ_i of its last step (its group's model until it trains).
+
+    ``theta``: ``"carry"`` (default; code: Dinh et al.'s public code carries θ between
+    minibatches, where their Alg. 1 leaves it open) or
+    ``"reset"`` (code: FedCollab's authors restart θ at the local model w for every minibatch).
     """
 
     lam: float = 15.0
     inner_steps: int = 5
     personal_lr: float = 0.05
     beta: float = 1.0
+    theta: str = "carry"
     modes: ClassVar[tuple[str, ...]] = ("per-group",)
 
     def __post_init__(self):
+        if self.theta not in ("carry", "reset"):
+            raise ValueError(f"theta must be one of carry, reset (\"reset\": θ restarts at w every minibatch, "
+                             f"FedCollab's code), got {self.theta!r}")
         _positive("lam", self.lam)
         _positive("personal_lr", self.personal_lr)
         _positive("beta", self.beta)
@@ -217,6 +257,8 @@ class PFedMe(Algorithm):
             w = table[rows[i]].clone()
             theta = w.clone()
             for batch in _batches(engine, c, epochs, s):
+                if self.theta == "reset":
+                    theta = w.clone()
                 for _ in range(self.inner_steps):
                     theta = theta - plr * (_grad(engine, theta, batch) + lam * (theta - w))
                 w = w - lr * lam * (w - theta)

@@ -23,12 +23,13 @@ Membership follows the grouping policy's declared ``regroup`` kind
   from its current model and each edge clusters the updates (:meth:`cluster`); every cluster then
   keeps and trains its own model (:mod:`groupfel.emulator.membership`).
 * ``"every-round"`` (IFCA; per-group mode): ``n_clusters`` models per edge, each from its own
-  initialisation; before every round each client evaluates every model of its edge on its
+  initialisation (all from the initial model where the policy's ``init`` is ``"shared"``); before every round each client evaluates every model of its edge on its
   training data and joins the one :meth:`assign` picks (charged as a third of a training pass
   per model, :data:`FORWARD_FRACTION`).
 * ``"merge"`` (HCCT Alg. 1; per-group mode): at t = 0 every client is its own group; at the
-  start of every epoch t ≥ 1 :meth:`repartition` (Alg. 2) merges the current groups on the
-  clients' gradients. Those gradients are the ones the clients uploaded while training (each
+  start of every epoch t ≥ 1 :meth:`repartition` (Alg. 2) re-partitions the clients on their
+  gradients (HCCT: from singletons, or merging the current groups with ``restart = "merge"``).
+  Those gradients are the ones the clients uploaded while training (each
   client's last update, start − trained model, over the round's lr): Alg. 1 partitions at epoch
   t on g_i^t, which a client only has once it has trained, so we use its latest upload, the
   previous epoch's, and charge nothing (HCCT Sec. 5.1: the partition "does not incur any

@@ -135,14 +135,17 @@ def local_reference(world: World, run_dir: Path, test_data: LocalData) -> torch.
     return acc
 
 
-def _start_models(world: World, state: ArmState, grouping: GroupingResult, per_edge: int | None) -> None:
+def _start_models(world: World, state: ArmState, grouping: GroupingResult, per_edge: int | None,
+                  shared: bool = False) -> None:
     """The models training starts from: ``per_edge`` models on every edge, each from its own
-    initialisation ("every-round" regrouping), else the initial model for every group."""
+    initialisation ("every-round" regrouping) or all from the initial model (``shared``), else
+    the initial model for every group."""
     cfg, n = world.config, world.topology.n_clients
     state.assign = np.full(n, -1)
     if per_edge is not None:
         state.model_edge = [j for j in range(world.topology.n_edges) for _ in range(per_edge)]
-        seeds = [seed_of(key(cfg.seed, "cluster-init", m)) for m in range(len(state.model_edge))]
+        seeds = [seed_of(key(cfg.seed, "cluster-init", m)) if not shared else cfg.seed
+                 for m in range(len(state.model_edge))]
         state.models = torch.stack([world.engine.initial_weights(s) for s in seeds])
     else:
         x0 = world.engine.initial_weights(cfg.seed)
@@ -199,7 +202,7 @@ class PerGroupRounds(RoundStrategy):
             merge = self.kind == "merge"   # HCCT Alg. 1: t = 0, every client its own group, nothing probed
             grouping = singletons(world) if merge else form_groups(world, plan.grouping, 0)
             per_edge = plan.grouping.n_clusters if self.kind in ("every-round", "nearest") else None
-            _start_models(world, state, grouping, per_edge)
+            _start_models(world, state, grouping, per_edge, getattr(plan.grouping, "init", None) == "shared")
             state.assign[self.arrival > 0] = -1   # not arrived yet: in no group
             if self.kind in ("merge", "split", "nearest"):   # each client's latest upload
                 state.gradients = state.models.new_zeros(world.topology.n_clients, world.engine.n_params)
@@ -344,8 +347,8 @@ class PerGroupRounds(RoundStrategy):
 
     def _merge(self, t: int) -> None:
         """"merge" (HCCT Alg. 1 line 6 at epoch t ≥ 1): on each edge, :meth:`repartition` (Alg. 2)
-        merges the current groups on the clients' latest uploaded gradients; a merged group
-        starts from its members' sample-weighted mean model (Alg. 1 line 15). A client without
+        re-partitions the clients on their latest uploaded gradients; a new group starts from
+        the sample-weighted mean of its members' models (Alg. 1 line 15). A client without
         an upload runs a charged probe epoch first."""
         world, state, topo = self.world, self.state, self.world.topology
         missing = np.flatnonzero(~state.uploaded & (state.assign >= 0))
@@ -376,9 +379,9 @@ class PerGroupRounds(RoundStrategy):
                 old = np.unique(state.assign[members])
                 if len(old) == 1:
                     models.append(state.models[old[0]])
-                else:
-                    n = torch.as_tensor([topo.n_samples[state.assign == m].sum() for m in old], dtype=state.models.dtype,
-                                        device=state.models.device)
+                else:   # Alg. 1 line 15: Σ D_i w_i / D̂_k, w_i the model of client i's old group
+                    n = torch.as_tensor([topo.n_samples[members[state.assign[members] == m]].sum() for m in old],
+                                        dtype=state.models.dtype, device=state.models.device)
                     models.append((n / n.sum()) @ state.models[old])
                 edges.append(j)
                 assign[members] = len(models) - 1
