@@ -74,7 +74,7 @@ def test_fedfa_aggregates_a_group_by_its_clients_training_accuracy(tiny_dict):
     model, scratch = _one_group_round(world, training, x0, clients)
     # A_i: the received model's accuracy on client i's training data, before its local steps
     acc = np.array([training.algorithm.ctx.score_train(x0, [c])[0][0] for c in clients])
-    np.testing.assert_array_equal(scratch.accuracy.numpy(), acc)
+    np.testing.assert_array_equal(scratch.accuracy, acc)
     trained = world.engine.train(x0, clients.tolist(), 1, client_seeds(3, 0, 0, clients).tolist())
     q = -np.log2(np.maximum(acc, 1 / (2 * world.topology.n_samples[clients])))
     torch.testing.assert_close(model, torch.as_tensor(q / q.sum(), dtype=torch.float32) @ trained)
