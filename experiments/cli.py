@@ -10,7 +10,7 @@ from pathlib import Path
 from groupfel.errors import DivergenceError, InputError, WorkerLostError
 from groupfel.emulator.io import check_writable
 
-from . import cost_cli, group_cli, study_cli
+from . import cost_cli, flags, group_cli, study_cli
 
 
 def _cmd_run(args) -> int:
@@ -64,8 +64,6 @@ def _with_seeds(config, seeds: str | None, max_seeds: int | None):
     """``config`` with ``--seeds`` (auto, or N: seeds 0 to N−1) and ``--max-seeds`` applied."""
     from groupfel.emulator.config import DEFAULT_MAX_SEEDS
 
-    if max_seeds is not None and max_seeds < 3:
-        raise InputError(f"--max-seeds: must be at least 3 (the first look needs 3 paired seeds), got {max_seeds}")
     if seeds is None and max_seeds is None:
         return config
     if seeds is None and config.seeds != "auto":
@@ -217,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seeds", metavar="auto|N", help="auto: add seeds 0, 1, 2, ... in batches until every "
                      "comparison is decided (higher, lower, equivalent) or --max-seeds; N: seeds 0 to N-1. "
                      "Finished seeds of the run directory are kept")
-    run.add_argument("--max-seeds", type=int, metavar="N", help="with --seeds auto: the most seeds to run "
+    run.add_argument("--max-seeds", type=flags.Number(int, 3, 10000, "seeds"), metavar="N", help="with --seeds auto: the most seeds to run "
                      "(default: the config's max_seeds, else 20)")
     from .backends import add_backend_arguments
 

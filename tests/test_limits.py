@@ -191,6 +191,7 @@ def _flag_bases(tmp: Path) -> dict[tuple[str, str], list[str]]:
                "--rounds", "2", "--jobs", "1", "--out", out]
     run = ["run", str(cfg), "--output", out, "--quiet"]
     bases = {("run", f): run for f in ("--jobs", "--gpus-per-task")}
+    bases |= {("run", "--max-seeds"): [*run, "--seeds", "auto"]}
     bases |= {("sweep", f): ["sweep", str(tmp / "none.toml"), "--output", out] for f in ("--jobs", "--gpus-per-task")}
     bases |= {("reproduce", "--jobs"): ["reproduce", "table1", "--output", out]}
     bases |= {("measure", f): ["measure", "secagg", "--sizes", "2", "--params", "16", "--repeats", "1",

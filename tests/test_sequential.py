@@ -131,7 +131,7 @@ def test_a_sequential_summary_says_after_how_many_seeds():
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["--max-seeds", "0"], "--max-seeds: must be at least 3"),
+    (["--max-seeds", "0"], "argument --max-seeds: '0': give an integer from 3 to 10,000 seeds"),
     (["--seeds", "some"], "--seeds: give auto"),
     (["--max-seeds", "5"], "--max-seeds 5: needs --seeds auto"),
 ])
