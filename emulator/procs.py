@@ -24,8 +24,10 @@ import threading
 import types
 import weakref
 from multiprocessing import context, forkserver, reduction
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:   # numpy loads with the arrays: the command line's parser imports this module
+    import numpy as np
 
 # What the server imports before it forks workers (a worker then starts in milliseconds). One list
 # for every pool of the process: the server starts once, with the list as it is then.
@@ -85,6 +87,8 @@ def _memory_file() -> int:
 
 
 def _map(fd: int, layout: dict[str, tuple[int, str, tuple[int, ...]]], size: int) -> dict[str, np.ndarray]:
+    import numpy as np
+
     buf = mmap.mmap(fd, max(size, 1))
     return {name: np.frombuffer(buf, dtype=np.dtype(dtype), count=int(np.prod(shape)), offset=offset).reshape(shape)
             for name, (offset, dtype, shape) in layout.items()}
@@ -95,6 +99,8 @@ class SharedArrays:
     that attaches it (:meth:`handle` passed as a worker's start argument, :func:`attach` there)."""
 
     def __init__(self, shapes: dict[str, tuple[tuple[int, ...], np.dtype]]):
+        import numpy as np
+
         self.layout, size = {}, 0
         for name, (shape, dtype) in shapes.items():
             size = -(-size // 64) * 64                      # each array cache-line aligned
