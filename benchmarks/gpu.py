@@ -37,7 +37,6 @@ import time
 import tomllib
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

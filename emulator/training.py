@@ -349,11 +349,12 @@ class BatchedEngine(TorchEngine):
       each client's step averages its loss over its own samples only, and a client past its last
       step is masked out of the update (weights and momentum unchanged), so the result is the
       sequential engine's up to float rounding. Default on a GPU (linear layers become one
-      batched matmul, convolutions grouped ones).
+      batched matmul, convolutions grouped ones), where each step is one CUDA graph replay.
     * ``per-client``: the sequential loop with channels-last convolutions (oneDNN's fast kernels)
-      and glibc's allocator told to keep freed memory, the clients split over ``workers`` forked
-      processes of one torch thread each (the dataset is shared with them by the fork, never
-      copied), the models passing through a shared memory block. Default on a CPU, where it
+      and glibc's allocator told to keep freed memory, the clients split over ``workers``
+      processes of one torch thread each, started by the server of :mod:`groupfel.emulator.procs`
+      (never forked from this process: safe with a CUDA build of torch), the dataset and the
+      models shared with them through anonymous memory, never copied. Default on a CPU, where it
       measured fastest for the MLP and the CNN (benchmarks/engines.py --formulation).
 
     A model that ``vmap`` cannot run (e.g. BatchNorm updating running statistics) falls back to
@@ -424,7 +425,7 @@ class BatchedEngine(TorchEngine):
         # on a GPU one CUDA graph per stack width replays each step (one launch, no Python per
         # kernel); padding the stack to a multiple of 8 masked clients keeps the widths few
         width = -(-C // 8) * 8 if dev.type == "cuda" else C
-        st = self._stack(width, correction is not None, momentum is not None)
+        st = self._stack(width, correction is not None)
         sizes = [p[0].numel() for p in st.params]
 
         def split(flat):
@@ -473,8 +474,8 @@ class BatchedEngine(TorchEngine):
         as_steps = lambda t: t.view(epochs, width, steps, B).transpose(1, 2).reshape(epochs * steps, width, B)  # noqa: E731
         return as_steps(order).to(self.device), as_steps(mask).to(self.device)
 
-    def _stack(self, width: int, corrected: bool, with_momentum: bool) -> _Stack:
-        key = (width, corrected, with_momentum)
+    def _stack(self, width: int, corrected: bool) -> _Stack:
+        key = (width, corrected)
         if key not in self._stacks:
             if len(self._stacks) >= 8:   # few widths recur; an old one's memory goes back
                 self._stacks.pop(next(iter(self._stacks)))
