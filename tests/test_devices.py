@@ -10,6 +10,7 @@ momentum, a checkpoint and a resume; tests/test_gpu.py runs the same runs on CUD
 """
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 
@@ -109,8 +110,6 @@ def configs(tiny: dict) -> list[tuple[str, dict]]:
 
 
 def _base(tiny: dict, mode: str) -> dict:
-    import copy
-
     d = copy.deepcopy(tiny)
     d["train"].update(rounds=2, engine="batched", workers=1)
     d["faults"] = {"dropout": 0.2}
@@ -129,11 +128,14 @@ def _cases():
     return configs(TINY)
 
 
+CASES = _cases()
+
+
 # the cases whose state a resume must restore onto the device (client tables, clusters, groups)
 RESUMED = ("scaffold-global", "ditto-per-group", "fedavg-per-group-hcct", "fedavg-per-group-ifca")
 
 
-@pytest.mark.parametrize("name,d", _cases(), ids=[c[0] for c in _cases()])
+@pytest.mark.parametrize("name,d", CASES, ids=[c[0] for c in CASES])
 def test_every_tensor_names_its_device(name, d, tmp_path):
     with DeviceDiscipline() as discipline:
         full, resumed = run_twice(d, tmp_path, resume=name in RESUMED)

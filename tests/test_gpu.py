@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import TINY
-from test_devices import RESUMED, configs, run_twice
+from test_devices import CASES, RESUMED, run_twice
 
 from groupfel.emulator.config import parse_config
 from groupfel.emulator.driver import plan_arm, run_arm
@@ -40,7 +40,7 @@ def test_the_gpu_benchmark_runs_quick_on_the_cpu(tmp_path):
 
 
 @cuda
-@pytest.mark.parametrize("name,d", configs(TINY), ids=[c[0] for c in configs(TINY)])
+@pytest.mark.parametrize("name,d", CASES, ids=[c[0] for c in CASES])
 def test_every_algorithm_and_mode_runs_on_cuda_and_resumes(name, d, tmp_path):
     full, resumed = run_twice(d, tmp_path, "cuda", resume=name in RESUMED)
     assert np.isfinite(full["loss"]).all()
