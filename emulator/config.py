@@ -30,6 +30,7 @@ Sigma = Annotated[float, Field(ge=0, le=2)]               # lognormal spread: ex
 Seconds = Annotated[float, Field(ge=1, le=1e9)]          # a duration drawn again and again: >= 1 s
 Index = Annotated[int, Field(ge=0, le=MAX_CLIENTS)]
 Weight = Annotated[float, Field(ge=0, le=1e6)]
+RefMs = Annotated[float, Field(ge=1e-6, le=1e9)]         # ms per sample, FedScale's computation trace
 
 
 class ClientTypeConfig(_Strict):
@@ -135,6 +136,14 @@ class HeterogeneityConfig(_Strict):
 
     file: str | None = Field(None, description="A CSV with columns client, bandwidth_mbps, latency_s and "
                              "optionally slowdown; one row for every client (ids 0..N-1).")
+    fedscale_file: str | None = Field(None, description="A FedScale device-capacity trace (its "
+                                      "client_device_capacity pickle, or the same as .json or .csv): client c "
+                                      "takes the c-th id in sorted order (cycling when the trace is shorter); "
+                                      "bandwidth = communication × 1024 bit/s, slowdown = computation / "
+                                      "reference_ms_per_sample; latency stays client_link.latency_s.")
+    reference_ms_per_sample: RefMs | None = Field(None, description="With fedscale_file: the trace's "
+                                                  "computation (ms per sample) of a client as fast as its device "
+                                                  "profile (slowdown 1); unset: the median over the whole trace.")
     bandwidth_sigma: Sigma = Field(0.0, description="Without file: each client's "
                                    "bandwidth is client_link.bandwidth_mbps × exp(N(0, σ²)) (lognormal, median "
                                    "the default).")
@@ -158,6 +167,14 @@ class HeterogeneityConfig(_Strict):
         if self.file is not None and given:
             raise ValueError(f"{given[0]}: the file gives every client's link, so {given[0]} would be ignored; "
                              f"remove {given[0]} or the file")
+        if self.file is not None and self.fedscale_file is not None:
+            raise ValueError("fedscale_file: give file (groupfel's CSV) or fedscale_file (a FedScale trace), not both")
+        traced = [k for k in ("bandwidth_sigma", "slowdown_sigma") if getattr(self, k)]
+        if self.fedscale_file is not None and traced:
+            raise ValueError(f"{traced[0]}: fedscale_file gives every client's bandwidth and slowdown, so "
+                             f"{traced[0]} would be ignored; remove {traced[0]} or fedscale_file")
+        if self.reference_ms_per_sample is not None and self.fedscale_file is None:
+            raise ValueError("reference_ms_per_sample: only used with fedscale_file; remove it or give fedscale_file")
         return self
 
 
@@ -166,13 +183,20 @@ class AvailabilityConfig(_Strict):
 
     file: str | None = Field(None, description="A CSV with columns client, start_s, end_s: the intervals each "
                              "client is online; every client needs at least one row.")
+    fedscale_file: str | None = Field(None, description="A FedScale behaviour trace (its client_behave_trace "
+                                      "pickle, or the same as .json or .csv): client c takes the c-th id in "
+                                      "sorted order (cycling when the trace is shorter) and is online within "
+                                      "[active[i], inactive[i]) seconds, repeating every finish_time seconds.")
     mean_on_s: Seconds | None = Field(None, description="Without file: online periods last Exp(mean_on_s).")
     mean_off_s: Seconds | None = Field(None, description="Without file: offline periods last Exp(mean_off_s).")
 
     @model_validator(mode="after")
     def _one(self):
-        if (self.file is None) == (self.mean_on_s is None or self.mean_off_s is None):
-            raise ValueError("give file, or both mean_on_s and mean_off_s")
+        process = self.mean_on_s is not None or self.mean_off_s is not None
+        if (self.file is not None) + (self.fedscale_file is not None) + process != 1:
+            raise ValueError("give file, fedscale_file, or both mean_on_s and mean_off_s (one of them)")
+        if process and (self.mean_on_s is None or self.mean_off_s is None):
+            raise ValueError("give file, fedscale_file, or both mean_on_s and mean_off_s (one of them)")
         return self
 
 

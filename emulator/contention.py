@@ -45,6 +45,7 @@ from .config import DAY_S, AvailabilityConfig, HeterogeneityConfig, RunConfig
 from groupfel.errors import InputError
 from groupfel.usercsv import read_user_csv
 from .federation import Federation, Group, RoundContext, draw_faults
+from .fedscale import KBIT, assign, read_behaviour, read_capacity
 from .ledger import CostLedger
 from .links import SharedLink
 from .rng import rng as stream
@@ -90,10 +91,14 @@ class ClientNet:
     bandwidth_mbps: np.ndarray
     latency_s: np.ndarray
     slowdown: np.ndarray        # compute factor: the device curves times it (2: twice as slow)
+    trace_ids: list[str] | None = None     # each client's FedScale trace id (heterogeneity.fedscale_file)
 
     def manifest(self) -> dict:
-        return {"bandwidth_mbps": self.bandwidth_mbps.tolist(), "latency_s": self.latency_s.tolist(),
-                "slowdown": self.slowdown.tolist()}
+        out = {"bandwidth_mbps": self.bandwidth_mbps.tolist(), "latency_s": self.latency_s.tolist(),
+               "slowdown": self.slowdown.tolist()}
+        if self.trace_ids is not None:
+            out["fedscale_ids"] = self.trace_ids
+        return out
 
 
 def _read_csv(path: str, where: str, columns: tuple[str, ...], optional: tuple[str, ...] = ()
@@ -147,6 +152,8 @@ def client_net(h: HeterogeneityConfig | None, n: int, bandwidth: float, latency:
     draws = [stream(seed, "heterogeneity", c).normal(size=3) for c in range(n)]
     z = np.array(draws).reshape(n, 3)
     has_slowdown = False
+    if h.fedscale_file is not None:
+        return _fedscale_net(h, n, lat * np.exp(h.latency_sigma * z[:, 1]))
     if h.file is not None:
         where = "topology.heterogeneity.file"
         header, rows = _read_csv(h.file, where, ("client", "bandwidth_mbps", "latency_s"), ("slowdown",))
@@ -176,17 +183,49 @@ def client_net(h: HeterogeneityConfig | None, n: int, bandwidth: float, latency:
     return ClientNet(bw, lat, slowdown)
 
 
+def _fedscale_net(h: HeterogeneityConfig, n: int, latency: np.ndarray) -> ClientNet:
+    """Links and slowdowns from a FedScale device-capacity trace (docs/guide/network.md, "FedScale
+    traces"): bandwidth = communication kbit/s × 1024 bit, slowdown = computation / reference."""
+    where = "topology.heterogeneity.fedscale_file"
+    cap = read_capacity(h.fedscale_file, where)
+    ref = h.reference_ms_per_sample if h.reference_ms_per_sample is not None else float(np.median(cap.ms_per_sample))
+    idx = assign(len(cap.ids), n)
+    bw = cap.kbps[idx] * KBIT / 1e6
+    slowdown = cap.ms_per_sample[idx] / ref
+    for c, i in enumerate(idx):
+        lo, hi, _ = _BOUNDS["bandwidth_mbps"]
+        if not lo <= bw[c] <= hi:
+            raise InputError(f"{cap.at[i]} (client {c}): communication {cap.kbps[i]:g} kbit/s is {bw[c]:g} Mbit/s; "
+                             f"give {lo / KBIT * 1e6:g} to {hi / KBIT * 1e6:g} kbit/s")
+        lo, hi, _ = _BOUNDS["slowdown"]
+        if not lo <= slowdown[c] <= hi:
+            raise InputError(f"{cap.at[i]} (client {c}): computation {cap.ms_per_sample[i]:g} ms per sample is "
+                             f"a slowdown of {slowdown[c]:g} against topology.heterogeneity.reference_ms_per_sample "
+                             f"= {ref:g}; the slowdown must be {lo:g} to {hi:g}: set reference_ms_per_sample "
+                             f"nearer, or fix the entry")
+    return ClientNet(bw, latency, slowdown, [cap.ids[i] for i in idx])
+
+
 # -- availability ------------------------------------------------------------------------------------
 
 class Availability:
-    """Each client's online intervals [start, end) in simulated seconds, read from a CSV or drawn
-    as an alternating on/off process (exponential durations), extended lazily as time goes on."""
+    """Each client's online intervals [start, end) in simulated seconds, read from a CSV, from a
+    FedScale behaviour trace (repeating every finish_time s, as FedScale reads it) or drawn as an
+    alternating on/off process (exponential durations), extended lazily as time goes on."""
 
     def __init__(self, cfg: AvailabilityConfig, n: int, seed: int):
         self.cfg, self.n, self.seed = cfg, n, seed
         self._iv: list[list[tuple[float, float]]] = [[] for _ in range(n)]
         self._gen: list[tuple[np.random.Generator, float, bool]] = []
-        if cfg.file is not None:
+        self._period: np.ndarray | None = None      # a FedScale trace repeats every finish_time s
+        self.trace_ids: list[str] | None = None
+        if cfg.fedscale_file is not None:
+            trace = read_behaviour(cfg.fedscale_file, "topology.availability.fedscale_file")
+            idx = assign(len(trace.ids), n)
+            self._iv = [list(trace.intervals[i]) for i in idx]
+            self._period = trace.period_s[idx]
+            self.trace_ids = [trace.ids[i] for i in idx]
+        elif cfg.file is not None:
             self._read(cfg.file)
         else:
             on, off = cfg.mean_on_s, cfg.mean_off_s
@@ -225,6 +264,8 @@ class Availability:
     def online(self, c: int, time: float) -> bool:
         if self._gen:
             self._extend(c, time)
+        if self._period is not None:
+            time = time % self._period[c]
         return any(a <= time < b for a, b in self._iv[c])
 
 
@@ -260,7 +301,9 @@ class EdgeNetwork:
         return {"edge_access_mbps": None if self.access_bps is None else self.access_bps / 1e6,
                 "edge_cores": self.cores, "edge_link_shared": self.cloud_shared, "upload_vectors": self.vectors,
                 "secure_aggregation_messages": self.secagg, "edge_curves": sorted(self.edge_curves),
-                "clients": self.clients.manifest()}
+                "clients": self.clients.manifest(),
+                **({"availability_fedscale_ids": self.availability.trace_ids}
+                   if self.availability is not None and self.availability.trace_ids is not None else {})}
 
 
 def build_network(config: RunConfig, n_clients: int, algorithm, operations: tuple[str, ...],
