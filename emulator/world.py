@@ -263,13 +263,14 @@ def build_world(config: RunConfig, dataset: Dataset | None = None) -> World:
     plugins = resolve_parts(config)   # a bad plug-in fails here, before anything loads
     algorithm = build_algorithm(config)
     cost = build_cost_model(config, algorithm)  # cheap checks first, before the data loads
+    # the network's files (per-client links, traces) are read and checked before the data loads too
+    network = build_network(config, sum(config.topology.sizes), algorithm, cost.operations, config.cost.profiles_file)
     placement = place_data(config, load_data(config) if dataset is None else dataset)
     dataset, topology = placement.dataset, placement.topology
     check_model_plugin(config, dataset)
     counts = np.array([len(s) for s in topology.client_samples])
     devices = np.array(topology.client_device)
     notes = cost.check_range(max(config.topology.sizes), {d: counts[devices == d] for d in set(devices)})
-    network = build_network(config, topology.n_clients, algorithm, cost.operations, config.cost.profiles_file)
     t = config.train
     try:
         torch.empty(0, device=resolve_device(t.device))

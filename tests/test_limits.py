@@ -31,6 +31,7 @@ from groupfel.experiments import flags
 from groupfel.experiments.cli import build_parser, main
 
 LIMITS = ["0", "-1", "1e-300", "1e308", "nan", "inf", str(2**63), "abc", ""]
+FEDSCALE_SAMPLE = Path(__file__).resolve().parents[1] / "docs/guide/fedscale/device_capacity.pkl"
 
 
 # -- the config's numeric fields ---------------------------------------------------------------------
@@ -100,6 +101,8 @@ BASES = {
     "topology.edge_link": lambda d: d["topology"].update(edge_link={"bandwidth_mbps": 1000.0, "latency_s": 0.01}),
     "topology.availability": lambda d: d["topology"].update(availability={"mean_on_s": 40.0, "mean_off_s": 10.0}),
     "topology.heterogeneity": lambda d: d["topology"].update(heterogeneity={}),
+    "topology.heterogeneity.reference_ms_per_sample": lambda d: d["topology"].update(
+        heterogeneity={"fedscale_file": str(FEDSCALE_SAMPLE)}),
     "topology.clients_per_edge[]": lambda d: d["topology"].update(clients_per_edge=[6, 6]),
     "topology.edge_access_mbps": lambda d: d["topology"].update(edge_access_mbps=50.0),
     "topology.devices{}": lambda d: d["topology"].update(devices={"raspberry-pi-4": 1.0}),
@@ -366,6 +369,14 @@ def test_shared_edge_fields_at_their_limits(tmp_path, capsys, path, text):
     3.3e299 s and a round that cost 0."""
     said = run_field(tmp_path, path, text, capsys)
     assert said != "ran" and _leaf(path) in said
+
+
+@pytest.mark.parametrize("text", ["1e-6", "1e9"])
+def test_a_trace_reference_at_its_limits_is_refused_naming_it(tmp_path, capsys, text):
+    """The bounds of reference_ms_per_sample parse; against the sample trace (12 to 120 ms per
+    sample) they make slowdowns beyond 0.001..1000, refused in one line before any work."""
+    said = run_field(tmp_path, "topology.heterogeneity.reference_ms_per_sample", text, capsys)
+    assert "set reference_ms_per_sample nearer" in said, said
 
 
 @pytest.mark.slow
