@@ -195,11 +195,11 @@ def _fedscale_net(h: HeterogeneityConfig, n: int, latency: np.ndarray) -> Client
     for c, i in enumerate(idx):
         lo, hi, _ = _BOUNDS["bandwidth_mbps"]
         if not lo <= bw[c] <= hi:
-            raise InputError(f"{cap.at[i]} (client {c}): communication {cap.kbps[i]:g} kbit/s is {bw[c]:g} Mbit/s; "
+            raise InputError(f"{cap.at(i)} (client {c}): communication {cap.kbps[i]:g} kbit/s is {bw[c]:g} Mbit/s; "
                              f"give {lo / KBIT * 1e6:g} to {hi / KBIT * 1e6:g} kbit/s")
         lo, hi, _ = _BOUNDS["slowdown"]
         if not lo <= slowdown[c] <= hi:
-            raise InputError(f"{cap.at[i]} (client {c}): computation {cap.ms_per_sample[i]:g} ms per sample is "
+            raise InputError(f"{cap.at(i)} (client {c}): computation {cap.ms_per_sample[i]:g} ms per sample is "
                              f"a slowdown of {slowdown[c]:g} against topology.heterogeneity.reference_ms_per_sample "
                              f"= {ref:g}; the slowdown must be {lo:g} to {hi:g}: set reference_ms_per_sample "
                              f"nearer, or fix the entry")

@@ -76,30 +76,53 @@ def _load(path: str, where: str):
                          f"pickle, or the same data as .json or .csv") from None
 
 
-def _entries(path: str, where: str, what: str) -> list[tuple[str, str, object]]:
-    """(id, how messages name it, entry) of a pickle's or JSON's dict."""
+def _entries(path: str, where: str, what: str) -> tuple[list[str], list, bool]:
+    """The ids and entries of a pickle's or JSON's dict, and whether every key is an int."""
     data = _load(path, where)
     if not isinstance(data, dict) or not data:
         got = "an empty dict" if isinstance(data, dict) else f"a {type(data).__name__}"
         raise InputError(f"{where}: {path}: holds {got}; give a dict of client id -> {what}")
-    out, seen = [], {}
-    for key, entry in data.items():
-        if isinstance(key, bool) or not isinstance(key, (int, str)) or not str(key).strip():
+    keys = list(data)
+    if all(type(k) is int for k in keys):     # FedScale's: distinct by construction
+        return [str(k) for k in keys], list(data.values()), True
+    seen: dict[str, object] = {}
+    for key in keys:
+        if type(key) not in (int, str) or not str(key).strip():
             raise InputError(f"{where}: {path}: entry key {key!r} is not a client id; use integers or strings")
         cid = str(key).strip()
         if cid in seen:
             raise InputError(f"{where}: {path}: client id {cid!r} appears twice ({seen[cid]!r} and {key!r}); keep one")
         seen[cid] = key
-        out.append((cid, f"{where}: {path}: client id {cid!r}", entry))
-    return out
+    return list(seen), list(data.values()), False
 
 
 def _number(value, at: str, name: str, unit: str, lo: float, hi: float, lo_open: bool = False) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if ok and (value > lo if lo_open else value >= lo) and value <= hi:
-        return float(value)
+    try:
+        v = float(value) if type(value) in (int, float) else math.nan
+    except OverflowError:      # an int beyond any float
+        v = math.nan
+    if math.isfinite(v) and (v > lo if lo_open else v >= lo) and v <= hi:
+        return v
     low = f"above {lo:g}" if lo_open else f"from {lo:g}"
     raise InputError(f"{at}: {name} = {value!r}; give a number {low} to {hi:g} {unit} (fix or delete the entry)")
+
+
+def _numbers(values: list, at, name: str, unit: str, lo: float, hi: float, lo_open: bool = False) -> np.ndarray:
+    """:func:`_number` over a whole column at once (a trace has 10^5 clients and more): the first
+    bad value raises its message; ``at(i)`` names value i's entry."""
+    try:   # the common case at C speed: only ints and floats (no bools, no strings)
+        if not set(map(type, values)) <= {int, float}:
+            raise TypeError
+        arr = np.array(values, dtype=float)
+    except (TypeError, OverflowError):
+        arr = np.fromiter((v if type(v) is float or (type(v) is int and abs(v) < 2**1000) else math.nan
+                           for v in values), float, len(values))
+    with np.errstate(invalid="ignore"):
+        ok = np.isfinite(arr) & (arr > lo if lo_open else arr >= lo) & (arr <= hi)
+    if not ok.all():
+        i = int(np.argmin(ok))
+        _number(values[i], at(i), name, unit, lo, hi, lo_open)
+    return arr
 
 
 def _csv_number(table, row, column: str) -> float:
@@ -110,13 +133,15 @@ def _csv_number(table, row, column: str) -> float:
         raise InputError(f"{table.where(row)}: column '{column}' must be a number, got {cell!r}") from None
 
 
-def sorted_ids(ids) -> list[str]:
-    """Numeric order where every id is an integer (FedScale's are), else string order: a pickle's
-    int keys and the same keys read from JSON or CSV as strings sort alike."""
-    ids = list(ids)
-    if all(re.fullmatch(r"[+-]?\d+", i) for i in ids):
-        return sorted(ids, key=int)
-    return sorted(ids)
+_INTEGER = re.compile(r"[+-]?\d+")
+
+
+def sorted_order(ids: list[str], integers: bool = False) -> list[int]:
+    """Positions of ``ids`` in numeric order where every id is an integer (FedScale's are), else
+    in string order: a pickle's int keys and the same keys read from JSON or CSV sort alike."""
+    if integers or all(_INTEGER.fullmatch(i) for i in ids):
+        return sorted(range(len(ids)), key=lambda i: int(ids[i]))
+    return sorted(range(len(ids)), key=ids.__getitem__)
 
 
 def assign(n_trace: int, n_clients: int) -> np.ndarray:
@@ -130,35 +155,46 @@ def assign(n_trace: int, n_clients: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Capacity:
-    ids: list[str]                 # sorted (see sorted_ids)
+    ids: list[str]                 # sorted (see sorted_order)
     ms_per_sample: np.ndarray      # FedScale's "computation"
     kbps: np.ndarray               # FedScale's "communication", 1024-bit kbit/s
-    at: list[str]                  # how messages name each entry
+    names: list[str]               # how messages name each entry: its CSV row, or the file
+    csv: bool = False
+
+    def at(self, i: int) -> str:
+        return f"{self.names[i]} (client id {self.ids[i]!r})" if self.csv else f"{self.names[i]}: client id {self.ids[i]!r}"
+
+
+_MISSING = object()
 
 
 def read_capacity(path: str, where: str) -> Capacity:
-    rows: dict[str, tuple[float, float, str]] = {}
     if Path(path).suffix.lower() == ".csv":
         table = read_user_csv(path, f"{where}: {path}")
         table.require(CAPACITY_CSV, ", ".join(CAPACITY_CSV))
         table.unique(("client_id",), "client id")
         for row in table.rows:
-            at = f"{table.where(row)} (client id {row.get('client_id')!r})"
             if not row.get("client_id"):
                 raise InputError(f"{table.where(row)}: empty client_id; give every row an id")
-            comp, comm = _csv_number(table, row, "computation"), _csv_number(table, row, "communication")
-            rows[row.get("client_id")] = (_number(comp, at, "computation", "ms per sample", 0, 1e9, True),
-                                          _number(comm, at, "communication", "kbit/s", 0, 1e12, True), at)
+        ids = [row.get("client_id") for row in table.rows]
+        comp = [_csv_number(table, row, "computation") for row in table.rows]
+        comm = [_csv_number(table, row, "communication") for row in table.rows]
+        names, integers = [table.where(row) for row in table.rows], False
     else:
-        for cid, at, entry in _entries(path, where, "{'computation': ms per sample, 'communication': kbit/s}"):
-            if not isinstance(entry, dict) or not {"computation", "communication"} <= set(entry):
-                raise InputError(f"{at}: the entry is {repr(entry)[:80]}; give {{'computation': ms per sample, "
-                                 f"'communication': kbit/s}}")
-            rows[cid] = (_number(entry["computation"], at, "computation", "ms per sample", 0, 1e9, True),
-                         _number(entry["communication"], at, "communication", "kbit/s", 0, 1e12, True), at)
-    ids = sorted_ids(rows)
-    return Capacity(ids, np.array([rows[i][0] for i in ids]), np.array([rows[i][1] for i in ids]),
-                    [rows[i][2] for i in ids])
+        ids, entries, integers = _entries(path, where, "{'computation': ms per sample, 'communication': kbit/s}")
+        comp = [e.get("computation", _MISSING) if type(e) is dict else _MISSING for e in entries]
+        comm = [e.get("communication", _MISSING) if type(e) is dict else _MISSING for e in entries]
+        names = [f"{where}: {path}"] * len(ids)
+        for i, (a, b) in enumerate(zip(comp, comm)):
+            if a is _MISSING or b is _MISSING:
+                raise InputError(f"{names[i]}: client id {ids[i]!r}: the entry is {repr(entries[i])[:80]}; give "
+                                 f"{{'computation': ms per sample, 'communication': kbit/s}}")
+    csv = Path(path).suffix.lower() == ".csv"
+    cap = Capacity(ids, np.empty(0), np.empty(0), names, csv)
+    ms = _numbers(comp, cap.at, "computation", "ms per sample", 0, 1e9, True)
+    kbps = _numbers(comm, cap.at, "communication", "kbit/s", 0, 1e12, True)
+    order = sorted_order(ids, integers)
+    return Capacity([ids[i] for i in order], ms[order], kbps[order], [names[i] for i in order], csv)
 
 
 # -- the behaviour (availability) trace ----------------------------------------------------------
@@ -170,57 +206,77 @@ class Behaviour:
     period_s: np.ndarray                          # FedScale's finish_time: the trace repeats
 
 
-def _intervals(active, inactive, finish, at: str) -> tuple[list[tuple[float, float]], float]:
-    period = _number(finish, at, "finish_time", "s", 0, MAX_TIME_S, True)
-    if not isinstance(active, (list, tuple)) or not isinstance(inactive, (list, tuple)):
-        raise InputError(f"{at}: active and inactive must be lists of seconds; got {type(active).__name__} and "
-                         f"{type(inactive).__name__}")
-    if len(active) != len(inactive):
-        raise InputError(f"{at}: active has {len(active)} times but inactive has {len(inactive)}; give one "
-                         f"inactive time per active time")
-    iv = []
-    for a, b in zip(active, inactive):
-        a = _number(a, at, "active time", "s", 0, MAX_TIME_S)
-        b = _number(b, at, "inactive time", "s", 0, MAX_TIME_S)
-        if b < a:
-            raise InputError(f"{at}: online from {a:g} s until {b:g} s is reversed; each inactive time must "
-                             f"follow its active time")
-        # FedScale reads time modulo finish_time, so what lies beyond it is never reached
-        if a < period and min(b, period) > a:
-            iv.append((a, min(b, period)))
-    iv.sort()
-    for (a0, b0), (a1, b1) in zip(iv, iv[1:]):
-        if a1 < b0:
-            raise InputError(f"{at}: online intervals [{a0:g}, {b0:g}) and [{a1:g}, {b1:g}) overlap; merge them")
-    return iv, period
+def _behaviour(ids: list[str], integers: bool, finish: list, owner: np.ndarray, active: list, inactive: list,
+               at_id, at_interval) -> Behaviour:
+    """Checks the flattened intervals (interval j belongs to id ``owner[j]``) all at once."""
+    period = _numbers(finish, at_id, "finish_time", "s", 0, MAX_TIME_S, True)
+    a = _numbers(active, at_interval, "active time", "s", 0, MAX_TIME_S)
+    b = _numbers(inactive, at_interval, "inactive time", "s", 0, MAX_TIME_S)
+    if (b < a).any():
+        j = int(np.argmax(b < a))
+        raise InputError(f"{at_interval(j)}: online from {a[j]:g} s until {b[j]:g} s is reversed; each inactive "
+                         f"time must follow its active time")
+    # FedScale reads time modulo finish_time, so what lies beyond it is never reached
+    p = period[owner]
+    b = np.minimum(b, p)
+    keep = a < b
+    owner, a, b = owner[keep], a[keep], b[keep]
+    order = np.lexsort((a, owner))
+    owner, a, b = owner[order], a[order], b[order]
+    clash = (owner[1:] == owner[:-1]) & (a[1:] < b[:-1])
+    if clash.any():
+        j = int(np.argmax(clash))
+        raise InputError(f"{at_id(int(owner[j]))}: online intervals [{a[j]:g}, {b[j]:g}) and [{a[j + 1]:g}, "
+                         f"{b[j + 1]:g}) overlap; merge them")
+    intervals: list[list[tuple[float, float]]] = [[] for _ in ids]
+    for o, x, y in zip(owner.tolist(), a.tolist(), b.tolist()):
+        intervals[o].append((x, y))
+    idx = sorted_order(ids, integers)
+    return Behaviour([ids[i] for i in idx], [intervals[i] for i in idx], period[idx])
 
 
 def read_behaviour(path: str, where: str) -> Behaviour:
-    got: dict[str, tuple[list, float]] = {}
     if Path(path).suffix.lower() == ".csv":
         table = read_user_csv(path, f"{where}: {path}")
         table.require(BEHAVIOUR_CSV, ", ".join(BEHAVIOUR_CSV) + " (one row per online interval)")
-        per: dict[str, tuple[list, list, float, str, object]] = {}
-        for row in table.rows:
+        first: dict[str, tuple[int, float]] = {}      # id -> (its position, finish_time)
+        rows, owner, where_id = table.rows, [], []
+        for row in rows:
             cid = row.get("client_id")
             if not cid:
                 raise InputError(f"{table.where(row)}: empty client_id; give every row an id")
-            at = f"{table.where(row)} (client id {cid!r})"
             finish = _csv_number(table, row, "finish_time")
-            if cid in per and per[cid][2] != finish:
-                first = per[cid][4]
-                raise InputError(f"{at}: finish_time {finish:g} differs from row {first.n}'s {per[cid][2]:g}; "
-                                 f"give one finish_time per client")
-            act, ina, _, _, first = per.setdefault(cid, ([], [], finish, at, row))
-            act.append(_csv_number(table, row, "active"))
-            ina.append(_csv_number(table, row, "inactive"))
-        for cid, (act, ina, finish, at, _) in per.items():
-            got[cid] = _intervals(act, ina, finish, at)
-    else:
-        for cid, at, entry in _entries(path, where, "{'active': [s], 'inactive': [s], 'finish_time': s}"):
-            if not isinstance(entry, dict) or not {"active", "inactive", "finish_time"} <= set(entry):
-                raise InputError(f"{at}: the entry is {repr(entry)[:80]}; give {{'active': [s, ...], "
-                                 f"'inactive': [s, ...], 'finish_time': s}}")
-            got[cid] = _intervals(entry["active"], entry["inactive"], entry["finish_time"], at)
-    ids = sorted_ids(got)
-    return Behaviour(ids, [got[i][0] for i in ids], np.array([got[i][1] for i in ids]))
+            if cid not in first:
+                where_id.append(table.where(row))
+            k, f = first.setdefault(cid, (len(first), finish))
+            if f != finish:
+                raise InputError(f"{table.where(row)} (client id {cid!r}): finish_time {finish:g} differs from an "
+                                 f"earlier row's {f:g}; give one finish_time per client")
+            owner.append(k)
+        ids = list(first)
+        return _behaviour(ids, False, [f for _, f in first.values()], np.array(owner, dtype=np.int64),
+                          [_csv_number(table, r, "active") for r in rows],
+                          [_csv_number(table, r, "inactive") for r in rows],
+                          lambda i: f"{where_id[i]} (client id {ids[i]!r})",
+                          lambda j: f"{table.where(rows[j])} (client id {rows[j].get('client_id')!r})")
+    ids, entries, integers = _entries(path, where, "{'active': [s], 'inactive': [s], 'finish_time': s}")
+    src = f"{where}: {path}"
+    lengths = []
+    for cid, e in zip(ids, entries):
+        at = f"{src}: client id {cid!r}"
+        if type(e) is not dict or not {"active", "inactive", "finish_time"} <= e.keys():
+            raise InputError(f"{at}: the entry is {repr(e)[:80]}; give {{'active': [s, ...], 'inactive': [s, ...], "
+                             f"'finish_time': s}}")
+        act, ina = e["active"], e["inactive"]
+        if type(act) not in (list, tuple) or type(ina) not in (list, tuple):
+            raise InputError(f"{at}: active and inactive must be lists of seconds; got {type(act).__name__} and "
+                             f"{type(ina).__name__}")
+        if len(act) != len(ina):
+            raise InputError(f"{at}: active has {len(act)} times but inactive has {len(ina)}; give one inactive "
+                             f"time per active time")
+        lengths.append(len(act))
+    owner = np.repeat(np.arange(len(ids)), lengths)
+    at_id = lambda i: f"{src}: client id {ids[i]!r}"    # noqa: E731
+    return _behaviour(ids, integers, [e["finish_time"] for e in entries], owner,
+                      [x for e in entries for x in e["active"]], [x for e in entries for x in e["inactive"]],
+                      at_id, lambda j: at_id(int(owner[j])))

@@ -145,7 +145,7 @@ def test_bad_capacity_traces_are_one_line_naming_file_and_entry(tmp_path, name, 
     ("beh", {1: {"active": 0, "inactive": 5, "finish_time": 9}}, "active and inactive must be lists"),
     ("beh", {1: {"active": ["0"], "inactive": [5], "finish_time": 9}}, "active time = '0'"),
     ("beh.csv", b"client_id,active,inactive,finish_time\n1,0,5,10\n1,6,8,12\n",
-     "row 2 (client id '1'): finish_time 12 differs from row 1's 10"),
+     "row 2 (client id '1'): finish_time 12 differs from an earlier row's 10"),
     ("beh.csv", b"client_id,active,inactive\n1,0,5\n", "missing column 'finish_time'"),
 ])
 def test_bad_behaviour_traces_are_one_line_naming_file_and_entry(tmp_path, name, data, says):
