@@ -231,6 +231,11 @@ def is_open(r, m: str) -> bool:
         np.isfinite(r.get(f"{m}_diff_p_holm", np.nan)) or np.isfinite(r.get(f"{m}_eq_p_holm", np.nan)))
 
 
+def any_open(summary: pd.DataFrame) -> bool:
+    """Whether any comparison of ``summary`` has a test and is undecided (:func:`is_open`)."""
+    return any(is_open(r, m) for _, r in summary.iloc[1:].iterrows() for m in METRICS if f"{m}_decision" in r)
+
+
 def decision_words(r, m: str, decision: str, qd: float, qe: float, level: float = LEVEL) -> str:
     """A decision in words: the adjusted p-value behind it, the margin of an equivalence, the seeds
     it took when a study added seeds; for an undecided comparison, why, and about how many seeds a
