@@ -297,3 +297,26 @@ def test_a_continued_fixed_run_keeps_its_seeds(tiny_dict, tmp_path):
                  "--max-seeds", "4"]) == 0
     assert (out / "seed-2" / "rg-random" / "results.csv").stat().st_mtime_ns == kept
     assert json.loads((out / "config.json").read_text())["seeds"] == "auto"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--max-seeds", "30"], "max_seeds = 30, seed_batch = 2: "),
+    (["--seeds", "5"], "--seeds 5: "),
+])
+def test_a_study_that_adds_seeds_resumes_only_on_its_planned_schedule(tiny_dict, tmp_path, capsys, argv, says):
+    """Its decisions spend their 5 % over the looks planned before the first one: another max_seeds
+    (say, one chosen after seeing the first looks) or a fixed read of its seeds is refused in one
+    line, before any work."""
+    from groupfel.emulator.config import parse_config
+    from groupfel.experiments.cli import main
+
+    cfg = {k: v for k, v in tiny_dict.items() if k != "seed"}
+    config = parse_config({**cfg, "seeds": "auto", "max_seeds": 20})
+    out = tmp_path / "study"
+    out.mkdir()
+    (out / "config.json").write_text(config.model_dump_json())
+    before = sorted(p.name for p in out.iterdir())
+    assert main(["run", "--resume", str(out), "--quiet", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0] and "planned with max_seeds = 20 and seed_batch = 2" in err[0]
+    assert sorted(p.name for p in out.iterdir()) == before
