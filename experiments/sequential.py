@@ -133,12 +133,6 @@ def plan(ns: tuple[int, ...], n_max: int, batch: int) -> tuple[int, ...]:
     return ns + tuple(range(ns[-1] + batch, n_max, batch)) + (int(n_max),)
 
 
-def prepare(ns: tuple[int, ...], n_max: int) -> None:
-    """Tabulate the boundaries and the null law of a whole schedule at once."""
-    for two_sided in (True, False):
-        _calibration(tuple(ns), int(n_max), two_sided)
-
-
 def _levels(p: np.ndarray, ns: tuple[int, ...], n_max: int, two_sided: bool) -> np.ndarray:
     """For each look (last axis: the first looks of the schedule ``ns``), the smallest tabulated
     level whose boundary the look's p-value is at or below (1: none). A look's boundary depends on

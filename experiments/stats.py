@@ -50,7 +50,7 @@ MARGINS: dict[str, tuple[float, bool]] = {"final_acc": (0.01, False), "acc_at_co
 # A Holm p within this factor of the line (0.025 to 0.1 at 95 %) is called close to it.
 CLOSE = 2.0
 TOO_FEW = "too few seeds"
-# The conclusion proposes continuing a study only to decide comparisons that need at most this
+# The conclusion counts the undecided comparisons a fixed design would decide with at most this
 # many seeds at the observed spread.
 CONTINUE_CAP = 50
 CLIPPED_NOTE = "†: interval clipped to the metric's range (accuracy in [0, 1], costs and times >= 0)"
