@@ -90,7 +90,7 @@ def seeds_printout(summary, config, run_dir: Path, command: str = "groupfel run"
 
     target = config.train.target_accuracy
     return "\n".join([
-        render_summary(summary, target), "", conclusion(summary, target, command), "",
+        render_summary(summary, target), "", conclusion(summary, target, command, config.seed_cap), "",
         "acc_at_common_cost: accuracy at the smallest final cost of any arm of the same seed",
         f"results: {run_dir}/  (summary.csv, runs.csv, seed-<s>/<arm>/results.csv, ledger.parquet)",
         f"plot:    {run_dir / 'accuracy_vs_cost.png'}"])

@@ -44,7 +44,7 @@ from groupfel.errors import InputError
 from groupfel.policies.plugins import upgrade_saved
 from groupfel.emulator.io import atomic_write, run_lock, write_json
 
-from .stats import curves_on_grid, per_seed_metrics, summarize_seeds
+from .stats import any_open, curves_on_grid, per_seed_metrics, summarize_seeds
 from .tasks import Task, arm_complete, plan_world
 
 
@@ -115,6 +115,8 @@ def validate(config: RunConfig, run_dir: Path, *, force: bool = False, where: st
 
 def check_dir(config: RunConfig, run_dir: Path, *, force: bool = False, where: str = "") -> None:
     saved = Path(run_dir) / "config.json"
+    if saved.exists() and not force:
+        _same_schedule(_saved_config(saved), config, run_dir, where)
     if saved.exists() and not force and not _same_run(_saved_config(saved), config):
         raise InputError(f"{where}output: {run_dir} holds a run of a different config; pass --force to replace "
                          f"it, or change 'name'/'output_dir'")
@@ -132,6 +134,22 @@ def _same_run(saved: RunConfig | None, config: RunConfig) -> bool:
     if saved.seeds is not None and config.seeds is not None:
         update.update({k: getattr(config, k) for k in ("seeds", "max_seeds", "seed_batch")})
     return saved.model_copy(update=update) == config
+
+
+def _same_schedule(saved: RunConfig | None, config: RunConfig, run_dir: Path, where: str) -> None:
+    """A study that adds seeds continues only on the schedule it was planned with: its decisions
+    spend their 5 % over exactly those looks, and another max_seeds or seed_batch chosen after
+    looking would spend it again (a fixed-seed run may become such a study: see conclusion)."""
+    if saved is None or saved.seeds != "auto" or config.seeds is None:
+        return
+    plan = (saved.seed_cap, saved.seed_batch)
+    if config.seeds == "auto" and (config.seed_cap, config.seed_batch) == plan:
+        return
+    asked = (f"--seeds {len(config.seed_list)}" if config.seeds != "auto" else
+             f"max_seeds = {config.seed_cap}, seed_batch = {config.seed_batch}")
+    raise InputError(f"{where}{asked}: {run_dir} holds a study planned with max_seeds = {plan[0]} and seed_batch = "
+                     f"{plan[1]}, whose decisions hold for that schedule only; continue it with --seeds auto "
+                     f"--max-seeds {plan[0]} (its config's seed_batch), or start a new study in another directory")
 
 
 def _saved_config(path: Path) -> RunConfig | None:
@@ -235,8 +253,7 @@ def _run_auto(config, run_dir, *, force, progress, jobs, backend, address, ray, 
         write_json(run_dir / LOOKS_FILE, {"looks": schedule[:k + 1], "max_seeds": config.seed_cap})
         per_seed = per_seed_metrics(load_runs(fixed, run_dir), config.train.target_accuracy)
         summary = summarize_seeds(per_seed, [a.name for a in config.arms], **_sequential(config, schedule[:k + 1]))
-        decided = [summary[c].iloc[1:] for c in summary if c.endswith("_decision")]
-        if k == len(schedule) - 1 or all((d != "undecided").all() for d in decided):
+        if k == len(schedule) - 1 or not any_open(summary):
             return finish(fixed, run_dir, sequential=(config, schedule[:k + 1]))
     raise AssertionError("unreachable: the last look returns")
 
@@ -245,7 +262,8 @@ LOOKS_FILE = "looks.json"
 
 
 def _sequential(config: RunConfig, done: list[int]) -> dict:
-    return {"margins": config.margins.model_dump(), "looks": done, "max_seeds": config.seed_cap}
+    return {"margins": config.margins.model_dump(), "looks": done, "max_seeds": config.seed_cap,
+            "seed_batch": config.seed_batch}
 
 
 def resolved_config(run_dir: Path) -> RunConfig:

@@ -8,18 +8,22 @@ null hypotheses, and at most one of them can be true:
 - ``eq``: the difference is at least the metric's margin away from 0, |μ| >= δ (rejected by two
   one-sided tests, TOST, Schuirmann 1987: **equivalent**).
 
-A study that adds seeds looks at its data after every batch. Each hypothesis is tested at each
-look with the Lan-DeMets (1983) O'Brien-Fleming-type spending function
-α(t) = 2 − 2Φ(z_{1−α/2} / √t), t = pairs / max_seeds; the boundaries come from the exact joint
-normal law of the look statistics (recursive integration, Armitage, McPherson & Rowe 1969;
-Jennison & Turnbull 2000, ch. 19) and apply to each look's paired t-test through its nominal
-significance level (Jennison & Turnbull 2000, §3.8: the variance is estimated). The smallest level
-at which a look so far crosses its boundary is the hypothesis's *repeated p-value*. Holm's
-step-down over the repeated p-values (Maurer & Bretz 2013: graphical, Holm-type recycling of α in
-group-sequential designs) controls the family-wise error; because at most one hypothesis of a
-comparison is true, the divisor at each step is the number of comparisons with a hypothesis still
-open (Shaffer 1986), not the number of hypotheses. A run with a fixed seed list has one look, at
-t = 1, where the repeated p-value is the t-test's p.
+A study that adds seeds looks at its data after every batch, on a schedule planned before its first
+look: seeds ``first``, then every ``batch`` more, up to ``max_seeds``. Each hypothesis is tested with
+the Lan-DeMets (1983) O'Brien-Fleming-type spending function α(t) = 2 − 2Φ(z_{1−α/2} / √t),
+t = pairs / max_seeds; the boundaries come from the exact joint normal law of the look statistics
+(recursive integration, Armitage, McPherson & Rowe 1969; Jennison & Turnbull 2000, ch. 19) and apply
+to each look's paired t-test through its nominal significance level (Jennison & Turnbull 2000, §3.8).
+The smallest level at which a look so far crosses its boundary, read through the simulated null law
+of the *whole planned schedule* (every look up to max_seeds, whether or not the study gets there),
+is the hypothesis's *repeated p-value* (Jennison & Turnbull 2000, §9.1): it never grows from one
+look to the next, and the chance under the null that it ever falls to α or below, at any look of the
+schedule, is at most α. Holm's step-down over the repeated p-values of a look (Maurer & Bretz 2013,
+*Stat. Biopharm. Res.* 5:311: sequentially rejective graphical, here Holm, procedures for
+group-sequential designs) controls the family-wise error over all looks; because at most one
+hypothesis of a comparison is true, the divisor at each step is the number of comparisons with a
+hypothesis still open (Shaffer 1986). A decision once made is kept. A run with a fixed seed list has
+one look, at t = 1, where the repeated p-value is the t-test's p.
 """
 from __future__ import annotations
 
@@ -32,7 +36,8 @@ MIN_PAIRS = 3
 # Levels at which the boundaries are tabulated; a repeated p-value is read off between them
 # (log-linear interpolation), and clipped to this range.
 _LEVELS = np.geomspace(1e-7, 1.0, 101)
-_GRID = 201   # points of the continuation region in the recursive integration
+_GRID = 101   # points of the continuation region in the recursive integration
+_BISECTIONS = 48   # halvings of [0, 40] that find a boundary (to 1e-13)
 
 
 def _special():
@@ -41,14 +46,14 @@ def _special():
     return special
 
 
-def spend(level: float, t: np.ndarray, two_sided: bool = False) -> np.ndarray:
+def spend(level, t, two_sided: bool = False) -> np.ndarray:
     """Lan-DeMets O'Brien-Fleming-type spending: the error spent by information fraction ``t``,
     2 − 2Φ(z_{1−α/2} / √t) for a one-sided test at level α; a two-sided test spends α/2 on each
     side (the convention of the published tables: 5 equal looks at 5 % give 4.877 … 2.031)."""
     if two_sided:
-        return 2 * spend(level / 2, t)
+        return 2 * spend(np.asarray(level) / 2, t)
     sp = _special()
-    z = sp.ndtri(1 - level / 2)
+    z = sp.ndtri(1 - np.asarray(level, dtype=float) / 2)
     t = np.clip(np.asarray(t, dtype=float), 1e-12, 1.0)
     return 2 - 2 * sp.ndtr(z / np.sqrt(t))
 
@@ -56,88 +61,93 @@ def spend(level: float, t: np.ndarray, two_sided: bool = False) -> np.ndarray:
 def boundaries(ns: tuple[int, ...], n_max: int, level: float, two_sided: bool) -> np.ndarray:
     """Nominal significance level of each look's test (looks at ``ns`` pairs of at most ``n_max``)
     so that the chance of crossing at any look is ``level`` spent by :func:`spend`."""
-    from scipy.optimize import brentq
+    return _boundaries(tuple(ns), n_max, np.array([level]), two_sided)[0]
 
+
+def _boundaries(ns: tuple[int, ...], n_max: int, levels: np.ndarray, two_sided: bool) -> np.ndarray:
+    """:func:`boundaries` for many levels at once, (levels, looks): the recursion runs on every
+    level's continuation region side by side, and each look's boundary is found by bisection."""
     sp = _special()
     info = np.asarray(ns, dtype=float)
-    spent = spend(level, info / max(n_max, ns[-1]), two_sided)
-    inc = np.diff(np.concatenate([[0.0], spent]))
+    spent = spend(levels[:, None], info[None, :] / max(n_max, ns[-1]), two_sided)
+    inc = np.diff(spent, axis=1, prepend=0.0)
     tails = 2.0 if two_sided else 1.0
-    out = np.zeros(len(ns))
+    out = np.zeros((len(levels), len(ns)))
     # look 1: the statistic is exactly standard normal
-    c = max(sp.ndtri(1 - inc[0] / tails), 0.0) if inc[0] > 0 else np.inf
-    out[0] = tails * sp.ndtr(-c)
+    with np.errstate(divide="ignore"):
+        c = np.where(inc[:, 0] > 0, np.maximum(sp.ndtri(1 - inc[:, 0] / tails), 0.0), np.inf)
+    out[:, 0] = tails * sp.ndtr(-c)
     x, w = _region(c, info[0], two_sided)
     w = w * np.exp(-x ** 2 / (2 * info[0])) / np.sqrt(2 * np.pi * info[0])
     for k in range(1, len(ns)):
         sd = np.sqrt(info[k] - info[k - 1])
         root = np.sqrt(info[k])
 
-        def exits(c: float) -> float:
-            p = sp.ndtr((x - c * root) / sd)
+        def exits(c: np.ndarray) -> np.ndarray:
+            p = sp.ndtr((x - c[:, None] * root) / sd)
             if two_sided:
-                p = p + sp.ndtr((-c * root - x) / sd)
-            return float(w @ p)
+                p = p + sp.ndtr((-c[:, None] * root - x) / sd)
+            return (w * p).sum(axis=1)
 
-        if inc[k] <= 1e-15 or exits(40.0) >= inc[k]:
-            c = np.inf
-        elif exits(0.0) <= inc[k]:    # the level asks for more than is left: every path exits
-            c = 0.0
-        else:
-            c = brentq(lambda c: exits(c) - inc[k], 0.0, 40.0, xtol=1e-10)
-        out[k] = tails * sp.ndtr(-c)
+        lo, hi = np.zeros(len(levels)), np.full(len(levels), 40.0)
+        never = (inc[:, k] <= 1e-15) | (exits(hi) >= inc[:, k])
+        every = exits(lo) <= inc[:, k]    # the level asks for more than is left: every path exits
+        for _ in range(_BISECTIONS):
+            mid = (lo + hi) / 2
+            more = exits(mid) > inc[:, k]
+            lo, hi = np.where(more, mid, lo), np.where(more, hi, mid)
+        c = np.where(never, np.inf, np.where(every, 0.0, (lo + hi) / 2))
+        out[:, k] = tails * sp.ndtr(-c)
         y, v = _region(c, info[k], two_sided)
-        dens = np.exp(-(y[:, None] - x[None, :]) ** 2 / (2 * sd ** 2)) / (sd * np.sqrt(2 * np.pi)) @ w
-        x, w = y, v * dens
+        step = np.exp(-(y[:, :, None] - x[:, None, :]) ** 2 / (2 * sd ** 2)) / (sd * np.sqrt(2 * np.pi))
+        x, w = y, v * np.einsum("lig,lg->li", step, w)
     return out
 
 
-def _region(c: float, info: float, two_sided: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Grid and trapezoid weights over the continuation region of the sum statistic (info = its
-    variance); tails beyond 10 standard deviations carry no mass worth integrating."""
+def _region(c: np.ndarray, info: float, two_sided: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Grids and trapezoid weights (levels, points) over each level's continuation region of the
+    sum statistic (info = its variance); tails beyond 10 standard deviations carry no mass worth
+    integrating."""
     s = np.sqrt(info)
-    hi = min(c, 10.0) * s
-    lo = -hi if two_sided else -10.0 * s
-    x = np.linspace(lo, hi, _GRID)
-    w = np.full(_GRID, (hi - lo) / (_GRID - 1))
-    w[[0, -1]] /= 2
+    hi = np.minimum(c, 10.0) * s
+    lo = -hi if two_sided else np.full_like(hi, -10.0 * s)
+    x = lo[:, None] + (hi - lo)[:, None] * np.linspace(0.0, 1.0, _GRID)[None, :]
+    w = np.repeat(((hi - lo) / (_GRID - 1))[:, None], _GRID, axis=1)
+    w[:, [0, -1]] /= 2
     return x, w
 
 
+@lru_cache(maxsize=64)
 def _table(ns: tuple[int, ...], n_max: int, two_sided: bool) -> np.ndarray:
     """Nominal levels, shape (levels, looks), for every tabulated level. A look's boundary depends
-    on the looks before it only, so a schedule's table is the first columns of a longer one's."""
-    for longer in _tables:
-        if longer[1:] == (n_max, two_sided) and longer[0][:len(ns)] == ns:
-            return _tables[longer][:, :len(ns)]
-    table = np.stack([boundaries(ns, n_max, a, two_sided) for a in _LEVELS])
-    _tables[(ns, n_max, two_sided)] = table
-    return table
+    on the looks before it only, so a schedule's table holds those of its prefixes."""
+    return _boundaries(ns, n_max, _LEVELS, two_sided)
 
 
-_tables: dict[tuple, np.ndarray] = {}
+def plan(ns: tuple[int, ...], n_max: int, batch: int) -> tuple[int, ...]:
+    """The whole schedule of a study that has looked at ``ns`` pairs: those looks, then one every
+    ``batch`` more up to ``n_max`` (the looks it would take if it never stopped)."""
+    ns = tuple(int(n) for n in ns)
+    if ns[-1] >= n_max:
+        return ns
+    return ns + tuple(range(ns[-1] + batch, n_max, batch)) + (int(n_max),)
 
 
-def prepare(ns: tuple[int, ...], n_max: int) -> None:
-    """Tabulate the boundaries of a whole schedule at once (its prefixes then cost nothing)."""
-    for two_sided in (True, False):
-        _table(tuple(ns), int(n_max), two_sided)
-
-
-def _raw_repeated_p(p: np.ndarray, ns: tuple[int, ...], n_max: int, two_sided: bool) -> np.ndarray:
-    """The smallest tabulated level at which a look's p-value is at or below its nominal level."""
+def _levels(p: np.ndarray, ns: tuple[int, ...], n_max: int, two_sided: bool) -> np.ndarray:
+    """For each look (last axis: the first looks of the schedule ``ns``), the smallest tabulated
+    level whose boundary the look's p-value is at or below (1: none). A look's boundary depends on
+    the looks before it only, so the first looks of a longer schedule read its table."""
     table = _table(tuple(ns), int(n_max), two_sided)
-    out = np.ones(p.shape[:-1])
-    for k in range(len(ns)):
+    out = np.ones(p.shape)
+    for k in range(p.shape[-1]):
         nominal = table[:, k]
         ok = nominal > 0
         if ok.sum() < 2:
             continue
         lp = np.log(np.clip(np.nan_to_num(p[..., k], nan=1.0), 1e-300, 1.0))
         # levels below the first positive nominal one cannot reject; above the last, nothing does
-        lev = np.exp(np.interp(lp, np.log(nominal[ok]), np.log(_LEVELS[ok]), left=np.log(_LEVELS[ok][0]),
-                               right=0.0))
-        out = np.minimum(out, lev)
+        out[..., k] = np.exp(np.interp(lp, np.log(nominal[ok]), np.log(_LEVELS[ok]), left=np.log(_LEVELS[ok][0]),
+                                       right=0.0))
     return out
 
 
@@ -150,11 +160,8 @@ _CALIBRATION_SEED = 36
 def _null_p(ns: tuple[int, ...], two_sided: bool) -> np.ndarray:
     """t-test p-values at the looks ``ns`` along simulated normal null paths, (paths, looks). Each
     look adds a block of seeds whose sum (normal) and sum of squares about its own mean
-    (chi-square) are drawn directly, which is exact for normal seeds and needs no memory per seed;
-    the blocks are drawn in look order, so a schedule's first looks are the same paths as its
-    prefix's."""
-    from scipy import stats
-
+    (chi-square) are drawn directly, which is exact for normal seeds and needs no memory per seed."""
+    sp = _special()
     rng = np.random.default_rng(_CALIBRATION_SEED)
     total = np.zeros(_PATHS)
     squares = np.zeros(_PATHS)
@@ -170,39 +177,46 @@ def _null_p(ns: tuple[int, ...], two_sided: bool) -> np.ndarray:
         mean = total / n
         sd = np.sqrt(np.maximum(squares - n * mean ** 2, 0) / (n - 1))
         t = mean / (sd / np.sqrt(n))
-        out[:, k] = 2 * stats.t.sf(np.abs(t), n - 1) if two_sided else stats.t.sf(t, n - 1)
+        out[:, k] = 2 * sp.stdtr(n - 1, -np.abs(t)) if two_sided else sp.stdtr(n - 1, -t)
     return out
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=64)
 def _calibration(ns: tuple[int, ...], n_max: int, two_sided: bool) -> np.ndarray:
-    """The repeated p-values of :func:`_raw_repeated_p` under the null, sorted, from simulated
-    normal paths. The boundaries are exact for normal statistics; applied to t-tests through their
-    nominal levels they cross a few per cent too often at small degrees of freedom (Jennison &
-    Turnbull 2000, §3.8), so the repeated p-value is read through this simulated null law."""
-    return np.sort(_raw_repeated_p(_null_p(ns, two_sided), ns, n_max, two_sided))
+    """The smallest level crossed at any look of the whole schedule ``ns`` under the null, sorted,
+    from simulated normal paths. The boundaries are exact for normal statistics; applied to t-tests
+    through their nominal levels they cross a few per cent too often at small degrees of freedom
+    (Jennison & Turnbull 2000, §3.8), so the repeated p-value is read through this simulated law."""
+    return np.sort(_levels(_null_p(ns, two_sided), ns, n_max, two_sided).min(axis=-1))
 
 
-def repeated_p(p: np.ndarray, ns: tuple[int, ...], n_max: int, two_sided: bool) -> np.ndarray:
-    """The chance under the null that some look crosses its boundary at the level at which this
-    study's looks first cross: the repeated p-value of the looks at ``ns`` pairs, each with a t-test
-    p-value in ``p`` (..., looks) (NaN: no test at that look). One look at the full information:
-    ``p`` itself (the t-test is exact). Otherwise it is read from :func:`_calibration`'s simulated
-    law, at its upper 97.5 % confidence bound (so the simulation's own error errs on the safe
-    side), and proportionally below the 100th smallest simulated value."""
+def repeated_p_path(p: np.ndarray, ns: tuple[int, ...], n_max: int, two_sided: bool, batch: int = 2) -> np.ndarray:
+    """The repeated p-value after each look, (..., looks): the chance under the null that some look
+    of the planned schedule (:func:`plan`: the looks at ``ns`` pairs, then every ``batch`` more up to
+    ``n_max``) crosses its boundary at the smallest level this study's looks so far crossed. ``p``:
+    each look's t-test p-value (..., looks; NaN: no test at that look). Non-increasing along the
+    looks. One look at the full information: ``p`` itself (the t-test is exact). Otherwise read from
+    :func:`_calibration`'s simulated law, at its upper 97.5 % confidence bound (so the simulation's
+    own error errs on the safe side), and proportionally below the 100th smallest simulated value."""
     p = np.asarray(p, dtype=float)
+    ns = tuple(int(n) for n in ns)
     if len(ns) == 1 and ns[0] >= n_max:
-        return p[..., 0].copy()
-    raw = _raw_repeated_p(p, tuple(ns), int(n_max), two_sided)
-    null = _calibration(tuple(ns), int(n_max), two_sided)
+        return p.copy()
+    full = plan(ns, int(n_max), int(batch))
+    raw = np.minimum.accumulate(_levels(p, full, int(n_max), two_sided), axis=-1)
+    null = _calibration(full, int(n_max), two_sided)
     cdf = np.searchsorted(null, raw, side="right") / len(null)
     cdf = np.minimum(1.0, cdf + 1.96 * np.sqrt(cdf * (1 - cdf) / len(null)))
     floor = null[99]
     tail = raw * (100 / len(null) + 1.96 * np.sqrt(100) / len(null)) / floor
-    out = np.where(raw < floor, tail, cdf)
-    return np.where(np.all(np.isnan(p), axis=-1), np.nan, np.minimum(out, 1.0))
+    out = np.minimum(np.where(raw < floor, tail, cdf), 1.0)
+    return np.where(np.isnan(np.fmin.accumulate(p, axis=-1)), np.nan, out)
 
 
+def repeated_p(p: np.ndarray, ns: tuple[int, ...], n_max: int, two_sided: bool, batch: int = 2) -> np.ndarray:
+    """The repeated p-value after the last of the looks at ``ns`` (:func:`repeated_p_path`); NaN
+    where no look had a test."""
+    return repeated_p_path(p, ns, n_max, two_sided, batch)[..., -1]
 def step_down(q: np.ndarray, comparison: np.ndarray) -> np.ndarray:
     """Holm-Shaffer adjusted p-values of hypotheses with p-values ``q`` (..., H) (NaN: not in the
     family), ``comparison[h]`` naming the comparison each belongs to (at most one true per
@@ -247,7 +261,7 @@ def step_down_fast(q: np.ndarray, comparison: np.ndarray) -> np.ndarray:
 def look_pvalues(d: np.ndarray, margin: np.ndarray | float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Paired t-test p-values of differences ``d`` (..., n) with ``margin`` δ (...): two-sided p for
     μ = 0, and the one-sided TOST p-values for μ <= −δ and for μ >= δ. NaN with fewer than
-    MIN_PAIRS pairs or no spread (no test is meaningful there)."""
+    MIN_PAIRS pairs or no spread (:func:`no_spread`: no test is meaningful there)."""
     from scipy import stats
 
     d = np.asarray(d, dtype=float)
@@ -255,7 +269,7 @@ def look_pvalues(d: np.ndarray, margin: np.ndarray | float) -> tuple[np.ndarray,
     mean = d.mean(axis=-1)
     sd = d.std(axis=-1, ddof=1) if n > 1 else np.full(mean.shape, np.nan)
     se = sd / np.sqrt(n)
-    bad = (n < MIN_PAIRS) | ~(se > 0)
+    bad = (n < MIN_PAIRS) | no_spread(sd, mean)
     with np.errstate(divide="ignore", invalid="ignore"):
         t0 = mean / se
         lo = (mean + margin) / se
@@ -267,6 +281,17 @@ def look_pvalues(d: np.ndarray, margin: np.ndarray | float) -> tuple[np.ndarray,
     return (np.where(bad, nan, p_diff), np.where(bad, nan, p_lo), np.where(bad, nan, p_hi))
 
 
+# A spread below this share of the mean difference is rounding (a constant difference computed
+# in floating point), not seed-to-seed variation.
+FLAT = 1e-9
+
+
+def no_spread(sd, mean) -> np.ndarray:
+    """Whether paired differences with this ``sd`` and ``mean`` have no spread to test against."""
+    sd = np.asarray(sd, dtype=float)
+    return ~(sd > FLAT * np.abs(np.asarray(mean, dtype=float)))
+
+
 def looks(first: int, batch: int, max_seeds: int) -> list[int]:
     """The numbers of seeds at which a study with added seeds looks: ``first``, then every
     ``batch`` more, and ``max_seeds`` last."""
@@ -274,28 +299,67 @@ def looks(first: int, batch: int, max_seeds: int) -> list[int]:
     return out + [max_seeds] if not out or out[-1] != max_seeds else out
 
 
-def fixed_seeds_needed(sd: float, diff: float, margin: float, m: int, alpha: float = ALPHA,
-                       power: float = 0.8) -> float:
-    """About how many paired seeds a fixed design (one look, Bonferroni over ``m`` comparisons)
-    needs, at the observed spread ``sd`` and difference ``diff``, to decide with ``power``: the
-    fewer of what showing the difference and what showing equivalence take (NaN: neither can,
-    e.g. no spread)."""
+def power_difference(n: np.ndarray, sd: float, diff: float, level: float) -> np.ndarray:
+    """Exact power of the two-sided paired t-test at ``level`` with ``n`` pairs, true mean
+    difference ``diff`` and spread ``sd``: the noncentral t law of its statistic."""
     from scipy import stats
 
+    n = np.asarray(n, dtype=float)
+    df, ncp = n - 1, diff * np.sqrt(n) / sd
+    c = stats.t.ppf(1 - level / 2, df)
+    return stats.nct.sf(c, df, ncp) + stats.nct.cdf(-c, df, ncp)
+
+
+# Nodes of the quadrature over the sample variance in :func:`power_equivalence`.
+_NODES, _WEIGHTS = np.polynomial.legendre.leggauss(96)
+
+
+def power_equivalence(n: int, sd: float, diff: float, margin: float, level: float) -> float:
+    """Exact power of TOST at ``level`` with ``n`` pairs: the chance that the mean lies within
+    ±(δ − t·se), an integral over the sample variance's chi-square law (Gauss-Legendre on its
+    quantiles; the bivariate noncentral t law of the two statistics, Owen 1965)."""
+    from scipy import stats
+
+    df = n - 1
+    u = (_NODES + 1) / 2
+    se = sd * np.sqrt(stats.chi2.ppf(u, df) / df) / np.sqrt(n)
+    half = margin - stats.t.ppf(1 - level, df) * se
+    scale = sd / np.sqrt(n)
+    inside = np.maximum(stats.norm.cdf((half - diff) / scale) - stats.norm.cdf((-half - diff) / scale), 0.0)
+    return float(np.sum(_WEIGHTS * np.where(half > 0, inside, 0.0)) / 2)
+
+
+def fixed_seeds_needed(sd: float, diff: float, margin: float, m: int, alpha: float = ALPHA,
+                       power: float = 0.8, cap: int = 10_000) -> float:
+    """How many paired seeds a fixed design (one look, Bonferroni over ``m`` comparisons) needs, at
+    the observed spread ``sd`` and difference ``diff``, to decide with ``power`` (exact, from the
+    noncentral t law): the fewer of what showing the difference and what showing equivalence take
+    (NaN: neither can within ``cap`` seeds, e.g. no spread)."""
     if not (np.isfinite(sd) and sd > 0 and np.isfinite(diff)):
         return float("nan")
     a = alpha / max(m, 1)
-    n = np.arange(MIN_PAIRS, 10001)
-    df = n - 1
     options = []
     if diff != 0:
-        reach = (stats.t.ppf(1 - a / 2, df) + stats.t.ppf(power, df)) * sd / np.sqrt(n) <= abs(diff)
+        n = np.arange(MIN_PAIRS, cap + 1)
+        reach = power_difference(n, sd, diff, a) >= power
         options.append(n[reach][0] if reach.any() else np.inf)
     if np.isfinite(margin) and abs(diff) < margin:
-        reach = (stats.t.ppf(1 - a, df) + stats.t.ppf(power, df)) * sd / np.sqrt(n) <= margin - abs(diff)
-        options.append(n[reach][0] if reach.any() else np.inf)
+        options.append(_smallest(lambda k: power_equivalence(k, sd, diff, margin, a) >= power, cap))
     best = min(options) if options else np.inf
     return float(best) if np.isfinite(best) else float("nan")
+
+
+def _smallest(ok, cap: int) -> float:
+    """The smallest n in [MIN_PAIRS, cap] with ``ok(n)``, ``ok`` false then true as n grows."""
+    lo, hi = MIN_PAIRS, MIN_PAIRS
+    while not ok(hi):
+        if hi >= cap:
+            return np.inf
+        lo, hi = hi + 1, min(2 * hi, cap)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid + 1, hi)
+    return float(hi)
 
 
 # -- decisions -------------------------------------------------------------------------------------
@@ -314,39 +378,59 @@ def decide(diff_mean: np.ndarray, adj_diff: np.ndarray, adj_eq: np.ndarray, alph
     return np.where(diff, np.where(np.asarray(diff_mean) > 0, HIGHER, LOWER), out)
 
 
+def keep(before: np.ndarray, now: np.ndarray) -> np.ndarray:
+    """Decisions after a look: each one made at an earlier look is kept, the others are this
+    look's. (Repeated p-values never grow, so a look's evidence only adds; a comparison first
+    shown equivalent stays equivalent even if a later look also shows a difference inside the
+    margin.)"""
+    return np.where(before != UNDECIDED, before, now)
+
+
 # -- simulated studies -------------------------------------------------------------------------------
+
+NOISE = ("normal", "t3", "skewed")
+
+
+def noise_draw(rng: np.random.Generator, kind: str, shape) -> np.ndarray:
+    """Standardised noise (mean 0, sd 1): normal, Student t with 3 degrees of freedom, or skewed
+    (a centred chi-square with 4 degrees of freedom: skewness 1.41)."""
+    if kind == "t3":
+        return rng.standard_t(3.0, shape) / np.sqrt(3.0)
+    if kind == "skewed":
+        return (rng.chisquare(4.0, shape) - 4.0) / np.sqrt(8.0)
+    return rng.standard_normal(shape)
+
 
 def simulate(n_studies: int, sd: np.ndarray, margin: np.ndarray, true_diff: np.ndarray, *, first: int = 3,
              batch: int = 2, max_seeds: int = 20, ref_mean: np.ndarray | None = None, relative: np.ndarray | None = None,
-             corr: float = 0.5, tails: float | None = None, seed: int = 0, alpha: float = ALPHA
-             ) -> tuple[np.ndarray, np.ndarray]:
+             corr: float = 0.5, tails: float | None = None, noise: str = "normal", seed: int = 0,
+             alpha: float = ALPHA) -> tuple[np.ndarray, np.ndarray]:
     """``n_studies`` simulated studies of ``A`` arms against a reference on ``M`` metrics, run with
     the procedure of this module: looks after ``first`` seeds and every ``batch`` more up to
-    ``max_seeds``, stopping when every comparison is decided. ``sd`` (M,): seed-to-seed sd of one
-    arm's metric; ``corr``: correlation of two arms' values within a seed (the seed's data placement
-    and costs are shared); ``true_diff`` (A, M): each arm's true difference from the reference;
-    ``margin`` (M,): δ, as a share of the reference arm's observed mean where ``relative`` (M,) is
-    true (its true mean: ``ref_mean``); ``tails``: Student-t noise with that many degrees of freedom
-    instead of normal. Returns the decisions (studies, A, M) and the seeds each study used."""
+    ``max_seeds``, stopping when every comparison is decided. ``sd`` (M,) or (A + 1, M), the first
+    row the reference arm's: seed-to-seed sd of one arm's metric; ``corr``: correlation of two arms'
+    values within a seed (the seed's data placement and costs are shared); ``true_diff`` (A, M):
+    each arm's true difference from the reference; ``margin`` (M,): δ, as a share of the reference
+    arm's observed mean where ``relative`` (M,) is true (its true mean: ``ref_mean``); ``noise``: one
+    of :data:`NOISE` (``tails`` = 3: "t3"). Returns the decisions (studies, A, M) and the seeds each
+    study used."""
     rng = np.random.default_rng(seed)
-    sd, margin = np.asarray(sd, float), np.asarray(margin, float)
+    margin = np.asarray(margin, float)
     true_diff = np.asarray(true_diff, float)
     n_arms, n_metrics = true_diff.shape
+    sd = np.broadcast_to(np.asarray(sd, float), (n_arms + 1, n_metrics))
     ref_mean = np.zeros(n_metrics) if ref_mean is None else np.asarray(ref_mean, float)
     relative = np.zeros(n_metrics, bool) if relative is None else np.asarray(relative, bool)
+    kind = "t3" if tails == 3 else noise
+    if tails not in (None, 3) or kind not in NOISE:
+        raise ValueError(f"simulate: noise is one of {NOISE}")
 
-    def noise(shape):
-        z = rng.standard_t(tails, shape) / np.sqrt(tails / (tails - 2)) if tails else rng.standard_normal(shape)
-        return z
-
-    shared = noise((n_studies, 1, max_seeds, n_metrics))
-    own = noise((n_studies, n_arms + 1, max_seeds, n_metrics))
-    values = sd[None, None, None, :] * (np.sqrt(corr) * shared + np.sqrt(1 - corr) * own)
+    shared = noise_draw(rng, kind, (n_studies, 1, max_seeds, n_metrics))
+    own = noise_draw(rng, kind, (n_studies, n_arms + 1, max_seeds, n_metrics))
+    values = sd[None, :, None, :] * (np.sqrt(corr) * shared + np.sqrt(1 - corr) * own)
     values[:, 0] += ref_mean
     values[:, 1:] += (ref_mean[None, :] + true_diff)[None, :, None, :]
-    ns = looks(first, batch, max_seeds)
-    prepare(tuple(ns), max_seeds)
-    comparison = np.tile(np.arange(n_arms * n_metrics), 2)
+    ns = tuple(looks(first, batch, max_seeds))
     p = np.full((3, n_studies, n_arms, n_metrics, len(ns)), np.nan)
     means = np.zeros((n_studies, n_arms, n_metrics, len(ns)))
     for k, n in enumerate(ns):
@@ -354,20 +438,25 @@ def simulate(n_studies: int, sd: np.ndarray, margin: np.ndarray, true_diff: np.n
         delta = np.where(relative, margin * np.abs(values[:, 0, :n].mean(axis=1)), margin)[:, None, :]
         p[..., k] = look_pvalues(d, delta)
         means[..., k] = d.mean(axis=-1)
+    # every look's repeated p-values at once: each depends on the looks up to it only
+    q_diff = repeated_p_path(p[0], ns, max_seeds, True, batch)
+    q_eq = np.maximum(repeated_p_path(p[1], ns, max_seeds, False, batch),
+                      repeated_p_path(p[2], ns, max_seeds, False, batch))
+    comparison = np.tile(np.arange(n_arms * n_metrics), 2)
+    c = n_arms * n_metrics
     decisions = np.zeros((n_studies, n_arms, n_metrics), int)
     used = np.full(n_studies, ns[-1])
     open_ = np.ones(n_studies, bool)
     for k, n in enumerate(ns):
-        q_diff = repeated_p(p[0, ..., :k + 1], tuple(ns[:k + 1]), max_seeds, True)
-        q_eq = np.maximum(repeated_p(p[1, ..., :k + 1], tuple(ns[:k + 1]), max_seeds, False),
-                          repeated_p(p[2, ..., :k + 1], tuple(ns[:k + 1]), max_seeds, False))
-        q = np.nan_to_num(np.concatenate([q_diff.reshape(n_studies, -1), q_eq.reshape(n_studies, -1)], axis=1), nan=1.0)
-        adj = step_down_fast(q, comparison)
-        c = n_arms * n_metrics
-        now = decide(means[..., k], adj[:, :c].reshape(n_studies, n_arms, n_metrics),
-                     adj[:, c:].reshape(n_studies, n_arms, n_metrics), alpha)
-        decisions[open_] = now[open_]
-        stop = open_ & (now != UNDECIDED).all(axis=(1, 2))
+        q = np.nan_to_num(np.concatenate([q_diff[..., k].reshape(n_studies, -1), q_eq[..., k].reshape(n_studies, -1)],
+                                         axis=1), nan=1.0)
+        adj = step_down_fast(q[open_], comparison)
+        now = decide(means[open_, ..., k], adj[:, :c].reshape(-1, n_arms, n_metrics),
+                     adj[:, c:].reshape(-1, n_arms, n_metrics), alpha)
+        decisions[open_] = keep(decisions[open_], now)
+        stop = open_ & (decisions != UNDECIDED).all(axis=(1, 2))
         used[stop] = n
         open_ &= ~stop
+        if not open_.any():
+            break
     return decisions, used

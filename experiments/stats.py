@@ -50,7 +50,7 @@ MARGINS: dict[str, tuple[float, bool]] = {"final_acc": (0.01, False), "acc_at_co
 # A Holm p within this factor of the line (0.025 to 0.1 at 95 %) is called close to it.
 CLOSE = 2.0
 TOO_FEW = "too few seeds"
-# The conclusion proposes continuing a study only to decide comparisons that need at most this
+# The conclusion counts the undecided comparisons a fixed design would decide with at most this
 # many seeds at the observed spread.
 CONTINUE_CAP = 50
 CLIPPED_NOTE = "†: interval clipped to the metric's range (accuracy in [0, 1], costs and times >= 0)"
@@ -148,50 +148,113 @@ def _p(p: float) -> str:
     return f"{p:.2g}" if float(f"{p:.2g}") < 0.05 or p >= 0.05 else f"{p:.3g}"
 
 
-def add_verdicts(summary: pd.DataFrame, metrics=None, level: float = LEVEL) -> pd.DataFrame:
+def add_verdicts(summary: pd.DataFrame, metrics=None, level: float = LEVEL, history: dict | None = None,
+                 looks: list[int] | None = None) -> pd.DataFrame:
     """One decision per comparison (every row's paired difference from its reference on every
     metric in ``metrics``, default all with a test), over one family: ``<m>_diff_p_holm`` and
     ``<m>_eq_p_holm`` (Holm-Shaffer adjusted, :func:`groupfel.experiments.sequential.step_down`),
-    ``<m>_decision`` (higher, lower, equivalent, undecided) and ``<m>_verdict`` (in words)."""
-    from .sequential import decide, step_down
+    ``<m>_decision`` (higher, lower, equivalent, undecided; not measured or no spread where there is
+    no test) and ``<m>_verdict`` (in words). ``history``: (row, metric) -> (repeated p of the
+    difference, of equivalence, mean difference) after each of the ``looks`` (seeds) of a study that
+    added seeds; the step-down runs at every look, a decision once made is kept (``<m>_seeds``: the
+    seeds after which it was made) and each adjusted p-value is the smallest of its looks'. Without it, one look at
+    ``<m>_diff_p`` and ``<m>_eq_p``."""
+    from .sequential import NAMES, UNDECIDED, decide, keep, step_down
 
     metrics = [m for m in (metrics or METRICS) if f"{m}_diff_p" in summary]
     cells = [(i, m) for i in range(len(summary)) for m in metrics if np.isfinite(summary[f"{m}_diff_n"].iloc[i])]
-    q = np.array([summary[f"{m}_diff_p"].iloc[i] for i, m in cells] +
-                 [summary[f"{m}_eq_p"].iloc[i] if f"{m}_eq_p" in summary else np.nan for i, m in cells], dtype=float)
-    adjusted = step_down(q, np.tile(np.arange(len(cells)), 2)) if cells else q
+    if history is None:
+        history = {(i, m): [(summary[f"{m}_diff_p"].iloc[i],
+                             summary[f"{m}_eq_p"].iloc[i] if f"{m}_eq_p" in summary else np.nan,
+                             summary[f"{m}_diff_mean"].iloc[i])] for i, m in cells}
+    k = len(cells)
+    n_looks = len(next(iter(history.values()))) if k else 1
+    adjusted = np.full(2 * k, np.nan)
+    decisions = np.full(k, UNDECIDED)
+    first = np.full(k, n_looks - 1)
+    for look in range(n_looks):
+        q = np.array([history[c][look][0] for c in cells] + [history[c][look][1] for c in cells], dtype=float)
+        adj = step_down(q, np.tile(np.arange(k), 2)) if k else q
+        now = decide(np.array([history[c][look][2] for c in cells], dtype=float), adj[:k], adj[k:], 1 - level)
+        first = np.where((decisions == UNDECIDED) & (now != UNDECIDED), look, first)
+        decisions = keep(decisions, now)
+        adjusted = np.fmin(adjusted, adj)
     out = summary.copy()
     for m in metrics:
         out[f"{m}_diff_p_holm"] = np.nan
         out[f"{m}_eq_p_holm"] = np.nan
         out[f"{m}_decision"] = ""
         out[f"{m}_verdict"] = ""
-    k = len(cells)
+    seeds = looks
     for j, (i, m) in enumerate(cells):
         r = out.iloc[i]
         qd, qe = adjusted[j], adjusted[k + j]
-        decision = NAMES[int(decide(r[f"{m}_diff_mean"], qd, qe, 1 - level))]
+        tested = np.isfinite(qd) or np.isfinite(qe)
+        decision = NAMES[int(decisions[j])] if tested else untested(r, m)
         out.iat[i, out.columns.get_loc(f"{m}_diff_p_holm")] = qd
         out.iat[i, out.columns.get_loc(f"{m}_eq_p_holm")] = qe
         out.iat[i, out.columns.get_loc(f"{m}_decision")] = decision
+        if seeds and n_looks > 1:
+            if f"{m}_seeds" not in out:
+                out[f"{m}_seeds"] = np.nan
+            out.iat[i, out.columns.get_loc(f"{m}_seeds")] = seeds[first[j]]
+            r = out.iloc[i]
         out.iat[i, out.columns.get_loc(f"{m}_verdict")] = decision_words(r, m, decision, qd, qe, level)
     out.attrs.update(summary.attrs)
     out.attrs["comparisons"] = int(sum(np.isfinite(adjusted[j]) or np.isfinite(adjusted[k + j]) for j in range(k)))
     return out
 
 
+# Decisions of a comparison that has no test: no value in any seed (no target set, or never
+# reached), or paired differences without spread.
+NOT_MEASURED, NO_SPREAD = "not measured", "no spread"
+UNITS = {"sim_time_s": " s"}
+
+
+def untested(r, m: str) -> str:
+    """The decision of a comparison without a test: not measured, no spread, or undecided (fewer
+    than MIN_PAIRS pairs: more seeds may give it a test)."""
+    from .sequential import no_spread
+
+    n = int(r[f"{m}_diff_n"])
+    if n == 0:
+        return NOT_MEASURED
+    if n >= MIN_PAIRS and bool(no_spread(r.get(f"{m}_diff_sd", np.nan), r[f"{m}_diff_mean"])):
+        return NO_SPREAD
+    return "undecided"
+
+
+def is_open(r, m: str) -> bool:
+    """Whether comparison ``m`` of row ``r`` has a test and is undecided: only such a comparison
+    keeps a study adding seeds (one without a test would wait for nothing: see untested)."""
+    return r.get(f"{m}_decision", "") == "undecided" and (
+        np.isfinite(r.get(f"{m}_diff_p_holm", np.nan)) or np.isfinite(r.get(f"{m}_eq_p_holm", np.nan)))
+
+
+def any_open(summary: pd.DataFrame) -> bool:
+    """Whether any comparison of ``summary`` has a test and is undecided (:func:`is_open`)."""
+    return any(is_open(r, m) for _, r in summary.iloc[1:].iterrows() for m in METRICS if f"{m}_decision" in r)
+
+
 def decision_words(r, m: str, decision: str, qd: float, qe: float, level: float = LEVEL) -> str:
     """A decision in words: the adjusted p-value behind it, the margin of an equivalence, the seeds
     it took when a study added seeds; for an undecided comparison, why, and about how many seeds a
-    fixed design would need at the observed spread."""
+    fixed design would need at the observed spread; for one without a test, what the seeds show."""
     n = int(r[f"{m}_diff_n"])
     after = f" after {int(r[f'{m}_seeds'])} seeds" if r.get("looks", 1) > 1 and np.isfinite(r.get(f"{m}_seeds", np.nan)) else ""
     if decision in ("higher", "lower"):
         return f"{decision} (Holm p = {_p(qd)}{_close(qd, level)}{after})"
     if decision == "equivalent":
         return f"equivalent (within {margin_text(r, m)}: Holm p = {_p(qe)}{after})"
+    if decision == NOT_MEASURED:
+        return f"{NOT_MEASURED} (no value in any seed: no test)"
+    if decision == NO_SPREAD:
+        d = r[f"{m}_diff_mean"]
+        if d == 0:
+            return f"identical in every seed ({n} pairs: no test)"
+        return f"constant difference {'+' if d > 0 else ''}{_fmt(d)}{UNITS.get(m, '')} in every seed ({n} pairs: no test)"
     if not (np.isfinite(qd) or np.isfinite(qe)):
-        return f"undecided: {TOO_FEW} ({n} pair{'s' if n != 1 else ''}" + (", no spread)" if n >= MIN_PAIRS else ")")
+        return f"undecided: {TOO_FEW} ({n} pair{'s' if n != 1 else ''})"
     need = r.get(f"{m}_seeds_needed", np.nan)
     more = f"; fixed design: ~{int(need)} seeds" if np.isfinite(need) else ""
     return f"undecided (Holm p = {_p(qd)}{_close(qd, level)}{more})"
@@ -221,25 +284,31 @@ def per_seed_metrics(results: pd.DataFrame, target: float | None) -> pd.DataFram
 
 
 def summarize_seeds(per_seed: pd.DataFrame, arms: list[str], level: float = LEVEL, margins: dict | None = None,
-                    looks: list[int] | None = None, max_seeds: int | None = None) -> pd.DataFrame:
+                    looks: list[int] | None = None, max_seeds: int | None = None,
+                    seed_batch: int | None = None) -> pd.DataFrame:
     """One row per arm: for each headline metric ``<m>_mean``, ``<m>_ci95_low/high`` over seeds,
     the paired difference from the first arm ``<m>_diff_mean``, ``<m>_diff_ci95_low/high``, and its
     decision (:func:`add_verdicts`). ``target_reached`` counts the seeds whose run reached the
     target accuracy. ``looks``: the numbers of seeds (first ones, in seed order) at which a study
-    that adds seeds looked, up to ``max_seeds``; default one look at every seed (a fixed design).
-    ``margins``: metric -> δ (a share of the reference's mean for costs and times; :data:`MARGINS`)."""
-    from .sequential import fixed_seeds_needed, look_pvalues, repeated_p
+    that adds seeds looked, on its schedule planned up to ``max_seeds`` with a look every
+    ``seed_batch`` seeds (default: the step between its first two looks, else 2); default one look
+    at every seed (a fixed design). ``margins``: metric -> δ (a share of the reference's mean for
+    costs and times; :data:`MARGINS`)."""
+    from .sequential import fixed_seeds_needed, look_pvalues, repeated_p_path
 
     wide = {m: per_seed.pivot(index="seed", columns="arm", values=m).sort_index() for m in METRICS}
     n_seeds = len(wide["final_acc"])
     looks = [n for n in (looks or [n_seeds]) if n <= n_seeds] or [n_seeds]
     sequential = max_seeds is not None
+    batch = seed_batch or (looks[1] - looks[0] if len(looks) > 1 else 2)
     margins = {m: (margins or {}).get(m, MARGINS[m][0]) for m in METRICS}
     rows = []
-    history = []   # (row, metric, [(q_diff, q_eq) after each look])
+    history = {}   # (row, metric) -> [(q_diff, q_eq, mean) after each look]
     for arm in arms:
         row = {"arm": arm, "seeds": int(wide["final_acc"][arm].notna().sum()),
                "target_reached": int(wide["cost_to_target"][arm].notna().sum()), "looks": len(looks)}
+        if sequential:
+            row["max_seeds"] = int(max_seeds)
         for m in METRICS:
             mean, lo, hi = mean_ci(wide[m][arm], level)
             lo, hi, clipped = clip(lo, hi, BOUNDS.get(m))
@@ -256,60 +325,42 @@ def summarize_seeds(per_seed: pd.DataFrame, arms: list[str], level: float = LEVE
             ok = np.isfinite(ref) & np.isfinite(other)
             row[f"{m}_diff_sd"] = float(np.std(other[ok] - ref[ok], ddof=1)) if n > 1 else np.nan
             share, relative = margins[m], MARGINS[m][1]
-            ns, p = [], []
-            after = []
-            for n_look in looks:
+            ns, p, at = [], [], []   # pairs at each look with a test, its p-values, the look's index
+            means = []
+            delta = share
+            for k, n_look in enumerate(looks):
                 okk = ok[:n_look]
                 diffs = (other[:n_look] - ref[:n_look])[okk]
                 delta = share * abs(float(ref[:n_look][okk].mean())) if relative and okk.any() else share
+                means.append(float(diffs.mean()) if len(diffs) else np.nan)
                 if len(diffs) >= MIN_PAIRS and (not ns or len(diffs) > ns[-1]):
                     ns.append(len(diffs))
                     p.append(look_pvalues(diffs, delta))
-                n_max = max_seeds if sequential else (ns[-1] if ns else 0)
-                if ns:
-                    pd_, plo, phi = (np.array([x[j] for x in p], dtype=float) for j in range(3))
-                    after.append((float(repeated_p(pd_, tuple(ns), n_max, True)),
-                                  float(max(repeated_p(plo, tuple(ns), n_max, False),
-                                            repeated_p(phi, tuple(ns), n_max, False)))))
-                else:
-                    after.append((np.nan, np.nan))
-                row[f"{m}_margin"] = delta
+                    at.append(k)
+            row[f"{m}_margin"] = delta
+            after = [(np.nan, np.nan, mu) for mu in means]
+            if ns:
+                n_max = max_seeds if sequential else ns[-1]
+                pd_, plo, phi = (np.array([x[j] for x in p], dtype=float) for j in range(3))
+                qd = repeated_p_path(pd_, tuple(ns), n_max, True, batch)
+                qe = np.maximum(repeated_p_path(plo, tuple(ns), n_max, False, batch),
+                                repeated_p_path(phi, tuple(ns), n_max, False, batch))
+                for j, k in enumerate(at):      # a look without a new test keeps the last one's
+                    for kk in range(k, len(looks)):
+                        after[kk] = (float(qd[j]), float(qe[j]), means[kk])
             row[f"{m}_margin_share"] = share
-            row[f"{m}_diff_p"], row[f"{m}_eq_p"] = after[-1]
-            history.append((len(rows), m, after))
+            row[f"{m}_diff_p"], row[f"{m}_eq_p"] = after[-1][:2]
+            history[(len(rows), m)] = after
         rows.append(row)
-    out = pd.DataFrame(rows)
-    _decided_at(out, history, looks, level)
-    out = add_verdicts(out, level=level)
+    out = add_verdicts(pd.DataFrame(rows), level=level, history=history, looks=looks)
     m_family = max(int(out.attrs.get("comparisons", 1)), 1)
     for m in METRICS:
         if f"{m}_diff_sd" not in out:
             continue
         out[f"{m}_seeds_needed"] = [
             fixed_seeds_needed(r[f"{m}_diff_sd"], r[f"{m}_diff_mean"], r[f"{m}_margin"], m_family, 1 - level)
-            if r[f"{m}_decision"] == "undecided" else np.nan for _, r in out.iterrows()]
-    return add_verdicts(out, level=level)   # again: the words name the seeds needed
-
-
-def _decided_at(out: pd.DataFrame, history, looks: list[int], level: float) -> None:
-    """``<m>_seeds``: the seeds after which each comparison was first decided (the family's
-    decisions at each look), or all the seeds where it never was."""
-    from .sequential import UNDECIDED, decide, step_down
-
-    for _, m, _ in history:
-        out[f"{m}_seeds"] = np.nan
-    if not history:
-        return
-    at = [looks[-1]] * len(history)
-    for k in range(len(looks) - 1, -1, -1):
-        q = np.array([h[2][k][0] for h in history] + [h[2][k][1] for h in history], dtype=float)
-        adj = step_down(q, np.tile(np.arange(len(history)), 2))
-        means = np.array([out[f"{m}_diff_mean"].iloc[i] for i, m, _ in history])
-        now = decide(means, adj[:len(history)], adj[len(history):], 1 - level)
-        for j in np.flatnonzero(now != UNDECIDED):
-            at[j] = looks[k]
-    for (i, m, _), n in zip(history, at):
-        out.iat[i, out.columns.get_loc(f"{m}_seeds")] = n
+            if is_open(r, m) else np.nan for _, r in out.iterrows()]
+    return add_verdicts(out, level=level, history=history, looks=looks)   # again: the words name the seeds needed
 
 
 def curves_on_grid(results: pd.DataFrame, x: str = "cost", y: str = "accuracy", points: int = 200,
@@ -397,9 +448,10 @@ def render_summary(summary: pd.DataFrame, target: float | None) -> str:
                   f"fixed design: the seeds that would decide it with 80 % power at the observed difference and spread"
                   if k else f"decision: undecided, {TOO_FEW} to test any difference (fewer than {MIN_PAIRS} paired seeds)"]
         looks = int(summary["looks"].max()) if "looks" in summary else 1
-        if looks > 1:
-            lines.append(f"seeds added until decided: {looks} looks, O'Brien-Fleming-type alpha spending "
-                         f"(docs: statistics-and-safety)")
+        if looks > 1 or "max_seeds" in summary:
+            planned = int(summary["max_seeds"].max()) if "max_seeds" in summary else n
+            lines.append(f"seeds added until decided: stopped at look {looks}, after {n} of at most {planned} seeds; "
+                         f"O'Brien-Fleming-type alpha spending over the planned looks (docs: statistics-and-safety)")
         if target is not None:
             lines.append(f"cost_to_target: over the seeds where both arms reached accuracy {target:g}")
     return "\n".join(lines)
@@ -418,10 +470,13 @@ def _margins_said(summary: pd.DataFrame, metrics) -> str:
     return ", ".join(f"{m} {margin_text(ref, m).split(' (')[0]}" for m in metrics if f"{m}_margin" in summary)
 
 
-def conclusion(summary: pd.DataFrame, target: float | None, command: str | None = None) -> str:
+def conclusion(summary: pd.DataFrame, target: float | None, command: str | None = None,
+               max_seeds: int | None = None) -> str:
     """Computed from the summary: the most accurate arm at equal cost and its decision against the
-    first arm, the cheapest arm to the target, which comparisons are decided, and what deciding
-    the rest would take in a fixed design (with ``command``: how to continue the study)."""
+    first arm, the cheapest arm to the target, which comparisons are decided, which have no test,
+    and what deciding the rest would take in a fixed design. ``command`` (the command that ran a
+    fixed-seed study) and ``max_seeds`` (its config's planned maximum, never one chosen from these
+    numbers): the command that continues it as a study with seeds added until decided."""
     n = int(summary["seeds"].max())
     metrics = [m for m in METRICS if m != "cost_to_target" or target is not None]
     summary = _decided(summary, metrics)
@@ -442,9 +497,14 @@ def conclusion(summary: pd.DataFrame, target: float | None, command: str | None 
     if n < 2:
         return text + "."
     cells = [(r, m) for _, r in summary.iloc[1:].iterrows() for m in metrics]
-    decided = [f"{r['arm']} {m} {r[f'{m}_decision']}" for r, m in cells if r[f"{m}_decision"] not in ("undecided", "")]
-    open_ = [(r, m) for r, m in cells if r[f"{m}_decision"] in ("undecided", "")]
+    decided = [f"{r['arm']} {m} {r[f'{m}_decision']}" for r, m in cells
+               if r[f"{m}_decision"] in ("higher", "lower", "equivalent")]
+    open_ = [(r, m) for r, m in cells if is_open(r, m)]
+    bare = [f"{r['arm']} {m} {r[f'{m}_verdict'].split(' (')[0].replace('undecided: ', '')}" for r, m in cells
+            if r[f"{m}_decision"] not in ("higher", "lower", "equivalent") and not is_open(r, m)]
     text += f". Decided: {len(decided)} of {len(cells)} comparisons" + (f" ({', '.join(decided)})" if decided else "")
+    if bare:
+        text += f"; without a test: {len(bare)} ({', '.join(bare)})"
     if not open_:
         return text + "."
     needs = [r.get(f"{m}_seeds_needed", np.nan) for r, m in open_]
@@ -454,10 +514,14 @@ def conclusion(summary: pd.DataFrame, target: float | None, command: str | None 
         rest = len(open_) - len(near)
         text += (f", of which {len(near)} would take at most {near[-1]} seeds in a fixed design at the observed "
                  f"spread" + (f" ({rest} more than {CONTINUE_CAP}, or never)" if rest else ""))
-        if command:
-            text += f"; continue until decided with '{command} --seeds auto --max-seeds {max(near[-1], n + 1)}'"
     else:
         text += f", each needing more than {CONTINUE_CAP} seeds in a fixed design at the observed spread (or never)"
+    planned = summary["max_seeds"].max() if "max_seeds" in summary else np.nan
+    if np.isfinite(planned):        # a study that added seeds ran to its planned maximum
+        text += (f"; this study's 5 % is spent over its planned {int(planned)} seeds: deciding the rest takes a "
+                 f"new study")
+    elif command and max_seeds and max_seeds > n:
+        text += f"; continue until decided with '{command} --seeds auto --max-seeds {int(max_seeds)}'"
     return text + "."
 
 

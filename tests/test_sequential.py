@@ -21,9 +21,10 @@ DEMO_SD = np.array([0.0195, 0.0193, 818.0, 82.4])
 DEMO_REF = np.array([0.913, 0.899, 5506.0, 749.0])
 RELATIVE = np.array([False, False, True, True])
 MARGIN = np.array([0.01, 0.01, 0.05, 0.05])
-# Studies per simulation: with a family-wise rate near 4.5 %, 20,000 studies put its standard error
-# at 0.15 points (4,000 would leave 0.35, too close to the 5 % line to tell); heavy tails err lower.
-STUDIES = {None: 20_000, 3.0: 5_000}
+# Studies per simulation: 3,000 put a rate's Monte Carlo standard error at 0.4 points, so a rate
+# within 2 of them of 5 % passes and the old procedure's 6 to 22 % fails (benchmarks/sequential.py
+# runs 20,000 per setting).
+STUDIES = {None: 3000, 3.0: 3000}
 
 
 def test_boundaries_are_the_published_obrien_fleming_type_ones():
@@ -61,20 +62,82 @@ def _demo_like(true_diff, *, tails=None, seed=0, corr=0.2, studies=None):
                         first=3, batch=2, max_seeds=20, corr=corr, tails=tails, seed=seed)
 
 
+def test_a_repeated_p_value_spends_alpha_over_the_whole_planned_schedule():
+    """p = 0.01 after 3 seeds is strong evidence for a study of 3 seeds, and weak for one planned
+    to 20 (O'Brien-Fleming spends little early): against the planned schedule (3, 5, ..., 19, 20)
+    its repeated p-value is about 0.58. Before, it was read against the looks so far: 0.0104."""
+    assert seq.repeated_p(np.array([[0.01]]), (3,), 20, True)[0] == pytest.approx(0.577, abs=0.01)
+    assert seq.repeated_p(np.array([[0.01]]), (3,), 3, True)[0] == pytest.approx(0.01)
+    assert seq.plan((3,), 20, 2) == (3, 5, 7, 9, 11, 13, 15, 17, 19, 20)
+    assert seq.plan((3, 5), 9, 4) == (3, 5, 9)
+
+
+def test_a_repeated_p_value_never_grows_so_a_decision_is_kept():
+    """An uninformative second look leaves the first look's evidence standing (before: 0.0043
+    after look 1, 0.037 after look 2), and along random paths the value never grows."""
+    ns = tuple(seq.looks(3, 2, 20))
+    path = seq.repeated_p_path(np.array([0.5, 0.5, 1e-4, 0.6, 0.9] + [np.nan] * 5), ns, 20, True)
+    assert path[0] == path[1] == 1.0 and path[2] == path[3] == path[4] < 0.05
+    rng = np.random.default_rng(8)
+    p = rng.uniform(size=(500, len(ns))) ** 3
+    q = seq.repeated_p_path(p, ns, 20, True)
+    assert (np.diff(q, axis=-1) <= 0).all()
+    assert (seq.keep(np.array([seq.HIGHER, seq.UNDECIDED]), np.array([seq.UNDECIDED, seq.EQUIVALENT]))
+            == [seq.HIGHER, seq.EQUIVALENT]).all()
+
+
+def _false(decisions, cells=None, wrong=(seq.HIGHER, seq.LOWER)):
+    d = decisions if cells is None else np.stack([decisions[:, a, m] for a, m in cells], axis=1)
+    return np.isin(d, wrong).reshape(len(d), -1).any(axis=1)
+
+
+def _closing(open_, open_sd=2.0, arms=3, metrics=4):
+    """Every comparison but ``open_`` is soon decided both ways (a difference of half the margin,
+    small spread) and leaves the family; the open ones have identical arms and a wide spread."""
+    sd = np.full((arms + 1, metrics), 0.02)
+    true = np.full((arms, metrics), 0.5)
+    for a, m in open_:
+        sd[a + 1, m], true[a, m] = open_sd, 0.0
+    return sd, np.ones(metrics), true
+
+
+def _within(rate, studies, sd_units=2.0):
+    """A simulated family-wise rate is at most 5 % within ``sd_units`` Monte Carlo standard errors."""
+    return rate <= 0.05 + sd_units * np.sqrt(0.05 * 0.95 / studies)
+
+
+@pytest.mark.parametrize("noise", ["normal", "skewed"])
+def test_one_comparison_left_open_after_the_others_are_decided_keeps_5_percent(noise):
+    """Where studies stop early: 11 comparisons decided soon, one with identical arms left alone in
+    the family (divisor 1) look after look. Testing it at 5 % at each look (the old calibration on
+    the looks so far) gave false higher/lower in 17 % (skewed noise: 22 %) of 2,000 studies."""
+    sd, margin, true = _closing([(0, 0)])
+    decisions, used = seq.simulate(3000, sd, margin, true, noise=noise, seed=21)
+    assert used.mean() > 15     # the open comparison kept most studies going
+    rate = _false(decisions, [(0, 0)]).mean()
+    # skewed differences (skewness 1) make each t-test's one tail heavier at few seeds: about 7 %
+    # (docs: what is not guaranteed); normal ones keep 5 %
+    assert _within(rate, 3000) if noise == "normal" else rate < 0.1
+
+
+def test_two_open_accuracies_and_one_arm_with_a_small_spread_keep_5_percent():
+    sd, margin, true = _closing([(0, 0), (0, 1)], arms=1)
+    decisions, _ = seq.simulate(3000, sd, margin, true, seed=22)
+    assert _within(_false(decisions, [(0, 0), (0, 1)]).mean(), 3000)
+    decisions, used = seq.simulate(3000, np.array([0.6]), np.ones(1), np.zeros((1, 1)), seed=23)
+    assert _within(_false(decisions).mean(), 3000) and used.mean() < 20
+
+
+def test_a_true_difference_exactly_at_the_margin_is_rarely_called_equivalent():
+    decisions, _ = seq.simulate(3000, np.array([1.5]), np.ones(1), np.ones((1, 1)), seed=24)
+    assert _within(_false(decisions, wrong=(seq.EQUIVALENT,)).mean(), 3000)
+
+
 @pytest.mark.parametrize("tails", [None, 3.0], ids=["normal", "heavy-tailed t3"])
 def test_identical_arms_give_a_false_higher_or_lower_in_at_most_5_percent_of_studies(tails):
-    decisions, used = _demo_like(np.zeros((3, 4)), tails=tails, seed=1)
-    false = ((decisions == seq.HIGHER) | (decisions == seq.LOWER)).any(axis=(1, 2))
-    assert len(false) >= 2000 and false.mean() <= 0.05
+    decisions, used = _demo_like(np.zeros((3, 4)), tails=tails, seed=1, studies=3000)
+    assert _within(_false(decisions).mean(), 3000)
     assert (used >= 3).all() and (used <= 20).all()
-
-
-@pytest.mark.parametrize("tails", [None, 3.0], ids=["normal", "heavy-tailed t3"])
-def test_a_true_difference_at_the_margin_gives_a_false_equivalent_in_at_most_5_percent(tails):
-    at_margin = np.tile(np.where(RELATIVE, MARGIN * DEMO_REF, MARGIN), (3, 1))
-    decisions, _ = _demo_like(at_margin, tails=tails, seed=2, studies=5_000)
-    false = (decisions == seq.EQUIVALENT).any(axis=(1, 2))
-    assert len(false) >= 2000 and false.mean() <= 0.05
 
 
 def test_clear_differences_stop_early_and_small_spread_shows_equivalence():
@@ -88,9 +151,20 @@ def test_clear_differences_stop_early_and_small_spread_shows_equivalence():
     assert (decisions == seq.EQUIVALENT).mean() > 0.9
 
 
-def test_fixed_design_seeds_reach_the_stated_power():
-    """The seeds a fixed design needs (80 % power) do give about 80 % power when simulated at that
-    many seeds (one comparison: its family's size is 1)."""
+def test_fixed_design_seeds_are_exact_from_the_noncentral_t():
+    """A one-sample t-test at 5 % with effect size 1 needs 10 pairs for 80 % power (exact: 0.803
+    with 10, 0.748 with 9; the normal approximation plus t quantiles said 9 or 10 depending on the
+    df used), and TOST's exact power matches a simulation."""
+    from scipy import stats
+
+    assert seq.fixed_seeds_needed(sd=1.0, diff=1.0, margin=0.0, m=1) == 10
+    assert seq.power_difference(np.array([9, 10]), 1.0, 1.0, 0.05) == pytest.approx([0.748, 0.803], abs=1e-3)
+    rng = np.random.default_rng(3)
+    d = rng.normal(0.2, 1.0, (40_000, 12))
+    se = d.std(axis=1, ddof=1) / np.sqrt(12)
+    c = stats.t.ppf(0.95, 11)
+    hit = ((d.mean(axis=1) - c * se > -1.0) & (d.mean(axis=1) + c * se < 1.0)).mean()
+    assert seq.power_equivalence(12, 1.0, 0.2, 1.0, 0.05) == pytest.approx(hit, abs=0.01)
     n = seq.fixed_seeds_needed(sd=1.0, diff=1.0, margin=0.1, m=1)
     decisions, _ = seq.simulate(4000, np.array([1.0 / np.sqrt(2)]), np.array([0.1]), np.array([[1.0]]),
                                 first=int(n), max_seeds=int(n), corr=0.0, seed=5)
@@ -115,7 +189,8 @@ def test_summary_has_a_decision_per_metric_equivalent_included():
     same, up = s.iloc[1], s.iloc[2]
     assert same["final_acc_decision"] == "equivalent" and same["final_acc_verdict"].startswith("equivalent (within ±0.01")
     assert up["final_acc_decision"] == "higher"
-    assert same["sim_time_s_decision"] == "undecided" and "no spread" in same["sim_time_s_verdict"]
+    assert same["sim_time_s_decision"] == "no spread" and same["sim_time_s_verdict"].startswith("identical in every seed")
+    assert same["cost_to_target_decision"] == "not measured"
     assert s.iloc[0]["final_acc_decision"] == ""       # the reference arm
 
 
@@ -222,3 +297,26 @@ def test_a_continued_fixed_run_keeps_its_seeds(tiny_dict, tmp_path):
                  "--max-seeds", "4"]) == 0
     assert (out / "seed-2" / "rg-random" / "results.csv").stat().st_mtime_ns == kept
     assert json.loads((out / "config.json").read_text())["seeds"] == "auto"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--max-seeds", "30"], "max_seeds = 30, seed_batch = 2: "),
+    (["--seeds", "5"], "--seeds 5: "),
+])
+def test_a_study_that_adds_seeds_resumes_only_on_its_planned_schedule(tiny_dict, tmp_path, capsys, argv, says):
+    """Its decisions spend their 5 % over the looks planned before the first one: another max_seeds
+    (say, one chosen after seeing the first looks) or a fixed read of its seeds is refused in one
+    line, before any work."""
+    from groupfel.emulator.config import parse_config
+    from groupfel.experiments.cli import main
+
+    cfg = {k: v for k, v in tiny_dict.items() if k != "seed"}
+    config = parse_config({**cfg, "seeds": "auto", "max_seeds": 20})
+    out = tmp_path / "study"
+    out.mkdir()
+    (out / "config.json").write_text(config.model_dump_json())
+    before = sorted(p.name for p in out.iterdir())
+    assert main(["run", "--resume", str(out), "--quiet", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0] and "planned with max_seeds = 20 and seed_batch = 2" in err[0]
+    assert sorted(p.name for p in out.iterdir()) == before

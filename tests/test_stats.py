@@ -148,8 +148,15 @@ def test_two_seeds_warn_and_equal_differences_are_too_few_seeds():
     assert "0 comparisons" not in text and "too few seeds to test any difference" in text
     assert s.iloc[1]["final_acc_verdict"] == "undecided: too few seeds (2 pairs)"
     s = _study({"a": [0.5, 0.6, 0.55], "b": [0.6, 0.7, 0.65]})   # three equal differences: no spread
-    assert s.iloc[1]["final_acc_verdict"] == "undecided: too few seeds (3 pairs, no spread)"
+    # (0.1 up to rounding in the last bit: a constant difference, not a t of 10^15)
+    assert s.iloc[1]["final_acc_verdict"] == "constant difference +0.1 in every seed (3 pairs: no test)"
+    assert s.iloc[1]["final_acc_decision"] == "no spread"
+    assert s.iloc[1]["sim_time_s_verdict"] == "constant difference +0.1 s in every seed (3 pairs: no test)"
     assert "Decided: 0 of" in conclusion(s, None)
+    s = _study({"a": [0.5, 0.6, 0.55], "b": [0.5, 0.6, 0.55]})
+    assert s.iloc[1]["final_acc_verdict"] == "identical in every seed (3 pairs: no test)"
+    assert s.iloc[1]["cost_to_target_verdict"] == "not measured (no value in any seed: no test)"
+    assert s.attrs["comparisons"] == 0
 
 
 def test_verdicts_are_holm_corrected_with_the_unadjusted_interval_beside():
