@@ -90,6 +90,7 @@ def new_federation(world: World, env: Environment, ledger: CostLedger, stats: li
     cfg, tc = world.config, world.config.train
     ctx = RoundContext(env, world.engine.model_bytes, world.cost, ledger, world.topology, cfg.seed,
                        tc.group_rounds, tc.local_epochs, cfg.faults, world.algorithm.training_passes)
+    ledger.power = getattr(world, "power", None)
     network = getattr(world, "network", None)
     if network is None:
         return Federation(ctx)
