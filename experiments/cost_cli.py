@@ -38,24 +38,31 @@ def write_profile(fits, path: Path, task: str) -> Path:
 
 
 def _cmd_measure(args) -> int:
+    from groupfel.cost_models.energy_meter import open_meter
     from groupfel.cost_models.measure import INPUT_SHAPE, NUM_CLASSES, measure, measurements_csv
     from groupfel.emulator.models import build_model
 
     default = "16..256:16" if args.operation == "training" else "2..30"
     sizes = parse_sizes(args.sizes or default)
     out = check_writable(args.out or f"measurements-{args.operation}.csv", "file", "--out")
+    meter, said = open_meter(args.power_log)
     rows, header = measure(args.operation, sizes, lambda: build_model(args.model, INPUT_SHAPE, NUM_CLASSES),
                            repeats=args.repeats, params=args.params, model=args.model, device=args.device,
-                           threads=args.threads, server=args.server)
+                           threads=args.threads, server=args.server, meter=meter)
     out = write_text(out, measurements_csv(rows, header))
-    by_size: dict[tuple[str, int], list[float]] = {}
+    by_size: dict[tuple[str, int], list[tuple[float, float | None]]] = {}
     for r in rows:
-        by_size.setdefault((r.operation, r.group_size or r.n_samples), []).append(r.seconds)
+        watts = r.joules / r.energy_span_s if r.joules is not None else None
+        by_size.setdefault((r.operation, r.group_size or r.n_samples), []).append((r.seconds, watts))
     x_name = "n_samples" if args.operation == "training" else "group_size"
-    print(f"{'operation':<18}{x_name:>11}{'median s':>12}{'min s':>12}")
-    for (op, x), secs in by_size.items():
-        print(f"{op:<18}{x:>11}{sorted(secs)[len(secs) // 2]:>12.4g}{min(secs):>12.4g}")
+    print(f"{'operation':<18}{x_name:>11}{'median s':>12}{'min s':>12}" + (f"{'mean W':>10}" if meter else ""))
+    for (op, x), got in by_size.items():
+        secs = sorted(s for s, _ in got)
+        watts = [w for _, w in got if w is not None]
+        print(f"{op:<18}{x:>11}{secs[len(secs) // 2]:>12.4g}{secs[0]:>12.4g}"
+              + (f"{sum(watts) / len(watts):>10.4g}" if watts else ""))
     print(f"\nmachine: {header['cpu']}, {header['cores']} cores, torch {header['torch']}")
+    print(said)
     print(f"wrote {out}; fit it with: groupfel calibrate {out}")
     return 0
 
@@ -89,6 +96,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--device", default="local", help="device name written to the CSV (default local)")
     m.add_argument("--server", action="store_true", help="secagg: time the aggregator's part alone (secagg-server "
                    "and secagg-server-recovery rows, an edge server's curves for topology.edge_profile)")
+    m.add_argument("--power-log", metavar="LOG.csv", help="a power meter's log (columns timestamp in Unix seconds, "
+                   "watts) covering this run: each call's energy is its integral (default: the machine's RAPL "
+                   "counters where readable, else no energy)")
     m.add_argument("--out", metavar="FILE.csv", help="output (default measurements-OPERATION.csv)")
     m.set_defaults(func=_cmd_measure)
 
