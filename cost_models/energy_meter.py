@@ -75,11 +75,13 @@ class RaplMeter:
         self.zones = zones
 
     def start(self):
-        return [z.read_uj() for z in self.zones], time.time()
+        return [z.read_uj() for z in self.zones], time.perf_counter()
 
-    def stop(self, mark) -> float:
-        before, _ = mark
-        return sum(advance(b, z.read_uj(), z.max_range_uj) for b, z in zip(before, self.zones)) * 1e-6
+    def stop(self, mark) -> tuple[float, float]:
+        """(joules, the seconds they cover)."""
+        before, t0 = mark
+        joules = sum(advance(b, z.read_uj(), z.max_range_uj) for b, z in zip(before, self.zones)) * 1e-6
+        return joules, time.perf_counter() - t0
 
     def describe(self) -> str:
         return (f"RAPL {', '.join(f'{z.path.name} ({z.name})' for z in self.zones)}: the whole package, other "
@@ -98,8 +100,10 @@ class PowerLog:
     def start(self):
         return time.time()
 
-    def stop(self, mark) -> tuple[float, float]:
-        return mark, time.time()
+    def stop(self, mark) -> tuple[tuple[float, float], float]:
+        """((start, end) in Unix seconds, to integrate once the log is complete; the seconds)."""
+        end = time.time()
+        return (mark, end), end - mark
 
     def describe(self) -> str:
         return f"power-meter log {self.path}"

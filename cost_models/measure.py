@@ -79,10 +79,9 @@ def _sweep(sizes: list[int], repeats: int, work: Callable[[int], float], meter=N
             if meter is None:
                 yield n, work(n), ()
                 continue
-            mark, t0 = meter.start(), time.perf_counter()
+            mark = meter.start()
             seconds = work(n)
-            span = time.perf_counter() - t0
-            yield n, seconds, (meter.stop(mark), span)
+            yield n, seconds, meter.stop(mark)
 
 
 def measure_secagg(sizes: list[int], params: int, repeats: int, device: str, server: bool = False,

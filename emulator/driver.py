@@ -33,7 +33,8 @@ from groupfel.errors import DivergenceError, InputError, InputWarning
 from groupfel.policies import aggregations, groupings, samplings
 
 from . import numerics
-from .arm import TRANSIENT, ArmPlan, ArmState, RoundStrategy, aggregation_weights, budget_error, sample_groups
+from .arm import (TRANSIENT, ArmPlan, ArmState, RoundStrategy, aggregation_weights, budget_error, energy_budget_error,
+                  sample_groups)
 from .io import atomic_write, write_json
 from .ledger import CostLedger
 from .rounds import STRATEGIES
@@ -299,9 +300,8 @@ def _rounds(strategy: RoundStrategy, fresh: bool, ckpt: Path, on_round: OnRound 
         if tc.energy_budget is not None:
             joules = strategy.fed.round_energy(t, groups)
             if state.ledger.energy_total + joules > tc.energy_budget:
-                if t == 0:
-                    raise InputError(f"train.energy_budget: {tc.energy_budget:g} J is below the first round's "
-                                     f"{joules:.6g} J (arm {plan.arm.name!r}); raise it")
+                if t == 0:   # only reachable where grouping trains (else plan_arm refused the budget)
+                    raise energy_budget_error(tc.energy_budget, joules, f"arm {plan.arm.name!r}")
                 stop = "energy_budget"
                 break
         before = state.sim_time
