@@ -574,11 +574,13 @@ def edge_makespan(group_sizes: list[int], n_samples: np.ndarray, training, overh
                   local_epochs: int, model_bytes: int, client_mbps, latency_s,
                   access_mbps: float | None, cores: int | None, edge_curves: dict | None = None,
                   secagg: bool = True, edge_mbps: float = 1000.0, edge_latency_s: float = 0.01,
-                  operation: str = "secagg") -> dict:
+                  operation: str = "secagg", power=None) -> dict:
     """One global round of one edge whose sampled groups have ``group_sizes`` members (holding
     ``n_samples`` in order), on the shared-edge model: its makespan, Eq. 5 cost, time waiting for
     a core and the access links' utilisation (``groupfel whatif``'s makespan columns).
-    ``client_mbps`` and ``latency_s``: one value for every client or one per client."""
+    ``client_mbps`` and ``latency_s``: one value for every client or one per client. ``power``:
+    the clients' :class:`~groupfel.cost_models.power.DevicePower`, adding the round's joules
+    (``edge_energy_j`` and one ``energy_<state>_j`` column per state)."""
     from groupfel.cost_models import CostModel, DeviceProfile
     from groupfel.topologies import Link, build_topology
 
@@ -594,7 +596,12 @@ def edge_makespan(group_sizes: list[int], n_samples: np.ndarray, training, overh
     net = EdgeNetwork(None if access_mbps is None else access_mbps * 1e6, cores, False,
                       ClientNet(bw, lat, np.ones(n)), 1, secagg, dict(edge_curves or {}))
     env = simpy.Environment()
-    fed = ContendedFederation(RoundContext(env, model_bytes, cost, CostLedger(), topo, 0, group_rounds,
+    ledger = CostLedger()
+    if power is not None:
+        from groupfel.cost_models.power import DevicePower, PowerModel
+
+        ledger.power = PowerModel({"d": DevicePower("d", power.states)})
+    fed = ContendedFederation(RoundContext(env, model_bytes, cost, ledger, topo, 0, group_rounds,
                                            local_epochs), net)
     starts = np.concatenate([[0], np.cumsum(group_sizes)[:-1]]).astype(int)
     sampled = [(g, Group(0, np.arange(a, a + s), n_samples[a:a + s].astype(np.int64), 0.0))
@@ -605,4 +612,6 @@ def edge_makespan(group_sizes: list[int], n_samples: np.ndarray, training, overh
     return {"makespan_s": r["makespan_s"], "edge_cost": fed.ctx.ledger.total, "core_wait_s": e["core_wait_s"],
             "core_utilisation": e["core_utilisation"], "access_down_utilisation": e["access_down_utilisation"],
             "access_up_utilisation": e["access_up_utilisation"],
-            "bytes_client_edge": r["bytes"]["edge_to_client"] + r["bytes"]["client_to_edge"]}
+            "bytes_client_edge": r["bytes"]["edge_to_client"] + r["bytes"]["client_to_edge"],
+            **({"edge_energy_j": ledger.energy_total, **{k: v for k, v in ledger.energy_row().items() if k != "energy_j"}}
+               if power is not None else {})}

@@ -200,7 +200,7 @@ def _cmd_whatif(args) -> int:
     if "makespan_s" in df:
         plot_makespan(df, out / "whatif.png", title + f"; one edge of {args.edge_clients} clients")
         cols = ["edge_groups", "edge_group_sizes", "access_mbps", "edge_cores", "makespan_s", "core_wait_s",
-                "edge_cost", "group_size", "total_per_round"]
+                "edge_cost", *(["edge_energy_j"] if "edge_energy_j" in df else []), "group_size", "total_per_round"]
         print(f"one edge of {args.edge_clients} clients: the groups it forms (edge_groups of edge_group_sizes) "
               f"for each --group-sizes value (group_size: the smallest that forms them)")
     else:
@@ -220,7 +220,25 @@ def _cmd_whatif(args) -> int:
 
 
 def _wants_makespan(args) -> bool:
-    return any(getattr(args, k, None) is not None for k in ("access_mbps", "edge_cores", "edge_clients"))
+    return getattr(args, "energy", False) or \
+        any(getattr(args, k, None) is not None for k in ("access_mbps", "edge_cores", "edge_clients"))
+
+
+def _whatif_power(args, prof, n_samples, edge_clients: int, caps):
+    """--energy: the --profile device's power per state (the shipped power profile and
+    --profiles-file's [[power]] tables), checked where the what-if uses it."""
+    import numpy as np
+
+    from groupfel.cost_models.power import build_power, read_power
+
+    extra = read_power(args.profiles_file) if args.profiles_file else None
+    rates = np.array([args.client_mbps] + [c for c in caps if c is not None])
+    uses = {prof.device: {"training": n_samples, "group_operation": np.arange(1, edge_clients + 1),
+                          "transmit": rates, "receive": rates, "idle": np.zeros(1)}}
+    try:
+        return build_power([prof.device], extra, uses, "--energy").devices[prof.device]
+    except InputError as exc:
+        raise InputError(str(exc).replace("cost.profiles_file", "--profiles-file")) from None
 
 
 def _with_makespan(df, args, prof, overhead, sc):
@@ -243,6 +261,7 @@ def _with_makespan(df, args, prof, overhead, sc):
                   if k in ("aggregation", "secagg-server", "secagg-server-recovery")}
     n = sc.sample_counts()[:m]
     op = args.profile.rpartition("/")[2]
+    power = _whatif_power(args, prof, n, m, caps) if args.energy else None
     # the groups the edge actually forms: m // s groups, the remainder spread (sizes s..s+1); sizes
     # asked for that form the same groups (60 clients at 16 and at 20: 3 groups of 20) are one row
     formed: dict[tuple[int, ...], int] = {}
@@ -255,7 +274,8 @@ def _with_makespan(df, args, prof, overhead, sc):
             r = edge_makespan(list(sizes), n, prof.training[args.training], overhead, group_rounds=sc.group_rounds,
                               local_epochs=sc.local_epochs, model_bytes=int(args.model_mb * 1e6),
                               client_mbps=args.client_mbps, latency_s=args.latency_s, access_mbps=cap,
-                              cores=args.edge_cores, edge_curves=curves, secagg="secagg" in op, operation=op)
+                              cores=args.edge_cores, edge_curves=curves, secagg="secagg" in op, operation=op,
+                              power=power)
             lo, hi = min(sizes), max(sizes)
             rows.append({"group_size": s, "edge_groups": len(sizes),
                          "edge_group_sizes": f"{lo}" if lo == hi else f"{lo}-{hi}",
@@ -377,6 +397,9 @@ def register_whatif(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--edge-cores", type=Number(int, 1, 10**6), help="the edge server's cores (default: unlimited)")
     m.add_argument("--edge-clients", type=Number(int, 1, EDGE_CLIENTS),
                    help=f"clients of the edge, all in sampled groups (default 60, at most {EDGE_CLIENTS:,})")
+    m.add_argument("--energy", action="store_true", help="add the edge's round energy in joules (edge_energy_j and "
+                   "energy_<state>_j columns): the --profile device's power per state, from the shipped power "
+                   "profile and --profiles-file's [[power]] tables")
     m.add_argument("--edge-profile", help="DEVICE/TASK profile with the edge's aggregation and secagg-server "
                    "curves (default: aggregation takes no time)")
     m.add_argument("--model-mb", type=Number(float, 1e-6, 10**6, "MB"), default=1.0, help="model size in MB (10^6 bytes; default 1)")
