@@ -439,7 +439,7 @@ def whatif_values(**values):
 
 
 def _cmd_timeline(args) -> int:
-    from .timeline import load_network, load_round, plot_timeline, summary
+    from .timeline import energy_per_client, load_energy, load_network, load_round, plot_timeline, summary
 
     arm_dir = Path(args.arm_dir)
     rows = load_round(arm_dir, args.round)
@@ -454,6 +454,14 @@ def _cmd_timeline(args) -> int:
         moved = network.groupby("kind")["bytes"].sum()
         print(f"transfers: {int(moved.get('download', 0)):,} bytes down, {int(moved.get('upload', 0)):,} up; "
               f"groups waited {float((cores['start'] - cores['queued']).sum()):.4g} s for edge cores")
+    energy = load_energy(arm_dir, args.round)
+    if energy is None:
+        print("energy: not measured (the run had no cost.energy)")
+    else:
+        per = energy_per_client(energy)
+        print(f"\nenergy per client in round {args.round} (J; power × simulated seconds in each state):")
+        print(per.to_string(index=False, float_format=_number))
+        print(f"round {args.round}: {per['total_j'].sum():.6g} J over {len(per)} clients")
     print(f"plot: {out}")
     return 0
 
