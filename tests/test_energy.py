@@ -44,24 +44,35 @@ def _play(n_samples, watts, group_rounds=1, latency=0.5, rounds=1):
     return ledger, env.now
 
 
-def test_one_group_round_two_states_by_hand():
-    """Two clients (10 and 30 samples), one group round, no transfer time; training at 2 W and idle
-    at 0.5 W, the other states at 0 W. Training: 3·(0.1·10 + 1) = 6 s and 3·(0.1·30 + 1) = 12 s;
+@pytest.mark.parametrize("train_w, idle_w, expected", [(2.0, 0.5, {0: 15.0, 1: 24.0}),
+                                                     (5.0, 1.6, {0: 39.6, 1: 60.0})])   # docs/energy.md
+def test_one_group_round_two_states_by_hand(train_w, idle_w, expected):
+    """Two clients (10 and 30 samples), one group round, no transfer time; training and idle power
+    given, the other states at 0 W. Training: 3·(0.1·10 + 1) = 6 s and 3·(0.1·30 + 1) = 12 s;
     secagg O(2) = 3 s each; the round lasts 15 s, so client 0 idles 15 − 9 = 6 s, client 1 none.
-    Client 0: 2·6 + 0.5·6 = 15 J; client 1: 2·12 = 24 J."""
-    ledger, now = _play([10, 30], {"training": 2.0, "group_operation": 0.0, "transmit": 0.0, "receive": 0.0,
-                                   "idle": 0.5}, latency=0.0)
+    At 2 W and 0.5 W: client 0 2·6 + 0.5·6 = 15 J, client 1 2·12 = 24 J; at the shipped Raspberry
+    Pi 4's 5.0 W and 1.6 W: 30 + 9.6 = 39.6 J and 60 J."""
+    ledger, now = _play([10, 30], {"training": train_w, "group_operation": 0.0, "transmit": 0.0, "receive": 0.0,
+                                   "idle": idle_w}, latency=0.0)
     assert now == pytest.approx(1.0 + 15.0 + 1.0)   # edge link down and up, 1 s each
     e = ledger.energy_frame()
-    per_client = e.groupby("client")["joules"].sum()
-    assert per_client.to_dict() == pytest.approx({0: 15.0, 1: 24.0})
+    assert e.groupby("client")["joules"].sum().to_dict() == pytest.approx(expected)
     sec = e.pivot_table(index="client", columns="state", values="seconds", observed=True)
     assert sec.loc[0].to_dict() == pytest.approx({"training": 6, "group_operation": 3, "idle": 6, "receive": 0,
                                                   "transmit": 0})
-    assert ledger.energy_total == pytest.approx(39.0)
-    assert ledger.energy_row() == pytest.approx({"energy_j": 39.0, "energy_training_j": 36.0, "energy_idle_j": 3.0,
-                                                 "energy_group_operation_j": 0.0, "energy_transmit_j": 0.0,
-                                                 "energy_receive_j": 0.0})
+    total = sum(expected.values())
+    assert ledger.energy_row() == pytest.approx({"energy_j": total, "energy_training_j": train_w * 18,
+                                                 "energy_idle_j": idle_w * 6, "energy_group_operation_j": 0.0,
+                                                 "energy_transmit_j": 0.0, "energy_receive_j": 0.0})
+
+
+def test_the_shipped_pi_power_cites_its_sources():
+    from groupfel.cost_models.power import shipped_power
+
+    pi = shipped_power()["raspberry-pi-4"].states
+    assert sorted(pi) == ["idle", "training"]        # the states with a public measurement, no others
+    assert float(pi["idle"].curve(0)) == 1.6 and float(pi["training"].curve(0)) == 5.0
+    assert all("https://github.com/geerlingguy/sbc-reviews/issues/4" in p.source for p in pi.values())
 
 
 WATTS = {"training": 2.0, "group_operation": 3.0, "transmit": 4.0, "receive": 1.0, "idle": 0.5}
