@@ -112,6 +112,7 @@ def test_no_power_no_energy():
     assert ledger.energy_frame() is None and ledger.energy_row() == {}
 
 
+@pytest.mark.slow
 def test_a_run_without_energy_has_no_energy_columns_and_one_with_it_has_them(tmp_path, tiny_dict, capsys):
     d = one_arm(tiny_dict, rounds=2, group_rounds=1)
     assert main(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "off"), "--quiet"]) == 0
@@ -130,8 +131,42 @@ def test_a_run_without_energy_has_no_energy_columns_and_one_with_it_has_them(tmp
     manifest = json.loads(next((tmp_path / "on").rglob("manifest.json")).read_text())
     assert "sbc-reviews/issues/4" in manifest["power_sources"]["raspberry-pi-4"]["idle"]
     assert manifest["total_energy_j"] == pytest.approx(on["energy_j"].iloc[-1])
+    # timeline: energy per client, or one line saying the run measured none
+    capsys.readouterr()
+    for run, says in (("off", "energy: not measured"), ("on", "energy per client in round 2")):
+        arm = next((tmp_path / run).rglob("ledger.parquet")).parent
+        assert main(["timeline", str(arm), "--round", "2", "--out", str(tmp_path / f"{run}.png")]) == 0
+        assert says in capsys.readouterr().out
+    round2 = e[e["round"] == 2].groupby("client")["joules"].sum()
+    from groupfel.experiments.timeline import energy_per_client
+
+    per = energy_per_client(e[e["round"] == 2]).set_index("client")["total_j"]
+    assert per.to_dict() == pytest.approx(round2.to_dict())
+    # the report's energy section (the whole page is built and checked in Chromium in tests/test_report.py)
+    from groupfel.experiments.report import _energy, load_study
+
+    page = _energy(load_study(tmp_path / "on"), {"energy_j": "<img>"})
+    assert "Accuracy against energy" in page and "group_operation (J)" in page and "<img>" in page
 
 
+def test_whatif_prices_energy_by_group_size_and_access_capacity(tmp_path, capsys):
+    args = ["whatif", "--energy", "--group-sizes", "2,4", "--access-mbps", "8,50", "--edge-clients", "8",
+            "--clients", "40", "--rounds", "1", "--out", str(tmp_path / "w")]
+    assert main([*args, "--profiles-file", POWER]) == 0
+    df = pd.read_csv(tmp_path / "w" / "whatif.csv")
+    parts = df[[f"energy_{s}_j" for s in STATES]].sum(axis=1)
+    assert (df["edge_energy_j"] > 0).all() and df["edge_energy_j"].to_numpy() == pytest.approx(parts.to_numpy())
+    # a slower access link: the same Eq. 5 cost, more time on the radio and waiting, more joules
+    slow, fast = df[df.access_mbps == 8].set_index("group_size"), df[df.access_mbps == 50].set_index("group_size")
+    assert (slow["edge_cost"] == fast["edge_cost"]).all() and (slow["edge_energy_j"] > fast["edge_energy_j"]).all()
+    capsys.readouterr()
+    assert main(args) == 2
+    err = one_error_line(capsys)
+    assert "--energy: device 'raspberry-pi-4' has no power for group_operation, transmit, receive" in err
+    assert "to --profiles-file" in err and not (tmp_path / "w2").exists()
+
+
+@pytest.mark.slow
 def test_energy_budget_stops_the_run_and_batteries_take_clients_offline(tmp_path, tiny_dict):
     d = one_arm(tiny_dict, rounds=4, group_rounds=2)
     d["cost"].update(energy=True, profiles_file=POWER)
