@@ -294,3 +294,19 @@ def test_measure_without_a_meter_writes_no_energy_columns(tmp_path, capsys, monk
     assert main(["measure", "backdoor", "--sizes", "2,3", "--params", "16", "--repeats", "1", "--out", str(out)]) == 0
     assert "energy: not recorded" in capsys.readouterr().out
     assert "joules" not in pd.read_csv(out, comment="#")
+
+
+def test_a_checkpoint_keeps_the_energy(tmp_path):
+    """A resumed run continues the energy table and every battery's level from its checkpoint."""
+    from groupfel.emulator.arm import ArmState
+    from groupfel.emulator.driver import load_checkpoint, save_checkpoint
+
+    ledger, _ = _play([10, 30], WATTS, group_rounds=2)
+    save_checkpoint(tmp_path / "c.pt", ArmState(ledger=ledger))
+    back = load_checkpoint(tmp_path / "c.pt").ledger
+    pd.testing.assert_frame_equal(back.energy_frame(), ledger.energy_frame())
+    assert back.energy_total == ledger.energy_total and back.energy_by_state == ledger.energy_by_state
+    assert back.client_energy.tolist() == ledger.client_energy.tolist()
+    plain = CostLedger()
+    save_checkpoint(tmp_path / "p.pt", ArmState(ledger=plain))
+    assert load_checkpoint(tmp_path / "p.pt").ledger.energy_frame() is None
