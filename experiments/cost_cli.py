@@ -261,7 +261,7 @@ def _with_makespan(df, args, prof, overhead, sc):
                   if k in ("aggregation", "secagg-server", "secagg-server-recovery")}
     n = sc.sample_counts()[:m]
     op = args.profile.rpartition("/")[2]
-    power = _whatif_power(args, prof, n, m, caps) if args.energy else None
+    power = _whatif_power(args, prof, n, m, caps) if getattr(args, "energy", False) else None
     # the groups the edge actually forms: m // s groups, the remainder spread (sizes s..s+1); sizes
     # asked for that form the same groups (60 clients at 16 and at 20: 3 groups of 20) are one row
     formed: dict[tuple[int, ...], int] = {}

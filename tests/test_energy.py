@@ -164,6 +164,11 @@ def test_whatif_prices_energy_by_group_size_and_access_capacity(tmp_path, capsys
     err = one_error_line(capsys)
     assert "--energy: device 'raspberry-pi-4' has no power for group_operation, transmit, receive" in err
     assert "to --profiles-file" in err and not (tmp_path / "w2").exists()
+    from groupfel.experiments import api
+
+    same = api.whatif([2, 4], clients=40, rounds=1, edge_clients=8, access_mbps=[8, 50], profiles_file=POWER,
+                      energy=True)
+    assert same["edge_energy_j"].to_numpy() == pytest.approx(df["edge_energy_j"].to_numpy())
 
 
 @pytest.mark.slow
