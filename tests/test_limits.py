@@ -374,6 +374,11 @@ def test_shared_edge_fields_at_their_limits(tmp_path, capsys, path, text):
     assert said != "ran" and _leaf(path) in said
 
 
+def test_an_energy_budget_below_the_first_round_is_refused_before_any_work(tmp_path, capsys):
+    said = run_field(tmp_path, "train.energy_budget", "1e-300", capsys)
+    assert "train.energy_budget: 1e-300 J is below the first round's" in said
+
+
 @pytest.mark.slow
 def test_every_accepted_field_value_runs_to_finite_outputs(tmp_path, capsys):
     seen = []
