@@ -102,7 +102,7 @@ def _screenshot(url: str, path: Path, size: str = "1280,1000") -> np.ndarray:
 
 @need_site
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium; .ci/run does)")
-@pytest.mark.parametrize("rel", ["", "reference/config", "guide/whatif", "guide/timeline"])
+@pytest.mark.parametrize("rel", ["", "reference/config", "guide/whatif", "guide/timeline", "energy"])
 def test_page_renders_in_chromium(site, rel, tmp_path, capsys):
     shot = tmp_path / f"{rel.replace('/', '-') or 'home'}.png"
     px = _screenshot((site / rel / "index.html").as_uri(), shot)
