@@ -148,6 +148,7 @@ def open_meter(power_log: str | None = None, root: Path = POWERCAP) -> tuple[Rap
         return meter, f"energy: {meter.describe()}"
     zones, why = rapl_zones(root)
     if not zones:
-        return None, f"energy: not recorded: no energy counter is readable here ({why}); give --power-log for a meter's CSV"
+        return None, (f"energy: not recorded: no energy counter is readable here ({why}); give --power-log for a "
+                      f"meter's CSV")
     meter = RaplMeter(zones)
     return meter, f"energy: {meter.describe()}"

@@ -67,7 +67,8 @@ def param_count(net: nn.Module) -> int:
     return sum(p.numel() for p in net.parameters())
 
 
-def _sweep(sizes: list[int], repeats: int, work: Callable[[int], float], meter=None) -> Iterator[tuple[int, float, tuple]]:
+def _sweep(sizes: list[int], repeats: int, work: Callable[[int], float],
+           meter=None) -> Iterator[tuple[int, float, tuple]]:
     """(size, seconds, energy) for every repeat of every size. One untimed pass first, because the
     first calls pay one-off costs (allocator, oneDNN kernel selection) that would bend the fit;
     repeats go round all sizes so slow drift (other load, clock scaling) hits every size alike.

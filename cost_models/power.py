@@ -139,7 +139,8 @@ def parse_power_toml(data: dict, source: str) -> dict[str, DevicePower]:
         except ValueError as exc:
             raise InputError(f"{where}: {exc}") from None
         pts = np.asarray(curve.x) if isinstance(curve, PiecewiseLinear) else np.zeros(1)
-        check_watts(curve, pts, f"{where}.{'value' if spec.value is not None else 'points' if spec.points else 'coefficients'}")
+        given = "value" if spec.value is not None else "points" if spec.points else "coefficients"
+        check_watts(curve, pts, f"{where}.{given}")
         _add(out, spec.device, spec.state, PowerCurve(curve, spec.source, where))
     return out
 

@@ -613,5 +613,5 @@ def edge_makespan(group_sizes: list[int], n_samples: np.ndarray, training, overh
             "core_utilisation": e["core_utilisation"], "access_down_utilisation": e["access_down_utilisation"],
             "access_up_utilisation": e["access_up_utilisation"],
             "bytes_client_edge": r["bytes"]["edge_to_client"] + r["bytes"]["client_to_edge"],
-            **({"edge_energy_j": ledger.energy_total, **{k: v for k, v in ledger.energy_row().items() if k != "energy_j"}}
-               if power is not None else {})}
+            **({"edge_energy_j": ledger.energy_total,
+                **{k: v for k, v in ledger.energy_row().items() if k != "energy_j"}} if power is not None else {})}

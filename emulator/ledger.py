@@ -29,7 +29,8 @@ ENERGY_DTYPES = {**{c: DTYPES[c] for c in ENERGY_COLUMNS[:6]}, "state": object, 
 ENERGY_SCALARS = ("round", "edge", "group", "group_round", "state")
 
 
-def _expand(blocks: list[tuple], loaded: dict | None, columns: list[str], dtypes: dict, scalars) -> dict[str, np.ndarray]:
+def _expand(blocks: list[tuple], loaded: dict | None, columns: list[str], dtypes: dict,
+            scalars) -> dict[str, np.ndarray]:
     parts = [] if loaded is None else [loaded]
     if blocks:
         cols = dict(zip(columns, zip(*blocks)))
@@ -74,13 +75,17 @@ class CostLedger:
         joules = self.power.joules(list(devices), state, seconds, x)
         self._energy.append((round, edge, group, group_round, clients, np.asarray(devices, dtype=object), state,
                              seconds, joules))
+        self._add_energy(clients, state, joules)
+        return joules
+
+    def _add_energy(self, clients: np.ndarray, state: str, joules: np.ndarray) -> None:
         total = float(joules.sum())
         self.energy_total += total
         self.energy_by_state[state] = self.energy_by_state.get(state, 0.0) + total
         if len(clients) and clients.max() >= len(self.client_energy):
-            self.client_energy = np.concatenate([self.client_energy, np.zeros(clients.max() + 1 - len(self.client_energy))])
+            grow = np.zeros(clients.max() + 1 - len(self.client_energy))
+            self.client_energy = np.concatenate([self.client_energy, grow])
         np.add.at(self.client_energy, clients, joules)
-        return joules
 
     def energy_row(self) -> dict:
         """A results row's energy columns (none where the run measures no energy)."""
@@ -102,14 +107,8 @@ class CostLedger:
             self.charge(**dict(zip(("round", "edge", "group", "group_round", "clients", "devices", "component",
                                     "amounts", "start", "end"), block)))
         for block in other._energy:
-            r, e, g, k, clients, devices, state, seconds, joules = block
             self._energy.append(block)
-            self.energy_total += float(joules.sum())
-            self.energy_by_state[state] = self.energy_by_state.get(state, 0.0) + float(joules.sum())
-            if len(clients) and clients.max() >= len(self.client_energy):
-                self.client_energy = np.concatenate([self.client_energy,
-                                                     np.zeros(clients.max() + 1 - len(self.client_energy))])
-            np.add.at(self.client_energy, clients, joules)
+            self._add_energy(block[4], block[6], block[8])
 
     def energy_frame(self) -> pd.DataFrame | None:
         """Every energy charge, rounds numbered from 1; None where the run measures no energy."""

@@ -243,7 +243,8 @@ def _check_run_outputs(out: Path) -> None:
         assert (per_round > 0).all(), f"{ledger}: a round costs 0: {per_round.to_dict()}"
     for energy in out.rglob("energy.parquet"):
         e = pd.read_parquet(energy)
-        assert np.isfinite(e[["seconds", "joules"]].to_numpy()).all() and (e[["seconds", "joules"]] >= 0).all().all(), energy
+        values = e[["seconds", "joules"]].to_numpy()
+        assert np.isfinite(values).all() and (values >= 0).all(), energy
     for manifest in out.rglob("manifest.json"):
         _finite_json(json.loads(manifest.read_text()), str(manifest))
 

@@ -153,7 +153,8 @@ class GlobalRounds(RoundStrategy):
         state.rows.append({
             "arm": plan.arm.name, "seed": world.config.seed,
             "round": state.t, "cost": led.total, "training_cost": training,
-            "overhead_cost": led.total - training, **led.energy_row(), "sim_time_s": state.sim_time,
+            "overhead_cost": led.total - training, **led.energy_row(),
+            "sim_time_s": state.sim_time,
             "round_time_s": state.round_time, "accuracy": acc, "loss": loss,
             "groups_sampled": len(sampled),
             "clients_sampled": int(sum(groups[g].size for g in sampled)),
