@@ -24,6 +24,7 @@ from groupfel.errors import InputError
 
 
 X_COLUMNS = {"group_size": ("group_overhead", 2), "n_samples": ("training", 1)}
+ENERGY_COLUMNS = ("joules", "energy_span_s")   # written by measure where an energy meter was readable
 OUTLIER_Z = 3.5   # robust z-score (residual / (1.4826·MAD)) beyond which a point is an outlier
 
 
@@ -68,11 +69,11 @@ def read_measurements(paths: list[str | Path]) -> pd.DataFrame:
         if not table.rows:
             raise InputError(f"{path}: no measurements below the header")
         df = pd.DataFrame([r.cells for r in table.rows]).reindex(
-            columns=["operation", "method", "device", *X_COLUMNS, "seconds"])
+            columns=["operation", "method", "device", *X_COLUMNS, "seconds", *ENERGY_COLUMNS])
         df["row"] = [table.where(r) for r in table.rows]
         frames.append(df)
     df = pd.concat(frames, ignore_index=True).replace("", np.nan)
-    for col in ("seconds", *X_COLUMNS):
+    for col in ("seconds", *X_COLUMNS, *ENERGY_COLUMNS):
         num = pd.to_numeric(df[col], errors="coerce")
         bad = df[col].notna() & num.isna() | (col == "seconds") & num.isna()
         if bad.any():
@@ -81,12 +82,17 @@ def read_measurements(paths: list[str | Path]) -> pd.DataFrame:
         df[col] = num
     rules = (("seconds", lambda v: v >= 0, ">= 0 and finite"),
              ("group_size", lambda v: (v >= 1) & (v == np.round(v)), "a whole number >= 1 (clients in the group)"),
-             ("n_samples", lambda v: (v >= 1) & (v == np.round(v)), "a whole number >= 1 (samples)"))
+             ("n_samples", lambda v: (v >= 1) & (v == np.round(v)), "a whole number >= 1 (samples)"),
+             ("joules", lambda v: v >= 0, ">= 0 and finite (the energy meter's reading)"),
+             ("energy_span_s", lambda v: v > 0, "> 0 and finite (the seconds the energy reading covers)"))
     for col, ok, what in rules:
         bad = df[col].notna() & ~(np.isfinite(df[col]) & ok(df[col]))
         if bad.any():
             i = bad.idxmax()
             raise InputError(f"{df.at[i, 'row']}: {col} must be {what}, got {df.at[i, col]:g}; fix or delete the row")
+    half = df["joules"].notna() != df["energy_span_s"].notna()
+    if half.any():
+        raise InputError(f"{df.at[half.idxmax(), 'row']}: fill both joules and energy_span_s, or neither")
     both = df["group_size"].notna() == df["n_samples"].notna()
     if both.any():
         raise InputError(f"{df.at[both.idxmax(), 'row']}: fill exactly one of group_size (group operations) "
@@ -198,6 +204,26 @@ def calibrate(df: pd.DataFrame, weights: str = "auto") -> list[Fit]:
             where = f"{device}/{method} ({x_name})"
             coef, ci, r2, rmse, robust, outliers, used, why = fit_weighted(x, y, degree, where, weights)
             fits.append(Fit(device, operation, method, x_name, x, y, coef, ci, r2, rmse, robust, outliers, used, why))
+    return fits + power_fits(df)
+
+
+def power_fits(df: pd.DataFrame) -> list[Fit]:
+    """Power per state where the measurements carry energy: mean watts of each call (joules /
+    energy_span_s) against its x, a straight line with 95 % intervals, one per (device, state):
+    training rows give ``training`` power, every group operation's rows ``group_operation``."""
+    part = df[df["joules"].notna()]
+    if part.empty:
+        return []
+    part = part.assign(state=np.where(part["n_samples"].notna(), "training", "group_operation"),
+                       x=part["n_samples"].fillna(part["group_size"]), watts=part["joules"] / part["energy_span_s"])
+    fits = []
+    for (device, state), g in part.groupby(["device", "state"], sort=True):
+        x, y = g["x"].to_numpy(float), g["watts"].to_numpy(float)
+        x_name = "n_samples" if state == "training" else "group_size"
+        coef, ci, r2, rmse, robust, outliers, used, why = fit_weighted(x, y, 1, f"{device}/{state} power ({x_name})",
+                                                                        "none")
+        fits.append(Fit(device, "power", state, x_name, x, y, coef, ci, r2, rmse, robust, outliers, used,
+                        "mean watts of each measured call (joules / energy_span_s)"))
     return fits
 
 
@@ -205,9 +231,12 @@ def report(fits: list[Fit]) -> str:
     lines = []
     for f in fits:
         names = "abc"[: len(f.coef)]
-        form = "a·s² + b·s + c" if f.operation == "group_overhead" else "a·n + b"
+        form = {"group_overhead": "a·s² + b·s + c", "training": "a·n + b"}.get(f.operation, "b·x + c (W)")
+        if f.operation == "power":
+            names = "bc"
+        unit = "W" if f.operation == "power" else "s"
         lines.append(f"{f.device}/{f.method}: {f.operation} = {form}  ({len(f.x)} points, "
-                     f"R² = {f.r2:.4f}, RMSE = {f.rmse:.4g} s)")
+                     f"R² = {f.r2:.4f}, RMSE = {f.rmse:.4g} {unit})")
         how = "relative (weights 1/fitted², noise proportional to the time)" if f.weighting == "relative" else \
             "none (ordinary least squares, constant noise)"
         lines.append(f"  weights: {how}; {f.why}")
@@ -229,6 +258,8 @@ def profile_csv(fits: list[Fit], task: str) -> str:
     w.writerow(["device", "task", "operation", "method", "a", "b", "c", "note"])
     for f in fits:
         c = [f"{v:.9g}" for v in f.chosen] + ([""] if f.operation == "training" else [])
+        if f.operation == "power":   # a·x² + b·x + c watts with a = 0
+            c = ["0", *c]
         note = (f"{'robust soft-L1' if f.has_outliers else 'least-squares'} fit of {len(f.x)} points, "
                 f"{f.x_name} {f.x.min():g}..{f.x.max():g}, R2 {f.r2:.4f}, weights {f.weighting}")
         w.writerow([f.device, task, f.operation, f.method, *c, note])
@@ -251,14 +282,14 @@ def plot_fit(f: Fit):
         ax.scatter(f.x[f.outliers], f.y[f.outliers], s=24, marker="x", color="tab:red", label="outlier")
         ax.plot(grid, np.polyval(f.robust, grid), "--", color="tab:green", label="robust fit")
     ax.plot(grid, np.polyval(f.coef, grid), color="tab:orange", label=f"least squares (R² {f.r2:.3f})")
-    ax.set_ylabel("seconds")
+    ax.set_ylabel("watts" if f.operation == "power" else "seconds")
     ax.set_title(f"{f.device} / {f.method}")
     ax.legend()
     ax.grid(alpha=0.3)
     res.axhline(0, color="grey", linewidth=0.8)
     res.scatter(f.x, f.y - np.polyval(f.coef, f.x), s=10)
     res.set_xlabel(f"{f.x_name.replace('_', ' ')} ({'clients' if f.x_name == 'group_size' else 'samples'})")
-    res.set_ylabel("residual (s)")
+    res.set_ylabel("residual (W)" if f.operation == "power" else "residual (s)")
     res.grid(alpha=0.3)
     fig.tight_layout()
     return fig

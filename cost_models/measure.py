@@ -14,7 +14,7 @@ import os
 import platform
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import astuple, dataclass, fields
+from dataclasses import astuple, dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +37,8 @@ class Measurement:
     group_size: int | None
     n_samples: int | None
     seconds: float
+    joules: float | None = None          # the energy meter's reading over the timed call (None: no meter)
+    energy_span_s: float | None = None   # the wall-clock seconds that reading covers (its mean watts: joules / this)
 
 
 def machine_info() -> dict[str, str]:
@@ -65,18 +67,26 @@ def param_count(net: nn.Module) -> int:
     return sum(p.numel() for p in net.parameters())
 
 
-def _sweep(sizes: list[int], repeats: int, work: Callable[[int], float]) -> Iterator[tuple[int, float]]:
-    """(size, seconds) for every repeat of every size. One untimed pass first, because the
+def _sweep(sizes: list[int], repeats: int, work: Callable[[int], float],
+           meter=None) -> Iterator[tuple[int, float, tuple]]:
+    """(size, seconds, energy) for every repeat of every size. One untimed pass first, because the
     first calls pay one-off costs (allocator, oneDNN kernel selection) that would bend the fit;
-    repeats go round all sizes so slow drift (other load, clock scaling) hits every size alike."""
+    repeats go round all sizes so slow drift (other load, clock scaling) hits every size alike.
+    ``energy``: (the meter's reading over the call, the call's wall seconds), or () without a meter."""
     for n in sizes:
         work(n)
     for _ in range(repeats):
         for n in sizes:
-            yield n, work(n)
+            if meter is None:
+                yield n, work(n), ()
+                continue
+            mark = meter.start()
+            seconds = work(n)
+            yield n, seconds, meter.stop(mark)
 
 
-def measure_secagg(sizes: list[int], params: int, repeats: int, device: str, server: bool = False) -> Iterator[Measurement]:
+def measure_secagg(sizes: list[int], params: int, repeats: int, device: str, server: bool = False,
+                   meter=None) -> Iterator[Measurement]:
     """Per-client SecAgg time by group size, and the dropout-recovery time per survivor per
     dropped client (``secagg-recovery``; needs a group of 3 or more so one can drop). ``server``:
     the aggregator's part alone instead, what an edge server spends per group
@@ -91,8 +101,8 @@ def measure_secagg(sizes: list[int], params: int, repeats: int, device: str, ser
             recovery.setdefault(n, []).append(rec)
             return aggregator
 
-        for n, seconds in _sweep(sizes, repeats, work):
-            yield Measurement("secagg-server", "secagg-server", device, n, None, seconds)
+        for n, seconds, energy in _sweep(sizes, repeats, work, meter):
+            yield Measurement("secagg-server", "secagg-server", device, n, None, seconds, *energy)
             if n >= 3:
                 yield Measurement("secagg-server-recovery", "secagg-server-recovery", device, n, None, recovery[n][-1])
         return
@@ -102,8 +112,8 @@ def measure_secagg(sizes: list[int], params: int, repeats: int, device: str, ser
         recovery.setdefault(n, []).append(rec)
         return per_client
 
-    for n, seconds in _sweep(sizes, repeats, work):
-        yield Measurement("secagg", "secagg", device, n, None, seconds)
+    for n, seconds, energy in _sweep(sizes, repeats, work, meter):
+        yield Measurement("secagg", "secagg", device, n, None, seconds, *energy)
         if n >= 3:
             yield Measurement("secagg-recovery", "secagg-recovery", device, n, None, recovery[n][-1])
 
@@ -114,16 +124,16 @@ def pairwise_distances(models: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return 1.0 - unit @ unit.T, torch.cdist(models, models)
 
 
-def measure_backdoor(sizes: list[int], params: int, repeats: int, device: str) -> Iterator[Measurement]:
+def measure_backdoor(sizes: list[int], params: int, repeats: int, device: str, meter=None) -> Iterator[Measurement]:
     """Each member screens the whole group: the full n × n distance matrices, O(n²·m)."""
     gen = torch.Generator().manual_seed(0)
     models = {n: torch.randn(n, params, generator=gen) for n in sizes}
-    for n, seconds in _sweep(sizes, repeats, lambda n: _timed(lambda: pairwise_distances(models[n]))):
-        yield Measurement("backdoor-distance", "backdoor-distance", device, n, None, seconds)
+    for n, seconds, energy in _sweep(sizes, repeats, lambda n: _timed(lambda: pairwise_distances(models[n])), meter):
+        yield Measurement("backdoor-distance", "backdoor-distance", device, n, None, seconds, *energy)
 
 
 def measure_training(sizes: list[int], make_model: ModelFactory, repeats: int, device: str,
-                     batch_size: int = 32, lr: float = 0.05) -> Iterator[Measurement]:
+                     batch_size: int = 32, lr: float = 0.05, meter=None) -> Iterator[Measurement]:
     """One local epoch of minibatch SGD over n samples (H(n), Eq. 5), on digits-shaped data, of
     the model ``make_model()`` builds."""
     gen = torch.Generator().manual_seed(0)
@@ -140,8 +150,8 @@ def measure_training(sizes: list[int], make_model: ModelFactory, repeats: int, d
             loss(net(x[b:b + batch_size]), y[b:b + batch_size]).backward()
             opt.step()
 
-    for n, seconds in _sweep(sizes, repeats, lambda n: _timed(lambda: epoch(n))):
-        yield Measurement("training", "sgd", device, None, n, seconds)
+    for n, seconds, energy in _sweep(sizes, repeats, lambda n: _timed(lambda: epoch(n)), meter):
+        yield Measurement("training", "sgd", device, None, n, seconds, *energy)
 
 
 def measurements_csv(rows: list[Measurement], header: dict[str, str]) -> str:
@@ -150,15 +160,18 @@ def measurements_csv(rows: list[Measurement], header: dict[str, str]) -> str:
     for key, value in header.items():
         buf.write(f"# {key}: {value}\n")
     w = csv.writer(buf)
-    w.writerow([fl.name for fl in fields(Measurement)])
-    w.writerows(["" if v is None else (f"{v:.9g}" if isinstance(v, float) else v) for v in astuple(r)]
-                for r in rows)
+    names = [fl.name for fl in fields(Measurement)]
+    keep = [i for i, n in enumerate(names) if n not in ("joules", "energy_span_s")
+            or any(getattr(r, n) is not None for r in rows)]   # no meter: no energy columns, never zeros
+    w.writerow([names[i] for i in keep])
+    w.writerows(["" if v is None else (f"{v:.9g}" if isinstance(v, float) else v)
+                 for i, v in enumerate(astuple(r)) if i in keep] for r in rows)
     return buf.getvalue()
 
 
 def measure(kind: str, sizes: list[int], make_model: ModelFactory, *, repeats: int = 3, params: int | None = None,
             model: str = "cnn", device: str = "local", threads: int = 1,
-            server: bool = False) -> tuple[list[Measurement], dict[str, str]]:
+            server: bool = False, meter=None) -> tuple[list[Measurement], dict[str, str]]:
     """Run one harness; returns its rows and the header describing the machine and settings.
 
     ``make_model()`` builds the model named ``model`` (the header records the name): the training
@@ -172,9 +185,9 @@ def measure(kind: str, sizes: list[int], make_model: ModelFactory, *, repeats: i
         raise InputError("--repeats and --threads must be >= 1")
     if server and kind != "secagg":
         raise InputError("--server: only secagg has a server part; remove --server")
-    harness = {"secagg": lambda: measure_secagg(sizes, params, repeats, device, server),
-               "backdoor": lambda: measure_backdoor(sizes, params, repeats, device),
-               "training": lambda: measure_training(sizes, make_model, repeats, device)}
+    harness = {"secagg": lambda: measure_secagg(sizes, params, repeats, device, server, meter),
+               "backdoor": lambda: measure_backdoor(sizes, params, repeats, device, meter),
+               "training": lambda: measure_training(sizes, make_model, repeats, device, meter=meter)}
     if kind not in harness:
         raise InputError(f"measure: unknown operation {kind!r}; choose secagg, backdoor or training")
     params = params or param_count(make_model())
@@ -185,7 +198,12 @@ def measure(kind: str, sizes: list[int], make_model: ModelFactory, *, repeats: i
         info = machine_info()
     finally:
         torch.set_num_threads(before)
-    header = {"groupfel measure": kind + (" --server" if server else ""), **info, "model": model,
+    if meter is not None and meter.kind == "power-log":   # the log is read once the calls have run
+        metered = [r for r in rows if r.joules is not None]
+        joules = iter(meter.joules([r.joules for r in metered]))
+        rows = [replace(r, joules=next(joules)) if r.joules is not None else r for r in rows]
+    header = {"groupfel measure": kind + (" --server" if server else ""), **info,
+              **({"energy": meter.describe()} if meter is not None else {}), "model": model,
               "params": str(params) if kind != "training" else str(param_count(make_model())),
               "repeats": str(repeats)}
     return rows, header

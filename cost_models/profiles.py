@@ -98,6 +98,8 @@ def _parse_table(table) -> dict[str, DeviceProfile]:
     table.unique(("device", "task", "operation", "method"), "curve device/task/operation/method")
     profiles: dict[str, DeviceProfile] = {}
     for row in table.rows:
+        if row.get("operation") == "power":   # power per state (cost_models/power.py)
+            continue
         where = table.where(row)
         prof = profiles.setdefault(f"{row.get('device')}/{row.get('task')}",
                                    DeviceProfile(row.get("device"), row.get("task")))
@@ -167,10 +169,10 @@ def _parse_toml(text: str, source: str) -> dict[str, DeviceProfile]:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{source}: not valid TOML ({exc})") from None
-    specs = data.get("curves")
-    if not isinstance(specs, list) or not specs or set(data) - {"curves"}:
+    specs = data.get("curves", [] if "power" in data else None)
+    if not isinstance(specs, list) or not (specs or data.get("power")) or set(data) - {"curves", "power"}:
         raise InputError(f"{source}: expected only [[curves]] tables (device, task, operation, method, "
-                         f"coefficients or points, units)")
+                         f"coefficients or points, units) and [[power]] tables (device, state, value, units)")
     profiles: dict[str, DeviceProfile] = {}
     for i, raw in enumerate(specs):
         where = f"{source} curves[{i}]"

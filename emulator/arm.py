@@ -48,6 +48,11 @@ def budget_error(budget: float, first: float, where: str) -> InputError:
                       f"{first:.6g} or make rounds cheaper (fewer groups_per_round, group_rounds, local_epochs)")
 
 
+def energy_budget_error(budget: float, first: float, where: str) -> InputError:
+    return InputError(f"train.energy_budget: {budget:g} J is below the first round's {first:.6g} J ({where}); "
+                      f"raise it to at least that")
+
+
 def sample_groups(world: World, plan: ArmPlan, groups: list[Group], t: int) -> tuple[int, np.ndarray, np.ndarray]:
     """S, the log sampling masses of ``groups`` and the indices the cloud samples in round t (the
     ``sampling`` stream of round t, so a resume draws the same)."""
@@ -90,6 +95,7 @@ def new_federation(world: World, env: Environment, ledger: CostLedger, stats: li
     cfg, tc = world.config, world.config.train
     ctx = RoundContext(env, world.engine.model_bytes, world.cost, ledger, world.topology, cfg.seed,
                        tc.group_rounds, tc.local_epochs, cfg.faults, world.algorithm.training_passes)
+    ledger.power = getattr(world, "power", None)
     network = getattr(world, "network", None)
     if network is None:
         return Federation(ctx)

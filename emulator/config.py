@@ -279,6 +279,10 @@ class CostConfig(_Strict):
     profiles_file: str | None = Field(None, description="A CSV or TOML file of your own curves (the shipped "
                                       "file's columns). A profile named like a shipped one replaces only the "
                                       "curves it has; the shipped profile supplies the rest.")
+    energy: bool = Field(False, description="Charge energy too: each client's joules per state (training, "
+                         "group_operation, transmit, receive, idle) = the device's power in the state × the "
+                         "simulated seconds it spent there, from the shipped power profile (raspberry-pi-4: idle "
+                         "and training) and cost.profiles_file's [[power]] tables. Off: no energy columns.")
 
 
 class TrainConfig(_Strict):
@@ -325,6 +329,13 @@ class TrainConfig(_Strict):
                                "budget is spent.")
     budget: float | None = Field(None, gt=0, le=1e300, description="Eq. 5 cost budget (the paper: 1e6): a round that "
                                  "would cross it is not run; an error if the first round would.")
+    energy_budget: float | None = Field(None, gt=0, le=1e300, description="Energy budget of the run in joules "
+                                        "(needs cost.energy): a round that would cross it is not run; an error if "
+                                        "the first round would.")
+    client_energy_budget: float | None = Field(None, gt=0, le=1e300, description="Each client's battery in joules "
+                                               "(needs cost.energy): a client whose spent energy reaches it goes "
+                                               "offline (checked at each group round's start, as "
+                                               "topology.availability; turns on the shared-edge model).")
     eval_every: Rounds = Field(1, description="Evaluate the global model every this many rounds.")
     target_accuracy: float | None = Field(None, gt=0, le=1, description="The summary reports the cost to "
                                           "first reach this test accuracy.")
@@ -340,7 +351,7 @@ class TrainConfig(_Strict):
 
     @model_validator(mode="after")
     def _stop(self):
-        if self.rounds is None and self.budget is None:
+        if self.rounds is None and self.budget is None and self.energy_budget is None:
             raise ValueError("set rounds or budget (or both) so the run can stop")
         return self
 
@@ -469,6 +480,10 @@ class RunConfig(_Strict):
         if self.max_seeds is not None and self.seeds != "auto":
             raise ValueError(f"max_seeds = {self.max_seeds} needs seeds = \"auto\" (seeds added until decided); "
                              f"remove max_seeds or set seeds = \"auto\"")
+        for key in ("energy_budget", "client_energy_budget"):
+            if getattr(self.train, key) is not None and not self.cost.energy:
+                raise ValueError(f"train.{key} is in joules and needs cost.energy = true; set it or remove "
+                                 f"train.{key}")
         self._check_arrivals()
         return self
 

@@ -59,8 +59,6 @@ SHARE_CIPHERTEXT_BYTES = 2 * 66 + 12 + 16 + 8
 UNMASK_SHARE_BYTES = 66
 TRACE_COLUMNS = ["kind", "round", "edge", "group", "group_round", "client", "bytes", "queued", "start", "end"]
 OFFLINE = "offline"
-# CostLedger.charge's arguments in the order of its blocks
-_CHARGE_ARGS = ("round", "edge", "group", "group_round", "clients", "devices", "component", "amounts", "start", "end")      # the ledger component of a zero charge that records a client found offline
 
 
 def payload_vectors(algorithm) -> int:
@@ -283,6 +281,7 @@ class EdgeNetwork:
     secagg: bool = False
     edge_curves: dict = field(default_factory=dict)     # aggregation, secagg-server, secagg-server-recovery
     availability: Availability | None = None
+    battery_j: float | None = None     # each client's energy budget: an empty battery takes it offline
 
     def server_time(self, n_alive: int, n_dropped: int) -> float:
         """Seconds an edge core spends aggregating a group round of ``n_alive`` survivors."""
@@ -310,7 +309,8 @@ def build_network(config: RunConfig, n_clients: int, algorithm, operations: tupl
                   profiles_file: str | None = None) -> EdgeNetwork | None:
     """The run's :class:`EdgeNetwork`, or None when no shared-edge key is set."""
     tc = config.topology
-    if not tc.contended:
+    battery = config.train.client_energy_budget
+    if not (tc.contended or battery is not None):
         return None
     curves = {}
     if tc.edge_profile is not None:
@@ -332,7 +332,7 @@ def build_network(config: RunConfig, n_clients: int, algorithm, operations: tupl
     avail = Availability(tc.availability, n_clients, config.seed) if tc.availability is not None else None
     return EdgeNetwork(None if tc.edge_access_mbps is None else tc.edge_access_mbps * 1e6, tc.edge_cores,
                        tc.edge_link.shared, clients, payload_vectors(algorithm),
-                       any("secagg" in op for op in operations), curves, avail)
+                       any("secagg" in op for op in operations), curves, avail, battery)
 
 
 # -- the federation ----------------------------------------------------------------------------------
@@ -391,21 +391,33 @@ class ContendedFederation(Federation):
     # -- who is offline: the round's time decides it, so a dry run on a scratch clock finds it first
     def offline(self, t: int, sampled: list[tuple[int, Group]]) -> frozenset[tuple[int, int]]:
         """(group round, client) pairs of round t whose client is offline (left the group)."""
-        if self.net.availability is None:
+        if self.net.availability is None and self.net.battery_j is None:
             return frozenset()
         key_ = (float(self.ctx.env.now), tuple(gid for gid, _ in sampled))
         if self._planned.get(t, (None,))[0] != key_:
-            ctx = self.ctx
-            dry = ContendedFederation(RoundContext(Federation.environment(ctx.env.now), ctx.model_bytes, ctx.cost,
-                                                   CostLedger(), ctx.topology, ctx.seed, ctx.group_rounds,
-                                                   ctx.local_epochs, ctx.faults, ctx.training_passes), self.net, [])
-            dry._priced = self._priced
+            dry = self.scratch()
             dry.run_round(t, sampled)
             self._offline[t] = dry._offline.get(t, {})
             self._planned = {t: (key_, dry)}   # run_round replays it: the same clock, charges and stats
             if t == 0:
                 self._refuse_empty_start(sampled)
         return frozenset(self._offline.get(t, {}))
+
+    def scratch(self) -> "ContendedFederation":
+        ctx = self.ctx
+        dry = ContendedFederation(RoundContext(Federation.environment(ctx.env.now), ctx.model_bytes, ctx.cost,
+                                               ctx.ledger.scratch(), ctx.topology, ctx.seed, ctx.group_rounds,
+                                               ctx.local_epochs, ctx.faults, ctx.training_passes), self.net, [])
+        dry._priced = self._priced
+        return dry
+
+    def round_energy(self, t: int, groups: list[Group]) -> float:
+        sampled = list(enumerate(groups))
+        self.offline(t, sampled)
+        plan = self._planned.get(t)
+        if plan is not None:
+            return plan[1].ctx.ledger.energy_total
+        return super().round_energy(t, groups)
 
     def _refuse_empty_start(self, sampled: list[tuple[int, Group]]) -> None:
         """A first round in which every sampled client is offline trains nothing, and its clock
@@ -422,8 +434,7 @@ class ContendedFederation(Federation):
         if plan is None or plan[0] != (float(env.now), tuple(gid for gid, _ in sampled)):
             return super().run_round(t, sampled)
         dry = plan[1]
-        for block in dry.ctx.ledger._blocks:      # the dry run's charges, as charged (same times)
-            self.ctx.ledger.charge(**dict(zip(_CHARGE_ARGS, block)))
+        self.ctx.ledger.replay(dry.ctx.ledger)      # the dry run's charges, as charged (same times)
         self.stats.extend(dry.stats)
         self.trace.extend(dry.trace)
         self._planned = {}
@@ -513,7 +524,8 @@ class ContendedFederation(Federation):
             start = env.now
             for c in g.clients:
                 c = int(c)
-                if (k - 1, c) in gone or (net.availability is not None and not net.availability.online(c, start)):
+                if (k - 1, c) in gone or (net.availability is not None and not net.availability.online(c, start)) \
+                        or self._flat(c):
                     if (k - 1, c) not in gone:   # found offline now: a zero charge says who and when
                         ctx.ledger.charge(round=t, edge=j, group=gid, group_round=k, clients=np.array([c]),
                                           devices=[ctx.topology.client_device[c]], component=OFFLINE,
@@ -527,8 +539,10 @@ class ContendedFederation(Federation):
             members = [env.process(self._c_client(where, e, int(c), i, charges, slow[i], bool(lost[i]), down, up))
                        for i, c in enumerate(g.clients) if not off[i]]
             yield env.all_of(members)
-            spans = np.zeros((g.size, len(charges), 2))
-            spans[~off] = np.array([p.value for p in members]).reshape(n_here, len(charges), 2) if members else 0.0
+            spans, radio = np.zeros((g.size, len(charges), 2)), np.zeros((g.size, 2))
+            if members:
+                spans[~off] = np.array([p.value[0] for p in members]).reshape(n_here, len(charges), 2)
+                radio[~off] = np.array([p.value[1] for p in members])
             n_alive = int((~lost).sum())
             hold = net.server_time(n_alive, int(lost.sum()) if n_alive else 0)
             if n_alive and (e.cores is not None or hold > 0):
@@ -549,6 +563,9 @@ class ContendedFederation(Federation):
                 ctx.ledger.charge(round=t, edge=j, group=gid, group_round=k, clients=g.clients,
                                   devices=devices, component=comp, amounts=charges[comp],
                                   start=start + spans[:, ci, 0], end=start + spans[:, ci, 1])
+            if ctx.ledger.power is not None:
+                self.charge_energy((t, j, gid, k), g, devices, list(charges), spans, radio,
+                                   net.clients.bandwidth_mbps[g.clients], ~off, ~lost, env.now - start)
         if net.cloud_shared:
             up = ctx.model_bytes * net.vectors
             self._bytes["edge_to_cloud"] += up
@@ -572,7 +589,8 @@ class ContendedFederation(Federation):
         self._bytes["edge_to_client"] += down
         yield from self._send(e.down, down, bps, lat)
         self.trace.append(dict(zip(TRACE_COLUMNS, ("download", *where, client, down, t0, t0, env.now))))
-        a, spans = env.now, []
+        a, spans, up_s = env.now, [], 0.0
+        down_s = a - t0
         for comp, amounts in charges.items():   # the compute steps back to back: one timeout
             d = 0.0 if dropped and comp != TRAINING else slow * float(amounts[member])
             spans.append((a - t0, a + d - t0))
@@ -584,7 +602,13 @@ class ContendedFederation(Federation):
             self._bytes["client_to_edge"] += up
             yield from self._send(e.up, up, bps, lat)
             self.trace.append(dict(zip(TRACE_COLUMNS, ("upload", *where, client, up, a, a, env.now))))
-        return spans
+            up_s = env.now - a
+        return spans, (down_s, up_s)
+
+    def _flat(self, c: int) -> bool:
+        """Whether client c's battery (``train.client_energy_budget``) is empty."""
+        spent = self.ctx.ledger.client_energy
+        return self.net.battery_j is not None and c < len(spent) and spent[c] >= self.net.battery_j
 
 
 # -- what-if: one edge's round without training ------------------------------------------------------
@@ -593,11 +617,13 @@ def edge_makespan(group_sizes: list[int], n_samples: np.ndarray, training, overh
                   local_epochs: int, model_bytes: int, client_mbps, latency_s,
                   access_mbps: float | None, cores: int | None, edge_curves: dict | None = None,
                   secagg: bool = True, edge_mbps: float = 1000.0, edge_latency_s: float = 0.01,
-                  operation: str = "secagg") -> dict:
+                  operation: str = "secagg", power=None) -> dict:
     """One global round of one edge whose sampled groups have ``group_sizes`` members (holding
     ``n_samples`` in order), on the shared-edge model: its makespan, Eq. 5 cost, time waiting for
     a core and the access links' utilisation (``groupfel whatif``'s makespan columns).
-    ``client_mbps`` and ``latency_s``: one value for every client or one per client."""
+    ``client_mbps`` and ``latency_s``: one value for every client or one per client. ``power``:
+    the clients' :class:`~groupfel.cost_models.power.DevicePower`, adding the round's joules
+    (``edge_energy_j`` and one ``energy_<state>_j`` column per state)."""
     from groupfel.cost_models import CostModel, DeviceProfile
     from groupfel.topologies import Link, build_topology
 
@@ -613,7 +639,12 @@ def edge_makespan(group_sizes: list[int], n_samples: np.ndarray, training, overh
     net = EdgeNetwork(None if access_mbps is None else access_mbps * 1e6, cores, False,
                       ClientNet(bw, lat, np.ones(n)), 1, secagg, dict(edge_curves or {}))
     env = simpy.Environment()
-    fed = ContendedFederation(RoundContext(env, model_bytes, cost, CostLedger(), topo, 0, group_rounds,
+    ledger = CostLedger()
+    if power is not None:
+        from groupfel.cost_models.power import DevicePower, PowerModel
+
+        ledger.power = PowerModel({"d": DevicePower("d", power.states)})
+    fed = ContendedFederation(RoundContext(env, model_bytes, cost, ledger, topo, 0, group_rounds,
                                            local_epochs), net)
     starts = np.concatenate([[0], np.cumsum(group_sizes)[:-1]]).astype(int)
     sampled = [(g, Group(0, np.arange(a, a + s), n_samples[a:a + s].astype(np.int64), 0.0))
@@ -624,4 +655,6 @@ def edge_makespan(group_sizes: list[int], n_samples: np.ndarray, training, overh
     return {"makespan_s": r["makespan_s"], "edge_cost": fed.ctx.ledger.total, "core_wait_s": e["core_wait_s"],
             "core_utilisation": e["core_utilisation"], "access_down_utilisation": e["access_down_utilisation"],
             "access_up_utilisation": e["access_up_utilisation"],
-            "bytes_client_edge": r["bytes"]["edge_to_client"] + r["bytes"]["client_to_edge"]}
+            "bytes_client_edge": r["bytes"]["edge_to_client"] + r["bytes"]["client_to_edge"],
+            **({"edge_energy_j": ledger.energy_total,
+                **{k: v for k, v in ledger.energy_row().items() if k != "energy_j"}} if power is not None else {})}

@@ -33,7 +33,8 @@ from groupfel.errors import DivergenceError, InputError, InputWarning
 from groupfel.policies import aggregations, groupings, samplings
 
 from . import numerics
-from .arm import TRANSIENT, ArmPlan, ArmState, RoundStrategy, aggregation_weights, budget_error, sample_groups
+from .arm import (TRANSIENT, ArmPlan, ArmState, RoundStrategy, aggregation_weights, budget_error, energy_budget_error,
+                  sample_groups)
 from .io import atomic_write, write_json
 from .ledger import CostLedger
 from .rounds import STRATEGIES
@@ -257,12 +258,17 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path, on_round: OnRound | None
         raise
     df = write_results(arm_dir, state)
     atomic_write(arm_dir / "ledger.parquet", lambda p: state.ledger.frame().to_parquet(p, index=False))
+    energy = state.ledger.energy_frame()
+    if energy is not None:
+        atomic_write(arm_dir / "energy.parquet", lambda p: energy.to_parquet(p, index=False))
     strategy.write_outputs()
     strategy.fed.write_outputs(arm_dir)
     write_json(arm_dir / "manifest.json", {
         "arm": plan.arm.name, "seed": cfg.seed, **({"mode": "per-group"} if cfg.mode == "per-group" else {}),
         "complete": True, "stop_reason": stop_reason, **({"message": str(diverged)} if diverged else {}),
         "rounds_run": state.t, "total_cost_eq5": state.ledger.total, "sim_time_s": state.sim_time,
+        **({"total_energy_j": state.ledger.energy_total, "power_sources": world.power.sources()}
+           if world.power is not None else {}),
         **strategy.manifest(), **strategy.fed.manifest(state.ledger), "algorithm": world.algorithm.name,
         "model_parameters": world.engine.n_params, "wall_seconds_last_session": time.perf_counter() - wall0,
         "versions": _versions(), **recorded, "plugins": world.plugins, "config": json.loads(cfg.model_dump_json())})
@@ -290,6 +296,13 @@ def _rounds(strategy: RoundStrategy, fresh: bool, ckpt: Path, on_round: OnRound 
                 if t == 0:   # only reachable where grouping trains (else plan_arm refused the budget)
                     raise budget_error(tc.budget, state.ledger.total + cost, f"arm {plan.arm.name!r}")
                 stop = "budget"
+                break
+        if tc.energy_budget is not None:
+            joules = strategy.fed.round_energy(t, groups)
+            if state.ledger.energy_total + joules > tc.energy_budget:
+                if t == 0:   # only reachable where grouping trains (else plan_arm refused the budget)
+                    raise energy_budget_error(tc.energy_budget, joules, f"arm {plan.arm.name!r}")
+                stop = "energy_budget"
                 break
         before = state.sim_time
         strategy.train(t)

@@ -179,6 +179,33 @@ class Federation:
                 ctx.ledger.charge(round=t, edge=j, group=gid, group_round=k, clients=g.clients,
                                   devices=devices, component=comp, amounts=charges[comp],
                                   start=start + spans[:, ci, 0], end=start + spans[:, ci, 1])
+            if ctx.ledger.power is not None:
+                transfer = np.array([self._transfer[int(c)] for c in g.clients])
+                radio = np.stack([transfer, np.where(dropped, 0.0, transfer)], axis=1)
+                rate = np.array([ctx.topology.client_link(int(c)).bandwidth_mbps for c in g.clients])
+                self.charge_energy((t, j, gid, k), g, devices, list(charges), spans, radio, rate,
+                                   np.ones(g.size, bool), ~dropped, env.now - start)
+
+    def charge_energy(self, where: tuple, g: Group, devices: list[str], components: list[str], spans: np.ndarray,
+                      radio: np.ndarray, rate: np.ndarray, present: np.ndarray, completed: np.ndarray,
+                      duration: float) -> None:
+        """Energy of one group round, per member and state: power × the seconds the SimPy play
+        spent in it (``spans``: each component's (start, end); ``radio``: (receive, transmit)
+        seconds; ``rate``: each member's link Mbit/s). A member that completed the group round
+        was idle while online for the rest of its ``duration``; an absent one is charged nothing."""
+        t, j, gid, k = where
+        led = self.ctx.ledger
+        comp = spans[:, :, 1] - spans[:, :, 0]
+        ti = components.index(TRAINING)
+        seconds = {"receive": radio[:, 0], "training": comp[:, ti],
+                   "group_operation": comp.sum(axis=1) - comp[:, ti], "transmit": radio[:, 1]}
+        busy = sum(seconds.values())
+        seconds["idle"] = np.where(completed, np.maximum(duration - busy, 0.0), 0.0)
+        x = {"training": g.n_samples, "group_operation": np.full(g.size, g.size), "transmit": rate, "receive": rate}
+        clients, devs = g.clients[present], [d for d, p in zip(devices, present) if p]
+        for state, sec in seconds.items():
+            led.charge_energy(round=t, edge=j, group=gid, group_round=k, clients=clients, devices=devs, state=state,
+                              seconds=sec[present], x=None if state == "idle" else np.asarray(x[state])[present])
 
     def charges(self, t: int, k: int, g: Group) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
         """Group round k of round t: each member's Eq. 5 charge per component, who drops, and
@@ -223,6 +250,21 @@ class Federation:
 
     def write_outputs(self, arm_dir) -> None:
         """Files besides the ledger (none here)."""
+
+    def scratch(self) -> "Federation":
+        """A copy on a scratch clock and ledger at this one's time (a dry play of a round)."""
+        ctx = self.ctx
+        dry = Federation(RoundContext(Federation.environment(ctx.env.now), ctx.model_bytes, ctx.cost,
+                                      ctx.ledger.scratch(), ctx.topology, ctx.seed, ctx.group_rounds,
+                                      ctx.local_epochs, ctx.faults, ctx.training_passes))
+        dry._priced, dry._transfer = self._priced, self._transfer
+        return dry
+
+    def round_energy(self, t: int, groups: list[Group]) -> float:
+        """The joules round t will charge: its play on a scratch clock (energy needs the times)."""
+        dry = self.scratch()
+        dry.run_round(t, list(enumerate(groups)))
+        return dry.ctx.ledger.energy_total
 
     def round_cost(self, t: int, groups: list[Group]) -> float:
         """What round t will charge to the ledger (Eq. 5 plus any dropout recovery)."""

@@ -4,6 +4,11 @@ Every Eq. 5 charge goes through :meth:`CostLedger.charge`, so the ledger's total
 total and it can be summed any way (per client, group, edge, round or component) with pandas.
 ``start``/``end`` are the simulated times the charged work ran.
 
+With a power model (``cost.energy``) the ledger also keeps joules: one row per (global round,
+group round, client, state) with the seconds the client spent in the state and the energy,
+power(state) × seconds (:mod:`groupfel.cost_models.power`), beside the Eq. 5 charges. Without
+one it keeps none and reports none (never a zero that was not measured).
+
 Rounds are numbered from 1 in every table (ledger, results, timeline, manifest): the ledger's
 round r holds what global round r charged, including any (re)grouping work done at its start, and
 results.csv's round r is the evaluation after r completed rounds (0: the initial model), so its
@@ -19,6 +24,26 @@ COLUMNS = ["round", "edge", "group", "group_round", "client", "device", "compone
 DTYPES = {"round": np.int32, "edge": np.int32, "group": np.int32, "group_round": np.int32, "client": np.int32,
           "device": object, "component": object, "amount": float, "start": float, "end": float}
 SCALARS = ("round", "edge", "group", "group_round", "component")   # one value per charge call
+ENERGY_COLUMNS = ["round", "edge", "group", "group_round", "client", "device", "state", "seconds", "joules"]
+ENERGY_DTYPES = {**{c: DTYPES[c] for c in ENERGY_COLUMNS[:6]}, "state": object, "seconds": float, "joules": float}
+ENERGY_SCALARS = ("round", "edge", "group", "group_round", "state")
+
+
+def _expand(blocks: list[tuple], loaded: dict | None, columns: list[str], dtypes: dict,
+            scalars) -> dict[str, np.ndarray]:
+    parts = [] if loaded is None else [loaded]
+    if blocks:
+        cols = dict(zip(columns, zip(*blocks)))
+        n = [len(c) for c in cols["client"]]
+        parts.append({c: np.repeat(np.array(v, dtype=dtypes[c]), n) if c in scalars else np.concatenate(v)
+                      for c, v in cols.items()})
+    if not parts:
+        return {c: np.array([], dtype=dtypes[c]) for c in columns}
+    return {c: np.concatenate([p[c] for p in parts]) for c in columns}
+
+
+def _array(v) -> np.ndarray:
+    return np.asarray(v, dtype=object) if isinstance(v, list) else np.asarray(v.numpy() if hasattr(v, "numpy") else v)
 
 
 class CostLedger:
@@ -30,6 +55,70 @@ class CostLedger:
         self._loaded: dict[str, np.ndarray] | None = None    # rows restored from a checkpoint
         self.total = 0.0
         self.by_component: dict[str, float] = {}
+        self.power = None     # a PowerModel: the run charges energy (set by the run, never checkpointed)
+        self._energy: list[tuple] = []
+        self._energy_loaded: dict[str, np.ndarray] | None = None
+        self.energy_total = 0.0
+        self.energy_by_state: dict[str, float] = {}
+        self.client_energy = np.zeros(0)    # joules spent so far by each client (a battery's level)
+
+    @property
+    def measures_energy(self) -> bool:
+        return self.power is not None or bool(self._energy) or self._energy_loaded is not None
+
+    def charge_energy(self, *, round: int, edge: int, group: int, group_round: int, clients: np.ndarray,
+                      devices, state: str, seconds: np.ndarray, x=None) -> np.ndarray:
+        """Charge power(state) × ``seconds`` to each client (``x``: the state curve's argument);
+        returns the joules."""
+        clients = np.asarray(clients, dtype=np.int32)
+        seconds = np.asarray(seconds, dtype=float)
+        joules = self.power.joules(list(devices), state, seconds, x)
+        self._energy.append((round, edge, group, group_round, clients, np.asarray(devices, dtype=object), state,
+                             seconds, joules))
+        self._add_energy(clients, state, joules)
+        return joules
+
+    def _add_energy(self, clients: np.ndarray, state: str, joules: np.ndarray) -> None:
+        total = float(joules.sum())
+        self.energy_total += total
+        self.energy_by_state[state] = self.energy_by_state.get(state, 0.0) + total
+        if len(clients) and clients.max() >= len(self.client_energy):
+            grow = np.zeros(clients.max() + 1 - len(self.client_energy))
+            self.client_energy = np.concatenate([self.client_energy, grow])
+        np.add.at(self.client_energy, clients, joules)
+
+    def energy_row(self) -> dict:
+        """A results row's energy columns (none where the run measures no energy)."""
+        if not self.measures_energy:
+            return {}
+        from groupfel.cost_models.power import STATES
+
+        return {"energy_j": self.energy_total, **{f"energy_{s}_j": self.energy_by_state.get(s, 0.0) for s in STATES}}
+
+    def scratch(self) -> "CostLedger":
+        """An empty ledger for a dry play of a round: the same power model and battery levels."""
+        led = CostLedger()
+        led.power, led.client_energy = self.power, self.client_energy.copy()
+        return led
+
+    def replay(self, other: "CostLedger") -> None:
+        """Charge what ``other`` (a scratch ledger's dry play) charged, as charged."""
+        for block in other._blocks:
+            self.charge(**dict(zip(("round", "edge", "group", "group_round", "clients", "devices", "component",
+                                    "amounts", "start", "end"), block)))
+        for block in other._energy:
+            self._energy.append(block)
+            self._add_energy(block[4], block[6], block[8])
+
+    def energy_frame(self) -> pd.DataFrame | None:
+        """Every energy charge, rounds numbered from 1; None where the run measures no energy."""
+        if not self.measures_energy:
+            return None
+        cols = _expand(self._energy, self._energy_loaded, ENERGY_COLUMNS, ENERGY_DTYPES, ENERGY_SCALARS)
+        df = pd.DataFrame({**cols, "round": (cols["round"] + 1).astype(np.int32)})
+        for c in ("device", "state"):
+            df[c] = df[c].astype("category")
+        return df
 
     def charge(self, *, round: int, edge: int, group: int, group_round: int, clients: np.ndarray,
                devices: list[str], component: str, amounts: np.ndarray, start: np.ndarray,
@@ -44,15 +133,7 @@ class CostLedger:
 
     def _columns(self) -> dict[str, np.ndarray]:
         """The charges as recorded (0-based round index)."""
-        parts = [] if self._loaded is None else [self._loaded]
-        if self._blocks:
-            blocks = dict(zip(COLUMNS, zip(*self._blocks)))
-            n = [len(c) for c in blocks["client"]]
-            parts.append({c: np.repeat(np.array(v, dtype=DTYPES[c]), n) if c in SCALARS else np.concatenate(v)
-                          for c, v in blocks.items()})
-        if not parts:
-            return {c: np.array([], dtype=DTYPES[c]) for c in COLUMNS}
-        return {c: np.concatenate([p[c] for p in parts]) for c in COLUMNS}
+        return _expand(self._blocks, self._loaded, COLUMNS, DTYPES, SCALARS)
 
     def frame(self) -> pd.DataFrame:
         """Every charge, rounds numbered from 1."""
@@ -65,8 +146,15 @@ class CostLedger:
     # Checkpoints store the ledger as plain arrays.
     def state(self) -> dict:
         cols = self._columns()
-        return {"columns": {c: cols[c].astype(object) if c in ("device", "component") else cols[c]
-                            for c in COLUMNS}, "total": self.total, "by_component": self.by_component}
+        out = {"columns": {c: cols[c].astype(object) if c in ("device", "component") else cols[c]
+                           for c in COLUMNS}, "total": self.total, "by_component": self.by_component}
+        if self._energy or self._energy_loaded is not None:
+            e = _expand(self._energy, self._energy_loaded, ENERGY_COLUMNS, ENERGY_DTYPES, ENERGY_SCALARS)
+            out["energy"] = {"columns": {c: e[c].astype(object) if c in ("device", "state") else e[c]
+                                         for c in ENERGY_COLUMNS},
+                             "total": self.energy_total, "by_state": self.energy_by_state,
+                             "client": self.client_energy}
+        return out
 
     @classmethod
     def from_state(cls, state: dict) -> "CostLedger":
@@ -76,4 +164,12 @@ class CostLedger:
             led._loaded = {c: np.asarray(cols[c]) for c in COLUMNS}
         led.total = float(state["total"])
         led.by_component = dict(state["by_component"])
+        energy = state.get("energy")
+        if energy:
+            cols = {c: _array(v) for c, v in energy["columns"].items()}
+            if len(cols["joules"]):
+                led._energy_loaded = {c: cols[c] for c in ENERGY_COLUMNS}
+            led.energy_total = float(energy["total"])
+            led.energy_by_state = dict(energy["by_state"])
+            led.client_energy = np.asarray(_array(energy["client"]), dtype=float)
         return led

@@ -164,6 +164,10 @@ def charge_client_work(ledger: CostLedger, env, topology, t: int,
         ledger.charge(round=t, edge=j, group=-1, group_round=-1, clients=members,
                       devices=[topology.client_device[c] for c in members], component=TRAINING,
                       amounts=amounts, start=np.full(len(members), env.now), end=env.now + amounts)
+        if ledger.power is not None:   # the work's seconds at training power (no radio, no idle)
+            ledger.charge_energy(round=t, edge=j, group=-1, group_round=-1, clients=members,
+                                 devices=[topology.client_device[c] for c in members], state="training",
+                                 seconds=amounts, x=topology.n_samples[members])
     if work:
         env.run(until=env.now + max(float(a.max()) for _, _, a in work))
 

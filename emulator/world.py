@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from groupfel.cost_models import CostModel, get_profile, read_profiles
+from groupfel.cost_models.power import PowerModel, build_power, read_power
 from groupfel.topologies import (DATASETS, Dataset, Link, Topology, assign_devices, build_topology, client_sizes,
                         dirichlet_partition, label_matrix, load_dataset)
 from groupfel.topologies.partition import (apply_client_types, fedcollab_types, shards_partition, split_local,
@@ -36,6 +37,7 @@ class World:
     cost_warnings: list[str] = field(default_factory=list)      # shipped curves clamped at 0 (manifest)
     algorithm: Algorithm = field(default_factory=FedAvg)          # the training algorithm (train.algorithm)
     network: EdgeNetwork | None = None     # the shared-edge model (topology.edge_access_mbps, ...); None: off
+    power: PowerModel | None = None        # watts per device and state (cost.energy); None: no energy
 
 
 @dataclass(frozen=True)
@@ -180,6 +182,23 @@ def build_cost_model(config: RunConfig, algorithm: Algorithm | None = None) -> C
     return CostModel(profiles, training, tuple(operations), config.faults.recovery_multiple)
 
 
+def build_power_model(config: RunConfig, topology: Topology, counts: np.ndarray,
+                      network: EdgeNetwork | None) -> PowerModel | None:
+    """The devices' power per state (``cost.energy``), each curve checked where this run uses it:
+    training at the clients' sample counts, group operations at sizes 1..the largest edge, the
+    radio at the clients' link rates."""
+    if not config.cost.energy:
+        return None
+    extra = read_power(config.cost.profiles_file) if config.cost.profiles_file else None
+    devices = np.array(topology.client_device)
+    rates = network.clients.bandwidth_mbps if network is not None else \
+        np.array([topology.client_link(c).bandwidth_mbps for c in range(topology.n_clients)])
+    sizes = np.arange(1, max(config.topology.sizes) + 1)
+    uses = {d: {"training": counts[devices == d], "group_operation": sizes, "transmit": rates[devices == d],
+                "receive": rates[devices == d], "idle": np.zeros(1)} for d in set(devices.tolist())}
+    return build_power(sorted(config.topology.devices), extra, uses)
+
+
 def build_engine(config: RunConfig, dataset: Dataset, topology: Topology, algorithm: Algorithm) -> TorchEngine:
     t = config.train
     kwargs = dict(momentum=t.momentum, weight_decay=t.weight_decay, mu=algorithm.proximal_mu)
@@ -271,6 +290,7 @@ def build_world(config: RunConfig, dataset: Dataset | None = None) -> World:
     counts = np.array([len(s) for s in topology.client_samples])
     devices = np.array(topology.client_device)
     notes = cost.check_range(max(config.topology.sizes), {d: counts[devices == d] for d in set(devices)})
+    power = build_power_model(config, topology, counts, network)
     t = config.train
     try:
         torch.empty(0, device=resolve_device(t.device))
@@ -278,4 +298,4 @@ def build_world(config: RunConfig, dataset: Dataset | None = None) -> World:
         raise InputError(f"train.device: {t.device!r} is not usable here ({str(exc).splitlines()[0]}); "
                          f"use \"cpu\"") from None
     return World(config, dataset, topology, cost, build_engine(config, dataset, topology, algorithm),
-                 placement.local_test, plugins, notes, algorithm, network)
+                 placement.local_test, plugins, notes, algorithm, network, power)

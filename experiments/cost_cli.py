@@ -38,24 +38,31 @@ def write_profile(fits, path: Path, task: str) -> Path:
 
 
 def _cmd_measure(args) -> int:
+    from groupfel.cost_models.energy_meter import open_meter
     from groupfel.cost_models.measure import INPUT_SHAPE, NUM_CLASSES, measure, measurements_csv
     from groupfel.emulator.models import build_model
 
     default = "16..256:16" if args.operation == "training" else "2..30"
     sizes = parse_sizes(args.sizes or default)
     out = check_writable(args.out or f"measurements-{args.operation}.csv", "file", "--out")
+    meter, said = open_meter(args.power_log)
     rows, header = measure(args.operation, sizes, lambda: build_model(args.model, INPUT_SHAPE, NUM_CLASSES),
                            repeats=args.repeats, params=args.params, model=args.model, device=args.device,
-                           threads=args.threads, server=args.server)
+                           threads=args.threads, server=args.server, meter=meter)
     out = write_text(out, measurements_csv(rows, header))
-    by_size: dict[tuple[str, int], list[float]] = {}
+    by_size: dict[tuple[str, int], list[tuple[float, float | None]]] = {}
     for r in rows:
-        by_size.setdefault((r.operation, r.group_size or r.n_samples), []).append(r.seconds)
+        watts = r.joules / r.energy_span_s if r.joules is not None else None
+        by_size.setdefault((r.operation, r.group_size or r.n_samples), []).append((r.seconds, watts))
     x_name = "n_samples" if args.operation == "training" else "group_size"
-    print(f"{'operation':<18}{x_name:>11}{'median s':>12}{'min s':>12}")
-    for (op, x), secs in by_size.items():
-        print(f"{op:<18}{x:>11}{sorted(secs)[len(secs) // 2]:>12.4g}{min(secs):>12.4g}")
+    print(f"{'operation':<18}{x_name:>11}{'median s':>12}{'min s':>12}" + (f"{'mean W':>10}" if meter else ""))
+    for (op, x), got in by_size.items():
+        secs = sorted(s for s, _ in got)
+        watts = [w for _, w in got if w is not None]
+        print(f"{op:<18}{x:>11}{secs[len(secs) // 2]:>12.4g}{secs[0]:>12.4g}"
+              + (f"{sum(watts) / len(watts):>10.4g}" if watts else ""))
     print(f"\nmachine: {header['cpu']}, {header['cores']} cores, torch {header['torch']}")
+    print(said)
     print(f"wrote {out}; fit it with: groupfel calibrate {out}")
     return 0
 
@@ -89,6 +96,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--device", default="local", help="device name written to the CSV (default local)")
     m.add_argument("--server", action="store_true", help="secagg: time the aggregator's part alone (secagg-server "
                    "and secagg-server-recovery rows, an edge server's curves for topology.edge_profile)")
+    m.add_argument("--power-log", metavar="LOG.csv", help="a power meter's log (columns timestamp in Unix seconds, "
+                   "watts) covering this run: each call's energy is its integral (default: the machine's RAPL "
+                   "counters where readable, else no energy)")
     m.add_argument("--out", metavar="FILE.csv", help="output (default measurements-OPERATION.csv)")
     m.set_defaults(func=_cmd_measure)
 
@@ -190,7 +200,7 @@ def _cmd_whatif(args) -> int:
     if "makespan_s" in df:
         plot_makespan(df, out / "whatif.png", title + f"; one edge of {args.edge_clients} clients")
         cols = ["edge_groups", "edge_group_sizes", "access_mbps", "edge_cores", "makespan_s", "core_wait_s",
-                "edge_cost", "group_size", "total_per_round"]
+                "edge_cost", *(["edge_energy_j"] if "edge_energy_j" in df else []), "group_size", "total_per_round"]
         print(f"one edge of {args.edge_clients} clients: the groups it forms (edge_groups of edge_group_sizes) "
               f"for each --group-sizes value (group_size: the smallest that forms them)")
     else:
@@ -210,7 +220,25 @@ def _cmd_whatif(args) -> int:
 
 
 def _wants_makespan(args) -> bool:
-    return any(getattr(args, k, None) is not None for k in ("access_mbps", "edge_cores", "edge_clients"))
+    return getattr(args, "energy", False) or \
+        any(getattr(args, k, None) is not None for k in ("access_mbps", "edge_cores", "edge_clients"))
+
+
+def _whatif_power(args, prof, n_samples, edge_clients: int, caps):
+    """--energy: the --profile device's power per state (the shipped power profile and
+    --profiles-file's [[power]] tables), checked where the what-if uses it."""
+    import numpy as np
+
+    from groupfel.cost_models.power import build_power, read_power
+
+    extra = read_power(args.profiles_file) if args.profiles_file else None
+    rates = np.array([args.client_mbps] + [c for c in caps if c is not None])
+    uses = {prof.device: {"training": n_samples, "group_operation": np.arange(1, edge_clients + 1),
+                          "transmit": rates, "receive": rates, "idle": np.zeros(1)}}
+    try:
+        return build_power([prof.device], extra, uses, "--energy").devices[prof.device]
+    except InputError as exc:
+        raise InputError(str(exc).replace("cost.profiles_file", "--profiles-file")) from None
 
 
 def _with_makespan(df, args, prof, overhead, sc):
@@ -233,6 +261,7 @@ def _with_makespan(df, args, prof, overhead, sc):
                   if k in ("aggregation", "secagg-server", "secagg-server-recovery")}
     n = sc.sample_counts()[:m]
     op = args.profile.rpartition("/")[2]
+    power = _whatif_power(args, prof, n, m, caps) if getattr(args, "energy", False) else None
     # the groups the edge actually forms: m // s groups, the remainder spread (sizes s..s+1); sizes
     # asked for that form the same groups (60 clients at 16 and at 20: 3 groups of 20) are one row
     formed: dict[tuple[int, ...], int] = {}
@@ -245,7 +274,8 @@ def _with_makespan(df, args, prof, overhead, sc):
             r = edge_makespan(list(sizes), n, prof.training[args.training], overhead, group_rounds=sc.group_rounds,
                               local_epochs=sc.local_epochs, model_bytes=int(args.model_mb * 1e6),
                               client_mbps=args.client_mbps, latency_s=args.latency_s, access_mbps=cap,
-                              cores=args.edge_cores, edge_curves=curves, secagg="secagg" in op, operation=op)
+                              cores=args.edge_cores, edge_curves=curves, secagg="secagg" in op, operation=op,
+                              power=power)
             lo, hi = min(sizes), max(sizes)
             rows.append({"group_size": s, "edge_groups": len(sizes),
                          "edge_group_sizes": f"{lo}" if lo == hi else f"{lo}-{hi}",
@@ -367,6 +397,9 @@ def register_whatif(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--edge-cores", type=Number(int, 1, 10**6), help="the edge server's cores (default: unlimited)")
     m.add_argument("--edge-clients", type=Number(int, 1, EDGE_CLIENTS),
                    help=f"clients of the edge, all in sampled groups (default 60, at most {EDGE_CLIENTS:,})")
+    m.add_argument("--energy", action="store_true", help="add the edge's round energy in joules (edge_energy_j and "
+                   "energy_<state>_j columns): the --profile device's power per state, from the shipped power "
+                   "profile and --profiles-file's [[power]] tables")
     m.add_argument("--edge-profile", help="DEVICE/TASK profile with the edge's aggregation and secagg-server "
                    "curves (default: aggregation takes no time)")
     m.add_argument("--model-mb", type=Number(float, 1e-6, 10**6, "MB"), default=1.0, help="model size in MB (10^6 bytes; default 1)")
@@ -406,7 +439,7 @@ def whatif_values(**values):
 
 
 def _cmd_timeline(args) -> int:
-    from .timeline import load_network, load_round, plot_timeline, summary
+    from .timeline import energy_per_client, load_energy, load_network, load_round, plot_timeline, summary
 
     arm_dir = Path(args.arm_dir)
     rows = load_round(arm_dir, args.round)
@@ -421,6 +454,14 @@ def _cmd_timeline(args) -> int:
         moved = network.groupby("kind")["bytes"].sum()
         print(f"transfers: {int(moved.get('download', 0)):,} bytes down, {int(moved.get('upload', 0)):,} up; "
               f"groups waited {float((cores['start'] - cores['queued']).sum()):.4g} s for edge cores")
+    energy = load_energy(arm_dir, args.round)
+    if energy is None:
+        print("energy: not measured (the run had no cost.energy)")
+    else:
+        per = energy_per_client(energy)
+        print(f"\nenergy per client in round {args.round} (J; power × simulated seconds in each state):")
+        print(per.to_string(index=False, float_format=_number))
+        print(f"round {args.round}: {per['total_j'].sum():.6g} J over {len(per)} clients")
     print(f"plot: {out}")
     return 0
 

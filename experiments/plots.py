@@ -13,7 +13,7 @@ from groupfel.emulator.io import atomic_write  # noqa: E402
 
 AXES = {"cost": "cumulative cost, Eq. 5 (device seconds)", "sim_time_s": "simulated wall-clock time (s)",
         "round": "global round (rounds)", "accuracy": "test accuracy", "loss": "test loss",
-        "local_error_mean": "mean local test error"}
+        "local_error_mean": "mean local test error", "energy_j": "cumulative energy, all clients (J)"}
 
 
 def save_png(fig, path: Path) -> Path:

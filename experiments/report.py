@@ -166,6 +166,18 @@ def _breakdown(study: Study) -> str:
             f"any gradient probe (group −1).</p>{_table(table)}{_png(fig)}")
 
 
+def _energy(study: Study, bands: dict) -> str:
+    """Accuracy against energy and the joules by state (runs with cost.energy)."""
+    last = study.results.groupby(["arm", "seed"], sort=False).last()
+    cols = [c for c in last.columns if c.startswith("energy_") and c.endswith("_j") and c != "energy_j"]
+    by_state = last[["energy_j", *cols]].groupby(level="arm", sort=False).mean()
+    by_state.columns = ["total (J)", *[c.removeprefix("energy_").removesuffix("_j") + " (J)" for c in cols]]
+    return (f"<h2>Accuracy against energy</h2><p>Energy: each client's power in each state × the simulated "
+            f"seconds it spent there (cost.energy), summed over clients; line: mean, band: 95 % CI over seeds.</p>"
+            f"{bands['energy_j']}<p>Energy by state at the end of each arm run, mean over seeds:</p>"
+            f"{_table(by_state.round(4).reset_index())}")
+
+
 def _grouping(study: Study) -> str:
     from .plots import plt
 
@@ -299,8 +311,9 @@ def build_report(root: Path, out: Path | None = None) -> Path:
     study = load_study(Path(root))
     _check_numerics(study)
     out = Path(out) if out else study.root / "report.html"
+    energy = "energy_j" in study.results
     bands = {x: _png(band_figure({study.root.name: study.results}, x=x, title=f"{study.root.name}: accuracy"))
-             for x in ("cost", "sim_time_s")}
+             for x in ("cost", "sim_time_s", *(("energy_j",) if energy else ()))}
     makespan, versions = _makespan(study)
     seeds = study.config.seed_list
     from groupfel.emulator.world import build_cost_model
@@ -323,6 +336,7 @@ training <code>{cost.training_method}</code>; group operations
 <h2>Accuracy against cost and simulated time</h2>
 <p>Each seed's curve interpolated onto a common grid; line: mean, band: 95 % CI over seeds.</p>
 {bands['cost']}{bands['sim_time_s']}
+{_energy(study, bands) if energy else ""}
 <h2>Summary</h2>
 {_summary(study)}
 <h2>Eq. 5 cost breakdown</h2>

@@ -19,7 +19,8 @@ top level aggregates them::
     per_seed.csv           the headline metrics of each (seed, arm)
     summary.csv            one row per arm: mean and 95 % CI over seeds, paired difference from arm 1
     curves.csv             accuracy on a common cost grid per arm: mean and band
-    accuracy_vs_cost.png   mean curve with its 95 % band; accuracy_vs_time.png likewise
+    accuracy_vs_cost.png   mean curve with its 95 % band; accuracy_vs_time.png likewise (and
+                           accuracy_vs_energy.png where the run measures energy: cost.energy)
 
 The (seed, arm) pairs run as independent tasks (:mod:`groupfel.experiments.tasks`) on a backend
 (:mod:`groupfel.experiments.backends`: a local process pool or Ray); each arm checkpoints, so ``--resume``
@@ -355,6 +356,8 @@ def finish_seed(config: RunConfig, run_dir: Path, replot: bool = True) -> pd.Dat
         from .plots import plot_curves
 
         plot_curves(results, run_dir / "accuracy_vs_cost.png", title=config.name)
+        if "energy_j" in results:
+            plot_curves(results, run_dir / "accuracy_vs_energy.png", x="energy_j", title=config.name)
     return summary
 
 
@@ -415,7 +418,8 @@ def finish(config: RunConfig, run_dir: Path, replot: bool = True,
     atomic_write(run_dir / "summary.csv", lambda p: summary.to_csv(p, index=False))
     curves = curves_on_grid(results, "cost", "accuracy")
     atomic_write(run_dir / "curves.csv", lambda p: curves.to_csv(p, index=False))
-    for name, x in (("accuracy_vs_cost.png", "cost"), ("accuracy_vs_time.png", "sim_time_s")):
+    energy = (("accuracy_vs_energy.png", "energy_j"),) if "energy_j" in results else ()
+    for name, x in (("accuracy_vs_cost.png", "cost"), ("accuracy_vs_time.png", "sim_time_s"), *energy):
         if replot or not (run_dir / name).exists():
             from .plots import plot_bands
 
@@ -450,7 +454,8 @@ def summarize(results: pd.DataFrame, run_dir: Path, target: float | None = None)
             "groups": g["n_groups"], "group_size": f"[{g['size_min']}, {g['size_max']}] ({g['size_mean']:.2f})",
             "size_mean": g["size_mean"],
             "avg_cov": round(g["cov_mean"], 3), "rounds": int(last["round"]), "cost": float(last["cost"]),
-            "sim_time_s": float(last["sim_time_s"]), "final_acc": float(last["accuracy"]),
+            "sim_time_s": float(last["sim_time_s"]),
+            **({"energy_j": float(last["energy_j"])} if "energy_j" in df else {}), "final_acc": float(last["accuracy"]),
             "best_acc": float(df["accuracy"].max()),
             "acc_at_common_cost": float(df.loc[df["cost"] <= common + 1e-9, "accuracy"].iloc[-1]),
             "stop": manifest["stop_reason"]})

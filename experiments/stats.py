@@ -279,6 +279,7 @@ def per_seed_metrics(results: pd.DataFrame, target: float | None) -> pd.DataFram
                          "acc_at_common_cost": float(df.loc[df["cost"] <= common + 1e-9, "accuracy"].iloc[-1]),
                          "cost_to_target": float(hit.iloc[0]) if len(hit) else float("nan"),
                          "sim_time_s": float(df["sim_time_s"].iloc[-1]), "cost": float(df["cost"].iloc[-1]),
+                         **({"energy_j": float(df["energy_j"].iloc[-1])} if "energy_j" in df else {}),
                          "common_cost": float(common)})
     return pd.DataFrame(rows)
 
@@ -352,7 +353,14 @@ def summarize_seeds(per_seed: pd.DataFrame, arms: list[str], level: float = LEVE
             row[f"{m}_diff_p"], row[f"{m}_eq_p"] = after[-1][:2]
             history[(len(rows), m)] = after
         rows.append(row)
-    out = add_verdicts(pd.DataFrame(rows), level=level, history=history, looks=looks)
+    out = pd.DataFrame(rows)
+    if "energy_j" in per_seed:   # measured energy (cost.energy): its mean and interval over seeds, no verdict
+        energy = per_seed.pivot(index="seed", columns="arm", values="energy_j").sort_index()
+        for i, arm in enumerate(arms):
+            mean, lo, hi = mean_ci(energy[arm], level)
+            lo, hi, _ = clip(lo, hi, (0.0, np.inf))
+            out.loc[i, ["energy_j_mean", "energy_j_ci95_low", "energy_j_ci95_high"]] = mean, lo, hi
+    out = add_verdicts(out, level=level, history=history, looks=looks)
     m_family = max(int(out.attrs.get("comparisons", 1)), 1)
     for m in METRICS:
         if f"{m}_diff_sd" not in out:
@@ -422,7 +430,9 @@ def render_summary(summary: pd.DataFrame, target: float | None) -> str:
     ci = n >= MIN_PAIRS     # fewer seeds: intervals too wide (or of zero width) to print
     table = pd.DataFrame({"arm": summary["arm"],
                           **{c: summary[c] for c in ("groups", "group_size", "avg_cov", "rounds", "overhead_share") if c in summary},
-                          **{m: [_ci(r, m, intervals=ci) for _, r in summary.iterrows()] for m in metrics}})
+                          **{m: [_ci(r, m, intervals=ci) for _, r in summary.iterrows()] for m in metrics},
+                          **({"energy_j": [_ci(r, "energy_j", intervals=ci) for _, r in summary.iterrows()]}
+                             if "energy_j_mean" in summary else {})})
     if target is not None:
         table["target_reached"] = [f"{k}/{n}" for k in summary["target_reached"]]
     lines = [f"mean [95 % CI] over {n} seeds:" if ci else

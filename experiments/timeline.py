@@ -59,6 +59,29 @@ def load_network(arm_dir: Path, round_: int) -> pd.DataFrame | None:
     return net[net["round"] == round_]
 
 
+ENERGY_COLUMNS = ("round", "client", "state", "seconds", "joules")
+
+
+def load_energy(arm_dir: Path, round_: int) -> pd.DataFrame | None:
+    """The round's joules per client and state (a run with cost.energy), else None."""
+    path = Path(arm_dir) / "energy.parquet"
+    if not path.exists():
+        return None
+    e = _read(path, ENERGY_COLUMNS)
+    return e[e["round"] == round_]
+
+
+def energy_per_client(energy: pd.DataFrame) -> pd.DataFrame:
+    """One row per client of the round: joules in each state and in all."""
+    from groupfel.cost_models.power import STATES
+
+    table = energy.pivot_table(index="client", columns="state", values="joules", aggfunc="sum", observed=True)
+    table = table.reindex(columns=[s for s in STATES if s in table.columns]).fillna(0.0)
+    table.columns = [f"{c}_j" for c in table.columns]
+    table["total_j"] = table.sum(axis=1)
+    return table.reset_index()
+
+
 def member_states(rows: pd.DataFrame) -> pd.DataFrame:
     """Per (edge, group, group round, client): trained (it paid training), offline (it had left
     the group: no charge at all) or dropped (it trained, then left: no group operation charge

@@ -26,6 +26,7 @@ import pytest
 from pydantic import BaseModel
 
 from groupfel.cost_models import read_profiles
+from groupfel.cost_models.power import read_power
 from groupfel.emulator import config as config_models
 from groupfel.emulator.config import parse_config
 from groupfel.experiments.runner import run_experiment
@@ -101,7 +102,7 @@ def _screenshot(url: str, path: Path, size: str = "1280,1000") -> np.ndarray:
 
 @need_site
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium; .ci/run does)")
-@pytest.mark.parametrize("rel", ["", "reference/config", "guide/whatif", "guide/timeline"])
+@pytest.mark.parametrize("rel", ["", "reference/config", "guide/whatif", "guide/timeline", "energy"])
 def test_page_renders_in_chromium(site, rel, tmp_path, capsys):
     shot = tmp_path / f"{rel.replace('/', '-') or 'home'}.png"
     px = _screenshot((site / rel / "index.html").as_uri(), shot)
@@ -184,10 +185,10 @@ def test_docs_toml_block_runs(where, index, block, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     if data.get("data", {}).get("path") == "data/mine":
         _write_digits_npz(tmp_path / "data/mine")
-    if "curves" in data:                       # a profile file
+    if "curves" in data or "power" in data:   # a profile file
         path = tmp_path / "profile.toml"
         path.write_text(block)
-        assert read_profiles(path)
+        assert read_profiles(path) if "curves" in data else read_power(path)
         return
     if "base" in data:                         # a sweep file: its base is the shipped one
         sweep = SweepConfig.model_validate(data)
@@ -201,6 +202,8 @@ def test_docs_toml_block_runs(where, index, block, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     if data.get("cost", {}).get("profiles_file") == "calib/profile.csv":
         _calibrated_profile(tmp_path)
+    if data.get("cost", {}).get("profiles_file") == "power.toml":   # docs/energy.md's [[power]] block
+        shutil.copy(ROOT / "tests" / "fixtures" / "power-rpi4-rest.toml", tmp_path / "power.toml")
     config = parse_config(data)
     data.setdefault("train", {})["rounds"] = 1
     data["output_dir"] = str(tmp_path)

@@ -30,6 +30,7 @@ from groupfel.errors import InputError
 from groupfel.experiments import flags
 from groupfel.experiments.cli import build_parser, main
 
+POWER = str(Path(__file__).parent / "fixtures" / "power-rpi4-rest.toml")   # the states the shipped profile lacks
 LIMITS = ["0", "-1", "1e-300", "1e308", "nan", "inf", str(2**63), "abc", ""]
 FEDSCALE_SAMPLE = Path(__file__).resolve().parents[1] / "docs/guide/fedscale/device_capacity.pkl"
 
@@ -107,6 +108,8 @@ BASES = {
     "topology.edge_access_mbps": lambda d: d["topology"].update(edge_access_mbps=50.0),
     "topology.devices{}": lambda d: d["topology"].update(devices={"raspberry-pi-4": 1.0}),
     "train.budget": lambda d: d["train"].update(budget=1e6),
+    "train.energy_budget": lambda d: d["cost"].update(energy=True, profiles_file=POWER),
+    "train.client_energy_budget": lambda d: d["cost"].update(energy=True, profiles_file=POWER),
     "train.mu": lambda d: d["train"].update(algorithm="fedprox"),
 }
 
@@ -233,7 +236,7 @@ def _finite_json(obj, where: str) -> None:
 def _check_run_outputs(out: Path) -> None:
     for results in out.rglob("results.csv"):
         df = pd.read_csv(results)
-        for col in ("cost", "sim_time_s", "accuracy", "loss"):
+        for col in ("cost", "sim_time_s", "accuracy", "loss", *[c for c in df if c.startswith("energy_")]):
             if col in df:
                 assert np.isfinite(df[col]).all(), (results, col, df[col].tolist())
     for ledger in out.rglob("ledger.parquet"):
@@ -241,6 +244,10 @@ def _check_run_outputs(out: Path) -> None:
         assert np.isfinite(led[["amount", "start", "end"]].to_numpy()).all(), ledger
         per_round = led.groupby("round")["amount"].sum()
         assert (per_round > 0).all(), f"{ledger}: a round costs 0: {per_round.to_dict()}"
+    for energy in out.rglob("energy.parquet"):
+        e = pd.read_parquet(energy)
+        values = e[["seconds", "joules"]].to_numpy()
+        assert np.isfinite(values).all() and (values >= 0).all(), energy
     for manifest in out.rglob("manifest.json"):
         _finite_json(json.loads(manifest.read_text()), str(manifest))
 
@@ -377,6 +384,11 @@ def test_a_trace_reference_at_its_limits_is_refused_naming_it(tmp_path, capsys, 
     sample) they make slowdowns beyond 0.001..1000, refused in one line before any work."""
     said = run_field(tmp_path, "topology.heterogeneity.reference_ms_per_sample", text, capsys)
     assert "set reference_ms_per_sample nearer" in said, said
+
+
+def test_an_energy_budget_below_the_first_round_is_refused_before_any_work(tmp_path, capsys):
+    said = run_field(tmp_path, "train.energy_budget", "1e-300", capsys)
+    assert "train.energy_budget: 1e-300 J is below the first round's" in said
 
 
 @pytest.mark.slow

@@ -10,8 +10,8 @@ import torch
 from groupfel.cost_models import TRAINING
 from groupfel.errors import DivergenceError
 
-from ..arm import (ArmPlan, RoundStrategy, aggregation_weights, budget_error, input_warnings, new_federation,
-                   norm_growth, sample_groups)
+from ..arm import (ArmPlan, RoundStrategy, aggregation_weights, budget_error, energy_budget_error, input_warnings,
+                   new_federation, norm_growth, sample_groups)
 from ..compute import run_group_rounds
 from ..federation import Federation, Group
 from ..ledger import CostLedger
@@ -41,14 +41,19 @@ class GlobalRounds(RoundStrategy):
         round is known before training when grouping needs none: group, sample and price it as
         the run will. (Where grouping trains, the driver makes the same check once the groups exist.)"""
         tc = world.config.train
-        if tc.budget is None or plan.grouping.needs_gradients or plan.grouping.needs_distances:
+        if tc.budget is None and tc.energy_budget is None or plan.grouping.needs_gradients \
+                or plan.grouping.needs_distances:
             return
         grouping = form_groups(world, plan.grouping, 0)
         _, _, chosen = sample_groups(world, plan, grouping.groups, 0)
         fed = new_federation(world, Federation.environment(), CostLedger())
-        first = fed.round_cost(0, [grouping.groups[g] for g in chosen])
-        if first > tc.budget:
+        groups = [grouping.groups[g] for g in chosen]
+        first = fed.round_cost(0, groups) if tc.budget is not None else 0.0
+        if tc.budget is not None and first > tc.budget:
             raise budget_error(tc.budget, first, f"arm {plan.arm.name!r}")
+        joules = fed.round_energy(0, groups) if tc.energy_budget is not None else 0.0
+        if tc.energy_budget is not None and joules > tc.energy_budget:
+            raise energy_budget_error(tc.energy_budget, joules, f"arm {plan.arm.name!r}")
 
     def start(self, fresh: bool) -> None:
         world, plan, state = self.world, self.plan, self.state
@@ -148,7 +153,8 @@ class GlobalRounds(RoundStrategy):
         state.rows.append({
             "arm": plan.arm.name, "seed": world.config.seed,
             "round": state.t, "cost": led.total, "training_cost": training,
-            "overhead_cost": led.total - training, "sim_time_s": state.sim_time,
+            "overhead_cost": led.total - training, **led.energy_row(),
+            "sim_time_s": state.sim_time,
             "round_time_s": state.round_time, "accuracy": acc, "loss": loss,
             "groups_sampled": len(sampled),
             "clients_sampled": int(sum(groups[g].size for g in sampled)),

@@ -269,7 +269,8 @@ class PerGroupRounds(RoundStrategy):
         groups = current_groups(world, state)
         state.rows.append({
             "arm": plan.arm.name, "seed": world.config.seed, "round": state.t, "cost": led.total,
-            "training_cost": training, "overhead_cost": led.total - training, "sim_time_s": state.sim_time,
+            "training_cost": training, "overhead_cost": led.total - training, **led.energy_row(),
+            "sim_time_s": state.sim_time,
             "round_time_s": state.round_time, "accuracy": float(acc.mean()), "loss": float(loss.mean()),
             "groups_sampled": len(sampled),
             "clients_sampled": int(sum(groups[g].size for g in sampled if g in groups)),

@@ -1,0 +1,237 @@
+"""Power per client state: watts beside the seconds, so energy = power(state) × time in state.
+
+A client of a sampled group is in one state at a time (:data:`STATES`): receiving the group model,
+training, running the group operations, transmitting its update, or idle while online (waiting in
+its group round for the slowest member and the edge's aggregation). Each device's power in each
+state is a constant or a curve of the state's own x, in watts:
+
+* training: the client's sample count n_i (like H_i);
+* group_operation: the group size |g| (like O_g);
+* transmit, receive: the client's link rate in Mbit/s (a radio draws more at higher rates);
+* idle: a constant only.
+
+Two hand-writable formats, the time curves' (:mod:`groupfel.cost_models.profiles`), in the same file:
+
+* TOML: one ``[[power]]`` table per state::
+
+      [[power]]
+      device = "raspberry-pi-4"
+      state = "training"
+      units = "W"                       # "W" (default) or "mW"
+      value = 5.0                       # a constant, or
+      # coefficients = [0.001, 4.2]     # a polynomial in x, highest power first, or
+      # points = [[20, 4.6], [200, 5.0]] # a measured table (interpolated)
+      source = "https://..."            # where the number comes from (kept in the manifest)
+
+* CSV: rows with operation ``power``, method the state and a, b, c the polynomial a·x² + b·x + c
+  in watts (task is ignored; power belongs to the device).
+"""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from groupfel.errors import InputError
+
+from .curves import Curve, PiecewiseLinear, Polynomial
+
+STATES = ("training", "group_operation", "transmit", "receive", "idle")
+# what each state's curve is a function of (error messages and docs)
+X_OF = {"training": "samples", "group_operation": "group size", "transmit": "Mbit/s", "receive": "Mbit/s",
+        "idle": None}
+POWER_UNITS = {"W": 1.0, "mW": 1e-3}
+MAX_WATTS = 1e6     # a megawatt client is a typo (the limits harness)
+SHIPPED_POWER = "raspberry-pi-4-power.toml"
+
+
+@dataclass(frozen=True)
+class PowerCurve:
+    curve: Curve
+    source: str | None = None
+    where: str = ""
+
+
+@dataclass
+class DevicePower:
+    """One device's power per state (a state may be missing: the run that needs it says so)."""
+
+    device: str
+    states: dict[str, PowerCurve] = field(default_factory=dict)
+
+
+class _PowerSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    device: str
+    state: Literal["training", "group_operation", "transmit", "receive", "idle"]
+    units: str = "W"
+    value: float | None = None
+    coefficients: list[float] | None = None
+    points: list[tuple[float, float]] | None = None
+    source: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self):
+        if self.units not in POWER_UNITS:
+            raise ValueError(f"units: power is in W or mW, got {self.units!r}")
+        if sum(v is not None for v in (self.value, self.coefficients, self.points)) != 1:
+            raise ValueError("give exactly one of value, coefficients or points")
+        if self.state == "idle" and self.value is None:
+            raise ValueError("idle power is a constant: give value")
+        if self.points is not None and len(self.points) < 2:
+            raise ValueError("points needs at least two [x, watts] pairs")
+        return self
+
+    def curve(self) -> Curve:
+        s = POWER_UNITS[self.units]
+        if self.value is not None:
+            return Polynomial((s * self.value,))
+        if self.coefficients is not None:
+            return Polynomial(tuple(s * c for c in self.coefficients))
+        x, y = np.array(self.points, dtype=float).T
+        return PiecewiseLinear(x, s * y)
+
+
+def check_watts(curve: Curve, xs, where: str) -> None:
+    """Refuse a power that is negative, not finite or over :data:`MAX_WATTS` at any x of ``xs``."""
+    raw = getattr(curve, "raw", curve)
+    with np.errstate(over="ignore", invalid="ignore"):
+        w = np.atleast_1d(np.asarray(raw(np.asarray(xs, dtype=float)), dtype=float))
+    bad = np.flatnonzero(~((w >= 0) & (w <= MAX_WATTS)))
+    if len(bad):
+        at = np.atleast_1d(np.asarray(xs, dtype=float))
+        x = f" at {at[min(bad[0], len(at) - 1)]:g}" if len(at) > 1 or at[0] != 0 else ""
+        raise InputError(f"{where}: power {w[bad[0]]:g} W{x}; give watts from 0 to {MAX_WATTS:g}")
+
+
+def _add(out: dict[str, DevicePower], device: str, state: str, pc: PowerCurve) -> None:
+    dev = out.setdefault(device, DevicePower(device))
+    if state in dev.states:
+        raise InputError(f"{pc.where}: device {device!r} already has {state} power ({dev.states[state].where}); "
+                         f"give each state once")
+    dev.states[state] = pc
+
+
+def parse_power_toml(data: dict, source: str) -> dict[str, DevicePower]:
+    out: dict[str, DevicePower] = {}
+    specs = data.get("power", [])
+    if not isinstance(specs, list):
+        raise InputError(f"{source}: power must be [[power]] tables")
+    for i, raw in enumerate(specs):
+        where = f"{source} power[{i}]"
+        try:
+            spec = _PowerSpec.model_validate(raw)
+            curve = spec.curve()
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = ".".join(str(p) for p in err["loc"])
+            msg = "unknown key; remove it or check its spelling" if err["type"] == "extra_forbidden" else \
+                err["msg"].removeprefix("Value error, ")
+            if msg.startswith("units: "):
+                loc, msg = "units", msg.removeprefix("units: ")
+            raise InputError(f"{where}{'.' + loc if loc else ''}: {msg}") from None
+        except ValueError as exc:
+            raise InputError(f"{where}: {exc}") from None
+        pts = np.asarray(curve.x) if isinstance(curve, PiecewiseLinear) else np.zeros(1)
+        given = "value" if spec.value is not None else "points" if spec.points else "coefficients"
+        check_watts(curve, pts, f"{where}.{given}")
+        _add(out, spec.device, spec.state, PowerCurve(curve, spec.source, where))
+    return out
+
+
+def parse_power_table(table) -> dict[str, DevicePower]:
+    """The ``operation = power`` rows of a coefficient CSV (:func:`groupfel.usercsv.read_user_csv`)."""
+    out: dict[str, DevicePower] = {}
+    for row in table.rows:
+        if row.get("operation") != "power":
+            continue
+        where = table.where(row)
+        state = row.get("method")
+        if state not in STATES:
+            raise InputError(f"{where}: method {state!r} is not a power state; choose one of {list(STATES)}")
+        if "units" in table.header and (row.get("units") or "W") not in POWER_UNITS:
+            raise InputError(f"{where}: column 'units': power is in W or mW, got {row.get('units')!r}")
+        s = POWER_UNITS[(row.get("units") or "W") if "units" in table.header else "W"]
+        c = table.number(row, "c") if (row.get("c") or "").strip() else 0.0
+        curve = Polynomial((s * table.number(row, "a"), s * table.number(row, "b"), s * c))
+        check_watts(curve, np.zeros(1), f"{where}: column 'c'")
+        _add(out, row.get("device"), state, PowerCurve(curve, None, where))
+    return out
+
+
+def read_power(path: str | Path) -> dict[str, DevicePower]:
+    """The power tables of a profile file (TOML ``[[power]]`` or CSV ``operation = power`` rows)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        text = ""
+    except OSError as exc:
+        raise InputError(f"cost profile file {path}: cannot read ({exc.strerror}); check the path") from None
+    if path.suffix.lower() == ".toml":
+        try:
+            return parse_power_toml(tomllib.loads(text), str(path))
+        except tomllib.TOMLDecodeError as exc:
+            raise InputError(f"{path}: not valid TOML ({exc})") from None
+    from groupfel.usercsv import read_user_csv
+
+    return parse_power_table(read_user_csv(path, str(path)))
+
+
+@cache
+def shipped_power() -> dict[str, DevicePower]:
+    text = resources.files(__package__).joinpath("profiles", SHIPPED_POWER).read_text()
+    return parse_power_toml(tomllib.loads(text), f"shipped {SHIPPED_POWER}")
+
+
+@dataclass(frozen=True)
+class PowerModel:
+    """Each device's watts per state; :meth:`joules` is power × seconds, per client."""
+
+    devices: dict[str, DevicePower]
+
+    def watts(self, devices, state: str, x=None) -> np.ndarray:
+        x = np.zeros(len(devices)) if x is None else np.broadcast_to(np.asarray(x, dtype=float), (len(devices),))
+        out = np.empty(len(devices))
+        devices = np.asarray(devices, dtype=object)
+        for d in set(devices.tolist()):
+            idx = devices == d
+            out[idx] = self.devices[d].states[state].curve(x[idx])
+        return out
+
+    def joules(self, devices, state: str, seconds, x=None) -> np.ndarray:
+        return self.watts(devices, state, x) * np.asarray(seconds, dtype=float)
+
+    def sources(self) -> dict:
+        """The manifest's record: device → state → source (None: the user's own number)."""
+        return {d: {s: pc.source for s, pc in p.states.items()} for d, p in self.devices.items()}
+
+
+def build_power(devices: list[str], extra: dict[str, DevicePower] | None, uses: dict[str, dict[str, np.ndarray]],
+                where: str = "cost.energy") -> PowerModel:
+    """The run's power model: each device's shipped power with the user's file's states over it;
+    every state must be given, and every curve must be 0..MAX_WATTS where the run uses it
+    (``uses``: device → state → the x values)."""
+    shipped, extra = shipped_power(), extra or {}
+    out = {}
+    for d in devices:
+        states = {**(shipped[d].states if d in shipped else {}), **(extra[d].states if d in extra else {})}
+        missing = [s for s in STATES if s not in states]
+        if missing:
+            have = f"the shipped profile gives {sorted(shipped[d].states)}" if d in shipped else "no shipped power"
+            raise InputError(f"{where}: device {d!r} has no power for {', '.join(missing)} ({have}); add a [[power]] "
+                             f"table for each to cost.profiles_file")
+        for s, pc in states.items():
+            xs = uses.get(d, {}).get(s)
+            if xs is not None and len(xs):
+                check_watts(pc.curve, np.unique(xs), f"{pc.where or where} ({d} {s} power, {X_OF[s] or 'x'})")
+        out[d] = DevicePower(d, states)
+    return PowerModel(out)
+
+

@@ -1,0 +1,317 @@
+"""Energy beside time: power per state × the simulated seconds in it, per client (cost.energy)."""
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+import simpy
+
+from conftest import one_arm, one_error_line, write_toml
+from groupfel.cost_models import CostModel, DeviceProfile, linear, quadratic
+from groupfel.cost_models.energy_meter import advance, open_meter, rapl_zones
+from groupfel.cost_models.power import STATES, DevicePower, PowerCurve, PowerModel, Polynomial, read_power
+from groupfel.emulator.config import parse_config
+from groupfel.emulator.federation import Federation, Group, RoundContext
+from groupfel.emulator.ledger import CostLedger
+from groupfel.errors import InputError
+from groupfel.experiments.cli import main
+from groupfel.topologies import Link, build_topology
+
+POWER = os.path.join(os.path.dirname(__file__), "fixtures", "power-rpi4-rest.toml")
+
+
+def _power(watts: dict[str, float]) -> PowerModel:
+    return PowerModel({"dev": DevicePower("dev", {s: PowerCurve(Polynomial((w,))) for s, w in watts.items()})})
+
+
+def _play(n_samples, watts, group_rounds=1, latency=0.5, rounds=1):
+    """One group of the given members on dedicated links (transfer = latency), E = 3,
+    H(n) = 0.1 n + 1, one group operation O(s) = 0.5 s² + 1; returns the ledger."""
+    n = len(n_samples)
+    parts = [np.arange(1) for _ in range(n)]
+    topo = build_topology([n], ["dev"] * n, parts, np.ones((n, 1), dtype=int),
+                          client_link=Link(1e15, latency), edge_link=Link(1e15, 1.0))
+    prof = DeviceProfile("dev", "t", training={"sgd": linear(0.1, 1.0)}, group_overhead={"secagg": quadratic(0.5, 0, 1)})
+    ledger = CostLedger()
+    ledger.power = _power(watts)
+    env = simpy.Environment()
+    fed = Federation(RoundContext(env, 1000, CostModel({"dev": prof}, "sgd", ("secagg",)), ledger, topo, seed=0,
+                                  group_rounds=group_rounds, local_epochs=3))
+    g = Group(0, np.arange(n), np.asarray(n_samples), 0.0)
+    for t in range(rounds):
+        fed.run_round(t, [(0, g)])
+    return ledger, env.now
+
+
+@pytest.mark.parametrize("train_w, idle_w, expected", [(2.0, 0.5, {0: 15.0, 1: 24.0}),
+                                                     (5.0, 1.6, {0: 39.6, 1: 60.0})])   # docs/energy.md
+def test_one_group_round_two_states_by_hand(train_w, idle_w, expected):
+    """Two clients (10 and 30 samples), one group round, no transfer time; training and idle power
+    given, the other states at 0 W. Training: 3·(0.1·10 + 1) = 6 s and 3·(0.1·30 + 1) = 12 s;
+    secagg O(2) = 3 s each; the round lasts 15 s, so client 0 idles 15 − 9 = 6 s, client 1 none.
+    At 2 W and 0.5 W: client 0 2·6 + 0.5·6 = 15 J, client 1 2·12 = 24 J; at the shipped Raspberry
+    Pi 4's 5.0 W and 1.6 W: 30 + 9.6 = 39.6 J and 60 J."""
+    ledger, now = _play([10, 30], {"training": train_w, "group_operation": 0.0, "transmit": 0.0, "receive": 0.0,
+                                   "idle": idle_w}, latency=0.0)
+    assert now == pytest.approx(1.0 + 15.0 + 1.0)   # edge link down and up, 1 s each
+    e = ledger.energy_frame()
+    assert e.groupby("client")["joules"].sum().to_dict() == pytest.approx(expected)
+    sec = e.pivot_table(index="client", columns="state", values="seconds", observed=True)
+    assert sec.loc[0].to_dict() == pytest.approx({"training": 6, "group_operation": 3, "idle": 6, "receive": 0,
+                                                  "transmit": 0})
+    total = sum(expected.values())
+    assert ledger.energy_row() == pytest.approx({"energy_j": total, "energy_training_j": train_w * 18,
+                                                 "energy_idle_j": idle_w * 6, "energy_group_operation_j": 0.0,
+                                                 "energy_transmit_j": 0.0, "energy_receive_j": 0.0})
+
+
+def test_the_shipped_pi_power_cites_its_sources():
+    from groupfel.cost_models.power import shipped_power
+
+    pi = shipped_power()["raspberry-pi-4"].states
+    assert sorted(pi) == ["idle", "training"]        # the states with a public measurement, no others
+    assert float(pi["idle"].curve(0)) == 1.6 and float(pi["training"].curve(0)) == 5.0
+    assert all("https://github.com/geerlingguy/sbc-reviews/issues/4" in p.source for p in pi.values())
+
+
+WATTS = {"training": 2.0, "group_operation": 3.0, "transmit": 4.0, "receive": 1.0, "idle": 0.5}
+
+
+def test_every_state_by_hand_over_two_group_rounds():
+    """Three clients (10, 20, 30 samples), K = 2, 0.5 s each way: per group round client 0
+    receives 0.5 s (0.5 J), trains 6 s (12 J), runs secagg O(3) = 5.5 s (16.5 J), transmits 0.5 s
+    (2 J) and idles 21.5... the slowest member's 0.5 + 12 + 5.5 + 0.5 = 18.5 s less its 12.5 s:
+    6 s (3 J): 34 J; client 1: 0.5 + 18 + 16.5 + 2 + 1.5 = 38.5 J; client 2: 0.5 + 24 + 16.5 + 2 = 43 J."""
+    ledger, _ = _play([10, 20, 30], WATTS, group_rounds=2)
+    per_client = ledger.energy_frame().groupby("client")["joules"].sum()
+    assert per_client.to_dict() == pytest.approx({0: 68.0, 1: 77.0, 2: 86.0})
+
+
+def test_energy_is_power_times_the_ledgers_busy_time_for_every_client():
+    """For every client: each state's joules are its power × seconds, the compute states' seconds
+    are the Eq. 5 ledger's spans, and the five states fill each group round it completed."""
+    ledger, _ = _play([12, 25, 7, 40], WATTS, group_rounds=3, rounds=2)
+    e, led = ledger.energy_frame(), ledger.frame()
+    for c in range(4):
+        mine = e[e.client == c]
+        by_state = mine.groupby("state", observed=True)
+        assert mine["joules"].sum() == pytest.approx(sum(WATTS[s] * g["seconds"].sum() for s, g in by_state))
+        spans = led[led.client == c].assign(s=lambda d: d.end - d.start).groupby("component", observed=True)["s"].sum()
+        assert by_state["seconds"].sum()["training"] == pytest.approx(spans["training"])
+        assert by_state["seconds"].sum()["group_operation"] == pytest.approx(spans["secagg"])
+    rounds = led.groupby(["round", "group_round"])
+    # each group round: the download (0.5 s), the slowest member's compute, its upload (0.5 s)
+    span = (rounds["end"].max() - rounds["start"].min()).sum() + len(rounds) * (0.5 + 0.5)
+    per_client = e.groupby("client")["seconds"].sum()
+    assert per_client.to_numpy() == pytest.approx(np.full(4, span))
+
+
+def test_no_power_no_energy():
+    ledger = CostLedger()
+    assert ledger.energy_frame() is None and ledger.energy_row() == {}
+
+
+@pytest.mark.slow
+def test_a_run_without_energy_has_no_energy_columns_and_one_with_it_has_them(tmp_path, tiny_dict, capsys):
+    d = one_arm(tiny_dict, rounds=2, group_rounds=1)
+    assert main(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "off"), "--quiet"]) == 0
+    off = pd.read_csv(next((tmp_path / "off").rglob("results.csv")))
+    assert not [c for c in off if "energy" in c] and not list((tmp_path / "off").rglob("energy.parquet"))
+    d["cost"].update(energy=True, profiles_file=POWER)
+    assert main(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "on"), "--quiet"]) == 0
+    on = pd.read_csv(next((tmp_path / "on").rglob("results.csv")))
+    # energy changes no other number
+    pd.testing.assert_frame_equal(on[off.columns], off)
+    e = pd.read_parquet(next((tmp_path / "on").rglob("energy.parquet")))
+    assert on["energy_j"].iloc[-1] == pytest.approx(e["joules"].sum())
+    assert on["energy_j"].iloc[-1] == pytest.approx(on[[f"energy_{s}_j" for s in STATES]].iloc[-1].sum())
+    train = e[e.state == "training"]
+    assert train["joules"].to_numpy() == pytest.approx(5.0 * train["seconds"].to_numpy())   # the shipped 5.0 W
+    manifest = json.loads(next((tmp_path / "on").rglob("manifest.json")).read_text())
+    assert "sbc-reviews/issues/4" in manifest["power_sources"]["raspberry-pi-4"]["idle"]
+    assert manifest["total_energy_j"] == pytest.approx(on["energy_j"].iloc[-1])
+    # timeline: energy per client, or one line saying the run measured none
+    capsys.readouterr()
+    for run, says in (("off", "energy: not measured"), ("on", "energy per client in round 2")):
+        arm = next((tmp_path / run).rglob("ledger.parquet")).parent
+        assert main(["timeline", str(arm), "--round", "2", "--out", str(tmp_path / f"{run}.png")]) == 0
+        assert says in capsys.readouterr().out
+    round2 = e[e["round"] == 2].groupby("client")["joules"].sum()
+    from groupfel.experiments.timeline import energy_per_client
+
+    per = energy_per_client(e[e["round"] == 2]).set_index("client")["total_j"]
+    assert per.to_dict() == pytest.approx(round2.to_dict())
+    # the report's energy section (the whole page is built and checked in Chromium in tests/test_report.py)
+    from groupfel.experiments.report import _energy, load_study
+
+    page = _energy(load_study(tmp_path / "on"), {"energy_j": "<img>"})
+    assert "Accuracy against energy" in page and "group_operation (J)" in page and "<img>" in page
+
+
+def test_whatif_prices_energy_by_group_size_and_access_capacity(tmp_path, capsys):
+    args = ["whatif", "--energy", "--group-sizes", "2,4", "--access-mbps", "8,50", "--edge-clients", "8",
+            "--clients", "40", "--rounds", "1", "--out", str(tmp_path / "w")]
+    assert main([*args, "--profiles-file", POWER]) == 0
+    df = pd.read_csv(tmp_path / "w" / "whatif.csv")
+    parts = df[[f"energy_{s}_j" for s in STATES]].sum(axis=1)
+    assert (df["edge_energy_j"] > 0).all() and df["edge_energy_j"].to_numpy() == pytest.approx(parts.to_numpy())
+    # a slower access link: the same Eq. 5 cost, more time on the radio and waiting, more joules
+    slow, fast = df[df.access_mbps == 8].set_index("group_size"), df[df.access_mbps == 50].set_index("group_size")
+    assert (slow["edge_cost"] == fast["edge_cost"]).all() and (slow["edge_energy_j"] > fast["edge_energy_j"]).all()
+    capsys.readouterr()
+    assert main(args) == 2
+    err = one_error_line(capsys)
+    assert "--energy: device 'raspberry-pi-4' has no power for group_operation, transmit, receive" in err
+    assert "to --profiles-file" in err and not (tmp_path / "w2").exists()
+    from groupfel.experiments import api
+
+    same = api.whatif([2, 4], clients=40, rounds=1, edge_clients=8, access_mbps=[8, 50], profiles_file=POWER,
+                      energy=True)
+    assert same["edge_energy_j"].to_numpy() == pytest.approx(df["edge_energy_j"].to_numpy())
+
+
+@pytest.mark.slow
+def test_energy_budget_stops_the_run_and_batteries_take_clients_offline(tmp_path, tiny_dict):
+    d = one_arm(tiny_dict, rounds=4, group_rounds=2)
+    d["cost"].update(energy=True, profiles_file=POWER)
+    assert main(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "full"), "--quiet"]) == 0
+    full = pd.read_csv(next((tmp_path / "full").rglob("results.csv")))
+    budget = float(full["energy_j"].iloc[2]) + 1e-6     # room for exactly two rounds
+    d["train"]["energy_budget"] = budget
+    assert main(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "budget"), "--quiet"]) == 0
+    arm = next((tmp_path / "budget").rglob("manifest.json"))
+    assert json.loads(arm.read_text())["stop_reason"] == "energy_budget"
+    assert pd.read_csv(arm.parent / "results.csv")["round"].max() == 2
+    del d["train"]["energy_budget"]
+    per_client = pd.read_parquet(next((tmp_path / "full").rglob("energy.parquet"))).groupby("client")["joules"].sum()
+    d["train"]["client_energy_budget"] = float(per_client[per_client > 0].min()) / 3
+    assert main(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "battery"), "--quiet"]) == 0
+    arm = next((tmp_path / "battery").rglob("manifest.json")).parent
+    led = pd.read_parquet(arm / "ledger.parquet")
+    assert (led.component == "offline").any()      # a client whose battery ran out went offline
+    spent = pd.read_parquet(arm / "energy.parquet").groupby("client")["joules"].sum()
+    # a battery is checked at each group round's start: no client starts one with an empty battery,
+    # so none spends more than its budget plus one group round
+    assert (spent <= d["train"]["client_energy_budget"] + per_client.max()).all()
+
+
+@pytest.mark.parametrize("text, says", [
+    ('[[power]]\ndevice = "d"\nstate = "idle"\nunits = "kJ"\nvalue = 1', "power[0].units: power is in W or mW"),
+    ('[[power]]\ndevice = "d"\nstate = "idle"\nvalue = -1', "power[0].value: power -1 W; give watts from 0"),
+    ('[[power]]\ndevice = "d"\nstate = "sleep"\nvalue = 1', "power[0].state"),
+    ('[[power]]\ndevice = "d"\nstate = "idle"\ncoefficients = [1, 2]', "idle power is a constant"),
+    ('[[power]]\ndevice = "d"\nstate = "training"\nvalue = 1e7', "give watts from 0 to 1e+06"),
+    ('[[power]]\ndevice = "d"\nstate = "training"\nvalue = 1\nwatts = 2', "power[0].watts: unknown key"),
+])
+def test_bad_power_tables_are_one_line_naming_the_field(tmp_path, text, says):
+    path = tmp_path / "p.toml"
+    path.write_text(text)
+    with pytest.raises(InputError) as exc:
+        read_power(path)
+    assert says in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_power_units_and_csv_rows(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text('[[power]]\ndevice = "d"\nstate = "transmit"\nunits = "mW"\npoints = [[10, 500], [30, 900]]')
+    curve = read_power(path)["d"].states["transmit"].curve
+    assert float(curve(20.0)) == pytest.approx(0.7)
+    csv = tmp_path / "p.csv"
+    csv.write_text("device,task,operation,method,a,b,c\nd,x,power,training,0,0.01,3\nd,x,training,sgd,0.1,1,\n")
+    assert float(read_power(csv)["d"].states["training"].curve(100)) == pytest.approx(4.0)
+
+
+def test_a_missing_state_is_asked_for(tmp_path, tiny_dict, capsys):
+    d = one_arm(tiny_dict, rounds=1)
+    d["cost"]["energy"] = True
+    assert main(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "r"), "--quiet"]) == 2
+    err = one_error_line(capsys)
+    assert "cost.energy: device 'raspberry-pi-4' has no power for group_operation, transmit, receive" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_energy_budget_needs_energy(tiny_dict):
+    tiny_dict["train"]["energy_budget"] = 10.0
+    with pytest.raises(InputError, match="train.energy_budget is in joules and needs cost.energy = true"):
+        parse_config(tiny_dict)
+
+
+# -- measuring energy ---------------------------------------------------------------------------------
+
+def _fake_rapl(root, packages):
+    """A powercap tree in the kernel's layout: intel-rapl:N with name, energy_uj, max_energy_range_uj,
+    and a sub-zone intel-rapl:N:0 (part of the package, not added again)."""
+    for i, (uj, top) in enumerate(packages):
+        z = root / f"intel-rapl:{i}"
+        (z / f"intel-rapl:{i}:0").mkdir(parents=True)
+        (z / "name").write_text(f"package-{i}\n")
+        (z / "energy_uj").write_text(f"{uj}\n")
+        (z / "max_energy_range_uj").write_text(f"{top}\n")
+        (z / f"intel-rapl:{i}:0" / "energy_uj").write_text("5\n")
+        (root / f"intel-rapl:{i}:0").symlink_to(z / f"intel-rapl:{i}:0")
+
+
+def test_rapl_reader_on_a_fake_sysfs_tree_with_wraparound(tmp_path):
+    _fake_rapl(tmp_path, [(262_143_000_000, 262_143_328_850), (1_000_000, 65_712_999_613)])
+    zones, why = rapl_zones(tmp_path)
+    assert why is None and [z.name for z in zones] == ["package-0", "package-1"]
+    meter, said = open_meter(None, tmp_path)
+    assert "intel-rapl:0 (package-0)" in said
+    mark = meter.start()
+    (tmp_path / "intel-rapl:0" / "energy_uj").write_text("1000000\n")    # wrapped: 328 850 + 1 000 000 µJ
+    (tmp_path / "intel-rapl:1" / "energy_uj").write_text("3500000\n")    # 2 500 000 µJ
+    assert meter.stop(mark)[0] == pytest.approx(1.32885 + 2.5)
+    assert advance(10, 4, 10) == 4 and advance(4, 10, 10) == 6
+
+
+def test_no_counter_says_so_in_one_line(tmp_path):
+    meter, said = open_meter(None, tmp_path / "none")
+    assert meter is None and said.startswith("energy: not recorded: no energy counter is readable here")
+    (tmp_path / "empty").mkdir()
+    assert "no intel-rapl:N zone" in open_meter(None, tmp_path / "empty")[1]
+
+
+def test_measure_with_a_power_log_and_calibrate_fits_power(tmp_path, capsys):
+    import time
+
+    t0 = time.time()
+    log = tmp_path / "log.csv"
+    log.write_text("timestamp,watts\n" + "".join(f"{t0 - 5 + i * 0.25:.3f},4.0\n" for i in range(2000)))
+    out = tmp_path / "m.csv"
+    assert main(["measure", "backdoor", "--sizes", "2,4,8", "--params", "64", "--repeats", "2",
+                 "--power-log", str(log), "--out", str(out)]) == 0
+    df = pd.read_csv(out, comment="#")
+    assert (df["joules"] / df["energy_span_s"]).to_numpy() == pytest.approx(4.0)
+    assert main(["calibrate", str(out), "--out", str(tmp_path / "cal")]) == 0
+    said = capsys.readouterr().out
+    assert "local/group_operation: power = b·x + c (W)" in said and "c =  4" in said
+    assert float(read_power(tmp_path / "cal" / "profile.csv")["local"].states["group_operation"].curve(4)) == \
+        pytest.approx(4.0)
+
+
+def test_measure_without_a_meter_writes_no_energy_columns(tmp_path, capsys, monkeypatch):
+    from groupfel.cost_models import energy_meter
+
+    monkeypatch.setattr(energy_meter, "POWERCAP", tmp_path / "none")
+    monkeypatch.setattr(energy_meter.open_meter, "__defaults__", (None, tmp_path / "none"))
+    out = tmp_path / "m.csv"
+    assert main(["measure", "backdoor", "--sizes", "2,3", "--params", "16", "--repeats", "1", "--out", str(out)]) == 0
+    assert "energy: not recorded" in capsys.readouterr().out
+    assert "joules" not in pd.read_csv(out, comment="#")
+
+
+def test_a_checkpoint_keeps_the_energy(tmp_path):
+    """A resumed run continues the energy table and every battery's level from its checkpoint."""
+    from groupfel.emulator.arm import ArmState
+    from groupfel.emulator.driver import load_checkpoint, save_checkpoint
+
+    ledger, _ = _play([10, 30], WATTS, group_rounds=2)
+    save_checkpoint(tmp_path / "c.pt", ArmState(ledger=ledger))
+    back = load_checkpoint(tmp_path / "c.pt").ledger
+    pd.testing.assert_frame_equal(back.energy_frame(), ledger.energy_frame())
+    assert back.energy_total == ledger.energy_total and back.energy_by_state == ledger.energy_by_state
+    assert back.client_energy.tolist() == ledger.client_energy.tolist()
+    plain = CostLedger()
+    save_checkpoint(tmp_path / "p.pt", ArmState(ledger=plain))
+    assert load_checkpoint(tmp_path / "p.pt").ledger.energy_frame() is None
