@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .stats import mean_ci
+from .stats import clip, mean_ci
 
 ROOT = Path(__file__).parent / "reproductions"
 TEMPLATE = ROOT / "README.template.md"
@@ -68,7 +68,18 @@ def ours(name: str, mode: str, metric: str, arm: str | None = None, digits: int 
     """Ours from ``NAME.csv``: mean [95 % CI] of ``metric`` (the table's own unit)."""
     table = _csv(name, mode, f"{name}.csv")
     r = _select(table[table["metric"] == metric], arm, point).iloc[0]
-    return _ci(r["ours"], r["ci95_low"], r["ci95_high"], digits) if ci else fmt(r["ours"], digits)
+    if not ci:
+        return fmt(r["ours"], digits)
+    # the metric's range (an IPR within [0, 100]) bounds its interval, as `groupfel reproduce` now writes it
+    low, high, _ = clip(r["ci95_low"], r["ci95_high"], _bounds(name, metric))
+    return _ci(r["ours"], low, high, digits)
+
+
+@cache
+def _bounds(name: str, metric: str) -> tuple[float, float] | None:
+    from .reproduce import load
+
+    return next((m.bounds for m in load(name).metrics if m.name == metric), None)
 
 
 def paper(name: str, metric: str, arm: str | None = None, digits: int = 2, **point) -> str:
