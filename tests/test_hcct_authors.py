@@ -175,3 +175,31 @@ def test_ipr_interval_is_clipped_to_0_100():
     # the bad case: 40 [-87, 167] becomes 40 [0, 100]
     assert clip(-87.0, 167.0, (0.0, 100.0)) == (0.0, 100.0, True)
     assert readme_render._bounds("fedcollab-table2", "ipr") == (0.0, 100.0)
+
+
+def test_rendered_ipr_interval_is_clipped(tmp_path, monkeypatch):
+    d = tmp_path / "fedcollab-table2" / "quick"
+    d.mkdir(parents=True)
+    import pandas as pd
+    pd.DataFrame([{"arm": "global", "metric": "ipr", "ours": 40.0, "ci95_low": -87.0, "ci95_high": 167.0}]) \
+        .to_csv(d / "fedcollab-table2.csv", index=False)
+    (tmp_path / "t.md").write_text('{{ ours("fedcollab-table2", "quick", "ipr", "global", 0) }}')
+    monkeypatch.setattr(readme_render, "ROOT", tmp_path)
+    readme_render._csv.cache_clear()
+    assert readme_render.render(tmp_path / "t.md") == "40 [0, 100]"
+    readme_render._csv.cache_clear()
+
+
+def test_before_after_pairs_the_seeds_both_folders_ran(tmp_path, monkeypatch):
+    import pandas as pd
+    # before: seeds 0, 1, 2 at 30, 30, 90 %; after: seeds 0, 1 at 50, 70 % -> 30.0 → 60.0 (30.0 [t interval])
+    for folder, last in (("after", {0: 0.5, 1: 0.7}), ("before", {0: 0.3, 1: 0.3, 2: 0.9})):
+        d = tmp_path / "x" / folder
+        d.mkdir(parents=True)
+        pd.DataFrame([{"arm": "a", "seed": s, "round": r, "e": v if r else 0.0} for s, v in last.items()
+                      for r in (0, 1)]).to_csv(d / "runs.csv", index=False)
+    (tmp_path / "t.md").write_text('{{ before_after("x", "after", "before", "e", "a", 1) }}')
+    monkeypatch.setattr(readme_render, "ROOT", tmp_path)
+    readme_render._csv.cache_clear()
+    assert readme_render.render(tmp_path / "t.md") == "30.0 → 60.0 (30.0 [-97.1, 157.1])"
+    readme_render._csv.cache_clear()
