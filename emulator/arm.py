@@ -131,6 +131,8 @@ class ArmState:
     # each client's latest upload (N, P): its gradient ("merge", "split") or local model ("nearest")
     gradients: torch.Tensor | None = None
     uploaded: torch.Tensor | None = None    # ... and whether it has one
+    policy_memo: dict = field(default_factory=dict)   # edge -> what the grouping policy keeps there (EdgeView.memo)
+    best_accuracy: np.ndarray | None = None  # each client's best local test accuracy over evaluations at t >= 1
     network: list[dict] = field(default_factory=list)   # shared edges: each round's makespan, utilisation, bytes
     # not checkpointed: recomputed each session
     groups_per_round: int | None = None     # S of the last round

@@ -337,6 +337,9 @@ class TrainConfig(_Strict):
                                                "offline (checked at each group round's start, as "
                                                "topology.availability; turns on the shared-edge model).")
     eval_every: Rounds = Field(1, description="Evaluate the global model every this many rounds.")
+    report_best: bool = Field(False, description="Per-group mode: also report each client's best local test "
+                              "accuracy over the evaluations after round 0 (local_error_best_* columns; the HCCT "
+                              "authors' main_cluster.py reports it).")
     target_accuracy: float | None = Field(None, gt=0, le=1, description="The summary reports the cost to "
                                           "first reach this test accuracy.")
 

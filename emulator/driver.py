@@ -183,6 +183,8 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> ArmState:
     names = {f.name for f in fields(ArmState)} - set(TRANSIENT)
     if isinstance(blob, dict):
         blob.setdefault("network", [])   # checkpoints from before the shared-edge model
+        blob.setdefault("policy_memo", {})   # ... and from before policies kept memos and best accuracies
+        blob.setdefault("best_accuracy", None)
     if not isinstance(blob, dict) or set(blob) != names:
         raise InputError(f"--resume: {path} is a checkpoint of another groupfel version; delete it to restart "
                          f"the arm from scratch")

@@ -25,6 +25,7 @@ STREAMS: dict[str, int | None] = {
     "independent": 20,
     "availability": 21,    # a client's on/off process (topology.availability): (client,)
     "heterogeneity": 22,   # a client's drawn bandwidth, latency and slowdown factor: (client,)     # MAXFL: batch seeds of a client's own model in group round k of round t: (t, k, client)
+    "maxfl-prior": 31,     # MAXFL's w_prior, trained once (prior = "once"): (client,)
     "discriminators": None,  # FedCollab's discriminators at epoch e on an edge: (e, edge); sub-streams below
 }
 # streams derived from a key of "discriminators": the tag is appended last

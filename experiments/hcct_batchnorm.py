@@ -78,7 +78,27 @@ def mean_cosine(v: np.ndarray) -> float:
     return float(c[~np.eye(len(v), dtype=bool)].mean())
 
 
-def run(seed: int, epochs: int, alpha: float) -> list[dict]:
+BN_STATS = ("mean", "client0")
+
+
+def average_states(trained: list[dict], members: list[int], sizes: np.ndarray, bn_stats: str = "mean") -> dict:
+    """A group's state: the D_i-weighted mean of its members' trained states. BatchNorm's running
+    statistics and batch counters are averaged too (``"mean"``, FedAvg of a state dict) or copied
+    from client 0's state (``"client0"``, code: the HCCT authors' ``FedWeightAvg`` in models/Fed.py
+    starts from a copy of the first client's state and averages only the entries without
+    ``running`` or ``num_batches_tracked`` in their names)."""
+    w = torch.as_tensor(sizes[members] / sizes[members].sum(), dtype=torch.float64)
+    avg = {}
+    for k in trained[0]:
+        if bn_stats == "client0" and ("running" in k or "num_batches_tracked" in k):
+            avg[k] = trained[0][k].clone()
+            continue
+        stack = torch.stack([trained[i][k].double() for i in members])
+        avg[k] = torch.tensordot(w, stack, dims=1).to(trained[0][k].dtype)
+    return avg
+
+
+def run(seed: int, epochs: int, alpha: float, bn_stats: str = "mean") -> list[dict]:
     cfg = load_config(CONFIG).model_copy(update={"seed": seed})
     world = build_world(cfg)
     ds, topo, tc = world.dataset, world.topology, cfg.train
@@ -111,14 +131,10 @@ def run(seed: int, epochs: int, alpha: float) -> list[dict]:
             row[f"partition_{k}"] = sorted(sorted(p) for p in part)
             row[f"mean_cos_{k}"] = round(mean_cosine(g), 4)
         # Alg. 1 lines 14-19 on the authors' partition: a group's model is the D_i-weighted mean
-        # of its members' trained state (BatchNorm statistics included, as FedAvg of a state dict)
+        # of its members' trained state (BatchNorm statistics by ``bn_stats``)
         groups = row["partition_state"]
         for members in groups:
-            w = torch.as_tensor(sizes[members] / sizes[members].sum(), dtype=torch.float64)
-            avg = {}
-            for k in trained[0]:
-                stack = torch.stack([trained[i][k].double() for i in members])
-                avg[k] = torch.tensordot(w, stack, dims=1).to(trained[0][k].dtype)
+            avg = average_states(trained, members, sizes, bn_stats)
             for i in members:
                 states[i] = avg
         # test error of each client's model on its local split
@@ -143,11 +159,14 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--alpha", type=float, default=1.0)
+    ap.add_argument("--bn-stats", choices=BN_STATS, default="mean",
+                    help="a group's BatchNorm running statistics: their mean (FedAvg of the state dict) or client "
+                         "0's (client0: the HCCT authors' FedWeightAvg)")
     ap.add_argument("--out", type=Path, default=Path("results/hcct-batchnorm"))
     a = ap.parse_args()
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    rows = [r for s in a.seeds for r in run(s, a.epochs, a.alpha)]
+    rows = [r for s in a.seeds for r in run(s, a.epochs, a.alpha, a.bn_stats)]
     a.out.mkdir(parents=True, exist_ok=True)
     with open(a.out / "hcct-batchnorm.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .stats import mean_ci
+from .stats import clip, mean_ci
 
 ROOT = Path(__file__).parent / "reproductions"
 TEMPLATE = ROOT / "README.template.md"
@@ -68,7 +68,18 @@ def ours(name: str, mode: str, metric: str, arm: str | None = None, digits: int 
     """Ours from ``NAME.csv``: mean [95 % CI] of ``metric`` (the table's own unit)."""
     table = _csv(name, mode, f"{name}.csv")
     r = _select(table[table["metric"] == metric], arm, point).iloc[0]
-    return _ci(r["ours"], r["ci95_low"], r["ci95_high"], digits) if ci else fmt(r["ours"], digits)
+    if not ci:
+        return fmt(r["ours"], digits)
+    # the metric's range (an IPR within [0, 100]) bounds its interval, as `groupfel reproduce` now writes it
+    low, high, _ = clip(r["ci95_low"], r["ci95_high"], _bounds(name, metric))
+    return _ci(r["ours"], low, high, digits)
+
+
+@cache
+def _bounds(name: str, metric: str) -> tuple[float, float] | None:
+    from .reproduce import load
+
+    return next((m.bounds for m in load(name).metrics if m.name == metric), None)
 
 
 def paper(name: str, metric: str, arm: str | None = None, digits: int = 2, **point) -> str:
@@ -176,6 +187,21 @@ def paired_folders(name: str, mode: str, before: str, column: str, arm: str, dig
 
     x, y = final(mode), final(before)
     return _ci(*mean_ci([x[s] - y[s] for s in x if s in y]), digits)
+
+
+def before_after(name: str, mode: str, before: str, column: str, arm: str, digits: int = 2,
+                 scale: float = 100.0, **point) -> str:
+    """``column`` at each run's last evaluation, folder ``before`` → folder ``mode``, each the mean
+    over the seeds both folders ran, then in brackets the paired difference after − before
+    (mean [95 % CI] over those seeds)."""
+    def final(folder: str) -> dict[int, float]:
+        runs = _select(_csv(name, folder, "runs.csv"), arm, point)
+        return {int(s): float(r.sort_values("round")[column].iloc[-1]) * scale for s, r in runs.groupby("seed")}
+
+    x, y = final(mode), final(before)
+    common = sorted(set(x) & set(y))
+    diff = _ci(*mean_ci([x[s] - y[s] for s in common]), digits)
+    return f"{fmt(float(np.mean([y[s] for s in common])), digits)} → {fmt(float(np.mean([x[s] for s in common])), digits)} ({diff})"
 
 
 def paired_points(name: str, mode: str, arm: str, a: dict, b: dict, digits: int = 2) -> str:
@@ -369,7 +395,7 @@ def base_sources(quick: bool = False) -> str:
 
 
 FUNCTIONS = {f.__name__: f for f in (ours, paper, summary, cell, summary_ci, at_cost, at_round, at_cost_over,
-                                     paired_at_cost, last, paired_last, paired_folders, paired_points, paired_final,
+                                     paired_at_cost, last, paired_last, paired_folders, before_after, paired_points, paired_final,
                                      cost_to, diverged, span, seeds, fmt, table1, arms_table, methods_table, grid,
                                      table2, table2_diff, table2_span, sources, base_sources)}
 

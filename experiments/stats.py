@@ -40,7 +40,10 @@ BOUNDS = {"final_acc": (0.0, 1.0), "acc_at_common_cost": (0.0, 1.0), "cost_to_ta
           "sim_time_s": (0.0, np.inf), "accuracy": (0.0, 1.0), "loss": (0.0, np.inf), "cost": (0.0, np.inf),
           "round_time_s": (0.0, np.inf),
           # per-group mode's local test error over clients (HCCT Table 5)
-          **{f"local_error_{k}": (0.0, 1.0) for k in ("mean", "std", "min", "max")}}
+          **{f"local_error_{k}": (0.0, 1.0) for k in ("mean", "std", "min", "max")},
+          **{f"local_error_best_{k}": (0.0, 1.0) for k in ("mean", "std", "min", "max")},
+          # FedCollab Eqs. 11-12: IPR is a share of clients, RSD a standard deviation
+          "ipr": (0.0, 1.0), "rsd": (0.0, np.inf)}
 MIN_PAIRS = 3
 # Equivalence margins δ (metric -> size, relative to the reference arm's mean?): a difference
 # inside ±δ counts as none. One accuracy point, and 5 % of a cost or time; a config's [margins]

@@ -34,6 +34,7 @@ class EdgeView:
     gradients: np.ndarray | None = None
     layer_slices: tuple[slice, ...] | None = None
     distances: np.ndarray | None = None   # clients × clients, from FedCollab's client discriminators
+    memo: dict | None = None              # what a policy keeps for this edge across re-partitions (checkpointed)
 
     @property
     def n_samples(self) -> np.ndarray:

@@ -106,6 +106,7 @@ def hcct_partition(grads: np.ndarray, sizes: np.ndarray, alpha: float,
 
 SCHEDULES = ("alg1", "once")
 RESTARTS = ("singletons", "merge")
+FIRSTS = ("alone", "global")
 
 
 @groupings.register("hcct")
@@ -136,6 +137,11 @@ class HCCTGrouping(GroupingPolicy):
       as the authors' ``user_cluster`` does): every client alone, so a group may split again.
     * ``"merge"`` (a departure, assumed: Alg. 1 passes the current groups {C_k} in): Alg. 2
       merges the current groups, so groups only merge.
+
+    ``first`` says how ``"alg1"`` trains epoch t = 0: ``"alone"`` (default; paper: HCCT Alg. 1
+    lines 2-4, every client its own group) or ``"global"`` (code: the HCCT authors'
+    main_cluster.py puts every client of an edge in one group at ``iter == 0``: one FedAvg epoch
+    from the initial model, whose uploads Alg. 2 partitions at t = 1).
     """
 
     needs_gradients: ClassVar[bool] = True
@@ -144,6 +150,7 @@ class HCCTGrouping(GroupingPolicy):
     schedule: str | None = None
     n_groups: int | None = None
     restart: str = "singletons"
+    first: str = "alone"
 
     def __post_init__(self):
         if not isinstance(self.min_group_size, int) or self.min_group_size < 1:
@@ -158,6 +165,9 @@ class HCCTGrouping(GroupingPolicy):
         if self.restart not in RESTARTS:
             raise ValueError(f"restart must be one of {', '.join(RESTARTS)} (\"singletons\": HCCT Alg. 2 line 2; "
                              f"\"merge\": merge the current groups), got {self.restart!r}")
+        if self.first not in FIRSTS:
+            raise ValueError(f"first must be one of {', '.join(FIRSTS)} (\"alone\": HCCT Alg. 1, every client alone "
+                             f"at t = 0; \"global\": one group at t = 0, the authors' code), got {self.first!r}")
         if self.schedule == "alg1" and self.min_group_size > 1:
             raise ValueError("schedule \"alg1\" starts from singletons (HCCT Alg. 1), so min_group_size must be 1; "
                              "use schedule = \"once\" for a minimum group size")
@@ -204,14 +214,35 @@ class HCCTGrouping(GroupingPolicy):
         return [np.array(sorted(g), dtype=int) for g in merged]
 
 
+LAYERS = ("every", "once")
+
+
 @groupings.register("hcct-e")
 @dataclass(frozen=True)
 class HCCTEGrouping(HCCTGrouping):
     """HCCT-E (HCCT Sec. 5.2): HCCT on the single layer l* of HCCT Eq. 19 (largest relative
-    gradient variance across clients), with the similarity of HCCT Eq. 20."""
+    gradient variance across clients), with the similarity of HCCT Eq. 20.
+
+    ``layer`` says when l* is chosen: ``"every"`` (default, assumed: from the gradients of every
+    partition) or ``"once"`` (code: the HCCT authors' main_cluster.py picks ``cluster_layer``
+    once, from every client's one training from the initial model, and keeps it): from the first
+    gradients partitioned on the edge (under ``"alg1"``, the uploads of epoch t = 0, trained from
+    the initial model), kept in the edge's ``EdgeView.memo``."""
+
+    layer: str = "every"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.layer not in LAYERS:
+            raise ValueError(f"layer must be one of {', '.join(LAYERS)} (\"every\": l* from every partition's "
+                             f"gradients; \"once\": from the first, the HCCT authors' code), got {self.layer!r}")
 
     def _gradients(self, view: EdgeView) -> np.ndarray:
         grads = super()._gradients(view)
         if not view.layer_slices:
             return grads
-        return grads[:, view.layer_slices[relative_variance_layer(grads, view.layer_slices)]]
+        if self.layer == "once" and view.memo is not None:
+            best = view.memo.setdefault("hcct_e_layer", relative_variance_layer(grads, view.layer_slices))
+        else:
+            best = relative_variance_layer(grads, view.layer_slices)
+        return grads[:, view.layer_slices[best]]

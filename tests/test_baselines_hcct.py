@@ -218,7 +218,9 @@ class Killed(Exception):
     ("maxfl", {}, None),
     ("flsc", {"n_clusters": 3, "n_soft": 2}, None),
     ("fedper", {}, {"policy": "hcct", "alpha": 1.0}),
-    ("fedfa", {}, None)])
+    ("fedfa", {}, None),
+    ("maxfl", {"threshold": "distance", "prior": "once"}, None),
+    ("fedavg", {}, {"policy": "hcct-e", "alpha": 1.0, "layer": "once", "first": "global"})])
 def test_per_group_run_resumes_bitwise(tiny_dict, tmp_path, algorithm, params, grouping):
     cfg = _pergroup(tiny_dict, algorithm, params, grouping, rounds=3)
     world = build_world(cfg)

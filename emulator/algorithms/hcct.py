@@ -119,6 +119,7 @@ def maxfl_joins(global_loss: np.ndarray, threshold: np.ndarray, margin: float = 
 
 
 THRESHOLDS = ("loss", "distance")
+PRIORS = ("trained", "once")
 
 
 @dataclass
@@ -126,6 +127,7 @@ class _MaxRound:
     t: int
     joins: dict[int, bool] = field(default_factory=dict)   # each client's decision this round
     row_joins: torch.Tensor | None = None                 # the current group round's batch rows
+    clients: torch.Tensor | None = None                   # ... and who they are
     k: int = 0                                            # group rounds done
 
 
@@ -151,12 +153,22 @@ class MaxFL(Algorithm):
 
     ``threshold`` is client i's threshold: ``"loss"`` (default; paper: Cho et al.'s rule,
     f_i(x) ≤ f_i(ŵ_i)) or ``"distance"`` (code: the HCCT authors' MAXFL, f_i(x) < ‖ŵ_i − x‖², the
-    squared distance between the global model and the client's independent model)."""
+    squared distance between the global model and the client's independent model).
+
+    ``prior`` is where ŵ_i comes from: ``"trained"`` (default, as above: trained every group
+    round) or ``"once"`` (code: the HCCT authors' main_cluster.py, ``w_prior``): ŵ_i is trained
+    once, E local epochs from the initial model at round 0's lr, and stays; at round 0 every client
+    joins (the authors' epoch 0 is one global FedAvg) and from round 1 each decides against the fixed
+    ŵ_i. ``"own"`` is then the model each client holds (the authors' ``w_locals``): a participant
+    starts from the sample-weighted mean of the participants' held models and holds its group's
+    aggregate afterwards; any other client trains on from the model it holds; each is evaluated with
+    the model it holds. Training is then one pass a group round; ŵ_i's one up-front training (the
+    first round's after_local) is not charged."""
 
     margin: float = 0.0
     threshold: str = "loss"
+    prior: str = "trained"
     modes: ClassVar[tuple[str, ...]] = PER_GROUP
-    training_passes: ClassVar[float] = 2.0
 
     def __post_init__(self):
         if not np.isfinite(self.margin):
@@ -164,6 +176,13 @@ class MaxFL(Algorithm):
         if self.threshold not in THRESHOLDS:
             raise ValueError(f"threshold must be one of {', '.join(THRESHOLDS)} (\"loss\": f_i(x) <= f_i(w_i); "
                              f"\"distance\": f_i(x) < |w_i - x|^2, the HCCT authors' code), got {self.threshold!r}")
+        if self.prior not in PRIORS:
+            raise ValueError(f"prior must be one of {', '.join(PRIORS)} (\"trained\": w_i trained every round; "
+                             f"\"once\": trained once up front, the HCCT authors' code), got {self.prior!r}")
+
+    @property
+    def training_passes(self) -> float:   # type: ignore[override]
+        return 1.0 if self.prior == "once" else 2.0
 
     def _joins(self, global_loss: np.ndarray, own: torch.Tensor, models: torch.Tensor, clients) -> np.ndarray:
         """Each client's decision from its loss under the global model (``models``, one row per
@@ -175,12 +194,15 @@ class MaxFL(Algorithm):
         return maxfl_joins(global_loss, bound, self.margin, strict=self.threshold == "distance")
 
     def client_state(self) -> tuple[str, ...]:
-        return ("own",)
+        return ("own", "prior") if self.prior == "once" else ("own",)
 
     def init_state(self, n_clients: int, weights: torch.Tensor) -> AlgorithmState:
         # ŵ_i starts at the initial model, as independent training does; the round counter seeds ŵ_i's batches
-        return AlgorithmState({"own": weights.repeat(n_clients, 1)},
-                              {"round": torch.zeros((), dtype=torch.int64, device=weights.device)})
+        clients = {k: weights.repeat(n_clients, 1) for k in self.client_state()}
+        return AlgorithmState(clients, {"round": torch.zeros((), dtype=torch.int64, device=weights.device)})
+
+    def _threshold_model(self, state: AlgorithmState) -> torch.Tensor:
+        return state.clients["prior" if self.prior == "once" else "own"]
 
     def begin_round(self, state, groups, members):
         t = int(state.server["round"])
@@ -188,20 +210,40 @@ class MaxFL(Algorithm):
         return _MaxRound(t)
 
     def local_start(self, state, scratch, clients, starts, group_of):
-        own = state.clients["own"]
+        own, bound = state.clients["own"], self._threshold_model(state)
         new = [r for r, c in enumerate(clients.tolist()) if c not in scratch.joins]
-        if new:   # the round's first group round with these clients: each decides once
+        if new and self.prior == "once" and scratch.t == 0:   # the authors' epoch 0: one global FedAvg
+            scratch.joins.update({int(clients[r]): True for r in new})
+        elif new:   # the round's first group round with these clients: each decides once
             g_loss = _group_losses(self.ctx, clients, starts, group_of)[new]
             ids = clients[new]
-            for r, j in zip(new, self._joins(g_loss, own[ids], starts[new], ids.tolist())):
+            for r, j in zip(new, self._joins(g_loss, bound[ids], starts[new], ids.tolist())):
                 scratch.joins[int(clients[r])] = bool(j)
         scratch.row_joins = torch.tensor([scratch.joins[c] for c in clients.tolist()], device=own.device)
+        scratch.clients = clients
+        if self.prior == "once" and scratch.t > 0:
+            # main_cluster.py: a participants' group starts from the D_i-weighted mean of the models its members hold
+            starts = starts.clone()
+            groups = np.asarray(group_of)
+            for g in dict.fromkeys(group_of):
+                rows = np.flatnonzero((groups == g) & scratch.row_joins.cpu().numpy())
+                if len(rows):
+                    n = torch.as_tensor(self.ctx.n_samples[clients[rows].cpu().numpy()], dtype=torch.float64)
+                    starts[rows] = ((n / n.sum()) @ own[clients[rows]].double()).to(starts.dtype)
         return torch.where(scratch.row_joins[:, None], starts, own[clients])
 
     def after_local(self, state, scratch, clients, starts, trained, steps, lr, correction):
         own, joins = state.clients["own"], scratch.row_joins
         alone = ~joins
-        own[clients[alone]] = trained[alone]                       # the model they trained is ŵ_i
+        own[clients[alone]] = trained[alone]                       # the model they trained is ŵ_i (or: they hold)
+        if self.prior == "once":
+            if scratch.t == 0 and scratch.k == 0:                  # w_prior: E epochs from the initial model, once
+                engine, c0 = self.ctx.engine, int(clients[0])
+                epochs = int(steps[0]) // engine.steps(c0, 1)
+                seeds = [int(rng(self.ctx.seed, "maxfl-prior", int(c)).integers(2**31)) for c in clients]
+                state.clients["prior"][clients] = engine.train(starts, clients.tolist(), epochs, seeds, lr=lr)
+            scratch.k += 1
+            return
         if joins.any():                                            # participants train ŵ_i too
             members = clients[joins]
             engine = self.ctx.engine
@@ -216,10 +258,16 @@ class MaxFL(Algorithm):
         w = update.weights * scratch.row_joins[update.rows].to(update.weights.dtype)
         if not w.sum() > 0:
             return update.start
-        return (w / w.sum()) @ update.models
+        out = (w / w.sum()) @ update.models
+        if self.prior == "once":                                   # the participants hold the aggregate
+            rows = torch.arange(update.rows.start, update.rows.stop)[scratch.row_joins[update.rows].cpu()]
+            state.clients["own"][scratch.clients[rows]] = out
+        return out
 
     def personal_model(self, state, client, model):
         own = state.clients["own"][client]
+        if self.prior == "once":                                   # main_cluster.py evaluates w_locals
+            return own
         g = _score(self.ctx, model, [client])[1]
         return model if self._joins(g, own[None], model[None], [client])[0] else own
 
@@ -265,13 +313,16 @@ class Flsc(Algorithm):
     lowest loss on its training data (:func:`flsc_choice`), starts its local steps from their
     average (``local_start``), and every chosen model becomes the sample-weighted mean of the
     trained models of the clients that chose it (:func:`flsc_aggregate`, in ``aggregate_group``).
-    A client is evaluated with the average of its N_g best models (``personal_model``). The
-    group's own model (the clients' plain sample-weighted mean) plays no role. Per-group mode,
-    with ``grouping = "global"`` as HCCT (one server)."""
+    A client is evaluated (``evaluate``) with the average of its N_g best models
+    (``"clusters"``, default, assumed) or with the local model it trained last (``"local"``, code:
+    the HCCT authors' main_cluster.py evaluates ``w_locals``; before any training, the initial
+    model). The group's own model (the clients' plain sample-weighted mean) plays no role.
+    Per-group mode, with ``grouping = "global"`` as HCCT (one server)."""
 
     n_clusters: int = 5
     n_soft: int = 2
     init: str = "random"
+    evaluate: str = "clusters"
     modes: ClassVar[tuple[str, ...]] = PER_GROUP
 
     def __post_init__(self):
@@ -283,6 +334,18 @@ class Flsc(Algorithm):
         if self.init not in ("random", "shared"):
             raise ValueError(f"init must be one of random, shared (\"shared\": every cluster model from the one "
                              f"initial model, the HCCT authors' code), got {self.init!r}")
+        if self.evaluate not in ("clusters", "local"):
+            raise ValueError(f"evaluate must be one of clusters, local (\"local\": each client's last trained "
+                             f"model, the HCCT authors' code), got {self.evaluate!r}")
+
+    def client_state(self) -> tuple[str, ...]:
+        return ("local",) if self.evaluate == "local" else ()
+
+    def init_state(self, n_clients: int, weights: torch.Tensor) -> AlgorithmState:
+        state = super().init_state(n_clients, weights)
+        if self.evaluate == "local":     # before any training a client holds the initial model
+            state.clients["local"] = weights.repeat(n_clients, 1)
+        return state
 
     def _clusters(self, state: AlgorithmState) -> torch.Tensor:
         """The cluster models, initialised on first use (the engine is needed, so not in init_state)."""
@@ -321,8 +384,12 @@ class Flsc(Algorithm):
 
     def after_local(self, state, scratch, clients, starts, trained, steps, lr, correction):
         scratch.trained = trained
+        if self.evaluate == "local":
+            state.clients["local"][clients] = trained
 
     def personal_model(self, state, client, model):
+        if self.evaluate == "local":
+            return state.clients["local"][client]
         clusters = self._clusters(state)
         return clusters[torch.as_tensor(self._choose(clusters, np.array([client]))[0], device=clusters.device)].mean(dim=0)
 
@@ -339,14 +406,23 @@ class FedPer(Algorithm):
     averages whole models as FedAvg does, but only the shared layers of the mean reach a client.
     Each client is evaluated with its group's shared layers and its own classifier
     (``personal_model``). The classifiers (``client_state`` ``"own"``: full rows, of which the
-    classifier's range is used) start from the initial model's. Per-group mode."""
+    classifier's range is used) start from the initial model's. Per-group mode.
+
+    ``swap`` says where the own classifier enters: ``"train"`` (default; paper: FedPer [23], as
+    above) or ``"evaluate"`` (code: the HCCT authors' main_cluster.py with ``personalize = 1``):
+    every client trains from its group's whole model, FedAvg's, and keeps the classifier it
+    trained; only at evaluation are the group's last ``personal_layers`` layers swapped for it."""
 
     personal_layers: int = 1
+    swap: str = "train"
     modes: ClassVar[tuple[str, ...]] = PER_GROUP
 
     def __post_init__(self):
         if not isinstance(self.personal_layers, int) or self.personal_layers < 1:
             raise ValueError(f"personal_layers must be an integer >= 1, got {self.personal_layers!r}")
+        if self.swap not in ("train", "evaluate"):
+            raise ValueError(f"swap must be one of train, evaluate (\"evaluate\": train as FedAvg, swap in the own "
+                             f"classifier only to evaluate, the HCCT authors' code), got {self.swap!r}")
 
     def bind(self, ctx: AlgorithmContext) -> None:
         super().bind(ctx)
@@ -360,6 +436,8 @@ class FedPer(Algorithm):
         return AlgorithmState({"own": weights.repeat(n_clients, 1)}, {})
 
     def local_start(self, state, scratch, clients, starts, group_of):
+        if self.swap == "evaluate":
+            return None
         out = starts.clone()
         out[:, self.head] = state.clients["own"][clients][:, self.head]
         return out

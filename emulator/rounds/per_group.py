@@ -64,6 +64,14 @@ def singletons(world: World) -> GroupingResult:
     return GroupingResult(groups, 0, 0)
 
 
+def edge_groups(world: World) -> GroupingResult:
+    """Every edge's clients one group (the HCCT authors' epoch 0: one FedAvg of all clients)."""
+    topo = world.topology
+    groups = [Group(j, c, topo.n_samples[c], float(cov_of_counts(topo.label_counts[c].sum(axis=0), "std")))
+              for j in range(topo.n_edges) if len(c := topo.clients_of(j))]
+    return GroupingResult(groups, 0, 0)
+
+
 def _summary(world: World, state: ArmState, base: dict) -> dict:
     groups = list(current_groups(world, state).values())
     sizes = np.array([g.size for g in groups])
@@ -200,7 +208,8 @@ class PerGroupRounds(RoundStrategy):
             self.training = ArmTraining(world, state, False, state.models[0])
         else:
             merge = self.kind == "merge"   # HCCT Alg. 1: t = 0, every client its own group, nothing probed
-            grouping = singletons(world) if merge else form_groups(world, plan.grouping, 0)
+            first = edge_groups if getattr(plan.grouping, "first", "alone") == "global" else singletons
+            grouping = first(world) if merge else form_groups(world, plan.grouping, 0)
             per_edge = plan.grouping.n_clusters if self.kind in ("every-round", "nearest") else None
             _start_models(world, state, grouping, per_edge, getattr(plan.grouping, "init", None) == "shared")
             state.assign[self.arrival > 0] = -1   # not arrived yet: in no group
@@ -278,7 +287,24 @@ class PerGroupRounds(RoundStrategy):
             "local_error_mean": float(err.mean()), "local_error_std": float(err.std()),
             "local_error_min": float(err.min()), "local_error_max": float(err.max()),
             "local_accuracy_reference": float(ref.mean()), "ipr": ipr, "rsd": rsd})
+        if world.config.train.report_best:
+            state.rows[-1].update(self._best(acc, here))
         return float(acc.mean())
+
+    def _best(self, acc: np.ndarray, here: np.ndarray) -> dict:
+        """Each client's best local test accuracy over the evaluations after round 0 (the HCCT
+        authors' ``acc_best_dict``: they evaluate after every epoch's training), as error columns."""
+        state = self.state
+        state.best_accuracy = (np.full(len(here), np.nan) if state.best_accuracy is None
+                               else np.asarray(state.best_accuracy, dtype=np.float64))   # a tensor after a resume
+        if state.t >= 1:
+            got = state.best_accuracy[here]
+            state.best_accuracy[here] = np.where(np.isnan(got), acc, np.fmax(got, acc))
+        err = 1.0 - state.best_accuracy[here]
+        if np.isnan(err).all():
+            return {f"local_error_best_{k}": np.nan for k in ("mean", "std", "min", "max")}
+        return {"local_error_best_mean": float(np.nanmean(err)), "local_error_best_std": float(np.nanstd(err)),
+                "local_error_best_min": float(np.nanmin(err)), "local_error_best_max": float(np.nanmax(err))}
 
     def _charge_evaluation(self) -> None:
         """The client training an evaluation's personal models take (the algorithm's
@@ -374,7 +400,7 @@ class PerGroupRounds(RoundStrategy):
             if not current:   # nobody on this edge has joined yet
                 continue
             view = EdgeView(topo.label_counts[clients], state.gradients[clients].cpu().numpy().astype(np.float64),
-                            slices)
+                            slices, memo=state.policy_memo.setdefault(int(j), {}))
             for group in self.plan.grouping.repartition(view, current):
                 members = clients[group]
                 old = np.unique(state.assign[members])
@@ -413,7 +439,7 @@ class PerGroupRounds(RoundStrategy):
             groups = [np.array([local[int(c)] for c in g]) for g in
                       (np.flatnonzero(state.assign == m) for m in np.unique(state.assign[clients]))]
             view = EdgeView(topo.label_counts[clients], state.gradients[clients].cpu().numpy().astype(np.float64),
-                            slices)
+                            slices, memo=dict(state.policy_memo.get(int(j), {})))
             value = self.plan.grouping.objective(view, groups)
             if value is None:
                 return None
