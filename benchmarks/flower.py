@@ -109,23 +109,25 @@ def flower_rounds(model_name: str, initial: list[np.ndarray], rounds: int) -> li
     return times[1:]                                                  # drop the warm-up round
 
 
-def groupfel_rounds(model_name: str, rounds: int) -> tuple[list[float], list[np.ndarray], str]:
+def groupfel_rounds(model_name: str, rounds: int, device: str = "cpu") -> tuple[list[float], list[np.ndarray], str]:
     from groupfel.emulator.training import BatchedEngine
     from groupfel.topologies import load_dataset
     d = load_dataset("fashion-mnist")
     parts = partitions(len(d.y_train))
-    engine = BatchedEngine(d, parts, model_name, LR, B)
-    x = engine.initial_weights(SEED)
-    n = torch.tensor([len(p) for p in parts], dtype=torch.float32)
+    engine = BatchedEngine(d, parts, model_name, LR, B, device)
+    x = engine.initial_weights(SEED).to(engine.device)
+    n = torch.tensor([len(p) for p in parts], dtype=torch.float32, device=engine.device)
     clients = list(range(N_CLIENTS))
     times = []
     for r in range(rounds + 1):
         t0 = time.perf_counter()
         local = engine.train(x, clients, E, [r * N_CLIENTS + c for c in clients])
         x = (n / n.sum()) @ local                                     # FedAvg
+        if engine.device.type == "cuda":
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     shapes = [p.shape for p in engine.model.parameters()]
-    initial = [v.reshape(s).numpy() for v, s in zip(engine.initial_weights(SEED).split([s.numel() for s in shapes]),
+    initial = [v.reshape(s).cpu().numpy() for v, s in zip(engine.initial_weights(SEED).split([s.numel() for s in shapes]),
                                                    shapes)]
     return times[1:], initial, engine.formulation
 

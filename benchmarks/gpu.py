@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
 import os
 import statistics
 import sys
@@ -44,10 +43,11 @@ from engines import flops_per_sample, setup  # noqa: E402  (benchmarks/engines.p
 
 from groupfel.emulator.compute import LocalSpec, run_group_rounds  # noqa: E402
 from groupfel.emulator.config import parse_config  # noqa: E402
-from groupfel.emulator.devices import describe, resolve  # noqa: E402
+from groupfel.emulator.devices import check, describe, prepare, resolve  # noqa: E402
 from groupfel.emulator.driver import plan_arm, run_arm  # noqa: E402
 from groupfel.emulator.training import BatchedEngine, TorchEngine  # noqa: E402
 from groupfel.emulator.world import build_world  # noqa: E402
+from groupfel.errors import InputError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 REPRODUCTIONS = ROOT / "experiments" / "reproductions"
@@ -201,6 +201,14 @@ def full_size(device: str, rounds: int, quick: bool, tmp: Path) -> dict:
             "budget": base["train"]["budget"], "model": base["train"]["model"], "batch": base["train"]["batch_size"]}
 
 
+def sweep_runs(sweep: dict, base: dict) -> int:
+    """The runs a reproduction's sweep trains, as the sweep module expands it: each point's seeds
+    times its arms (zipped axes move together; a point may set its own arms)."""
+    from groupfel.experiments.reproduce import point_configs_of
+
+    return sum(len(c.seeds) * len(c.arms) for c in point_configs_of(sweep, base))
+
+
 def pending_projection(full: dict) -> list[dict]:
     """Each reproduction with no committed full-size results: its runs, and its projected hours
     where its runs share groupfel-base's model, batch and budget."""
@@ -212,8 +220,7 @@ def pending_projection(full: dict) -> list[dict]:
         if rep.kind == "study" or (rep.folder / "full").exists() or rep.needs:
             continue
         sweep, cfg, _ = reproduce.resolve(rep, False)
-        n_points = math.prod(len(v) for v in sweep.get("axes", {}).values()) if sweep.get("axes") else 1
-        runs = n_points * len(sweep.get("seeds", cfg.get("seeds", [0]))) * len(cfg.get("arms", []))
+        runs = sweep_runs(sweep, cfg)
         t = cfg.get("train", {})
         same = (t.get("model"), t.get("batch_size"), t.get("budget")) == (full["model"], full["batch"], full["budget"])
         hours = runs * full["budget"] * full["seconds_per_cost"] / 3600 if same and full["seconds_per_cost"] else None
@@ -232,7 +239,16 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=None, help="full-size rounds timed (default 3; quick: 1)")
     ap.add_argument("--json", default="gpu.json", help="where the results go (default gpu.json)")
     args = ap.parse_args()
-    device = torch.device(resolve(args.device))
+    try:
+        device = torch.device(resolve(check(args.device, "--device")))
+    except InputError as exc:
+        print(f"gpu benchmark: {exc}", file=sys.stderr)
+        return 2
+    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
+        print(f"gpu benchmark: --device {args.device}: torch {torch.__version__} sees no such CUDA GPU here; run it on a "
+              "GPU machine, or check the same code on the CPU with --device cpu --quick", file=sys.stderr)
+        return 2
+    prepare(device)   # the engine's settings (TF32 off, deterministic) before any CUDA work, the peak matmul's too
     models = (args.models or ("mlp" if args.quick else "cnn,resnet-1,mlp")).split(",")
     batches = [int(b) for b in (args.batches or ("8" if args.quick else "32,5")).split(",")]
     rounds = args.rounds or (1 if args.quick else 3)
@@ -269,6 +285,7 @@ def main() -> int:
 
             traceback.print_exc()
             result["full_size"] = {"error": repr(exc)}
+            result["device_details"] = describe(str(device))[1]
             Path(args.json).write_text(json.dumps(result, indent=1, default=str) + "\n")
             return 1
         print(f"\nfull-size Group-FEL (groupfel-base{', quick sizes' if args.quick else ''}): {full['rounds']} rounds, "
@@ -280,6 +297,7 @@ def main() -> int:
                 when = f"{p['projected_hours']:.1f} h" if p["projected_hours"] is not None else \
                     f"not projected ({p['model']}, batch {p['batch']}: another setting)"
                 print(f"  {p['name']:24} {p['runs']:5} runs  {when}")
+    result["device_details"] = describe(str(device))[1]   # the settings the engines trained with
     Path(args.json).write_text(json.dumps(result, indent=1, default=str) + "\n")
     print(f"\nwritten: {args.json}")
     return 0 if tiny["ok"] else 1

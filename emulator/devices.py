@@ -76,13 +76,24 @@ def describe(device: str) -> tuple[str, dict]:
     return f"cuda ({props.name})", detail
 
 
+# The version is the first word of dot-separated numbers on the NVRM line, wherever the module's
+# kind puts it: "NVIDIA UNIX x86_64 Kernel Module  550.54.14  Thu Feb 22 ...", "NVIDIA UNIX Open
+# Kernel Module for x86_64  550.54.14  Release Build  (builder@host)  ...", aarch64 alike.
+_NVRM_VERSION = re.compile(r"^NVRM version:.*?(?<=\s)(\d+(?:\.\d+)+)(?=\s|$)", re.MULTILINE)
+
+
+def driver_version(proc_version: str) -> str | None:
+    """The driver version in the text of /proc/driver/nvidia/version, or None if it has none."""
+    found = _NVRM_VERSION.search(proc_version)
+    return found.group(1) if found else None
+
+
 def _driver() -> str | None:
-    """The NVIDIA driver's version (NVML through torch where it can, else the kernel module's)."""
+    """The NVIDIA driver's version: the loaded kernel module's, else nvidia-smi's."""
     try:
         with open("/proc/driver/nvidia/version") as f:
-            found = re.search(r"Kernel Module\s+(\S+)", f.read())
-            if found:
-                return found.group(1)
+            if found := driver_version(f.read()):
+                return found
     except OSError:
         pass
     try:

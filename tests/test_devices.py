@@ -151,3 +151,23 @@ def test_the_discipline_catches_a_factory_without_device(tmp_path):
     with DeviceDiscipline() as discipline:
         exec(compile("import torch\ntorch.zeros(3)\n", compute.__file__, "exec"), {})
     assert any("torch.zeros without device" in f for f in discipline.found)
+
+
+@pytest.mark.parametrize("text,version", [
+    ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.14  Thu Feb 22 01:44:30 UTC 2024\n"
+     "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n", "550.54.14"),
+    ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.54.14  Release Build  "
+     "(dvs-builder@U16-I3-B03-4-3)  Thu Feb 22 01:25:25 UTC 2024\nGCC version:  gcc version 12.3.0 (Ubuntu)\n",
+     "550.54.14"),
+    ("NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  560.35.03  Release Build  "
+     "(buildd@lcy02-amd64-1.example.com)  Fri Aug 16 21:21:48 UTC 2024\n", "560.35.03"),
+    ("NVRM version: NVIDIA UNIX aarch64 Kernel Module  535.129.03  Thu Oct 19 18:42:24 UTC 2023\n", "535.129.03"),
+    ("NVRM version: NVIDIA UNIX Open Kernel Module  570.86.15  Release Build\n", "570.86.15"),
+    ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  390.157  Wed Oct 12 09:19:07 UTC 2022\n", "390.157"),
+    ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64 595.71.05", "595.71.05"),
+    ("GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n", None),   # no NVRM line: no version
+])
+def test_the_driver_version_is_read_from_any_nvrm_line(text, version):
+    from groupfel.emulator.devices import driver_version
+
+    assert driver_version(text) == version

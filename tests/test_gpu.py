@@ -4,6 +4,8 @@ mode runs everywhere, so it cannot rot."""
 from __future__ import annotations
 
 import copy
+import functools
+import importlib.util
 import json
 import subprocess
 import sys
@@ -20,10 +22,42 @@ from groupfel.emulator.config import parse_config
 from groupfel.emulator.driver import plan_arm, run_arm
 from groupfel.emulator.training import BatchedEngine, TorchEngine
 from groupfel.emulator.world import build_world
+from groupfel.experiments import reproduce
 from groupfel.topologies import load_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@functools.cache
+def _gpu_benchmark():
+    path = list(sys.path)
+    spec = importlib.util.spec_from_file_location("gpu_benchmark", ROOT / "benchmarks" / "gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.path[:] = path   # it puts benchmarks/ first, where pfl.py would shadow the pfl package
+    return module
+
+
+@pytest.mark.parametrize("name,runs", [
+    ("figs10-12", 3 * 3 * 5),      # 3 zipped points (algorithm with mu) x 3 seeds x the base's 5 arms, not 27 points
+    ("fig13", (5 + 1 + 1) * 3),    # 3 zipped points, each with its own arms (5, 1, 1) x 3 seeds
+    ("table2", 9 * 3 * 2),         # a product of 3 x 3 values x 3 seeds x 2 arms
+])
+def test_the_projection_counts_runs_as_the_sweep_expands_them(name, runs):
+    sweep, base, _ = reproduce.resolve(reproduce.load(name), False)
+    assert _gpu_benchmark().sweep_runs(sweep, base) == runs
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:99", "gpu"])
+def test_the_gpu_benchmark_without_that_gpu_says_so_in_one_line(device, monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(sys, "argv", ["gpu.py", "--device", device, "--json", str(tmp_path / "out.json")])
+    assert _gpu_benchmark().main() == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--device" in err, err
+    assert not (tmp_path / "out.json").exists()
 
 
 def test_the_gpu_benchmark_runs_quick_on_the_cpu(tmp_path):
@@ -37,6 +71,17 @@ def test_the_gpu_benchmark_runs_quick_on_the_cpu(tmp_path):
     assert {("cpu", "sequential"), ("cpu", "batched per-client"), ("cpu", "batched stacked")} <= engines
     assert all(r["seconds"] > 0 for r in result["round"])
     assert result["full_size"]["rounds"] == 1 and result["full_size"]["eq5_cost_per_round"] > 0
+
+
+@cuda
+def test_the_gpu_benchmark_records_the_settings_the_engines_trained_with(tmp_path):
+    out = tmp_path / "gpu.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--device", "cuda", "--quick",
+                           "--json", str(out)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    detail = json.loads(out.read_text())["device_details"]
+    assert detail["tf32"] is False and detail["deterministic_algorithms"] is True
+    assert detail["cudnn_deterministic"] is True and detail["cudnn_benchmark"] is False
 
 
 @cuda
