@@ -60,6 +60,15 @@ def plan_arm(world: World, index: int) -> ArmPlan:
         if grouping.min_group_size > n:
             raise InputError(f"{where}.grouping.min_group_size: {grouping.min_group_size} exceeds the {n} "
                              f"clients of edge {j}; lower it or raise topology.clients_per_edge")
+        for key in ("n_clusters", "n_groups"):   # a model (or cluster) per group: never more than clients
+            k = getattr(grouping, key, None)
+            if isinstance(k, int) and k > n:
+                raise InputError(f"{where}.grouping.{key}: {k:,} exceeds the {n} clients of edge {j}, so most "
+                                 f"clusters would hold no client; give at most {n}")
+    k, n = getattr(world.algorithm, "n_clusters", None), world.topology.n_clients
+    if isinstance(k, int) and k > n:
+        raise InputError(f"train.algorithm_params.n_clusters: {k:,} exceeds the run's {n} clients, so most "
+                         f"cluster models would train on no client; give at most {n}")
     s = arm.sampler.model_dump(exclude={"policy", "groups_per_round", "data_fraction"})
     sampling = samplings.make(arm.sampler.policy, s, f"{where}.sampling")
     aggregation = aggregations.make(arm.aggregation, None, f"{where}.aggregation")
