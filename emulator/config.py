@@ -358,7 +358,8 @@ class TrainConfig(_Strict):
     batch_size: Count = Field(32, description="Local mini-batch size.")
     group_rounds: int = Field(5, ge=1, le=10**4, description="K: group rounds per global round.")
     local_epochs: int = Field(2, ge=1, le=10**4, description="E: local epochs per group round.")
-    rounds: Rounds | None = Field(100, description="T: the most global rounds; unset: run until the "
+    rounds: Rounds | None = Field(100, description="T: the most global rounds (100 when left out); with a budget "
+                               "the run stops at whichever comes first. From Python, None: run until the "
                                "budget is spent.")
     budget: float | None = Field(None, gt=0, le=1e300, description="Eq. 5 cost budget (the paper: 1e6): a round that "
                                  "would cross it is not run; an error if the first round would.")

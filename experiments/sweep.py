@@ -42,7 +42,7 @@ from tqdm import tqdm
 
 from groupfel.emulator.config import FolderName, RunConfig, _one_line, check_modes, parse_config, read_toml
 from groupfel.errors import InputError
-from groupfel.emulator.io import atomic_write, run_lock, write_json
+from groupfel.emulator.io import atomic_write, check_writable, run_lock, write_json
 
 from .stats import METRICS, add_verdicts
 
@@ -220,6 +220,7 @@ def run_loaded_sweep(sweep: SweepConfig, base: dict, *, backend: str = "local", 
 
     numerics.apply(configs[0].train.numerics)    # before validation loads torch here and in the workers
     root = Path(output) if output else Path(sweep.output_dir or configs[0].output_dir) / sweep.name
+    check_writable(root, "dir", "--output" if output else "sweep output_dir/name =")
     pts = points(sweep)
     from .runner import finished
 
