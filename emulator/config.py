@@ -663,6 +663,13 @@ ONLY_IN: dict[str, tuple[str, Callable[[RunConfig], bool]]] = {
     "max_seeds": ('seeds = "auto"', lambda c: c.seeds == "auto"),
     "margins": ('seeds = [...] or seeds = "auto" (a single seed has no comparison to decide)',
                 lambda c: c.seeds is not None),
+    "data.alpha": ('data.partition = "dirichlet"', lambda c: c.data.partition == "dirichlet"),
+    "data.dirichlet_counts": ('data.partition = "dirichlet"', lambda c: c.data.partition == "dirichlet"),
+    "data.n_shards": ('data.partition = "shards"', lambda c: c.data.partition == "shards"),
+    "data.std_samples": ('data.sizes = "normal"', lambda c: c.data.sizes == "normal"),
+    "data.types[].label_weights": ('data.partition = "label-shift"', lambda c: c.data.partition == "label-shift"),
+    "data.types[].rotation": ('data.partition = "feature-shift"', lambda c: c.data.partition == "feature-shift"),
+    "data.types[].permutation": ('data.partition = "concept-shift"', lambda c: c.data.partition == "concept-shift"),
     "faults.straggler.sigma": ('faults.straggler.distribution = "lognormal"',
                                lambda c: c.faults.straggler is not None and c.faults.straggler.distribution == "lognormal"),
     "faults.straggler.shape": ('faults.straggler.distribution = "pareto"',
@@ -670,12 +677,17 @@ ONLY_IN: dict[str, tuple[str, Callable[[RunConfig], bool]]] = {
 }
 
 
-def _written(data: dict, path: str) -> bool:
-    for key in path.split("."):
-        if not isinstance(data, dict) or key not in data:
-            return False
-        data = data[key]
-    return True
+def _written(data: Any, path: str) -> bool:
+    """Whether the user's ``data`` gives ``path`` (``[]``: in any element of a list)."""
+    if not path:
+        return True
+    key, _, rest = path.partition(".")
+    name = key.removesuffix("[]")
+    if not isinstance(data, dict) or name not in data:
+        return False
+    if key.endswith("[]"):
+        return isinstance(data[name], list) and any(_written(item, rest) for item in data[name])
+    return _written(data[name], rest)
 
 
 def check_modes(data: dict, config: RunConfig) -> RunConfig:
