@@ -658,13 +658,13 @@ def load_config(path: str | Path) -> RunConfig:
 # that sets one in another mode is refused, since the key would be silently ignored. The tool's own
 # files (config.json, a multi-seed run's per-seed configs) carry every key, so only what a user
 # wrote is checked (:func:`check_modes`). tests/test_limits.py tries each key in the other mode.
+# data.alpha and data.dirichlet_counts stay allowed beside another partition: a config switched from
+# the default dirichlet to a shift scenario keeps them (DIRICHLET_CARRIED).
 ONLY_IN: dict[str, tuple[str, Callable[[RunConfig], bool]]] = {
     "seed_batch": ('seeds = "auto"', lambda c: c.seeds == "auto"),
     "max_seeds": ('seeds = "auto"', lambda c: c.seeds == "auto"),
     "margins": ('seeds = [...] or seeds = "auto" (a single seed has no comparison to decide)',
                 lambda c: c.seeds is not None),
-    "data.alpha": ('data.partition = "dirichlet"', lambda c: c.data.partition == "dirichlet"),
-    "data.dirichlet_counts": ('data.partition = "dirichlet"', lambda c: c.data.partition == "dirichlet"),
     "data.n_shards": ('data.partition = "shards"', lambda c: c.data.partition == "shards"),
     "data.std_samples": ('data.sizes = "normal"', lambda c: c.data.sizes == "normal"),
     "data.types[].label_weights": ('data.partition = "label-shift"', lambda c: c.data.partition == "label-shift"),
@@ -675,6 +675,9 @@ ONLY_IN: dict[str, tuple[str, Callable[[RunConfig], bool]]] = {
     "faults.straggler.shape": ('faults.straggler.distribution = "pareto"',
                                lambda c: c.faults.straggler is not None and c.faults.straggler.distribution == "pareto"),
 }
+
+
+DIRICHLET_CARRIED = ("data.alpha", "data.dirichlet_counts")
 
 
 def _written(data: Any, path: str) -> bool:
