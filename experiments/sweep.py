@@ -34,7 +34,7 @@ import itertools
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -56,7 +56,7 @@ class SweepConfig(BaseModel):
 
     name: FolderName
     base: str
-    seeds: list[int] = Field(min_length=1)
+    seeds: list[Annotated[int, Field(strict=True)]] = Field(min_length=1)   # '0' is text, not a seed
     mode: Literal["product", "zip"] = "product"
     output_dir: str | None = None          # default: the base config's output_dir
     axes: dict[str, list[Any]] = Field(min_length=1)

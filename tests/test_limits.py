@@ -714,11 +714,15 @@ def test_names_text_numbers_margins_and_mode_keys_are_one_line(tmp_path, capsys,
     assert not (tmp_path / "sub").exists()
 
 
-def test_a_sweep_named_dot_dot_is_refused(tmp_path):
+def test_a_sweep_named_dot_dot_or_with_seeds_as_text_is_refused():
+    """Before: a sweep named '..' wrote beside its parent; seeds = ["0"] ran seed 0."""
+    from pydantic import ValidationError
+
     from groupfel.experiments.sweep import SweepConfig
 
-    with pytest.raises(Exception, match="parent folder"):
-        SweepConfig.model_validate({"name": "..", "base": "b.toml", "seeds": [0], "axes": {"train.lr": [0.1]}})
+    for name, seeds, says in ((  "..", [0], "parent folder"), ("s", ["0"], "valid integer")):
+        with pytest.raises(ValidationError, match=says):
+            SweepConfig.model_validate({"name": name, "base": "b.toml", "seeds": seeds, "axes": {"train.lr": [0.1]}})
 
 
 def test_force_never_deletes_outside_the_runs_own_folder(tmp_path, capsys):
