@@ -752,8 +752,10 @@ def test_reproduce_set_seeds_auto_follows_the_sweeps_rule(tmp_path, capsys):
     """Before: 'reproduce NAME --set seeds=auto' started running (the sweep's seeds silently won),
     while a sweep file with seeds = "auto" was refused."""
     out = tmp_path / "rep"
-    for item, says in (("seeds=auto", "reproduce --set seeds='auto': seeds = \"auto\" runs one config until decided"),
-                       ("seed_batch=3", "reproduce --set seed_batch=3: only used with seeds = \"auto\"")):
+    for item, says in (("seeds=auto", "reproduce --set seeds=...: a reproduction runs its sweep's seeds"),
+                       ("seeds=[0]", "reproduce --set seeds=...: a reproduction runs its sweep's seeds"),
+                       ("seed_batch=3", "reproduce --set seed_batch=...: a reproduction runs its sweep's seeds"),
+                       ("name=..", "reproduce --set name=...: a reproduction runs its sweep's seeds")):
         assert main(["reproduce", "table1", "--quick", "--set", item, "--output", str(out), "--quiet"]) == 2
         _refused(capsys.readouterr().err, (says,))
         assert not out.exists()
