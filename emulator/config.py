@@ -2,18 +2,79 @@
 from __future__ import annotations
 
 import tomllib
+import types
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from groupfel.errors import InputError
+
+
+def _kinds(tp, depth: int) -> set:
+    """The leaf types a value of annotation ``tp`` may take at ``depth`` (0: the value, 1: a list's
+    or dict's elements): int, float, bool, str (a Literal of words counts as str), or object."""
+    origin = get_origin(tp)
+    if origin is Annotated:
+        return _kinds(get_args(tp)[0], depth)
+    if origin in (Union, types.UnionType):
+        return set().union(*(_kinds(a, depth) for a in get_args(tp)))
+    if origin is Literal:
+        return {type(a) for a in get_args(tp)} if depth == 0 else set()
+    if origin in (list, dict):
+        return _kinds(get_args(tp)[-1], depth - 1) if depth > 0 else {list}
+    if depth != 0 or tp is type(None):
+        return set()
+    return {tp} if tp in (int, float, bool, str) else {object}
+
+
+def _not_a_number(name: str, annotation, value) -> str | None:
+    """Why ``value`` cannot stand where ``annotation`` wants a number: text ('10') or a boolean,
+    which pydantic would coerce; None if it may."""
+    for depth, items in ((0, [value]), (1, value if isinstance(value, list) else
+                                        list(value.values()) if isinstance(value, dict) else [])):
+        kinds = _kinds(annotation, depth)
+        for v in items:
+            if isinstance(v, (str, bool)) and kinds & {int, float} and not kinds & {type(v), object}:
+                what = "text" if isinstance(v, str) else "a boolean"
+                try:
+                    example = f"{float(v):g}" if isinstance(v, str) and v.strip() else "1"
+                except ValueError:
+                    example = "1"
+                return f"{name}: {v!r} is {what}, not a number; write the number without quotes (e.g. {name} = {example})"
+    return None
 
 
 class _Strict(BaseModel):
     # no field takes inf or NaN: every number a run uses is finite by construction
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers_are_numbers(cls, data: Any) -> Any:
+        """A number written as TOML text (max_seeds = '10') or a boolean is refused, not coerced:
+        a quoted value is usually a mistake in another key, and the file should say what runs."""
+        if isinstance(data, dict):
+            for name, value in data.items():
+                f = cls.model_fields.get(name)
+                said = f is not None and _not_a_number(name, f.annotation, value)
+                if said:
+                    raise ValueError(said)
+        return data
+
+
+def _leaves_its_folder(name: str) -> str:
+    """A run, arm or sweep name is a folder inside its parent: '.' and '..' are not."""
+    if name in (".", ".."):
+        raise ValueError(f"{name!r} is the {'current' if name == '.' else 'parent'} folder, so the files would "
+                         f"land outside their own; give a name with a letter or digit")
+    return name
+
+
+# the name of a run, an arm or a sweep: a folder of its own inside its parent
+FolderName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.+-]+$"), AfterValidator(_leaves_its_folder)]
 
 
 # Physical bounds (docs/guide/config.md, "Limits"): beyond them a run's numbers stop meaning anything
@@ -325,7 +386,8 @@ class TrainConfig(_Strict):
     batch_size: Count = Field(32, description="Local mini-batch size.")
     group_rounds: int = Field(5, ge=1, le=10**4, description="K: group rounds per global round.")
     local_epochs: int = Field(2, ge=1, le=10**4, description="E: local epochs per group round.")
-    rounds: Rounds | None = Field(100, description="T: the most global rounds; unset: run until the "
+    rounds: Rounds | None = Field(100, description="T: the most global rounds (100 when left out); with a budget "
+                               "the run stops at whichever comes first. From Python, None: run until the "
                                "budget is spent.")
     budget: float | None = Field(None, gt=0, le=1e300, description="Eq. 5 cost budget (the paper: 1e6): a round that "
                                  "would cross it is not run; an error if the first round would.")
@@ -378,7 +440,7 @@ class SamplingConfig(_Strict):
 
 
 class ArmConfig(_Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.+-]+$", description="The arm's name (its directory in the run).")
+    name: FolderName = Field(description="The arm's name (its directory in the run).")
     grouping: dict[str, Any] = Field(default_factory=lambda: {"policy": "covg"},
                                      description="`policy` names the grouping policy; the other keys are its "
                                      "parameters (see Policies below).")
@@ -419,13 +481,21 @@ class FaultsConfig(_Strict):
                                      "|g| per survivor (groupfel.cost_models.model.CostModel.recovery).")
 
 
+# The smallest margin a study can resolve: a test split of 10,000 samples moves accuracy in steps of
+# 1e-4, and the cost curves are measured to far worse than 0.01 %, so a smaller margin can only be
+# met by identical results and the study would run to max_seeds undecided.
+MIN_MARGIN = 1e-4
+
+
 class MarginsConfig(_Strict):
     """Equivalence margins δ: a difference from the reference arm inside ±δ counts as none."""
-    final_acc: float = Field(0.01, gt=0, le=1, description="Final accuracy, absolute (0.01: one accuracy point).")
-    acc_at_common_cost: float = Field(0.01, gt=0, le=1, description="Accuracy at the common cost, absolute.")
-    cost_to_target: float = Field(0.05, gt=0, le=1, description="Eq. 5 cost to the target, as a share of the "
+    final_acc: float = Field(0.01, ge=MIN_MARGIN, le=1, description="Final accuracy, absolute (0.01: one accuracy "
+                             "point; at least 1e-4, the step of a 10,000-sample test split).")
+    acc_at_common_cost: float = Field(0.01, ge=MIN_MARGIN, le=1, description="Accuracy at the common cost, absolute.")
+    cost_to_target: float = Field(0.05, ge=MIN_MARGIN, le=1, description="Eq. 5 cost to the target, as a share of the "
                                   "reference arm's mean (0.05: 5 %).")
-    sim_time_s: float = Field(0.05, gt=0, le=1, description="Simulated time, as a share of the reference arm's mean.")
+    sim_time_s: float = Field(0.05, ge=MIN_MARGIN, le=1, description="Simulated time, as a share of the reference "
+                              "arm's mean.")
 
 
 # A study with seeds = "auto" and no max_seeds stops adding seeds here.
@@ -433,7 +503,7 @@ DEFAULT_MAX_SEEDS = 20
 
 
 class RunConfig(_Strict):
-    name: str = Field("run", pattern=r"^[A-Za-z0-9_.+-]+$", description="The run directory is "
+    name: FolderName = Field("run", description="The run directory is "
                       "`<output_dir>/<name>`.")
     mode: Literal["global", "per-group"] = Field(
         "global", description="global: Group-FEL's one cloud model; per-group: every group keeps its own "
@@ -623,7 +693,56 @@ def load_config(path: str | Path) -> RunConfig:
     ``seeds``) are read with :func:`parse_config`, which does not apply the checks below."""
     data = read_toml(path, "config file")
     check_user_config(data, f"config file {path}", f"groupfel sweep {path}")
-    return parse_config(data)
+    return check_modes(data, parse_config(data))
+
+
+# Keys that only mean something in one mode: (the mode, whether a config is in it). A user's config
+# that sets one in another mode is refused, since the key would be silently ignored. The tool's own
+# files (config.json, a multi-seed run's per-seed configs) carry every key, so only what a user
+# wrote is checked (:func:`check_modes`). tests/test_limits.py tries each key in the other mode.
+# data.alpha and data.dirichlet_counts stay allowed beside another partition: a config switched from
+# the default dirichlet to a shift scenario keeps them (DIRICHLET_CARRIED).
+ONLY_IN: dict[str, tuple[str, Callable[[RunConfig], bool]]] = {
+    "seed_batch": ('seeds = "auto"', lambda c: c.seeds == "auto"),
+    "max_seeds": ('seeds = "auto"', lambda c: c.seeds == "auto"),
+    "margins": ('seeds = [...] or seeds = "auto" (a single seed has no comparison to decide)',
+                lambda c: c.seeds is not None),
+    "data.n_shards": ('data.partition = "shards"', lambda c: c.data.partition == "shards"),
+    "data.std_samples": ('data.sizes = "normal"', lambda c: c.data.sizes == "normal"),
+    "data.types[].label_weights": ('data.partition = "label-shift"', lambda c: c.data.partition == "label-shift"),
+    "data.types[].rotation": ('data.partition = "feature-shift"', lambda c: c.data.partition == "feature-shift"),
+    "data.types[].permutation": ('data.partition = "concept-shift"', lambda c: c.data.partition == "concept-shift"),
+    "faults.straggler.sigma": ('faults.straggler.distribution = "lognormal"',
+                               lambda c: c.faults.straggler is not None and c.faults.straggler.distribution == "lognormal"),
+    "faults.straggler.shape": ('faults.straggler.distribution = "pareto"',
+                               lambda c: c.faults.straggler is not None and c.faults.straggler.distribution == "pareto"),
+}
+
+
+DIRICHLET_CARRIED = ("data.alpha", "data.dirichlet_counts")
+
+
+def _written(data: Any, path: str) -> bool:
+    """Whether the user's ``data`` gives ``path`` (``[]``: in any element of a list)."""
+    if not path:
+        return True
+    key, _, rest = path.partition(".")
+    name = key.removesuffix("[]")
+    if not isinstance(data, dict) or name not in data:
+        return False
+    if key.endswith("[]"):
+        return isinstance(data[name], list) and any(_written(item, rest) for item in data[name])
+    return _written(data[name], rest)
+
+
+def check_modes(data: dict, config: RunConfig) -> RunConfig:
+    """``config`` (parsed from the user's ``data``), unless ``data`` sets a key of :data:`ONLY_IN`
+    outside its mode: then one line naming the key and the mode it needs."""
+    for path, (mode, applies) in ONLY_IN.items():
+        if _written(data, path) and not applies(config):
+            raise InputError(f"config: {path}: only used with {mode}, so it would be ignored here; remove "
+                             f"{path} or set {mode.split(' (')[0]}")
+    return config
 
 
 def check_user_config(data: dict, where: str, sweep_hint: str = "groupfel.experiments.api.sweep") -> None:

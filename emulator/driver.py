@@ -35,7 +35,7 @@ from groupfel.policies import aggregations, groupings, samplings
 from . import numerics
 from .arm import (TRANSIENT, ArmPlan, ArmState, RoundStrategy, aggregation_weights, budget_error, energy_budget_error,
                   sample_groups)
-from .io import atomic_write, write_json
+from .io import atomic_write, remove_inside, write_json
 from .ledger import CostLedger
 from .rounds import STRATEGIES
 from .world import World
@@ -61,6 +61,15 @@ def plan_arm(world: World, index: int) -> ArmPlan:
         if grouping.min_group_size > n:
             raise InputError(f"{where}.grouping.min_group_size: {grouping.min_group_size} exceeds the {n} "
                              f"clients of edge {j}; lower it or raise topology.clients_per_edge")
+        for key in ("n_clusters", "n_groups"):   # a model (or cluster) per group: never more than clients
+            k = getattr(grouping, key, None)
+            if isinstance(k, int) and k > n:
+                raise InputError(f"{where}.grouping.{key}: {k:,} exceeds the {n} clients of edge {j}, so most "
+                                 f"clusters would hold no client; give at most {n}")
+    k, n = getattr(world.algorithm, "n_clusters", None), world.topology.n_clients
+    if isinstance(k, int) and k > n:
+        raise InputError(f"train.algorithm_params.n_clusters: {k:,} exceeds the run's {n} clients, so most "
+                         f"cluster models would train on no client; give at most {n}")
     s = arm.sampler.model_dump(exclude={"policy", "groups_per_round", "data_fraction"})
     sampling = samplings.make(arm.sampler.policy, s, f"{where}.sampling")
     aggregation = aggregations.make(arm.aggregation, None, f"{where}.aggregation")
@@ -174,11 +183,15 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> ArmState:
     (:data:`MODEL_TABLES`) go to ``device``, the engine's, whichever device wrote them."""
     try:
         blob = torch.load(path, weights_only=True, map_location="cpu")
-    except pickle.UnpicklingError:   # torch's refusal; its text suggests weights_only=False, we never do
-        raise InputError(f"--resume: {path} holds objects other than tensors and plain containers, so it "
-                         f"does not load safely and is refused; delete it to restart the arm from scratch") from None
+    except pickle.UnpicklingError as exc:
+        if "Unsupported global" not in str(exc):   # random bytes, not a pickle at all
+            raise InputError(f"{path} is not a readable checkpoint (UnpicklingError); delete it to restart the "
+                             f"arm from scratch") from None
+        # torch's refusal of a class it would have to import; its text suggests weights_only=False, we never do
+        raise InputError(f"{path} holds objects other than tensors and plain containers, so it does not load "
+                         f"safely and is refused; delete it to restart the arm from scratch") from None
     except Exception as exc:   # truncated or not a torch file at all
-        raise InputError(f"--resume: {path} is not a readable checkpoint ({type(exc).__name__}); delete it to "
+        raise InputError(f"{path} is not a readable checkpoint ({type(exc).__name__}); delete it to "
                          f"restart the arm from scratch") from None
     names = {f.name for f in fields(ArmState)} - set(TRANSIENT)
     if isinstance(blob, dict):
@@ -186,7 +199,7 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> ArmState:
         blob.setdefault("policy_memo", {})   # ... and from before policies kept memos and best accuracies
         blob.setdefault("best_accuracy", None)
     if not isinstance(blob, dict) or set(blob) != names:
-        raise InputError(f"--resume: {path} is a checkpoint of another groupfel version; delete it to restart "
+        raise InputError(f"{path} is a checkpoint of another groupfel version; delete it to restart "
                          f"the arm from scratch")
     led = blob["ledger"]
     columns = {c: np.asarray(v, dtype=object) if isinstance(v, list) else v.numpy()
@@ -254,9 +267,7 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path, on_round: OnRound | None
         # a contract broken in the arm's first round: keep nothing half-written (a later round's
         # failure keeps its checkpoint, so the fixed plug-in resumes from there)
         if fresh and not ckpt.exists():
-            import shutil
-
-            shutil.rmtree(arm_dir, ignore_errors=True)
+            remove_inside(arm_dir, arm_dir.parent)
         raise
     df = write_results(arm_dir, state)
     atomic_write(arm_dir / "ledger.parquet", lambda p: state.ledger.frame().to_parquet(p, index=False))

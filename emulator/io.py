@@ -45,6 +45,17 @@ def check_writable(path: str | Path, kind: Literal["file", "dir"], flag: str) ->
     return path
 
 
+def remove_inside(path: str | Path, parent: str | Path) -> None:
+    """``shutil.rmtree(path)``, only where ``path`` resolves strictly inside ``parent``: a forced
+    rerun replaces its own arm or seed folders, never a folder a name such as ``..`` would reach."""
+    path, parent = Path(path), Path(parent)
+    real, root = path.resolve(), parent.resolve()
+    if real == root or root not in real.parents:
+        raise InputError(f"{path}: resolves to {real}, outside {root}; refusing to delete it (a name must be a "
+                         f"folder of its own inside the run)")
+    shutil.rmtree(real, ignore_errors=True)
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -134,7 +145,15 @@ def _acquire(run_dir: Path):
     import fcntl
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    f = open(run_dir / LOCK_NAME, "a+")
+    lock = run_dir / LOCK_NAME
+    try:
+        f = open(lock, "a+")
+    except IsADirectoryError:
+        raise InputError(f"{lock}: a directory where groupfel keeps its lock file; remove it (rmdir {lock}) and "
+                         f"rerun") from None
+    except PermissionError:
+        raise InputError(f"{lock}: cannot be opened for writing (permissions); make {run_dir} writable, or write "
+                         f"to another directory") from None
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

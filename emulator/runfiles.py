@@ -47,6 +47,8 @@ def load_json(path: str | Path, fix: str | None = None) -> Any:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise damaged(path, f"not valid JSON: {exc.msg}, line {exc.lineno} column {exc.colno}", fix) from None
+    if not isinstance(data, dict):   # every file groupfel writes holds one JSON object
+        raise damaged(path, f"a JSON {type(data).__name__} where groupfel writes an object", fix)
     # a directory written before groupfel's modules moved beneath groupfel names them the old way
     return upgrade_saved(data)
 

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from groupfel.emulator.config import RunConfig, check_user_config, load_config, parse_config
+from groupfel.emulator.config import RunConfig, check_modes, check_user_config, load_config, parse_config
 from groupfel.errors import InputError
 from groupfel.policies.plugins import upgrade_saved
 from groupfel.emulator.io import check_writable
@@ -82,7 +82,7 @@ def as_config(config: str | Path | dict | RunConfig) -> RunConfig:
         return load_config(config)
     if isinstance(config, dict):
         check_user_config(config, "config")
-        return parse_config(_named(copy.deepcopy(config), ""))
+        return check_modes(config, parse_config(_named(copy.deepcopy(config), "")))
     raise InputError(f"config: expected a TOML path, a dict or a RunConfig, got {type(config).__name__}")
 
 

@@ -358,6 +358,8 @@ def start_ray(jobs: int | None, options: RayOptions | str | None = None):
     # The driver reports a task's error itself, in one line; Ray would log the same error again for
     # the tasks still in flight when the run stops.
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
+    if address:
+        _reachable(address)
     try:
         if address:
             ray.init(address=address, runtime_env=env, log_to_driver=False, logging_level=logging.WARNING)
@@ -372,6 +374,30 @@ def start_ray(jobs: int | None, options: RayOptions | str | None = None):
         raise InputError(f"--address {address}: cannot connect ({str(exc).splitlines()[0]}); check the address "
                          f"that 'ray start --head' printed and that the head node is running") from None
     return ray
+
+
+# How long a cluster's head node may take to accept a TCP connection: ray.init itself retries an
+# unreachable address for minutes, so the address is tried first.
+CONNECT_TIMEOUT_S = 10.0
+
+
+def _reachable(address: str, timeout: float = None) -> None:
+    """One line, within ``CONNECT_TIMEOUT_S``, when nothing listens at ``address`` (host:port, or
+    ray://host:port); "auto" and other forms are left to Ray."""
+    import re
+    import socket
+
+    m = re.fullmatch(r"(ray://)?\[?([^\]/]+?)\]?:(\d+)", address.strip())
+    if m is None:
+        return
+    host, port = m[2], int(m[3])
+    timeout = CONNECT_TIMEOUT_S if timeout is None else timeout
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except (OSError, ValueError) as exc:
+        why = f"no answer within {timeout:g} s" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise InputError(f"--address {address}: cannot reach {host}:{port} ({why}); check the address that 'ray "
+                         f"start --head' printed and that the head node is running") from None
 
 
 def _check_gpus(ray, options: RayOptions) -> None:

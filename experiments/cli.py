@@ -27,9 +27,9 @@ def _cmd_run(args) -> int:
         run_dir = Path(args.output) if args.output else Path(config.output_dir) / config.name
         flag = "--output" if args.output else "config output_dir/name ="
     config = _with_seeds(config, args.seeds, args.max_seeds)
-    if args.numerics and args.numerics != config.train.numerics:
+    if args.numerics is not None and args.numerics != config.train.numerics:
         config = config.model_copy(update={"train": config.train.model_copy(update={"numerics": args.numerics})})
-    if args.device:
+    if args.device is not None:
         from groupfel.emulator.devices import check
 
         config = config.model_copy(update={"train": config.train.model_copy(
@@ -60,25 +60,17 @@ def _cmd_run(args) -> int:
     return 0
 
 
-def _with_seeds(config, seeds: str | None, max_seeds: int | None):
+def _with_seeds(config, seeds: str | int | None, max_seeds: int | None):
     """``config`` with ``--seeds`` (auto, or N: seeds 0 to N−1) and ``--max-seeds`` applied."""
-    from groupfel.emulator.config import DEFAULT_MAX_SEEDS
-
     if seeds is None and max_seeds is None:
         return config
     if seeds is None and config.seeds != "auto":
         raise InputError(f"--max-seeds {max_seeds}: needs --seeds auto (or seeds = \"auto\" in the config)")
-    if seeds is not None and seeds != "auto":
-        try:
-            count = int(seeds)
-        except ValueError:
-            count = 0
-        if count < 1:
-            raise InputError(f"--seeds: give auto (seeds added until decided, at most --max-seeds, default "
-                             f"{DEFAULT_MAX_SEEDS}) or a number of seeds N >= 1 (seeds 0 to N-1), got {seeds!r}")
+    if seeds is not None and seeds != "auto":   # N, bounded by its flag's type
         if max_seeds is not None:
             raise InputError(f"--max-seeds {max_seeds}: only with --seeds auto, not --seeds {seeds}")
-        return config.model_copy(update={"seeds": list(range(count)), "max_seeds": None})
+        return config.model_copy(update={"seeds": list(range(seeds)), "max_seeds": None,
+                                         "seed_batch": type(config).model_fields["seed_batch"].default})
     return config.model_copy(update={"seeds": "auto", "max_seeds": max_seeds if max_seeds is not None else
                                      config.max_seeds})
 
@@ -212,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="CPU kernels: portable (pinned at AVX2: the same numbers on every x86-64 CPU with "
                           "AVX2) or native (the machine's fastest); default: the config's train.numerics (native; "
                           "the demo: portable)")
-    run.add_argument("--seeds", metavar="auto|N", help="auto: add seeds 0, 1, 2, ... in batches until every "
+    run.add_argument("--seeds", metavar="auto|N", type=flags.AutoOr(flags.Number(int, 1, 10000, "seeds")), help="auto: add seeds 0, 1, 2, ... in batches until every "
                      "comparison is decided (higher, lower, equivalent) or --max-seeds; N: seeds 0 to N-1. "
                      "Finished seeds of the run directory are kept")
     run.add_argument("--max-seeds", type=flags.Number(int, 3, 10000, "seeds"), metavar="N", help="with --seeds auto: the most seeds to run "
@@ -237,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     group_cli.add_group_parser(sub)
     study_cli.add_study_parser(sub)
     cost_cli.register(sub)
+    flags.require_text(parser)
     return parser
 
 

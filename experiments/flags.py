@@ -102,3 +102,45 @@ ROUNDS = Number(int, 1, 10**6)
 MBPS = Number(float, 1e-6, 1e9, "Mbit/s")         # 1 bit/s .. 1 Pbit/s
 LATENCY = Number(float, 0, 86_400, "s")           # at most a day
 MAX_COV = Number(float, 0, 1e3, open_lo=True)
+
+
+@dataclass(frozen=True)
+class AutoOr:
+    """An argparse ``type``: the word ``auto`` or a :class:`Number` (``--seeds auto|N``)."""
+
+    number: Number
+
+    def __call__(self, text: str):
+        if text.strip() == "auto":
+            return "auto"
+        try:
+            return self.number(text)
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"{text!r}: give auto or {'an integer' if self.number.kind is int else 'a number'} "
+                                             f"{self.number.range()}") from None
+
+
+class Text:
+    """The type of every flag and argument that takes text (a path, a name, a device): an empty or
+    blank value is refused here, so ``--device ''`` cannot fall back to the default unseen. The
+    parser gives it to every such flag (:func:`require_text`), those added later included."""
+
+    def __call__(self, text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"{text!r}: give a value (it is empty)")
+        return text
+
+
+TEXT = Text()
+
+
+def require_text(parser: argparse.ArgumentParser) -> None:
+    """Give :data:`TEXT` to every action of ``parser`` and its subparsers that takes a value but has
+    no type or choices (a numeric flag has its :class:`Number`)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                require_text(sub)
+        elif action.nargs != 0 and action.type is None and action.choices is None \
+                and not isinstance(action, argparse._HelpAction):
+            action.type = TEXT

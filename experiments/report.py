@@ -147,15 +147,17 @@ def _breakdown(study: Study) -> str:
     table = per_comp.assign(total=per_comp.sum(axis=1)).reset_index()
     for c in per_comp.columns:
         table[f"{c} share"] = per_comp[c].to_numpy() / table["total"].to_numpy()
+    from .timeline import color   # a component has one colour in every chart, the timeline's included
+
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2), dpi=100)
-    per_comp.plot.barh(stacked=True, ax=axes[0])
+    per_comp.plot.barh(stacked=True, ax=axes[0], color=[color(c) for c in per_comp.columns])
     axes[0].set(xlabel="Eq. 5 cost per seed (device s)", ylabel="", title="by component")
     edge = led.pivot_table(index="edge", columns="component", values="amount", aggfunc="sum") / len(study.arms)
-    edge.plot.bar(stacked=True, ax=axes[1])
+    edge.plot.bar(stacked=True, ax=axes[1], color=[color(c) for c in edge.columns])
     axes[1].set(xlabel="edge (index)", ylabel="Eq. 5 cost per arm run (device s)", title="by edge (all arms)")
     grouped = led[led["group_size"].notna()]
     per_client = grouped.groupby(["group_size", "component"])["amount"].mean().unstack()
-    per_client.plot(marker="o", ax=axes[2])
+    per_client.plot(marker="o", ax=axes[2], color=[color(c) for c in per_client.columns])
     axes[2].set(xlabel="group size |g| (clients)", ylabel="mean charge per client per group round (s)",
                 title="by group size: O_g(|g|) against E·H(n)")
     for ax in axes:
@@ -365,7 +367,11 @@ def _check_numerics(study: Study) -> None:
 
 
 def _cmd_report(args) -> int:
-    out = build_report(Path(args.dir), Path(args.out) if args.out else None)
+    from groupfel.emulator.io import check_writable
+
+    out = Path(args.out) if args.out else Path(args.dir) / "report.html"
+    check_writable(out, "file", "--out" if args.out else "report --out FILE.html (default DIR/report.html):")
+    out = build_report(Path(args.dir), out)
     print(f"report: {out}")
     return 0
 

@@ -507,6 +507,11 @@ def run(name: str, *, quick: bool = False, backend: str = "local", jobs: int | N
     if data_path and rep.paper_data not in DATASETS:
         raise InputError(f"reproduce --data-path: groupfel cannot read {DATA_NAMES[rep.paper_data]}; "
                          f"leave --data-path out")
+    for path in overrides or {}:   # the sweep names its points and runs its seeds at every one: ignored
+        if path in ("seed", "seeds", "max_seeds", "seed_batch", "name", "output_dir"):
+            raise InputError(f"reproduce --set {path}=...: a reproduction runs its sweep's seeds at every point, "
+                             f"names the points itself and writes to --output, so {path} would be ignored; leave "
+                             f"it out")
     if overrides and rep.kind == "study":
         raise InputError(f"reproduce {name} --set: {name} is `groupfel study {name}`, which has no run "
                          "settings to change; leave --set out")

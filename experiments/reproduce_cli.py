@@ -19,7 +19,7 @@ def _cmd_reproduce(args) -> int:
         print(reproduce.list_table())
         return 0
     overrides = reproduce.parse_overrides(args.set)
-    if args.device:
+    if args.device is not None:
         from groupfel.emulator.devices import check
 
         overrides["train.device"] = check(args.device, "--device")

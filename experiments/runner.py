@@ -43,9 +43,9 @@ from groupfel.emulator import numerics
 from groupfel.emulator.config import RunConfig, load_config, parse_config
 from groupfel.errors import InputError
 from groupfel.policies.plugins import upgrade_saved
-from groupfel.emulator.io import atomic_write, run_lock, write_json
+from groupfel.emulator.io import atomic_write, remove_inside, run_lock, write_json
 
-from .stats import any_open, curves_on_grid, per_seed_metrics, summarize_seeds
+from .stats import any_open, comparisons, curves_on_grid, per_seed_metrics, summarize_seeds
 from .tasks import Task, arm_complete, plan_world
 
 
@@ -62,8 +62,13 @@ def config_from_run_dir(run_dir: Path) -> RunConfig:
     path = Path(run_dir) / "config.json"
     if not path.exists():
         raise InputError(f"--resume {run_dir}: no config.json there; give the directory a run was started in")
-    return parse_config(load_json(path, "restore it from a copy, or rerun from the config file with "
-                                        "'groupfel run CONFIG' (finished arms whose files are intact are kept)"))
+    return parse_config(load_json(path, damaged_config_fix(run_dir)))
+
+
+def damaged_config_fix(run_dir: Path) -> str:
+    """What to do about a run directory's damaged config.json (followed, it works: see check_dir)."""
+    return (f"restore it from a copy, or rerun from the config file with 'groupfel run CONFIG --output {run_dir}' "
+            f"(finished arms whose files are intact are kept)")
 
 
 def seed_config(config: RunConfig, seed: int) -> RunConfig:
@@ -79,22 +84,26 @@ def finished(config: RunConfig, run_dir: Path) -> bool:
     if not saved.exists() or _saved_config(saved) != config:
         return False
     dirs = [run_dir] if config.seeds is None else [seed_dir(run_dir, s) for s in config.seed_list]
+    if config.seeds is not None and not all(_saved_config(seed_dir(run_dir, s) / "config.json") == seed_config(config, s)
+                                            for s in config.seed_list):
+        return False   # a seed's config.json damaged or missing: the rerun writes it again
     return all(arm_complete(d / a.name) for d in dirs for a in config.arms)
 
 
 def saved_summary(config: RunConfig, run_dir: Path) -> pd.DataFrame | None:
     """A finished multi-seed run's summary.csv as :func:`finish` returned it (None where it or
     per_seed.csv does not parse): a rerun need not recompute intervals (nor import scipy)."""
-    from groupfel.emulator.runfiles import csv_intact
+    from groupfel.emulator.runfiles import csv_intact, parquet_intact
 
     run_dir = Path(run_dir)
-    if not (csv_intact(run_dir / "summary.csv") and csv_intact(run_dir / "per_seed.csv")):
-        return None
+    if not (csv_intact(run_dir / "summary.csv") and csv_intact(run_dir / "per_seed.csv")
+            and csv_intact(run_dir / "runs.csv") and parquet_intact(run_dir / "runs.parquet")):
+        return None   # a table missing or damaged: finish() writes them all again
     summary = pd.read_csv(run_dir / "summary.csv")
     per_seed = pd.read_csv(run_dir / "per_seed.csv")
     summary.attrs["target"] = config.train.target_accuracy
     summary.attrs["common_cost"] = per_seed.groupby("seed")["common_cost"].first().tolist()
-    summary.attrs["comparisons"] = int(sum(summary[c].notna().sum() for c in summary if c.endswith("_diff_p_holm")))
+    summary.attrs["comparisons"] = comparisons(summary)
     return summary
 
 
@@ -116,6 +125,8 @@ def validate(config: RunConfig, run_dir: Path, *, force: bool = False, where: st
 
 def check_dir(config: RunConfig, run_dir: Path, *, force: bool = False, where: str = "") -> None:
     saved = Path(run_dir) / "config.json"
+    if saved.exists() and not force and _damaged_json(saved) and _seeds_agree(config, Path(run_dir)):
+        return   # the rerun from the config writes config.json again and keeps the intact arms
     if saved.exists() and not force:
         _same_schedule(_saved_config(saved), config, run_dir, where)
     if saved.exists() and not force and not _same_run(_saved_config(saved), config):
@@ -153,6 +164,27 @@ def _same_schedule(saved: RunConfig | None, config: RunConfig, run_dir: Path, wh
                      f"--max-seeds {plan[0]} (its config's seed_batch), or start a new study in another directory")
 
 
+def _damaged_json(path: Path) -> bool:
+    """Whether ``path`` no longer holds a JSON object (a copy or sync tool broke it), as opposed to
+    holding a config that differs or no longer parses."""
+    try:
+        return not isinstance(json.loads(path.read_text(encoding="utf-8")), dict)
+    except ValueError:   # JSONDecodeError and UnicodeDecodeError
+        return True
+
+
+def _seeds_agree(config: RunConfig, run_dir: Path) -> bool:
+    """Whether every readable seed-N/config.json of ``run_dir`` is ``config``'s for seed N: the
+    evidence, when the top-level config.json is damaged, that ``config`` is the run's."""
+    for d in run_dir.glob("seed-*"):
+        saved = d / "config.json"
+        if not d.name.removeprefix("seed-").isdigit() or not saved.exists() or _damaged_json(saved):
+            continue
+        if config.seeds is None or not _same_run(_saved_config(saved), seed_config(config, int(d.name[5:]))):
+            return False
+    return True
+
+
 def _saved_config(path: Path) -> RunConfig | None:
     """The config a run directory was started with (compared as a config, so keys added to the
     schema since, at their defaults, do not count as a change); None if it no longer parses."""
@@ -167,7 +199,7 @@ def prepare(config: RunConfig, run_dir: Path, *, force: bool = False) -> list[Ta
     run_dir = Path(run_dir)
     if force:
         for s in config.seed_list:
-            shutil.rmtree(seed_dir(run_dir, s), ignore_errors=True)
+            remove_inside(seed_dir(run_dir, s), run_dir)
     write_json(run_dir / "config.json", json.loads(config.model_dump_json()))
     return _seed_tasks(config, run_dir)
 
@@ -241,7 +273,7 @@ def _run_auto(config, run_dir, *, force, progress, jobs, backend, address, ray, 
 
     if force:
         for d in Path(run_dir).glob("seed-*"):
-            shutil.rmtree(d, ignore_errors=True)
+            remove_inside(d, run_dir)
     write_json(run_dir / "config.json", json.loads(config.model_dump_json()))
     schedule = looks(3, config.seed_batch, config.seed_cap)
     for k, n in enumerate(schedule):
@@ -272,7 +304,7 @@ def resolved_config(run_dir: Path) -> RunConfig:
     looks file); for reading a finished run (a resume reads the config as saved)."""
     from groupfel.emulator.runfiles import load_json
 
-    config = parse_config(load_json(Path(run_dir) / "config.json"))
+    config = parse_config(load_json(Path(run_dir) / "config.json", damaged_config_fix(run_dir)))
     if config.seeds == "auto":
         path = Path(run_dir) / LOOKS_FILE
         done = load_json(path)["looks"] if path.exists() else config.seed_list
@@ -316,7 +348,7 @@ def _run_arms(config, run_dir, world, plans, *, force, progress) -> pd.DataFrame
 
     if force:
         for plan in plans:
-            shutil.rmtree(run_dir / plan.arm.name, ignore_errors=True)
+            remove_inside(run_dir / plan.arm.name, run_dir)
     write_json(run_dir / "config.json", json.loads(config.model_dump_json()))
     for plan in plans:
         arm_dir = run_dir / plan.arm.name

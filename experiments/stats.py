@@ -452,7 +452,7 @@ def render_summary(summary: pd.DataFrame, target: float | None) -> str:
                          _ci(r, m, "diff_", intervals=ci),
                          "decision": r[f"{m}_verdict"]})
     if rows:
-        k = summary.attrs.get("comparisons", 0)
+        k = comparisons(summary)
         lines += ["", f"paired difference from {first} (same seeds: same data, topology and costs):",
                   pd.DataFrame(rows).to_string(index=False),
                   f"decision: higher or lower (a difference the seeds support), equivalent (inside the margin: "
@@ -476,6 +476,15 @@ def _decided(summary: pd.DataFrame, metrics) -> pd.DataFrame:
     if all(f"{m}_decision" in summary for m in metrics if f"{m}_diff_p" in summary):
         return summary
     return add_verdicts(summary, metrics)
+
+
+def comparisons(summary: pd.DataFrame) -> int:
+    """The comparisons Holm's correction ran over: as computed, or (a summary read back from
+    summary.csv, the HTML report's) counted from its adjusted p-values."""
+    k = summary.attrs.get("comparisons")
+    if k is None:
+        k = int(sum(summary[c].notna().sum() for c in summary if c.endswith("_diff_p_holm")))
+    return k
 
 
 def _margins_said(summary: pd.DataFrame, metrics) -> str:

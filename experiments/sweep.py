@@ -34,25 +34,29 @@ import itertools
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from tqdm import tqdm
 
-from groupfel.emulator.config import RunConfig, _one_line, parse_config, read_toml
+from groupfel.emulator.config import FolderName, RunConfig, _one_line, check_modes, parse_config, read_toml
 from groupfel.errors import InputError
-from groupfel.emulator.io import atomic_write, run_lock, write_json
+from groupfel.emulator.io import atomic_write, check_writable, run_lock, write_json
 
 from .stats import METRICS, add_verdicts
+
+
+AUTO_IN_A_SWEEP = ("seeds = \"auto\" runs one config until decided; a sweep runs a list of seeds at every point: "
+                   "give seeds = [0, 1, 2, ...], or run a point's config with 'groupfel run CONFIG --seeds auto'")
 
 
 class SweepConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_.+-]+$")
+    name: FolderName
     base: str
-    seeds: list[int] = Field(min_length=1)
+    seeds: list[Annotated[int, Field(strict=True)]] = Field(min_length=1)   # '0' is text, not a seed
     mode: Literal["product", "zip"] = "product"
     output_dir: str | None = None          # default: the base config's output_dir
     axes: dict[str, list[Any]] = Field(min_length=1)
@@ -63,9 +67,7 @@ class SweepConfig(BaseModel):
     @classmethod
     def _fixed_seeds(cls, value):
         if value == "auto":   # one family over all points needs every point's looks together: not yet
-            raise ValueError("seeds = \"auto\" runs one config until decided; a sweep runs a list of seeds "
-                             "at every point: give seeds = [0, 1, 2, ...], or run a point's config with "
-                             "'groupfel run CONFIG --seeds auto'")
+            raise ValueError(AUTO_IN_A_SWEEP)
         return value
 
     @model_validator(mode="after")
@@ -163,6 +165,13 @@ def point_name(i: int) -> str:
 
 def point_configs(sweep: SweepConfig, base: dict) -> list[RunConfig]:
     """One multi-seed run config per point; a bad point fails with its name and field."""
+    # one rule for a sweep file's seeds and its base's (reproduce --set included): the sweep's list runs
+    if base.get("seeds") == "auto":
+        raise InputError(f"config: seeds: {AUTO_IN_A_SWEEP}")
+    for key in ("max_seeds", "seed_batch"):
+        if key in base:
+            raise InputError(f"config: {key}: only used with seeds = \"auto\", which a sweep does not run "
+                             f"(it runs the sweep's seeds at every point); remove {key}")
     out = []
     for i, point in enumerate(points(sweep)):
         raw = copy.deepcopy(base)
@@ -172,7 +181,7 @@ def point_configs(sweep: SweepConfig, base: dict) -> list[RunConfig]:
                 set_path(raw, path, value)
             raw.pop("seed", None)
             raw.update(name=f"{sweep.name}-{point_name(i)}", seeds=list(sweep.seeds))
-            out.append(parse_config(raw))
+            out.append(check_modes(raw, parse_config(raw)))
         except InputError as exc:   # the field first, then where it was set
             raise InputError(f"{exc} (in {label})") from None
     return out
@@ -185,7 +194,7 @@ def run_sweep(path: str | Path, *, backend: str = "local", jobs: int | None = No
     (``ray``: :class:`groupfel.experiments.backends.RayOptions`; ``device``: every point's
     train.device)."""
     sweep, base = load_sweep(path)
-    if device:
+    if device is not None:
         from groupfel.emulator.devices import check
 
         base.setdefault("train", {})["device"] = check(device, "--device")
@@ -211,6 +220,7 @@ def run_loaded_sweep(sweep: SweepConfig, base: dict, *, backend: str = "local", 
 
     numerics.apply(configs[0].train.numerics)    # before validation loads torch here and in the workers
     root = Path(output) if output else Path(sweep.output_dir or configs[0].output_dir) / sweep.name
+    check_writable(root, "dir", "--output" if output else "sweep output_dir/name =")
     pts = points(sweep)
     from .runner import finished
 

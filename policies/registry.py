@@ -65,7 +65,32 @@ class Registry(dict):
             if key not in fields:
                 raise InputError(f"{where}.{key}: not a parameter of {self.noun} {name!r}; "
                                  f"its parameters are {sorted(fields) or 'none'}")
+        _check_numbers(cls, params, where)
         try:
             return cls(**params)
         except (TypeError, ValueError) as exc:
             raise InputError(f"{where}: {exc}") from None
+
+
+# A parameter's bound, whatever the policy or algorithm: a step count, cluster count or weight
+# beyond it stops meaning anything (a run of 10^12 fine-tuning steps never ends, a weight of 1e308
+# overflows the model) long before it stops being a number. A policy checks its own narrower bounds.
+MAX_PARAM = 10**6
+
+
+def _check_numbers(cls: type, params: dict[str, Any], where: str) -> None:
+    """Each numeric parameter (a field typed int or float) given as a finite number within
+    ±:data:`MAX_PARAM`: not text ('10'), not a boolean, not inf/NaN, with one line naming it."""
+    import math
+
+    types = {f.name: str(f.type) for f in dataclasses.fields(cls) if f.init}
+    for key, value in params.items():
+        kind = types.get(key, "")
+        numeric = ("int" in kind or "float" in kind) and not any(w in kind for w in ("str", "Any", "Literal"))
+        if not numeric or value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InputError(f"{where}.{key}: {value!r} is not a number; write the number without quotes")
+        if not math.isfinite(value) or abs(value) > MAX_PARAM:
+            raise InputError(f"{where}.{key}: {value!r} is out of range; give a finite number within ±{MAX_PARAM:,} "
+                             f"(see the config guide's Limits)")

@@ -209,3 +209,25 @@ def test_docs_toml_block_runs(where, index, block, tmp_path, monkeypatch):
     data["output_dir"] = str(tmp_path)
     summary = run_experiment(parse_config(data), tmp_path / config.name, progress=False)
     assert (summary["rounds"] == 1).all() and len(summary) == len(config.arms)
+
+
+def test_every_usage_block_lists_every_flag_of_its_command():
+    """A guide page's usage block (docs/guide/<command>.md, first ``` block starting with 'groupfel
+    <command>') names every flag argparse has: a flag added later fails here until the page says it.
+    Before: run.md's usage lacked --seeds, --max-seeds, --device, --gpus-per-task, --ship-data and
+    --py-module."""
+    from groupfel.experiments.cli import build_parser
+
+    subs = build_parser()._subparsers._group_actions[0].choices
+    checked = 0
+    for name, parser in subs.items():
+        page = DOCS / "guide" / f"{name}.md"
+        if not page.exists():
+            continue
+        m = re.search(r"```\n(groupfel " + re.escape(name) + r"\b.*?)```", page.read_text(), re.S)
+        assert m, f"{page}: no usage block starting 'groupfel {name}'"
+        flags = [a.option_strings[-1] for a in parser._actions if a.option_strings and "--help" not in a.option_strings]
+        missing = [f for f in flags if not re.search(re.escape(f) + r"(?![\w-])", m[1])]
+        assert not missing, f"{page}: the usage block lacks {missing}"
+        checked += 1
+    assert checked >= 10

@@ -31,7 +31,7 @@ from groupfel.experiments import flags
 from groupfel.experiments.cli import build_parser, main
 
 POWER = str(Path(__file__).parent / "fixtures" / "power-rpi4-rest.toml")   # the states the shipped profile lacks
-LIMITS = ["0", "-1", "1e-300", "1e308", "nan", "inf", str(2**63), "abc", ""]
+LIMITS = ["0", "-1", "1e-300", "1e308", "nan", "inf", str(2**63), str(10**30), "abc", ""]
 FEDSCALE_SAMPLE = Path(__file__).resolve().parents[1] / "docs/guide/fedscale/device_capacity.pkl"
 
 
@@ -181,7 +181,7 @@ def numeric_flags() -> list[tuple[str, str]]:
         for a in parser._actions:
             if a.type in (int, float):
                 raise AssertionError(f"{name} {a.option_strings}: a bare {a.type.__name__}; give it a flags.Number")
-            if isinstance(a.type, (flags.Number, flags.SizesText)):
+            if isinstance(a.type, (flags.Number, flags.SizesText, flags.AutoOr)):
                 out.add((name, a.option_strings[-1]))
     return sorted(out)
 
@@ -197,7 +197,7 @@ def _flag_bases(tmp: Path) -> dict[tuple[str, str], list[str]]:
                "--rounds", "2", "--jobs", "1", "--out", out]
     run = ["run", str(cfg), "--output", out, "--quiet"]
     bases = {("run", f): run for f in ("--jobs", "--gpus-per-task")}
-    bases |= {("run", "--max-seeds"): [*run, "--seeds", "auto"]}
+    bases |= {("run", "--max-seeds"): [*run, "--seeds", "auto"], ("run", "--seeds"): run}
     bases |= {("sweep", f): ["sweep", str(tmp / "none.toml"), "--output", out] for f in ("--jobs", "--gpus-per-task")}
     bases |= {("reproduce", "--jobs"): ["reproduce", "table1", "--output", out]}
     bases |= {("measure", f): ["measure", "secagg", "--sizes", "2", "--params", "16", "--repeats", "1",
@@ -327,7 +327,7 @@ def test_every_field_refuses_or_accepts_each_limit_in_one_line():
     names = {"data.types[].domain"}    # a domain is an index or a name: "abc" is read as a name
     assert not [(p, t) for p, t in accepted if t in {"nan", "inf", ""} or t == "abc" and p not in names], accepted
     # 2^63 is beyond every int field; a float field may hold it where its bounds allow
-    assert {t for _, t in accepted} <= {"0", "-1", "1e-300", "1e308", str(2**63), "abc"}
+    assert {t for _, t in accepted} <= {"0", "-1", "1e-300", "1e308", str(2**63), str(10**30), "abc"}
     print(f"{len(numeric_fields())} fields x {len(LIMITS)} limits: {len(accepted)} accepted: {accepted}")
 
 
@@ -559,3 +559,432 @@ def test_timeline_reads_through_the_damaged_file_check(shared_edge_arm, tmp_path
     assert main(["timeline", str(arm), "--out", str(tmp_path / "t.png")]) == 2
     _refused(capsys.readouterr().err, (says,))
     assert not (tmp_path / "t.png").exists()
+
+
+# -- issue 42: classes covered by construction -------------------------------------------------------
+
+def _value_actions() -> list[tuple[str, argparse.Action]]:
+    """(subcommand, action) of every flag or argument that takes a value, on every subcommand."""
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return [(name, a) for name, parser in sub.choices.items() for a in parser._actions
+            if a.nargs != 0 and not isinstance(a, argparse._HelpAction)]
+
+
+def _name(action: argparse.Action) -> str:
+    return action.option_strings[-1] if action.option_strings else action.dest
+
+
+def test_every_value_flag_refuses_empty_and_arbitrary_size_integers():
+    """Every flag or argument that takes a value, those added later included: an empty value is
+    refused (before: ``--device ''`` ran with the config's device, ``--out ''`` wrote the default
+    file), and every numeric one refuses integers of any size (before: ``--seeds
+    99999999999999999999`` was an OverflowError traceback)."""
+    counts = {"empty": 0, "huge": 0}
+    for command, action in _value_actions():
+        if action.choices is not None:    # argparse refuses what is not a choice, '' included
+            continue
+        assert action.type is not None, f"{command} {_name(action)}: a value flag without a type"
+        with pytest.raises(argparse.ArgumentTypeError) as e:
+            action.type("")
+        assert "\n" not in str(e.value), (command, _name(action), e.value)
+        counts["empty"] += 1
+        if isinstance(action.type, (flags.Number, flags.SizesText, flags.AutoOr)):
+            for huge in (str(10**30), str(2**64), "9" * 400):
+                with pytest.raises(argparse.ArgumentTypeError) as e:
+                    action.type(huge)
+                assert "\n" not in str(e.value) and "give" in str(e.value), (command, _name(action), e.value)
+            counts["huge"] += 1
+    print(f"value flags refusing '': {counts['empty']}; numeric flags refusing integers of any size: {counts['huge']}")
+    assert counts["empty"] >= 60 and counts["huge"] >= 30
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["run", "{cfg}", "--seeds", "99999999999999999999"], "argument --seeds: '99999999999999999999': give auto or an integer from 1 to 10,000"),
+    (["run", "{cfg}", "--device", ""], "argument --device: '': give a value (it is empty)"),
+    (["sweep", "{cfg}", "--device", ""], "argument --device: '': give a value"),
+    (["reproduce", "table1", "--device", ""], "argument --device: '': give a value"),
+    (["report", "{out}", "--out", ""], "argument --out: '': give a value"),
+])
+def test_flag_values_end_to_end_are_one_line_and_write_nothing(tmp_path, capsys, argv, says):
+    cfg = write_toml(tmp_path, _tiny(), "tiny.toml")
+    before = set(tmp_path.rglob("*"))
+    argv = [a.format(cfg=cfg, out=tmp_path / "out") for a in argv]
+    assert main([*argv, "--output" if argv[0] != "report" else "--quiet-not", str(tmp_path / "out")][:len(argv)]) == 2
+    _refused(capsys.readouterr().err, (says,))
+    assert set(tmp_path.rglob("*")) == before
+
+
+def test_numbers_written_as_text_or_booleans_are_refused_in_every_numeric_field():
+    """Every numeric field, by construction: '1' (TOML text) and true are refused, not coerced
+    (before: max_seeds = '10' and a margin "0.01" were read as numbers)."""
+    checked = 0
+    for path in numeric_fields():
+        for value in ("1", True):
+            if path == "data.types[].domain" and value == "1":   # a domain is an index or a name
+                continue
+            with pytest.raises(InputError) as e:
+                parse_config(field_config(path, value))
+            said = str(e.value)
+            assert "\n" not in said and _leaf(path) in said and "not a number" in said, (path, value, said)
+            checked += 1
+    assert checked >= 2 * len(numeric_fields()) - 1
+
+
+# a config in the mode where each ONLY_IN key means nothing, and a valid value for the key there
+OTHER_MODE = {
+    "seed_batch": (lambda d: None, 4),
+    "max_seeds": (lambda d: (d.pop("seed"), d.update(seeds=[0, 1])), 10),
+    "margins": (lambda d: None, {"final_acc": 0.02}),
+    "data.n_shards": (lambda d: None, 12),   # the default partition is dirichlet
+    "data.std_samples": (lambda d: d["data"].update(sizes="uniform"), 2.0),
+    "data.types[].label_weights": (lambda d: _shift(d, "feature-shift", "rotation", 90.0), [1.0] * 10),
+    "data.types[].rotation": (lambda d: _shift(d, "label-shift", "label_weights", [1.0] * 10), 90.0),
+    "data.types[].permutation": (lambda d: _shift(d, "label-shift", "label_weights", [1.0] * 10), list(range(10))),
+    "faults.straggler.sigma": (lambda d: d["faults"].update(straggler={"distribution": "pareto"}), 0.5),
+    "faults.straggler.shape": (lambda d: d["faults"].update(straggler={"distribution": "lognormal"}), 3.0),
+}
+
+
+def _mode_words() -> set[str]:
+    """Every Literal choice of the config schema (dirichlet, shards, lognormal, pareto, ...)."""
+    words, todo, seen = set(), [RunConfig], set()
+    while todo:
+        model = todo.pop()
+        if model in seen:
+            continue
+        seen.add(model)
+        for f in model.model_fields.values():
+            for tp in [f.annotation, *get_args(f.annotation)]:
+                words |= {a for a in get_args(tp) if isinstance(a, str)} if "Literal" in str(tp) else set()
+            todo += [leaf[-1] for leaf in _leaves(f.annotation) if "model" in leaf]
+    return words
+
+
+def _field(path: str):
+    model, f = RunConfig, None
+    for key in path.split("."):
+        f = model.model_fields[key.rstrip("[]{}")]
+        model = next((leaf[-1] for leaf in _leaves(f.annotation) if "model" in leaf), None)
+    return f
+
+
+def test_every_mode_only_key_is_refused_in_the_other_mode():
+    """Each key of ONLY_IN, written in a config of the other mode, is one line naming the key and
+    the mode it needs (before: seed_batch with fixed seeds was silently ignored). By construction:
+    a field whose description opens with the mode it needs ('With seeds = "auto":', 'pareto:',
+    'dirichlet:', 'normal sizes:') must be in ONLY_IN, and every ONLY_IN key needs a case here."""
+    from groupfel.emulator.config import ONLY_IN
+    from groupfel.experiments.api import as_config
+
+    words = _mode_words()
+    described = set()
+    for path in _all_fields():
+        desc = _field(path).description or ""
+        head = desc.split(":")[0] if ":" in desc[:40] else ""
+        own = {a for a in get_args(_field(path).annotation) if isinstance(a, str)}
+        if head.startswith("With ") or (head.split(" ")[0] in words - own and head):
+            described.add(path)
+    from groupfel.emulator.config import DIRICHLET_CARRIED
+
+    missing = described - set(ONLY_IN) - set(DIRICHLET_CARRIED)
+    assert not missing, f"mode-only keys (by their description) missing from ONLY_IN: {missing}"
+    assert set(ONLY_IN) <= set(OTHER_MODE), f"ONLY_IN keys without a case in OTHER_MODE: {set(ONLY_IN) - set(OTHER_MODE)}"
+    for path, (edit, value) in OTHER_MODE.items():
+        d = _tiny()
+        edit(d)
+        _set(d, path, value) if "[]" not in path else [t.update({_leaf(path): value}) for t in d["data"]["types"]]
+        with pytest.raises(InputError) as e:
+            as_config(d)
+        said = str(e.value)
+        assert "\n" not in said and path.split(".")[-1].rstrip("[]") in said and ("only used with" in said
+                                                                                  or "needs seeds" in said), said
+    print(f"{len(OTHER_MODE)} mode-only keys refused in the other mode; {len(described)} found by description")
+
+
+def _all_fields(model: type[BaseModel] = RunConfig, prefix: str = "") -> list[str]:
+    out = []
+    for name, f in model.model_fields.items():
+        out.append(prefix + name)
+        for leaf in _leaves(f.annotation):
+            if "model" in leaf:
+                out += _all_fields(leaf[-1], prefix + name + "".join(p for p in leaf if p in ("[]", "{}")) + ".")
+    return out
+
+
+# -- issue 42: the cases -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda d: d.update(name=".."), "config: name: '..' is the parent folder"),
+    (lambda d: d.update(name="."), "config: name: '.' is the current folder"),
+    (lambda d: d["arms"][0].update(name=".."), "config: arms.0.name: '..' is the parent folder"),
+    (lambda d: d.update(max_seeds="10", seeds="auto", seed=None) or d.pop("seed"),
+     "config: max_seeds: '10' is text, not a number; write the number without quotes (e.g. max_seeds = 10)"),
+    (lambda d: d.update(seeds="auto", margins={"final_acc": 1e-300}) or d.pop("seed"),
+     "config: margins.final_acc: 1e-300 is out of range; give a number at least 0.0001"),
+    (lambda d: d.update(seeds=[0, 1], seed_batch=5) or d.pop("seed"),
+     "config: seed_batch: only used with seeds = \"auto\""),
+])
+def test_names_text_numbers_margins_and_mode_keys_are_one_line(tmp_path, capsys, edit, says):
+    """Before: a run or arm named '..' wrote into the current folder or results/ (and a --force rerun
+    of it deleted another run's folder there); max_seeds = '10' was read as 10; a margin of 1e-300
+    ran to max_seeds without a word; seed_batch beside fixed seeds was ignored."""
+    d = _tiny()
+    edit(d)
+    cfg = write_toml(tmp_path, d)
+    out = tmp_path / "sub" / "run"
+    assert main(["run", str(cfg), "--output", str(out), "--quiet"]) == 2
+    _refused(capsys.readouterr().err, (says,))
+    assert not (tmp_path / "sub").exists()
+
+
+def test_a_sweep_named_dot_dot_or_with_seeds_as_text_is_refused():
+    """Before: a sweep named '..' wrote beside its parent; seeds = ["0"] ran seed 0."""
+    from pydantic import ValidationError
+
+    from groupfel.experiments.sweep import SweepConfig
+
+    for name, seeds, says in ((  "..", [0], "parent folder"), ("s", ["0"], "valid integer")):
+        with pytest.raises(ValidationError, match=says):
+            SweepConfig.model_validate({"name": name, "base": "b.toml", "seeds": seeds, "axes": {"train.lr": [0.1]}})
+
+
+def test_force_never_deletes_outside_the_runs_own_folder(tmp_path, capsys):
+    """A --force rerun replaces the run's arm and seed folders; one that resolves elsewhere (a link
+    left in the run directory) is refused and the folder it points at survives."""
+    from groupfel.emulator.io import remove_inside
+
+    victim = tmp_path / "other-run"
+    victim.mkdir()
+    (victim / "keep.csv").write_text("precious\n")
+    d = _tiny()
+    cfg = write_toml(tmp_path, d)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / d["arms"][0]["name"]).symlink_to(victim)
+    (run / "config.json").write_text(json.dumps({"not": "this config"}))
+    assert main(["run", str(cfg), "--output", str(run), "--force", "--quiet"]) == 2
+    _refused(capsys.readouterr().err, ("outside", "refusing to delete"))
+    assert (victim / "keep.csv").read_text() == "precious\n"
+    for target in (run / "..", run, run / "a" / ".." / ".."):
+        with pytest.raises(InputError, match="refusing to delete"):
+            remove_inside(target, run)
+    assert (victim / "keep.csv").exists() and tmp_path.exists()
+
+
+def test_reproduce_set_seeds_auto_follows_the_sweeps_rule(tmp_path, capsys):
+    """Before: 'reproduce NAME --set seeds=auto' started running (the sweep's seeds silently won),
+    while a sweep file with seeds = "auto" was refused."""
+    out = tmp_path / "rep"
+    for item, says in (("seeds=auto", "reproduce --set seeds=...: a reproduction runs its sweep's seeds"),
+                       ("seeds=[0]", "reproduce --set seeds=...: a reproduction runs its sweep's seeds"),
+                       ("seed_batch=3", "reproduce --set seed_batch=...: a reproduction runs its sweep's seeds"),
+                       ("name=..", "reproduce --set name=...: a reproduction runs its sweep's seeds")):
+        assert main(["reproduce", "table1", "--quick", "--set", item, "--output", str(out), "--quiet"]) == 2
+        _refused(capsys.readouterr().err, (says,))
+        assert not out.exists()
+
+
+def _per_group(tmp: Path, **train) -> Path:
+    d = _tiny()
+    d.update(mode="per-group")
+    d["arms"] = [{"name": "ifca", "grouping": {"policy": "ifca", "n_clusters": 2}}]
+    d["train"].update(rounds=2, **train)
+    return write_toml(tmp, d)
+
+
+@pytest.mark.parametrize("train, says", [
+    ({"algorithm": "perfedavg", "algorithm_params": {"alpha": 1e308}}, "train.algorithm_params.alpha: 1e+308 is out of range"),
+    ({"algorithm": "pfedme", "algorithm_params": {"lam": 1e308}}, "train.algorithm_params.lam: 1e+308 is out of range"),
+    ({"algorithm": "finetune", "algorithm_params": {"steps": 10**12}}, "train.algorithm_params.steps: 1000000000000 is out of range"),
+    ({"algorithm": "finetune", "algorithm_params": {"steps": 10**5}}, "steps must be an integer from 1 to 10,000"),
+    ({"algorithm": "pfedme", "algorithm_params": {"inner_steps": 10**9}}, "train.algorithm_params.inner_steps"),
+    ({"algorithm": "flsc", "algorithm_params": {"n_clusters": 10**9}}, "train.algorithm_params.n_clusters"),
+    ({"algorithm": "flsc", "algorithm_params": {"n_clusters": 13}}, "train.algorithm_params.n_clusters: 13 exceeds the run's 12 clients"),
+    ({"algorithm": "perfedavg", "algorithm_params": {"alpha": "0.1"}}, "train.algorithm_params.alpha: '0.1' is not a number"),
+])
+def test_algorithm_parameters_are_bounded_before_any_work(tmp_path, capsys, train, says):
+    """Before: alpha = 1e308 or lam = 1e308 ended in NaN losses with exit 0; steps = 10**12,
+    inner_steps = 10**9 and n_clusters = 10**9 ran for ever."""
+    out = tmp_path / "run"
+    assert main(["run", str(_per_group(tmp_path, **train)), "--output", str(out), "--quiet"]) == 2
+    _refused(capsys.readouterr().err, (says,))
+    assert not out.exists()
+
+
+def test_a_cluster_count_above_the_edge_is_refused(tmp_path, capsys):
+    d = _tiny()
+    d.update(mode="per-group")
+    d["arms"] = [{"name": "ifca", "grouping": {"policy": "ifca", "n_clusters": 10**6}}]
+    out = tmp_path / "run"
+    assert main(["run", str(write_toml(tmp_path, d)), "--output", str(out), "--quiet"]) == 2
+    _refused(capsys.readouterr().err, ("arms[0].grouping.n_clusters: 1,000,000 exceeds the 6 clients of edge 0",))
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_non_finite_per_group_loss_stops_the_run(tmp_path, capsys):
+    """run.md: a non-finite test loss stops the run. Before, per-group mode went on with NaN
+    losses and exited 0."""
+    out = tmp_path / "run"
+    cfg = _per_group(tmp_path, group_rounds=1, algorithm="pfedme", algorithm_params={"lam": 1e6})
+    assert main(["run", str(cfg), "--output", str(out), "--quiet"]) == 1
+    assert "training diverged: round 1: the local test loss of" in capsys.readouterr().err
+    assert json.loads((out / "ifca" / "manifest.json").read_text())["stop_reason"] == "diverged"
+    _check_run_outputs(out)
+
+
+@pytest.fixture(scope="module")
+def seeded_run(tmp_path_factory):
+    """Two arms on three seeds, one round: a finished multi-seed run to damage."""
+    tmp = tmp_path_factory.mktemp("seeded")
+    d = _tiny()
+    d["arms"] = copy.deepcopy(TINY["arms"])
+    d["train"].update(rounds=1, group_rounds=1)
+    d.pop("seed")
+    d["seeds"] = [0, 1, 2]
+    cfg = write_toml(tmp, d)
+    assert main(["run", str(cfg), "--output", str(tmp / "run"), "--quiet", "--jobs", "1"]) == 0
+    return cfg, tmp / "run"
+
+
+def _copy(seeded_run, tmp_path) -> Path:
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(seeded_run[1], run)
+    return run
+
+
+def _ledgers(run: Path) -> dict:
+    return {p: p.stat().st_mtime_ns for p in run.rglob("ledger.parquet")}
+
+
+def _advice(err: str) -> str:
+    import re
+
+    return re.search(r"'(groupfel [^']+)'", err)[1]
+
+
+@pytest.mark.slow
+def test_recovery_advice_works_when_followed(seeded_run, tmp_path, capsys):
+    """Each damaged file's advice, followed as printed (CONFIG: the config it ran from): it exits 0,
+    repairs the file, retrains nothing, and the report then builds. Before: a damaged config.json
+    led to '--force' (every arm retrained) and a report advice that failed; a damaged seed
+    config.json or a missing runs.csv was left as it was by a rerun that exited 0."""
+    from groupfel.experiments.report import load_study
+
+    cfg, _ = seeded_run
+    for damage, name in ((lambda r: (r / "config.json").write_text("garbage"), "config.json"),
+                         (lambda r: (r / "seed-0" / "config.json").write_text("garbage"), "seed-0/config.json"),
+                         (lambda r: (r / "runs.csv").unlink(), "runs.csv"),
+                         (lambda r: (r / "seed-1" / "rg-random" / "manifest.json").write_text("[1, 2]"), "manifest")):
+        sub = tmp_path / name.replace("/", "-")
+        sub.mkdir()
+        run = _copy(seeded_run, sub)
+        kept = _ledgers(run)
+        damage(run)
+        code = main(["report", str(run)])
+        err = capsys.readouterr().err
+        if name == "seed-0/config.json":       # the report does not read it; a rerun of the run repairs it
+            assert code == 0
+            advice = f"groupfel run CONFIG --output {run}"
+        else:
+            assert code == 2, (name, err)
+            _refused(err, (name.split("/")[-1].replace("manifest", "manifest.json"),))
+            advice = _advice(err)
+        argv = advice.replace("CONFIG", str(cfg)).split()[1:] + ["--quiet"]
+        assert main(argv) == 0, (name, advice, capsys.readouterr().err)
+        capsys.readouterr()
+        load_study(run)        # what the report reads, every table parsed (building the page is slower)
+        json.loads((run / "config.json").read_text())
+        json.loads((run / "seed-0" / "config.json").read_text())
+        assert (run / "runs.csv").exists()
+        redone = {p for p, t in _ledgers(run).items() if kept.get(p) != t}
+        assert redone <= ({run / "seed-1" / "rg-random" / "ledger.parquet"} if name == "manifest" else set()), name
+
+
+@pytest.mark.slow
+def test_a_random_bytes_checkpoint_restarts_its_arm_without_blaming_resume(seeded_run, tmp_path, capsys):
+    import os
+
+    cfg, _ = seeded_run
+    run = _copy(seeded_run, tmp_path)
+    arm = run / "seed-2" / "rg-random"
+    (arm / "manifest.json").unlink()
+    (arm / "checkpoint.pt").write_bytes(os.urandom(4096))
+    assert main(["run", str(cfg), "--output", str(run), "--quiet", "--jobs", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "damaged (truncated or not a checkpoint)" in err and "--resume" not in err, err
+    assert json.loads((arm / "manifest.json").read_text())["complete"]
+
+
+def test_damaged_or_unwritable_places_are_one_line(seeded_run, tmp_path, capsys, monkeypatch):
+    """Before: a lock that is a directory was IsADirectoryError; report into a read-only run
+    directory, report --out naming a directory and sweep --output into a read-only place were
+    OSError tracebacks."""
+    import os
+
+    cfg, _ = seeded_run
+    run = _copy(seeded_run, tmp_path)
+    (run / ".groupfel.lock").unlink()
+    (run / ".groupfel.lock").mkdir()
+    assert main(["run", str(cfg), "--output", str(run), "--quiet"]) == 2
+    _refused(capsys.readouterr().err, (".groupfel.lock: a directory where groupfel keeps its lock file",))
+    (run / ".groupfel.lock").rmdir()
+    (tmp_path / "adir").mkdir()
+    assert main(["report", str(run), "--out", str(tmp_path / "adir")]) == 2
+    _refused(capsys.readouterr().err, ("--out", "is a directory"))
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) in (run, tmp_path / "ro") else real(p, mode))
+    assert main(["report", str(run)]) == 2
+    _refused(capsys.readouterr().err, ("is not writable",))
+    assert not (run / "report.html").exists()
+    (tmp_path / "ro").mkdir()
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(f'name = "s"\nbase = "{cfg}"\nseeds = [0]\n[axes]\n"train.lr" = [0.05]\n')
+    assert main(["sweep", str(sweep), "--output", str(tmp_path / "ro" / "s"), "--quiet"]) == 2
+    _refused(capsys.readouterr().err, ("--output", "is not writable"))
+    assert not (tmp_path / "ro" / "s").exists()
+
+
+@pytest.mark.slow
+def test_report_legend_counts_the_comparisons_and_colours_hold_across_charts(seeded_run, tmp_path, monkeypatch):
+    """Before: the HTML report's decision legend always read 'undecided, too few seeds' (it lost the
+    count reading summary.csv back), and the Eq. 5 breakdown's colours flipped between its charts."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgba
+
+    from groupfel.experiments import report
+    from groupfel.experiments.timeline import color
+
+    run = _copy(seeded_run, tmp_path)
+    seen = []
+    real = plt.Figure.savefig
+    monkeypatch.setattr(plt.Figure, "savefig", lambda fig, *a, **k: (seen.append(fig), real(fig, *a, **k))[1])
+    page = report.build_report(run).read_text()
+    import re
+
+    assert re.search(r"Holm&#x27;s correction over the [1-9]\d* comparisons", page) and "too few seeds" not in page
+    breakdown = next(f for f in seen if len(f.axes) == 3 and f.axes[0].get_title() == "by component")
+    for ax in breakdown.axes:
+        handles, labels = ax.get_legend_handles_labels()
+        for h, label in zip(handles, labels):
+            got = h.patches[0].get_facecolor() if hasattr(h, "patches") else h.get_color()   # bars, or a line
+            assert to_rgba(got) == to_rgba(color(label)), (ax.get_title(), label)
+
+
+def test_an_unreachable_ray_address_is_one_line_in_bounded_time(monkeypatch):
+    """Before: 'run --backend ray --address' at an unreachable host still waited after 5 minutes."""
+    import socket
+    import time
+
+    from groupfel.experiments import backends
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()                       # nothing listens there now
+    t0 = time.monotonic()
+    with pytest.raises(InputError, match=rf"^--address 127.0.0.1:{port}: cannot reach 127.0.0.1:{port} \("):
+        backends._reachable(f"127.0.0.1:{port}", timeout=2)
+    assert time.monotonic() - t0 < 5

@@ -28,6 +28,10 @@ from ..rng import key, seed_of
 from ..training import load_flat
 
 
+# the most fine-tuning epochs or steps, or inner steps, per client and call: train.local_epochs's bound
+MAX_STEPS = 10**4
+
+
 def _positive(name: str, value: float, strict: bool = True) -> None:
     if not (value > 0 if strict else value >= 0):
         raise ValueError(f"{name} must be {'>' if strict else '>='} 0, got {value!r}")
@@ -117,10 +121,11 @@ class Finetune(Algorithm):
     modes: ClassVar[tuple[str, ...]] = ("per-group",)
 
     def __post_init__(self):
-        if not (isinstance(self.epochs, int) and self.epochs >= 1):
-            raise ValueError(f"epochs must be an integer >= 1, got {self.epochs!r}")
-        if self.steps is not None and not (isinstance(self.steps, int) and self.steps >= 1):
-            raise ValueError(f"steps must be an integer >= 1 (FedCollab's code: 2), got {self.steps!r}")
+        if not (isinstance(self.epochs, int) and 1 <= self.epochs <= MAX_STEPS):
+            raise ValueError(f"epochs must be an integer from 1 to {MAX_STEPS:,}, got {self.epochs!r}")
+        if self.steps is not None and not (isinstance(self.steps, int) and 1 <= self.steps <= MAX_STEPS):
+            raise ValueError(f"steps must be an integer from 1 to {MAX_STEPS:,} (FedCollab's code: 2), "
+                             f"got {self.steps!r}")
 
     @property
     def evaluation_passes(self) -> float:   # type: ignore[override]
@@ -231,8 +236,8 @@ class PFedMe(Algorithm):
         _positive("lam", self.lam)
         _positive("personal_lr", self.personal_lr)
         _positive("beta", self.beta)
-        if not (isinstance(self.inner_steps, int) and self.inner_steps >= 1):
-            raise ValueError(f"inner_steps must be an integer >= 1, got {self.inner_steps!r}")
+        if not (isinstance(self.inner_steps, int) and 1 <= self.inner_steps <= MAX_STEPS):
+            raise ValueError(f"inner_steps must be an integer from 1 to {MAX_STEPS:,}, got {self.inner_steps!r}")
 
     @property
     def training_passes(self) -> float:   # type: ignore[override]

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from groupfel.cost_models import TRAINING
-from groupfel.errors import InputError
+from groupfel.errors import DivergenceError, InputError
 from groupfel.policies.cov import cov_of_counts
 from groupfel.policies.grouping import EdgeView
 
@@ -272,6 +272,11 @@ class PerGroupRounds(RoundStrategy):
         ref = self.reference[min(state.t, len(self.reference) - 1)].numpy()
         here = self.arrival <= state.t   # the clients that have joined (all, without topology.arrivals)
         acc, loss, ref = acc[here], loss[here], ref[here]
+        if not np.isfinite(loss).all():   # run.md: a non-finite test loss stops the run, as in global mode
+            bad = int((~np.isfinite(loss)).sum())
+            raise DivergenceError(f"round {state.t}: the local test loss of {bad} of {len(loss)} clients is not "
+                                  f"finite under {world.algorithm.name} with {plan.grouping.name} groups; lower "
+                                  f"train.lr or the algorithm's step sizes (train.algorithm_params)")
         ipr, rsd = ipr_rsd(acc, ref)
         led, err = state.ledger, 1.0 - acc
         training = led.by_component.get(TRAINING, 0.0)
