@@ -716,6 +716,9 @@ ONLY_IN: dict[str, tuple[str, Callable[[RunConfig], bool]]] = {
                                lambda c: c.faults.straggler is not None and c.faults.straggler.distribution == "lognormal"),
     "faults.straggler.shape": ('faults.straggler.distribution = "pareto"',
                                lambda c: c.faults.straggler is not None and c.faults.straggler.distribution == "pareto"),
+    "topology.heterogeneity.reference_ms_per_sample": (
+        "topology.heterogeneity.fedscale_file",
+        lambda c: c.topology.heterogeneity is not None and c.topology.heterogeneity.fedscale_file is not None),
 }
 
 

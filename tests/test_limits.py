@@ -642,6 +642,7 @@ OTHER_MODE = {
     "data.types[].permutation": (lambda d: _shift(d, "label-shift", "label_weights", [1.0] * 10), list(range(10))),
     "faults.straggler.sigma": (lambda d: d["faults"].update(straggler={"distribution": "pareto"}), 0.5),
     "faults.straggler.shape": (lambda d: d["faults"].update(straggler={"distribution": "lognormal"}), 3.0),
+    "topology.heterogeneity.reference_ms_per_sample": (lambda d: None, 50.0),
 }
 
 
