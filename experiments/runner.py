@@ -44,7 +44,7 @@ from groupfel.errors import InputError
 from groupfel.policies.plugins import upgrade_saved
 from groupfel.emulator.io import atomic_write, run_lock, write_json
 
-from .stats import curves_on_grid, per_seed_metrics, summarize_seeds
+from .stats import accuracy_at_cost, curves_on_grid, per_seed_metrics, summarize_seeds
 from .tasks import Task, arm_complete, plan_world
 
 
@@ -434,7 +434,7 @@ def summarize(results: pd.DataFrame, run_dir: Path, target: float | None = None)
             "avg_cov": round(g["cov_mean"], 3), "rounds": int(last["round"]), "cost": float(last["cost"]),
             "sim_time_s": float(last["sim_time_s"]), "final_acc": float(last["accuracy"]),
             "best_acc": float(df["accuracy"].max()),
-            "acc_at_common_cost": float(df.loc[df["cost"] <= common + 1e-9, "accuracy"].iloc[-1]),
+            "acc_at_common_cost": accuracy_at_cost(df, common),
             "stop": manifest["stop_reason"]})
         if target is not None:
             hit = df.loc[df["accuracy"] >= target, "cost"]
