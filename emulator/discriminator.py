@@ -20,6 +20,14 @@ defaults read them as 0.00 / 0.49 / 1.00 (tests/test_discriminator.py). The esti
 better than the held-out samples allow: with v per client, 2·BalAcc − 1 has a standard error of
 about √(2/v)/2 (0.1 for v = 50).
 
+Selection. ``selection = "final"`` (default) reads the distance once, from the model after the
+last round. ``selection = "best"`` is the authors' disc_estimate.py (code: baowenxuan/FedCollab
+src/collab/disc_estimate.py; example/label_shift/distance_estimate.sh runs it with
+--eval_rounds 10 --early_stop 10): after every ``eval_every``-th round (from round 0) the pair's
+2·BalAcc − 1 on the held-out samples is evaluated, the best over evaluations is kept, and a pair
+stops after ``early_stop`` evaluations without improvement. The maximum of noisy evaluations is
+biased upwards, so "best" reads same-distribution pairs higher than "final" does.
+
 All pairs of a chunk train at once as one batched network (``torch.bmm``), so the O(N²)
 discriminators cost O(N²) arithmetic but few Python steps.
 """
@@ -35,6 +43,9 @@ import torch.nn.functional as F
 from .rng import seed_of, sub_key
 
 
+SELECTIONS = ("final", "best")
+
+
 @dataclass(frozen=True)
 class DiscriminatorSpec:
     rounds: int = 20          # T communication rounds of Alg. 1
@@ -45,6 +56,13 @@ class DiscriminatorSpec:
     hidden: int = 32
     max_valid: int = 100
     chunk: int = 256          # pairs trained together
+    selection: str = "final"  # or "best": best held-out score over evaluations (the authors' code)
+    eval_every: int = 10      # rounds between evaluations (selection = "best")
+    early_stop: int = 10      # evaluations without improvement before a pair stops; 0: never
+
+    def __post_init__(self):
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
 
     def n_params(self, n_features: int) -> int:
         return n_features * self.hidden + self.hidden + self.hidden + 1
@@ -64,6 +82,16 @@ def _padded(parts: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
         idx[k, :len(p)] = torch.as_tensor(p, dtype=torch.long)
         mask[k, :len(p)] = 1.0
     return idx, mask
+
+
+def _held_out_score(shared, features, valid, vmask, pi, pj) -> torch.Tensor:
+    """2·BalAcc − 1 of each pair's discriminator on the two clients' held-out samples."""
+    with torch.no_grad():
+        hit_i = (_mlp(shared, features[valid[pi]]) > 0).float()
+        hit_j = (_mlp(shared, features[valid[pj]]) <= 0).float()
+        acc_i = (hit_i * vmask[pi]).sum(1) / vmask[pi].sum(1)
+        acc_j = (hit_j * vmask[pj]).sum(1) / vmask[pj].sum(1)
+    return acc_i + acc_j - 1.0
 
 
 def discriminator_distances(features: torch.Tensor, client_samples: list[np.ndarray], seed: tuple[int, ...],
@@ -93,7 +121,9 @@ def discriminator_distances(features: torch.Tensor, client_samples: list[np.ndar
         w = torch.cat([tmask[pi], tmask[pj]])
         w = w / w.sum(1, keepdim=True)                                              # each client's mean loss
         y = torch.cat([torch.ones(P, w.shape[1]), torch.zeros(P, w.shape[1])])      # client i -> 1
-        for _ in range(spec.rounds):
+        best = torch.full((P,), -torch.inf)
+        stale, active = torch.zeros(P, dtype=torch.long), torch.ones(P, dtype=torch.bool)
+        for r in range(spec.rounds):
             local = [p.repeat(2, *[1] * (p.dim() - 1)).requires_grad_() for p in shared]
             for _ in range(spec.local_steps):                                       # LocalUpdate
                 loss = (F.binary_cross_entropy_with_logits(_mlp(local, x), y, reduction="none") * w).sum()
@@ -101,12 +131,17 @@ def discriminator_distances(features: torch.Tensor, client_samples: list[np.ndar
                 with torch.no_grad():
                     local = [(p - spec.lr * g).requires_grad_() for p, g in zip(local, grads)]
             shared = [(p[:P] + p[P:]).detach() / 2 for p in local]                  # server average
-        with torch.no_grad():
-            hit_i = (_mlp(shared, features[valid[pi]]) > 0).float()
-            hit_j = (_mlp(shared, features[valid[pj]]) <= 0).float()
-            acc_i = (hit_i * vmask[pi]).sum(1) / vmask[pi].sum(1)
-            acc_j = (hit_j * vmask[pj]).sum(1) / vmask[pj].sum(1)
-        d = (acc_i + acc_j - 1.0).clamp(min=0.0).numpy()                            # 2·BalAcc − 1, ≥ 0
+            if spec.selection == "best" and r % spec.eval_every == 0:
+                score = _held_out_score(shared, features, valid, vmask, pi, pj)
+                better = score > best
+                best = torch.where(active & better, score, best)
+                stale = torch.where(active, torch.where(better, 0, stale + 1), stale)
+                if spec.early_stop > 0:
+                    active &= stale < spec.early_stop
+                    if not active.any():
+                        break
+        score = best if spec.selection == "best" else _held_out_score(shared, features, valid, vmask, pi, pj)
+        d = score.clamp(min=0.0).numpy()                                            # 2·BalAcc − 1, ≥ 0
         D[pi.numpy(), pj.numpy()] = D[pj.numpy(), pi.numpy()] = d
     return D, m
 

@@ -116,7 +116,9 @@ def form_groups(world: World, policy: GroupingPolicy, epoch: int, weights: torch
             view = EdgeView(labels, _probe_gradients(world, members, j, epoch, weights), layer_slices(world.engine))
             probe.append(probe_work(world, j, members, 1))
         if policy.needs_distances:
-            spec = DiscriminatorSpec(rounds=policy.discriminator_rounds)
+            spec = DiscriminatorSpec(rounds=policy.discriminator_rounds, selection=policy.discriminator_selection,
+                                     eval_every=policy.discriminator_eval_every,
+                                     early_stop=policy.discriminator_early_stop)
             features = discriminator_features(world.dataset.x_train, world.dataset.y_train, world.dataset.num_classes)
             D, m = discriminator_distances(features, [topo.client_samples[c] for c in members],
                                            key(world.config.seed, "discriminators", epoch, j), spec)

@@ -177,12 +177,12 @@ def paired_last(name: str, mode: str, column: str, arm: str, ref: str, digits: i
 
 
 def paired_folders(name: str, mode: str, before: str, column: str, arm: str, digits: int = 2,
-                   scale: float = 100.0) -> str:
+                   scale: float = 100.0, **point) -> str:
     """Paired difference of ``column`` at each run's last evaluation between two committed runs of
     one reproduction, folder ``mode`` minus folder ``before`` (e.g. ``full`` − ``full-before``:
     what a change of setting did), per seed: mean [95 % CI] over seeds."""
     def final(folder: str) -> dict[int, float]:
-        runs = _select(_csv(name, folder, "runs.csv"), arm, {})
+        runs = _select(_csv(name, folder, "runs.csv"), arm, point)
         return {int(s): float(r.sort_values("round")[column].iloc[-1]) * scale for s, r in runs.groupby("seed")}
 
     x, y = final(mode), final(before)

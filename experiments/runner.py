@@ -45,7 +45,7 @@ from groupfel.errors import InputError
 from groupfel.policies.plugins import upgrade_saved
 from groupfel.emulator.io import atomic_write, remove_inside, run_lock, write_json
 
-from .stats import any_open, comparisons, curves_on_grid, per_seed_metrics, summarize_seeds
+from .stats import accuracy_at_cost, any_open, comparisons, curves_on_grid, per_seed_metrics, summarize_seeds
 from .tasks import Task, arm_complete, plan_world
 
 
@@ -489,7 +489,7 @@ def summarize(results: pd.DataFrame, run_dir: Path, target: float | None = None)
             "sim_time_s": float(last["sim_time_s"]),
             **({"energy_j": float(last["energy_j"])} if "energy_j" in df else {}), "final_acc": float(last["accuracy"]),
             "best_acc": float(df["accuracy"].max()),
-            "acc_at_common_cost": float(df.loc[df["cost"] <= common + 1e-9, "accuracy"].iloc[-1]),
+            "acc_at_common_cost": accuracy_at_cost(df, common),
             "stop": manifest["stop_reason"]})
         if target is not None:
             hit = df.loc[df["accuracy"] >= target, "cost"]

@@ -269,6 +269,13 @@ def margin_text(r, m: str) -> str:
     return f"±{_fmt(size)}" if not relative else f"±{r[f'{m}_margin_share']:.0%} (±{_fmt(size)})".replace("%", " %")
 
 
+def accuracy_at_cost(df: pd.DataFrame, cost: float) -> float:
+    """The accuracy of the last evaluation at or below ``cost``; NaN where the run's first row
+    already costs more (an arm that charges up-front work, e.g. FedCollab's discriminators)."""
+    reached = df.loc[df["cost"] <= cost + 1e-9, "accuracy"]
+    return float(reached.iloc[-1]) if len(reached) else float("nan")
+
+
 def per_seed_metrics(results: pd.DataFrame, target: float | None) -> pd.DataFrame:
     """One row per (seed, arm) with the headline metrics. ``acc_at_common_cost`` is the accuracy
     at the smallest final cost of any arm of the same seed (arms paired within a seed);
@@ -279,7 +286,7 @@ def per_seed_metrics(results: pd.DataFrame, target: float | None) -> pd.DataFram
         for arm, df in by_seed.groupby("arm", sort=False):
             hit = df.loc[df["accuracy"] >= target, "cost"] if target is not None else pd.Series(dtype=float)
             rows.append({"seed": seed, "arm": arm, "final_acc": float(df["accuracy"].iloc[-1]),
-                         "acc_at_common_cost": float(df.loc[df["cost"] <= common + 1e-9, "accuracy"].iloc[-1]),
+                         "acc_at_common_cost": accuracy_at_cost(df, common),
                          "cost_to_target": float(hit.iloc[0]) if len(hit) else float("nan"),
                          "sim_time_s": float(df["sim_time_s"].iloc[-1]), "cost": float(df["cost"].iloc[-1]),
                          **({"energy_j": float(df["energy_j"].iloc[-1])} if "energy_j" in df else {}),

@@ -45,20 +45,27 @@ def objective(assign: np.ndarray, sizes: np.ndarray, D: np.ndarray, capacity: fl
     return sum(coalition_cost(np.flatnonzero(assign == c), sizes, D, capacity) for c in np.unique(assign))
 
 
+RESTART_INITS = ("local", "random")
+
+
 def fedcollab_optimize(sizes: np.ndarray, D: np.ndarray, capacity: float, rng: np.random.Generator,
-                       restarts: int = 3, max_sweeps: int = 100) -> np.ndarray:
+                       restarts: int = 100, max_sweeps: int = 100, init: str = "local") -> np.ndarray:
     """FedCollab Alg. 2, re-run ``restarts`` times with random client orders; the assignment of
-    lowest Eq. 10 wins. The first run starts from local training (p(i) = i, Line 1), later ones
-    from random coalitions. A client moves (Lines 4-5) only when that strictly lowers Eq. 10,
-    so each run converges."""
+    lowest Eq. 10 wins. With ``init = "local"`` every run starts from local training (p(i) = i,
+    Line 1), as App. B.3 re-runs the solver 100 times and the authors' collab_opt.py keeps the
+    best of 100 runs of solver.py's discrete_solver(init='local'); ``"random"`` (the earlier
+    choice) starts runs after the first from random coalitions. A client moves (Lines 4-5) only
+    when that strictly lowers Eq. 10, so each run converges within ``max_sweeps`` (solver.py's
+    max_iter = 100)."""
+    if init not in RESTART_INITS:
+        raise ValueError(f"init must be one of {RESTART_INITS}, got {init!r}")
     n = len(sizes)
     sizes = sizes.astype(float)
     best, best_obj = np.arange(n), np.inf
     Dn = D * sizes[None, :]
     for run in range(restarts):
-        # Run 0 starts from local training (Line 1). Single-client moves cannot split or swap
-        # whole coalitions, so later runs start from random coalitions to leave local optima.
-        p = np.arange(n) if run == 0 else rng.integers(int(np.sqrt(n)) + 1, size=n)
+        # Line 1: local training; the runs differ only in their client orders (Line 3).
+        p = np.arange(n) if run == 0 or init == "local" else rng.integers(int(np.sqrt(n)) + 1, size=n)
         cnt = np.bincount(p, minlength=n).astype(float)
         ntot = np.bincount(p, weights=sizes, minlength=n)
         same = p[:, None] == p[None, :]
@@ -99,13 +106,23 @@ ABLATIONS = ("none", "ignore-quantities", "ignore-distances")
 @groupings.register("fedcollab")
 @dataclass(frozen=True)
 class FedCollabGrouping(GroupingPolicy):
-    """FedCollab (FedCollab Eq. 10 minimised by FedCollab Alg. 2 with random restarts) on the
-    total-variation distance of the clients' label distributions.
+    """FedCollab (FedCollab Eq. 10 minimised by FedCollab Alg. 2, run ``restarts`` times with
+    random client orders, the best kept) on the total-variation distance of the clients' label
+    distributions.
+
+    ``restarts`` = 100 runs from local training (``restart_init = "local"``) as FedCollab App. B.3
+    and the authors' collab_opt.py; ``restart_init = "random"`` with ``restarts = 3`` is the
+    earlier choice (later runs from random coalitions).
 
     ``capacity`` is the model-capacity constant C of FedCollab Eq. 7 (the paper uses 8-10).
     The number of groups is FedCollab's own choice. With ``min_group_size`` > 1, coalitions
     smaller than MinGS are then merged, smallest first, into the coalition whose merge raises
     Eq. 10 least (:func:`groupfel.policies.grouping.enforce_min_size`); 1 (default) keeps the optimum.
+
+    ``discriminator_selection = "best"`` reads each pair's distance as the best held-out score over
+    evaluations every ``discriminator_eval_every`` rounds, stopping a pair after
+    ``discriminator_early_stop`` evaluations without improvement, as the authors' disc_estimate.py
+    (:mod:`groupfel.emulator.discriminator`); ``"final"`` (default) reads it after the last round.
 
     ``ablation`` runs FedCollab Sec. 5.5's variants (Table 3): ``"ignore-quantities"`` replaces
     the quantity distribution β by the uniform 1/N (every client weighs the mean sample count),
@@ -114,9 +131,13 @@ class FedCollabGrouping(GroupingPolicy):
 
     min_group_size: int = 1
     capacity: float = 10.0
-    restarts: int = 3
+    restarts: int = 100
+    restart_init: str = "local"      # or "random" (runs after the first from random coalitions)
     distance: str = "label-tv"       # or "discriminator" (FedCollab Alg. 1)
     discriminator_rounds: int = 20   # T of Alg. 1
+    discriminator_selection: str = "final"   # or "best": the authors' best evaluation, early stopping
+    discriminator_eval_every: int = 10       # rounds between evaluations (disc.py --eval_rounds)
+    discriminator_early_stop: int = 10       # evaluations without improvement (--early_stop); 0: never
     ablation: str = "none"           # FedCollab Sec. 5.5: "ignore-quantities" or "ignore-distances"
 
     @property
@@ -130,10 +151,18 @@ class FedCollabGrouping(GroupingPolicy):
             raise ValueError(f"capacity must be >= 0 (FedCollab Eq. 7's C), got {self.capacity!r}")
         if not isinstance(self.restarts, int) or self.restarts < 1:
             raise ValueError(f"restarts must be an integer >= 1, got {self.restarts!r}")
+        if self.restart_init not in RESTART_INITS:
+            raise ValueError(f"restart_init must be one of {RESTART_INITS}, got {self.restart_init!r}")
         if self.distance not in ("label-tv", "discriminator"):
             raise ValueError(f"distance must be 'label-tv' or 'discriminator', got {self.distance!r}")
         if not isinstance(self.discriminator_rounds, int) or self.discriminator_rounds < 1:
             raise ValueError(f"discriminator_rounds must be an integer >= 1, got {self.discriminator_rounds!r}")
+        if self.discriminator_selection not in ("final", "best"):
+            raise ValueError(f"discriminator_selection must be 'final' or 'best', got {self.discriminator_selection!r}")
+        if not isinstance(self.discriminator_eval_every, int) or self.discriminator_eval_every < 1:
+            raise ValueError(f"discriminator_eval_every must be an integer >= 1, got {self.discriminator_eval_every!r}")
+        if not isinstance(self.discriminator_early_stop, int) or self.discriminator_early_stop < 0:
+            raise ValueError(f"discriminator_early_stop must be an integer >= 0, got {self.discriminator_early_stop!r}")
         if self.ablation not in ABLATIONS:
             raise ValueError(f"ablation must be one of {ABLATIONS}, got {self.ablation!r}")
 
@@ -157,7 +186,7 @@ class FedCollabGrouping(GroupingPolicy):
         elif self.ablation == "ignore-distances" and len(sizes) > 1:   # off-diagonal D -> its average
             off = ~np.eye(len(sizes), dtype=bool)
             D = np.where(off, D[off].mean(), 0.0)
-        p = fedcollab_optimize(sizes, D, self.capacity, rng, self.restarts)
+        p = fedcollab_optimize(sizes, D, self.capacity, rng, self.restarts, init=self.restart_init)
         groups = [list(map(int, np.flatnonzero(p == c))) for c in np.unique(p)]
         touched = 0
         if self.min_group_size > 1:

@@ -15,6 +15,8 @@ import pandas as pd
 import pytest
 import torch
 
+from groupfel.emulator.algorithms.personal import _batches as personal_batches
+from groupfel.emulator.rng import key, seed_of
 from groupfel.emulator.algorithms import AlgorithmContext, GroupUpdate, algorithms, make_algorithm
 from groupfel.emulator.config import parse_config
 from groupfel.emulator.driver import CHECKPOINT, plan_arm, plan_arms, run_arm
@@ -107,6 +109,56 @@ def test_per_fedavg_halves_splits_each_minibatch_into_d_and_d_prime():
                              [7], 0.1, None, None)[0]
     _close(out, [0.0] * 4)
     assert plain.training_passes == 2.0
+
+
+def _authors_perfedavg_reference(x, y, w, batches, lr):
+    """FedCollab's PerFedAvg.py local_train, line by line, on softmax regression [W₀, W₁, b₀, b₁]:
+    batches under 4 skipped; pivot = len(Y) // 2; one SGD step at lm_lr on the first part, the
+    gradient on the second part at the adapted model, the state restored, then a step at lm_lr."""
+    def grad(w, idx):
+        w = w.clone().requires_grad_()
+        logits = x[idx, None] * w[:2] + w[2:]
+        torch.nn.functional.cross_entropy(logits, y[idx]).backward()
+        return w.grad
+    for b in batches:
+        if len(b) < 4:
+            continue
+        pivot = len(b) // 2
+        state = w.clone()
+        adapted = w - lr * grad(w, b[:pivot])
+        w = state - lr * grad(adapted, b[pivot:])
+    return w
+
+
+def test_per_fedavg_authors_is_fedcollab_perfedavg_py():
+    # 11 samples, batches of 5: shuffled batches of 5, 5, 1; the last skipped, each 5 split 2 | 3.
+    rng = np.random.default_rng(3)
+    xs, ys = rng.normal(size=11).astype(np.float32), rng.integers(0, 2, 11)
+    engine = TorchEngine(Dataset("eleven", xs.reshape(11, 1, 1, 1), ys, xs.reshape(11, 1, 1, 1), ys, 2),
+                         [np.arange(11)], "linear", lr=0.3, batch_size=5)
+    alg = _bound("perfedavg", engine, alpha=0.01, batches="authors")
+    w0 = torch.tensor([0.2, -0.1, 0.05, 0.0])
+    out = alg.local_update(engine, alg.init_state(1, w0), None, w0[None].clone(), [0], [0], 2, [7], 0.3, None,
+                           None)[0]
+    order = [b.cpu().numpy() for b in personal_batches(engine, 0, 2, 7)]
+    assert [len(b) for b in order] == [5, 5, 1, 5, 5, 1]
+    want = _authors_perfedavg_reference(torch.tensor(xs), torch.tensor(ys), w0, order, 0.3)
+    torch.testing.assert_close(out, want.to(out.dtype), rtol=0, atol=1e-6)
+    assert alg.training_passes == 1.0
+    # evaluation: LocalFinetune.py with finetune_steps = 1: one step at lm_lr on the first shuffled batch
+    first = next(personal_batches(engine, 0, 1, seed_of(key(0, "finetune", 0)))).cpu().numpy()
+    x, y = torch.tensor(xs), torch.tensor(ys)
+    w = w0.clone().requires_grad_()
+    torch.nn.functional.cross_entropy(x[first, None] * w[:2] + w[2:], y[first]).backward()
+    torch.testing.assert_close(alg.personal_model(None, 0, w0), (w0 - 0.3 * w.grad).to(out.dtype), rtol=0, atol=1e-6)
+
+
+def test_per_fedavg_authors_skips_minibatches_under_four():
+    engine = _two_labels_engine()
+    alg = _bound("perfedavg", engine, batches="authors")
+    w0 = torch.tensor([0.3, -0.2, 0.1, 0.4])
+    out = alg.local_update(engine, alg.init_state(1, w0), None, w0[None].clone(), [0], [0], 3, [7], 0.1, None, None)
+    _close(out[0], w0.tolist())
 
 
 def test_per_fedavg_takes_the_maml_step_and_adapts_one_step_for_evaluation():

@@ -63,3 +63,33 @@ def test_fedcollab_with_discriminators_in_a_run_charges_the_clients(tiny_dict, t
     work = ledger[ledger.group == -1]
     assert sorted(work.client.tolist()) == list(range(12)) and (work.amount > 0).all()
     assert (work.component == "training").all()
+
+
+@pytest.mark.slow
+def test_best_selection_is_the_authors_best_evaluation_with_early_stopping():
+    """selection = "best" against a reference: the "final" reading after r + 1 rounds for every
+    evaluated round r (the same deterministic training), walked as disc_estimate.py walks them:
+    keep the best, stop after ``early_stop`` evaluations without improvement."""
+    d = load_dataset("digits")
+    feats = discriminator_features(d.x_train, d.y_train, 10)
+    truth, clients = _label_shift_clients(d, np.random.default_rng(0), per=40)
+    base = dict(rounds=12, m_train=16, max_valid=20)
+    finals = [discriminator_distances(feats, clients, (0,), DiscriminatorSpec(**{**base, "rounds": r + 1}))[0]
+              for r in range(0, 12, 2)]
+    for early_stop in (0, 2):
+        got, _ = discriminator_distances(feats, clients, (0,), DiscriminatorSpec(**base, selection="best",
+                                                                                 eval_every=2, early_stop=early_stop))
+        want = np.zeros_like(got)
+        for i, j in zip(*np.triu_indices(len(clients), 1)):
+            best, stale = -np.inf, 0
+            for D in finals:
+                if D[i, j] > best:
+                    best, stale = D[i, j], 0
+                else:
+                    stale += 1
+                    if 0 < early_stop <= stale:
+                        break
+            want[i, j] = want[j, i] = best
+        np.testing.assert_allclose(got, want, atol=1e-6)
+    with pytest.raises(ValueError, match="selection"):
+        DiscriminatorSpec(selection="last")

@@ -187,3 +187,13 @@ def test_a_holm_p_near_the_line_says_so():
     assert verdict(-0.03, 0.025, 3) == "lower (supported: Holm p = 0.025: close to the 5 % line)"
     assert verdict(0.03, 0.024, 3) == "higher (supported: Holm p = 0.024)"
     assert verdict(0.03, 0.1, 3) == "not supported (Holm p = 0.1)"
+
+
+def test_accuracy_at_cost_is_nan_where_the_first_row_already_costs_more():
+    import pandas as pd
+
+    from groupfel.experiments.stats import accuracy_at_cost
+
+    df = pd.DataFrame({"cost": [50.0, 80.0, 120.0], "accuracy": [0.1, 0.4, 0.6]})
+    assert accuracy_at_cost(df, 100.0) == 0.4
+    assert np.isnan(accuracy_at_cost(df, 40.0))     # e.g. FedCollab's discriminators charged at round 0

@@ -159,8 +159,12 @@ class PerFedAvg(Algorithm):
     (``evaluation_passes`` = 1).
 
     ``batches``: ``"independent"`` (default; paper: Fallah et al. Alg. 1, D and D' drawn
-    independently) or ``"halves"`` (code: FedCollab's authors split each minibatch, D its first
-    half and D' its second; every sample then takes one gradient a step, ``training_passes`` = 1)."""
+    independently), ``"halves"`` (each minibatch split, D its first ⌈n/2⌉ samples and D' the
+    rest; every sample then takes one gradient a step, ``training_passes`` = 1) or ``"authors"``
+    (code: baowenxuan/FedCollab src/algorithm/PerFedAvg.py and LocalFinetune.py, all of it:
+    minibatches under 4 samples skipped, D the first ⌊n/2⌋ samples, α = the round's lr (their
+    optimiser's lm_lr takes both steps; ``alpha`` is not used), and a client evaluated with one
+    minibatch step at the lr from its group's model, its first shuffled minibatch)."""
 
     alpha: float = 0.01
     batches: str = "independent"
@@ -169,9 +173,9 @@ class PerFedAvg(Algorithm):
 
     def __post_init__(self):
         _positive("alpha", self.alpha)
-        if self.batches not in ("independent", "halves"):
-            raise ValueError(f"batches must be one of independent, halves (\"halves\": each minibatch split in "
-                             f"two, FedCollab's code), got {self.batches!r}")
+        if self.batches not in ("independent", "halves", "authors"):
+            raise ValueError(f"batches must be one of independent, halves, authors (\"authors\": FedCollab's "
+                             f"PerFedAvg.py), got {self.batches!r}")
 
     @property
     def training_passes(self) -> float:   # type: ignore[override]
@@ -185,20 +189,26 @@ class PerFedAvg(Algorithm):
         out = torch.empty(len(clients), table.shape[1], dtype=table.dtype, device=table.device)
         for i, (c, s) in enumerate(zip(clients, seeds)):
             w = table[rows[i]].clone()
+            alpha = lr if self.batches == "authors" else self.alpha
             if self.batches == "halves":
                 pairs = ((b[:(len(b) + 1) // 2], b[(len(b) + 1) // 2:]) for b in _batches(engine, c, epochs, s))
+            elif self.batches == "authors":   # PerFedAvg.py: `if len(Y) < 4: continue`, pivot = len(Y) // 2
+                pairs = ((b[:len(b) // 2], b[len(b) // 2:]) for b in _batches(engine, c, epochs, s) if len(b) >= 4)
             else:
                 pairs = zip(_batches(engine, c, epochs, s), _batches(engine, c, epochs, _personal_seed(s)))
             for d, d2 in pairs:
                 if not len(d2):   # a one-sample minibatch has no second half
                     continue
-                adapted = w - self.alpha * _grad(engine, w, d)
+                adapted = w - alpha * _grad(engine, w, d)
                 w = w - lr * _grad(engine, adapted, d2)
             out[i] = w
         return out
 
     def personal_model(self, state, client, model):
         engine = self.ctx.engine
+        if self.batches == "authors":   # LocalFinetune.py's local_personalize, finetune_steps = 1
+            batch = next(_batches(engine, client, 1, seed_of(key(self.ctx.seed, "finetune", client))))
+            return model - engine.lr * _grad(engine, model, batch)
         return model - self.alpha * _grad(engine, model, engine.client_samples[client])
 
 
