@@ -271,6 +271,12 @@ class TrainConfig(_Strict):
                         "auto (the first CUDA GPU if torch sees one, else cpu). On a GPU, deterministic algorithms "
                         "and no TF32: one GPU and one set of library versions give a seed the same numbers. "
                         "`--device` on run, sweep and reproduce overrides it.")
+    stack: int | None = Field(None, ge=1, le=1024, description="The most runs of a study (its seeds, arms, sweep "
+                              "points) that train together in one process, their clients in the same stacked steps "
+                              "(`--stack N` on run, sweep and reproduce overrides it); 1: each run alone. Unset: the "
+                              "width measured fastest on the device. A run's ledger and costs do not depend on it; "
+                              "its accuracies match its unstacked ones within float rounding (see Benchmarks: "
+                              "runs that train together).")
     numerics: Literal["portable", "native"] = Field(
         "native", description="portable: torch's CPU kernels pinned (ATen and oneDNN at AVX2, MKL's compatible "
         "branch) and one torch thread, so a seed gives the same numbers on every x86-64 CPU with AVX2 (same "

@@ -29,6 +29,7 @@ import pickle
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 import signal
+import threading
 import weakref
 from collections.abc import Sequence
 from typing import Protocol
@@ -45,6 +46,8 @@ from .io import exit_with_parent
 from .models import build_model
 
 log = logging.getLogger(__name__)
+# torch's global generator seeds the initial weights: runs sharing a process (emulator.stacking) take turns
+_GLOBAL_RNG = threading.Lock()
 
 __all__ = ["TrainingEngine", "TorchEngine", "BatchedEngine", "ENGINES", "build_model", "load_flat", "flatten"]
 
@@ -118,11 +121,12 @@ class TorchEngine:
         return epochs * -(-len(self.client_samples[client]) // self.batch_size)
 
     def initial_weights(self, seed: int) -> torch.Tensor:
-        torch.manual_seed(seed)
-        for layer in self.model.modules():
-            if hasattr(layer, "reset_parameters"):
-                layer.reset_parameters()
-        return flatten(self.model.parameters()).clone()
+        with _GLOBAL_RNG:
+            torch.manual_seed(seed)
+            for layer in self.model.modules():
+                if hasattr(layer, "reset_parameters"):
+                    layer.reset_parameters()
+            return flatten(self.model.parameters()).clone()
 
     def _inputs(self, start: torch.Tensor, n_clients: int, rows) -> tuple[torch.Tensor, list[int]]:
         table = start.reshape(1, -1) if start.dim() == 1 else start
@@ -423,8 +427,10 @@ class BatchedEngine(TorchEngine):
     def _train_stacked(self, table, rows, clients, epochs, seeds, lr, correction, momentum):
         C, dev = len(clients), self.device
         # on a GPU one CUDA graph per stack width replays each step (one launch, no Python per
-        # kernel); padding the stack to a multiple of 8 masked clients keeps the widths few
-        width = -(-C // 8) * 8 if dev.type == "cuda" else C
+        # kernel); padding the stack to a multiple of 8 masked clients keeps the widths few. On a CPU
+        # a stack of one takes other convolution kernels than any wider one: padded to two, a
+        # client's numbers do not depend on how many others train beside it (emulator.stacking)
+        width = -(-C // 8) * 8 if dev.type == "cuda" else max(C, 2)
         st = self._stack(width, correction is not None)
         sizes = [p[0].numel() for p in st.params]
 

@@ -42,7 +42,7 @@ from groupfel.emulator.io import atomic_write, exit_with_parent
 
 from . import pool_worker
 from .pool_worker import STARTUP_ERRORS
-from .tasks import MANIFEST, execute
+from .tasks import MANIFEST, execute, execute_stack
 
 BACKENDS = ("local", "ray")
 PACKAGES = ("emulator", "experiments", "policies", "cost_models", "topologies")
@@ -78,6 +78,59 @@ class RayOptions:
 def run_task(config_json: str, run_dir: str, arm: int) -> str:
     """A local pool task: run (or resume) one arm in ``run_dir``; returns the arm directory."""
     return str(execute(config_json, Path(run_dir), arm))
+
+
+def run_shard(shard: tuple, width: int) -> None:
+    """A local pool task of a shard: its arms alone (width 1) or stacked."""
+    if width == 1:
+        (task,) = shard
+        run_task(task.config_json, task.run_dir, task.arm)
+    else:
+        execute_stack([(t.config_json, Path(t.run_dir), t.arm) for t in shard], width)
+
+
+# Runs that train together by default (``train.stack`` unset), per device type: what measured
+# fastest (benchmarks/campaign.py, docs/benchmarks.md).
+AUTO_STACK = {"cpu": 8, "cuda": 8}
+
+
+def stack_width(config_json: str, stack: int | None) -> int:
+    """The stack width of a task: ``--stack``, else its ``train.stack``, else the device's default."""
+    train = json.loads(config_json)["train"]
+    if stack is None:
+        stack = train.get("stack")
+    if stack is None:
+        device = train.get("device", "cpu")
+        stack = AUTO_STACK.get(device.split(":")[0], 1)
+    return stack
+
+
+def _stack_key(task) -> tuple:
+    """What must match for runs to share a stack (the worker splits finer, emulator.stacking)."""
+    raw = json.loads(task.config_json)
+    t = raw["train"]
+    return (json.dumps(raw["data"], sort_keys=True), t.get("device"), t.get("engine"), t.get("model"),
+            t.get("batch_size"), t.get("momentum"), t.get("weight_decay"), t.get("algorithm"), t.get("mu"),
+            json.dumps(t.get("algorithm_params"), sort_keys=True))
+
+
+def shards(tasks: Sequence, stack: int | None, slots: int) -> list[tuple[tuple, int]]:
+    """The tasks in shards of at most their stack width, each (tasks, width): runs of one stack key
+    split evenly over at least ``slots`` shards (every worker gets work), each at most the width."""
+    groups: dict[tuple, list] = {}
+    for task in tasks:
+        width = stack_width(task.config_json, stack)
+        groups.setdefault((width, *(_stack_key(task) if width > 1 else (id(task),))), []).append(task)
+    out = []
+    for (width, *_), group in groups.items():
+        n = max(-(-len(group) // width), min(slots, len(group)))
+        size, extra = divmod(len(group), n)
+        start = 0
+        for i in range(n):
+            end = start + size + (i < extra)
+            out.append((tuple(group[start:end]), width))
+            start = end
+    return out
 
 
 def task_device(configured: str, gpus_per_task: float, gpu_ids: Sequence, cuda: bool, node: str) -> str | None:
@@ -257,9 +310,11 @@ def check_backend(backend: str, jobs: int | None = None, address: str | None = N
 
 def run_tasks(tasks: Sequence, *, backend: str = "local", jobs: int | None = None, address: str | None = None,
               ray: RayOptions | None = None, on_start: Callable | None = None,
-              on_done: Callable | None = None) -> None:
+              on_done: Callable | None = None, stack: int | None = None) -> None:
     """Run every task (an object with ``config_json``, ``run_dir``, ``arm``); ``on_start(task)``
-    and ``on_done(task)`` report progress in this process (each once per task, retries included)."""
+    and ``on_done(task)`` report progress in this process (each once per task, retries included).
+    ``stack``: at most this many runs train together (default: each task's ``train.stack``, else
+    :data:`AUTO_STACK`); the local pool runs each shard of runs as one task."""
     if not tasks:
         check_backend(backend, jobs, address, ray, connect=False)
         return
@@ -269,20 +324,27 @@ def run_tasks(tasks: Sequence, *, backend: str = "local", jobs: int | None = Non
     if backend == "ray":
         _run_ray(tasks, jobs, options, on_start, on_done)
         return
+    if jobs is None and any(stack_width(t.config_json, stack) > 1 and "cuda" in json.loads(t.config_json)["train"]
+                            .get("device", "") for t in tasks):
+        jobs = 1   # one stacked task per GPU
     jobs = jobs or default_jobs(len(tasks))
+    units = shards(tasks, stack, jobs)
     if jobs == 1:
-        for task in tasks:
-            on_start(task)
-            run_task(task.config_json, task.run_dir, task.arm)
-            on_done(task)
+        for shard, width in units:
+            for task in shard:
+                on_start(task)
+            run_shard(shard, width)
+            for task in shard:
+                on_done(task)
         return
-    _run_pool(tasks, jobs, on_start, on_done)
+    _run_pool(units, jobs, on_start, on_done)
 
 
-def _run_pool(tasks: Sequence, jobs: int, on_start: Callable, on_done: Callable) -> None:
-    """The process pool. A worker the OS kills (kill -9, the out-of-memory killer) breaks the pool:
-    the tasks it held are submitted again to a new pool and resume from their checkpoints."""
-    queue_, started, losses = list(tasks), set(), {}
+def _run_pool(units: Sequence, jobs: int, on_start: Callable, on_done: Callable) -> None:
+    """The process pool, one shard of runs per task. A worker the OS kills (kill -9, the
+    out-of-memory killer) breaks the pool: the shards it held are submitted again to a new pool
+    and resume from their checkpoints."""
+    queue_, started, losses = list(units), set(), {}
     errors = _startup_errors_dir()   # in the environment before the forkserver starts: its workers see it
     while queue_:
         with ProcessPoolExecutor(jobs, mp_context=procs.worker_context(), initializer=pool_worker.start,
@@ -290,11 +352,12 @@ def _run_pool(tasks: Sequence, jobs: int, on_start: Callable, on_done: Callable)
             pending, broken = {}, False
             while (queue_ or pending) and not broken:
                 while queue_ and len(pending) < jobs:     # submit as workers free up: on_start is honest
-                    task = queue_.pop(0)
-                    if id(task) not in started:
-                        started.add(id(task))
-                        on_start(task)
-                    pending[pool.submit(run_task, task.config_json, task.run_dir, task.arm)] = task
+                    unit = queue_.pop(0)
+                    for task in unit[0]:
+                        if id(task) not in started:
+                            started.add(id(task))
+                            on_start(task)
+                    pending[pool.submit(run_shard, *unit)] = unit
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in finished:
                     try:
@@ -302,17 +365,18 @@ def _run_pool(tasks: Sequence, jobs: int, on_start: Callable, on_done: Callable)
                     except BrokenProcessPool:
                         broken = True
                         continue
-                    on_done(pending.pop(fut))
+                    for task in pending.pop(fut)[0]:
+                        on_done(task)
             if broken:
                 error = _startup_error(errors)
                 if error:
                     raise WorkerLostError(f"a worker process failed at start-up: {error}")
                 lost = list(pending.values())
-                for task in lost:
+                for task in (task for unit in lost for task in unit[0]):
                     _lost(task, losses, MAX_LOSSES, "lost its worker process (killed, e.g. by the out-of-memory "
                           "killer)", "rerun the same command to resume")
-                _note(f"a worker process died (killed, e.g. out of memory); running its {len(lost)} unfinished "
-                      f"task(s) again from their checkpoints")
+                _note(f"a worker process died (killed, e.g. out of memory); running its {sum(len(u[0]) for u in lost)} "
+                      f"unfinished task(s) again from their checkpoints")
                 queue_ = lost + queue_
 
 
@@ -478,6 +542,15 @@ def add_device_argument(parser) -> None:
                              f"any device")
 
 
+def add_stack_argument(parser) -> None:
+    from . import flags
+
+    parser.add_argument("--stack", type=flags.STACK, metavar="N",
+                        help="at most N runs train together in one process, their clients in the same stacked steps "
+                             "(1: each run alone; default: the config's train.stack, else the device's fastest, "
+                             "recorded in each manifest)")
+
+
 def add_backend_arguments(parser, what: str) -> None:
     """--backend, --jobs and the Ray options of a command that runs ``what`` as tasks."""
     from . import flags
@@ -486,6 +559,7 @@ def add_backend_arguments(parser, what: str) -> None:
     parser.add_argument("--backend", default="local", choices=list(BACKENDS),
                         help=f"where {what} go: local, a process pool, one worker per core (default); ray: Ray tasks")
     parser.add_argument("--jobs", type=flags.JOBS, help=f"parallel {what} (default: one per core; with ray, its CPUs)")
+    add_stack_argument(parser)
     parser.add_argument("--address", help="with --backend ray: a cluster's address, e.g. 10.0.0.5:6379 (default: "
                                           "$RAY_ADDRESS, else a new local instance); see docs/cluster.md")
     parser.add_argument("--gpus-per-task", type=flags.Number(float, 1e-4, 64, "GPUs"), default=0.0, metavar="G",
