@@ -277,6 +277,12 @@ class TrainConfig(_Strict):
                               "width measured fastest on the device. A run's ledger and costs do not depend on it; "
                               "its accuracies match its unstacked ones within float rounding (see Benchmarks: "
                               "runs that train together).")
+    precision: Literal["fp32", "tf32", "bf16"] = Field(
+        "fp32", description="The GPU's arithmetic in training steps: fp32 (the default: float32 throughout, so a "
+        "GPU's numbers track the CPU's within float rounding); tf32: TF32 matrix products and convolutions "
+        "(float32 range, 10-bit mantissa); bf16: the forward passes under bfloat16 autocast (weights, gradients "
+        "and optimiser state stay float32). Faster on NVIDIA GPUs since Ampere, other numbers than fp32 gives; "
+        "recorded in the manifest; a CPU run refuses tf32 and bf16. Evaluation is always float32.")
     numerics: Literal["portable", "native"] = Field(
         "native", description="portable: torch's CPU kernels pinned (ATen and oneDNN at AVX2, MKL's compatible "
         "branch) and one torch thread, so a seed gives the same numbers on every x86-64 CPU with AVX2 (same "

@@ -46,6 +46,28 @@ from .io import exit_with_parent
 from .models import build_model
 
 log = logging.getLogger(__name__)
+# ``train.precision``: fp32 everywhere (the default: a GPU's numbers track the CPU's), or on a GPU
+# TF32 matrix products and convolutions, or bfloat16 autocast of the training steps' forward passes
+PRECISIONS = ("fp32", "tf32", "bf16")
+
+
+def set_precision(device: torch.device, precision: str) -> None:
+    """Set this process's float32 matmul and convolution precision for ``precision`` (after
+    :func:`groupfel.emulator.devices.prepare`, which turns TF32 off); only a GPU has the others."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision != "fp32" and device.type != "cuda":
+        raise ValueError(f"precision {precision!r} needs a CUDA device, not {device.type}")
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "tf32"
+
+
+def autocast(device: torch.device, precision: str):
+    """The context of a training step's forward pass: bfloat16 autocast for ``bf16``, else none
+    (parameters, gradients and the optimiser state stay float32 either way)."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
 # torch's global generator seeds the initial weights: runs sharing a process (emulator.stacking) take turns
 _GLOBAL_RNG = threading.Lock()
 
@@ -92,9 +114,11 @@ class TorchEngine:
 
     def __init__(self, dataset: Dataset, client_samples: Sequence[np.ndarray], model: str | nn.Module,
                  lr: float, batch_size: int, device: str = "cpu", *, momentum: float = 0.0,
-                 weight_decay: float = 0.0, mu: float = 0.0):
+                 weight_decay: float = 0.0, mu: float = 0.0, precision: str = "fp32"):
         self.device = torch.device(devices.resolve(device))
         devices.prepare(self.device)
+        set_precision(self.device, precision)
+        self.precision = precision
         if isinstance(model, str):
             self.model_name, model = model, build_model(model, dataset.input_shape, dataset.num_classes)
         else:   # a built model (a worker's copy of its engine's)
@@ -171,7 +195,9 @@ class TorchEngine:
                     x = x.contiguous(memory_format=torch.channels_last)
                 for p in params:
                     p.grad = None
-                F.cross_entropy(self.model(x), self.y[batch]).backward()
+                with autocast(self.device, self.precision):
+                    loss = F.cross_entropy(self.model(x), self.y[batch])
+                loss.backward()
                 with torch.no_grad():
                     g = [p.grad for p in params]
                     if wd:
@@ -300,7 +326,8 @@ class _Stack:
 
     def _step(self) -> None:
         e, m = self.engine, self.mask
-        grads = self._grad(tuple(self.params), e.x[self.batch], e.y[self.batch], m)
+        with autocast(e.device, e.precision):
+            grads = self._grad(tuple(self.params), e.x[self.batch], e.y[self.batch], m)
         active = m.sum(1) > 0                                # clients with a real step here
         with torch.no_grad():
             for j, (p, g) in enumerate(zip(self.params, grads)):
@@ -368,9 +395,9 @@ class BatchedEngine(TorchEngine):
     def __init__(self, dataset: Dataset, client_samples: Sequence[np.ndarray], model: str,
                  lr: float, batch_size: int, device: str = "cpu", *, momentum: float = 0.0,
                  weight_decay: float = 0.0, mu: float = 0.0, workers: int | None = None,
-                 formulation: str | None = None):
+                 formulation: str | None = None, precision: str = "fp32"):
         super().__init__(dataset, client_samples, model, lr, batch_size, device, momentum=momentum,
-                         weight_decay=weight_decay, mu=mu)
+                         weight_decay=weight_decay, mu=mu, precision=precision)
         if self.device.type == "cpu":
             keep_freed_memory()
         conv = _has_conv(self.model)

@@ -184,7 +184,7 @@ def build_cost_model(config: RunConfig, algorithm: Algorithm | None = None) -> C
 def build_engine(config: RunConfig, dataset: Dataset, topology: Topology, algorithm: Algorithm,
                  stacks: Stacks | None = None) -> TorchEngine:
     t = config.train
-    kwargs = dict(momentum=t.momentum, weight_decay=t.weight_decay, mu=algorithm.proximal_mu)
+    kwargs = dict(momentum=t.momentum, weight_decay=t.weight_decay, mu=algorithm.proximal_mu, precision=t.precision)
     if stacks is not None:   # a run of a stack: its training goes to the stack's batcher
         return stacks.member(t.engine, dataset, topology.client_samples, t.model, t.lr, t.batch_size, t.device,
                              **kwargs)
@@ -282,5 +282,8 @@ def build_world(config: RunConfig, dataset: Dataset | None = None, stacks: Stack
     except (RuntimeError, AssertionError) as exc:
         raise InputError(f"train.device: {t.device!r} is not usable here ({str(exc).splitlines()[0]}); "
                          f"use \"cpu\"") from None
+    if t.precision != "fp32" and not resolve_device(t.device).startswith("cuda"):
+        raise InputError(f"train.precision: {t.precision!r} is a GPU's faster arithmetic and means nothing on "
+                         f"{resolve_device(t.device)!r}; use precision = \"fp32\" (the default) or train on cuda")
     return World(config, dataset, topology, cost, build_engine(config, dataset, topology, algorithm, stacks),
                  placement.local_test, plugins, notes, algorithm, network)

@@ -110,7 +110,7 @@ def _stack_key(task) -> tuple:
     raw = json.loads(task.config_json)
     t = raw["train"]
     return (json.dumps(raw["data"], sort_keys=True), t.get("device"), t.get("engine"), t.get("model"),
-            t.get("batch_size"), t.get("momentum"), t.get("weight_decay"), t.get("algorithm"), t.get("mu"),
+            t.get("batch_size"), t.get("momentum"), t.get("weight_decay"), t.get("algorithm"), t.get("mu"), t.get("precision"),
             json.dumps(t.get("algorithm_params"), sort_keys=True))
 
 
@@ -191,44 +191,55 @@ def _writable(dataset):
                                            if isinstance(getattr(dataset, f.name), np.ndarray)})
 
 
-def ray_task(config_json: str, arm: int, files: dict[str, bytes], dataset, gpus_per_task: float
-             ) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """A Ray task (a generator): run one arm in a private temporary directory seeded with the
-    driver's copy of it (``files``: a checkpoint to resume from, caches); yield ("checkpoint",
-    changed files) after every round that wrote some, then ("done", every file)."""
+def ray_task(jobs: Sequence[tuple[str, int, dict[str, bytes], object]], width: int, gpus_per_task: float
+             ) -> Iterator[tuple[str, int, dict[str, bytes]]]:
+    """A Ray task (a generator) of a shard of runs, each (config, arm, files, dataset): run them
+    (alone with ``width`` 1, else stacked) in private temporary directories, each seeded with the
+    driver's copy of its run (``files``: a checkpoint to resume from, caches); yield ("checkpoint",
+    i, changed files) after every round of run ``i`` that wrote some, then ("done", i, every file)."""
     import torch
 
     node = _node()
     gpu_ids = __import__("ray").get_gpu_ids() if gpus_per_task else []
-    device = task_device(json.loads(config_json)["train"].get("device", "cpu"), gpus_per_task, gpu_ids,
+    device = task_device(json.loads(jobs[0][0])["train"].get("device", "cpu"), gpus_per_task, gpu_ids,
                          torch.cuda.is_available(), node)
     with tempfile.TemporaryDirectory(prefix="groupfel-task-") as tmp:
-        run_dir = Path(tmp)
-        _unpack(run_dir, files)
-        stamps: dict[str, int] = {}
-        _pack(run_dir, stamps)   # what the driver already holds
+        dirs = [Path(tmp) / str(i) for i in range(len(jobs))]
+        stamps: list[dict[str, int]] = []
+        for run_dir, (_, _, files, _) in zip(dirs, jobs):
+            _unpack(run_dir, files)
+            stamps.append({})
+            _pack(run_dir, stamps[-1])   # what the driver already holds
         messages: queue.Queue = queue.Queue()
+        lock = threading.Lock()
 
-        def on_round(t, cost, acc):
-            changed = _pack(run_dir, stamps)
+        def on_round(i, t, cost, acc):
+            with lock:   # the runs of a stack report from their threads
+                changed = _pack(dirs[i], stamps[i])
             if changed:
-                messages.put(("checkpoint", changed))
+                messages.put(("checkpoint", i, changed))
 
         def work():
             try:
-                execute(config_json, run_dir, arm, dataset=_writable(dataset) if dataset is not None else None,
-                         device=device, on_round=on_round)
-                messages.put(("done", None))
+                datasets = [_writable(d) if d is not None else None for *_, d in jobs]
+                if width == 1:
+                    (config_json, arm, _, _), = jobs
+                    execute(config_json, dirs[0], arm, dataset=datasets[0], device=device,
+                            on_round=lambda t, cost, acc: on_round(0, t, cost, acc))
+                else:
+                    execute_stack([(c, d, arm) for (c, arm, _, _), d in zip(jobs, dirs)], width, datasets=datasets,
+                                  device=device, on_round=on_round)
+                messages.put(("done", None, None))
             except BaseException as exc:   # handed to the generator, which raises it in Ray's thread
-                messages.put(("error", exc))
+                messages.put(("error", None, exc))
 
-        # The arm runs in a thread so this generator can stream its checkpoints as they appear.
+        # The runs go on in a thread so this generator can stream their checkpoints as they appear.
         thread = threading.Thread(target=work, name="groupfel-arm", daemon=True)
         thread.start()
         while True:
-            kind, payload = messages.get()
+            kind, i, payload = messages.get()
             if kind == "checkpoint":
-                yield kind, payload
+                yield kind, i, payload
             elif kind == "error":
                 thread.join()
                 if isinstance(payload, InputError):   # e.g. a dataset this node lacks: name the node
@@ -238,7 +249,8 @@ def ray_task(config_json: str, arm: int, files: dict[str, bytes], dataset, gpus_
             else:
                 break
         thread.join()
-        yield "done", _pack(run_dir)
+        for i, run_dir in enumerate(dirs):
+            yield "done", i, _pack(run_dir)
 
 
 # ---- the local process pool --------------------------------------------------------------------
@@ -322,7 +334,7 @@ def run_tasks(tasks: Sequence, *, backend: str = "local", jobs: int | None = Non
     on_start = on_start or (lambda task: None)
     on_done = on_done or (lambda task: None)
     if backend == "ray":
-        _run_ray(tasks, jobs, options, on_start, on_done)
+        _run_ray(tasks, jobs, options, on_start, on_done, stack)
         return
     if jobs is None and any(stack_width(t.config_json, stack) > 1 and "cuda" in json.loads(t.config_json)["train"]
                             .get("device", "") for t in tasks):
@@ -470,7 +482,10 @@ def land(run_dir: Path, files: dict[str, bytes], final: bool) -> None:
                 (run_dir / rel).parent.joinpath(CHECKPOINT).unlink(missing_ok=True)
 
 
-def _run_ray(tasks: Sequence, jobs: int | None, options: RayOptions, on_start: Callable, on_done: Callable) -> None:
+def _run_ray(tasks: Sequence, jobs: int | None, options: RayOptions, on_start: Callable, on_done: Callable,
+             stack: int | None) -> None:
+    """One Ray task per shard of runs: a cluster runs a campaign in shards, one per Ray slot (a
+    GPU share with --gpus-per-task, else a CPU), each shard's runs stacked."""
     ray = start_ray(jobs, options)
     from groupfel.emulator.config import RunConfig
     from groupfel.emulator.world import load_data
@@ -488,30 +503,34 @@ def _run_ray(tasks: Sequence, jobs: int | None, options: RayOptions, on_start: C
 
     remote = ray.remote(ray_task)
     placement = {"num_cpus": 1, "num_gpus": options.gpus_per_task, "max_retries": 0}
-    running: dict = {}
+    resources = ray.cluster_resources()
+    slots = jobs or int(resources.get("GPU", 0) // options.gpus_per_task if options.gpus_per_task
+                        else resources.get("CPU", 1))
+    running: dict = {}    # generator -> [its shard's tasks, their width, which are done]
     losses: dict = {}
 
-    def submit(task):
+    def submit(shard, width):
         # the numerics' variables reach the worker process when Ray starts it, before it loads torch
-        mode = json.loads(task.config_json)["train"].get("numerics", "portable")
+        mode = json.loads(shard[0].config_json)["train"].get("numerics", "portable")
         env = numerics.env(mode)
         pinned = remote.options(**placement, **({"runtime_env": {"env_vars": env}} if env else {}))
-        gen = pinned.remote(task.config_json, task.arm, _driver_files(task), dataset_ref(task), options.gpus_per_task)
-        running[gen] = task
+        jobs_ = [(t.config_json, t.arm, _driver_files(t), dataset_ref(t)) for t in shard]
+        running[pinned.remote(jobs_, width, options.gpus_per_task)] = (shard, width, set())
 
-    for task in tasks:
-        on_start(task)
-        submit(task)
+    for shard, width in shards(tasks, stack, max(1, slots)):
+        for task in shard:
+            on_start(task)
+        submit(shard, width)
     while running:
         ready, _ = ray.wait(list(running), num_returns=1)
         for gen in ready:
-            task = running[gen]
+            shard, width, done = running[gen]
             try:
-                kind, files = ray.get(next(gen))
-            except StopIteration:    # not reached: "done" ends every task
+                kind, i, files = ray.get(next(gen))
+            except StopIteration:    # every run of the shard has landed
                 running.pop(gen)
                 continue
-            except ray.exceptions.RayTaskError as exc:   # the arm's own error: stop, as the local pool does
+            except ray.exceptions.RayTaskError as exc:   # a run's own error: stop, as the local pool does
                 running.pop(gen)
                 cause = exc.cause
                 if isinstance(cause, (InputError, DivergenceError, WorkerLostError)):
@@ -519,15 +538,18 @@ def _run_ray(tasks: Sequence, jobs: int | None, options: RayOptions, on_start: C
                 raise exc.as_instanceof_cause() from None
             except ray.exceptions.RayError as exc:   # its worker or node died
                 running.pop(gen)
-                _lost(task, losses, options.max_losses, "lost its Ray worker or node",
-                      "rerun the same command to resume from the checkpoints this machine holds")
-                _note(f"{_label(task)}: its Ray worker or node died ({type(exc).__name__}); running it again "
-                      f"from its last checkpoint")
-                submit(task)
+                left = tuple(t for k, t in enumerate(shard) if k not in done)
+                for task in left:
+                    _lost(task, losses, options.max_losses, "lost its Ray worker or node",
+                          "rerun the same command to resume from the checkpoints this machine holds")
+                _note(f"{_label(left[0])}{' and its stack' if len(left) > 1 else ''}: its Ray worker or node died "
+                      f"({type(exc).__name__}); running it again from its last checkpoint")
+                submit(left, width)
                 continue
+            task = shard[i]
             land(Path(task.run_dir), files, final=kind == "done")
             if kind == "done":
-                running.pop(gen)
+                done.add(i)
                 on_done(task)
 
 

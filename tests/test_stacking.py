@@ -126,3 +126,23 @@ def test_a_stacked_campaign_killed_mid_run_resumes_to_the_same_tables(tmp_path, 
                                       check_exact=True)
     for path in out.glob("seed-*/*/manifest.json"):
         assert json.loads(path.read_text())["stack"] == {"width": 4, "runs": 2, "formulation": "stacked"}
+
+
+def test_a_ray_task_of_a_stack_streams_each_runs_files(tiny_dict, tmp_path):
+    """What a Ray task of a shard sends (run here as the plain generator it is): each run's
+    checkpoints, tagged with the run, then each run's files, which are the local pool's."""
+    from groupfel.experiments.backends import land, ray_task, run_shard
+
+    raw = json.loads(parse_config({**tiny_dict, "train": {**tiny_dict["train"], "rounds": 3}}).model_dump_json())
+    jobs = [(json.dumps({**raw, "seed": s}), 0) for s in (0, 1)]
+    run_shard(tuple(Task(c, str(tmp_path / "local" / str(k)), arm) for k, (c, arm) in enumerate(jobs)), 4)
+    messages = list(ray_task([(c, arm, {}, None) for c, arm in jobs], 4, 0.0))
+    assert {i for kind, i, _ in messages if kind == "checkpoint"} == {0, 1}
+    assert [(kind, i) for kind, i, _ in messages[-2:]] == [("done", 0), ("done", 1)]
+    arm = raw["arms"][0]["name"]
+    for kind, i, files in messages:
+        land(tmp_path / "ray" / str(i), files, final=kind == "done")
+    for k in (0, 1):
+        for name in ("results.csv", "ledger.parquet"):
+            assert (tmp_path / "ray" / str(k) / arm / name).read_bytes() == \
+                (tmp_path / "local" / str(k) / arm / name).read_bytes()
