@@ -390,6 +390,13 @@ class BatchedEngine(TorchEngine):
 
     A model that ``vmap`` cannot run (e.g. BatchNorm updating running statistics) falls back to
     the per-client loop, with one log line saying so.
+
+    Runs that train together (``train.stack``, :mod:`groupfel.emulator.stacking`): the runs of a
+    shard run in one process, each run's loop in its own thread, and one stacked engine of this
+    class serves them all: a batcher gathers one call from every live run (a run that finished
+    leaves), orders them by run and trains all their clients in one stacked call, then hands each
+    run its rows. The stack is padded to at least two clients on a CPU, where a client's numbers
+    then do not depend on its partners, bit for bit.
     """
 
     def __init__(self, dataset: Dataset, client_samples: Sequence[np.ndarray], model: str,

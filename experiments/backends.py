@@ -3,10 +3,12 @@ per worker) or ``ray`` (Ray tasks on a local instance or the cluster at ``addres
 
 A task carries its config (JSON): the worker builds the world, so the dataset loads inside the
 worker (or, with ``ship_data``, comes from the driver through Ray's object store). Every task runs
-with one torch thread on either backend, so both give the same numbers.
+with one torch thread on either backend, so both give the same numbers. Both run a shard of tasks
+as one unit (:func:`shards`): alone with ``--stack 1``, else trained together in one process
+(:func:`groupfel.experiments.tasks.execute_stack`).
 
 The local pool's workers write into the run directory. A Ray task never touches the driver's disk:
-it runs its arm in a private temporary directory, streams every checkpoint back to the driver as
+it runs its arms in private temporary directories, streams every checkpoint back to the driver as
 it is written, and returns the arm's files (results, ledger, manifest) at the end; the driver writes
 them all. So no node needs a shared file system, and a killed driver resumes from the checkpoints it
 holds. The code travels to the workers through Ray's ``runtime_env`` (``py_modules``): groupfel
@@ -100,9 +102,16 @@ def stack_width(config_json: str, stack: int | None) -> int:
     if stack is None:
         stack = train.get("stack")
     if stack is None:
-        device = train.get("device", "cpu")
-        stack = AUTO_STACK.get(device.split(":")[0], 1)
+        from groupfel.emulator.devices import resolve
+
+        stack = AUTO_STACK.get(resolve(train.get("device", "cpu")).split(":")[0], 1)
     return stack
+
+
+def _on_gpu(task) -> bool:
+    from groupfel.emulator.devices import resolve
+
+    return resolve(json.loads(task.config_json)["train"].get("device", "cpu")).startswith("cuda")
 
 
 def _stack_key(task) -> tuple:
@@ -336,8 +345,7 @@ def run_tasks(tasks: Sequence, *, backend: str = "local", jobs: int | None = Non
     if backend == "ray":
         _run_ray(tasks, jobs, options, on_start, on_done, stack)
         return
-    if jobs is None and any(stack_width(t.config_json, stack) > 1 and "cuda" in json.loads(t.config_json)["train"]
-                            .get("device", "") for t in tasks):
+    if jobs is None and any(stack_width(t.config_json, stack) > 1 and _on_gpu(t) for t in tasks):
         jobs = 1   # one stacked task per GPU
     jobs = jobs or default_jobs(len(tasks))
     units = shards(tasks, stack, jobs)
