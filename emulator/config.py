@@ -274,9 +274,9 @@ class TrainConfig(_Strict):
     stack: int | None = Field(None, ge=1, le=1024, description="The most runs of a study (its seeds, arms, sweep "
                               "points) that train together in one process, their clients in the same stacked steps "
                               "(`--stack N` on run, sweep and reproduce overrides it); 1: each run alone. Unset: the "
-                              "width measured fastest on the device. A run's ledger and costs do not depend on it; "
-                              "its accuracies match its unstacked ones within float rounding (see Benchmarks: "
-                              "runs that train together).")
+                              "width measured fastest on the device. A run's numbers do not depend on its partners; "
+                              "stacked and alone they agree to float rounding (see Benchmarks: runs that train "
+                              "together). A single-seed run trains its arms one after another.")
     precision: Literal["fp32", "tf32", "bf16"] = Field(
         "fp32", description="The GPU's arithmetic in training steps: fp32 (the default: float32 throughout, so a "
         "GPU's numbers track the CPU's within float rounding); tf32: TF32 matrix products and convolutions "

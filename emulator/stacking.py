@@ -60,7 +60,6 @@ class Batcher:
         self.pending: dict[int, _Request] = {}
         self.results: dict[int, torch.Tensor | BaseException] = {}
         self.cond = threading.Condition()
-        self.calls = 0
         self._data: dict[int, int] = {}      # id(x_train) -> its first row in the engine's data
         self._arrays: list[np.ndarray] = []  # keeps those ids alive
 
@@ -109,7 +108,6 @@ class Batcher:
             self.results.update(self._train(batch))
         except BaseException as exc:   # every partner's call failed with it
             self.results.update({run: exc for run in batch})
-        self.calls += 1
         self.cond.notify_all()
 
     def _train(self, batch: dict[int, _Request]) -> dict[int, torch.Tensor]:

@@ -151,15 +151,19 @@ def test_a_ray_task_of_a_stack_streams_each_runs_files(tiny_dict, tmp_path):
 @pytest.mark.slow
 def test_a_stacked_campaign_of_quick_reproductions_runs_in_resumable_chunks(tmp_path):
     """benchmarks/gpu_reproductions.py on the CPU: a chunk too short to finish stops the
-    reproduction and says so (exit 75); the same command then resumes it to its packed archive."""
+    reproduction and says so (exit 75); the same command then resumes it (in more 8-minute chunks
+    where the machine is that busy) to its packed archive."""
     command = [sys.executable, str(ROOT / "benchmarks" / "gpu_reproductions.py"), "fig8", "--quick", "--device", "cpu",
-               "--stack", "8", "--set", "train.budget=1000", "--out", str(tmp_path)]
+               "--stack", "8", "--set", "train.budget=500", "--out", str(tmp_path)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cut = subprocess.run([*command, "--chunk-minutes", "0.1"], env=env, cwd=ROOT, capture_output=True, text=True,
                          timeout=600)
     assert cut.returncode == 75 and "chunk is used up; rerun this command to resume" in cut.stderr, cut.stderr
     assert not (tmp_path / "fig8.tar.gz").exists()
-    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    for _ in range(4):
+        done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        if done.returncode != 75:
+            break
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "fig8.tar.gz").stat().st_size > 0
     manifests = list((tmp_path / "fig8").glob("p*/seed-*/*/manifest.json"))
