@@ -1,12 +1,14 @@
 """A study as one workload: the default demo's 12 runs (4 arms x 3 seeds) stacked against
 ``--stack 1``, on the same process pool, side by side in one run.
 
-    python benchmarks/campaign.py [--stack 8] [--jobs N] [--full-size-rounds R]
+    python benchmarks/campaign.py [--stack 8] [--jobs N] [--rounds R] [--full-size-rounds R]
 
 1. **cpu**: ``groupfel run`` of the embedded default (digits, CNN, 4 arms x 3 seeds) with every
    run alone (``--stack 1``) and with at most ``--stack`` runs training together, each on a pool
    of ``--jobs`` workers (default: one per core): wall clock, CPU seconds of the process tree,
    the ratio, and whether both gave the same ledgers (they must: costs do not depend on stacking).
+   ``--rounds R`` stops every run after R global rounds (default: the demo's own stop, its budget,
+   about 30 rounds), for a machine too busy to run the whole study twice.
 2. **cuda** (where torch sees a GPU): the same study on the GPU, one worker, alone vs stacked.
 3. **full-size** (``--full-size-rounds R`` > 0; default 2 on a GPU, 0 on a CPU): R rounds of the
    full-size Group-FEL run (groupfel-base: 300 clients, resnet-1, batch 5) alone and as ``--stack``
@@ -34,11 +36,12 @@ from groupfel.emulator import numerics  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def study(stack: int, jobs: int, device: str, out: Path) -> dict:
+def study(stack: int, jobs: int, device: str, out: Path, rounds: int | None) -> dict:
     from groupfel.experiments.runner import default_config, run_experiment
 
     config = default_config()
-    config = config.model_copy(update={"train": config.train.model_copy(update={"stack": stack, "device": device})})
+    train = {"stack": stack, "device": device, **({"rounds": rounds} if rounds else {})}
+    config = config.model_copy(update={"train": config.train.model_copy(update=train)})
     t0 = time.perf_counter()
     with TreeCPU() as cpu:
         run_experiment(config, out, jobs=jobs, progress=False)
@@ -87,6 +90,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--stack", type=int, default=8, help="runs that train together (default 8)")
     ap.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)), help="pool workers (default: cores)")
+    ap.add_argument("--rounds", type=int, help="stop each run after this many rounds (default: the demo's budget)")
     ap.add_argument("--full-size-rounds", type=int, help="default 2 with a GPU, else 0 (skipped)")
     args = ap.parse_args()
     numerics.apply("portable")   # the demo's numerics, before torch loads
@@ -98,8 +102,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         for device, jobs in [("cpu", args.jobs)] + ([("cuda", 1)] if cuda else []):
-            alone = study(1, jobs, device, tmp / f"{device}-alone")
-            stacked = study(args.stack, jobs, device, tmp / f"{device}-stacked")
+            alone = study(1, jobs, device, tmp / f"{device}-alone", args.rounds)
+            stacked = study(args.stack, jobs, device, tmp / f"{device}-stacked", args.rounds)
             same = alone["ledgers"].keys() == stacked["ledgers"].keys() and all(
                 alone["ledgers"][k].equals(stacked["ledgers"][k]) for k in alone["ledgers"])
             for stack, r in ((1, alone), (args.stack, stacked)):
