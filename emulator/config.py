@@ -360,6 +360,18 @@ class TrainConfig(_Strict):
                         "auto (the first CUDA GPU if torch sees one, else cpu). On a GPU, deterministic algorithms "
                         "and no TF32: one GPU and one set of library versions give a seed the same numbers. "
                         "`--device` on run, sweep and reproduce overrides it.")
+    stack: int | None = Field(None, ge=1, le=1024, description="The most runs of a study (its seeds, arms, sweep "
+                              "points) that train together in one process, their clients in the same stacked steps "
+                              "(`--stack N` on run, sweep and reproduce overrides it); 1: each run alone. Unset: the "
+                              "width measured fastest on the device. A run's numbers do not depend on its partners; "
+                              "stacked and alone they agree to float rounding (see Benchmarks: runs that train "
+                              "together). A single-seed run trains its arms one after another.")
+    precision: Literal["fp32", "tf32", "bf16"] = Field(
+        "fp32", description="The GPU's arithmetic in training steps: fp32 (the default: float32 throughout, so a "
+        "GPU's numbers track the CPU's within float rounding); tf32: TF32 matrix products and convolutions "
+        "(float32 range, 10-bit mantissa); bf16: the forward passes under bfloat16 autocast (weights, gradients "
+        "and optimiser state stay float32). Faster on NVIDIA GPUs since Ampere, other numbers than fp32 gives; "
+        "recorded in the manifest; a CPU run refuses tf32 and bf16. Evaluation is always float32.")
     numerics: Literal["portable", "native"] = Field(
         "native", description="portable: torch's CPU kernels pinned (ATen and oneDNN at AVX2, MKL's compatible "
         "branch) and one torch thread, so a seed gives the same numbers on every x86-64 CPU with AVX2 (same "

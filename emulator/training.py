@@ -29,6 +29,7 @@ import pickle
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 import signal
+import threading
 import weakref
 from collections.abc import Sequence
 from typing import Protocol
@@ -45,6 +46,30 @@ from .io import exit_with_parent
 from .models import build_model
 
 log = logging.getLogger(__name__)
+# ``train.precision``: fp32 everywhere (the default: a GPU's numbers track the CPU's), or on a GPU
+# TF32 matrix products and convolutions, or bfloat16 autocast of the training steps' forward passes
+PRECISIONS = ("fp32", "tf32", "bf16")
+
+
+def set_precision(device: torch.device, precision: str) -> None:
+    """Set this process's float32 matmul and convolution precision for ``precision`` (after
+    :func:`groupfel.emulator.devices.prepare`, which turns TF32 off); only a GPU has the others."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision != "fp32" and device.type != "cuda":
+        raise ValueError(f"precision {precision!r} needs a CUDA device, not {device.type}")
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "tf32"
+
+
+def autocast(device: torch.device, precision: str):
+    """The context of a training step's forward pass: bfloat16 autocast for ``bf16``, else none
+    (parameters, gradients and the optimiser state stay float32 either way)."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+# torch's global generator seeds the initial weights: runs sharing a process (emulator.stacking) take turns
+_GLOBAL_RNG = threading.Lock()
 
 __all__ = ["TrainingEngine", "TorchEngine", "BatchedEngine", "ENGINES", "build_model", "load_flat", "flatten"]
 
@@ -89,9 +114,11 @@ class TorchEngine:
 
     def __init__(self, dataset: Dataset, client_samples: Sequence[np.ndarray], model: str | nn.Module,
                  lr: float, batch_size: int, device: str = "cpu", *, momentum: float = 0.0,
-                 weight_decay: float = 0.0, mu: float = 0.0):
+                 weight_decay: float = 0.0, mu: float = 0.0, precision: str = "fp32"):
         self.device = torch.device(devices.resolve(device))
         devices.prepare(self.device)
+        set_precision(self.device, precision)
+        self.precision = precision
         if isinstance(model, str):
             self.model_name, model = model, build_model(model, dataset.input_shape, dataset.num_classes)
         else:   # a built model (a worker's copy of its engine's)
@@ -118,11 +145,12 @@ class TorchEngine:
         return epochs * -(-len(self.client_samples[client]) // self.batch_size)
 
     def initial_weights(self, seed: int) -> torch.Tensor:
-        torch.manual_seed(seed)
-        for layer in self.model.modules():
-            if hasattr(layer, "reset_parameters"):
-                layer.reset_parameters()
-        return flatten(self.model.parameters()).clone()
+        with _GLOBAL_RNG:
+            torch.manual_seed(seed)
+            for layer in self.model.modules():
+                if hasattr(layer, "reset_parameters"):
+                    layer.reset_parameters()
+            return flatten(self.model.parameters()).clone()
 
     def _inputs(self, start: torch.Tensor, n_clients: int, rows) -> tuple[torch.Tensor, list[int]]:
         table = start.reshape(1, -1) if start.dim() == 1 else start
@@ -167,7 +195,9 @@ class TorchEngine:
                     x = x.contiguous(memory_format=torch.channels_last)
                 for p in params:
                     p.grad = None
-                F.cross_entropy(self.model(x), self.y[batch]).backward()
+                with autocast(self.device, self.precision):
+                    loss = F.cross_entropy(self.model(x), self.y[batch])
+                loss.backward()
                 with torch.no_grad():
                     g = [p.grad for p in params]
                     if wd:
@@ -296,7 +326,8 @@ class _Stack:
 
     def _step(self) -> None:
         e, m = self.engine, self.mask
-        grads = self._grad(tuple(self.params), e.x[self.batch], e.y[self.batch], m)
+        with autocast(e.device, e.precision):
+            grads = self._grad(tuple(self.params), e.x[self.batch], e.y[self.batch], m)
         active = m.sum(1) > 0                                # clients with a real step here
         with torch.no_grad():
             for j, (p, g) in enumerate(zip(self.params, grads)):
@@ -359,14 +390,21 @@ class BatchedEngine(TorchEngine):
 
     A model that ``vmap`` cannot run (e.g. BatchNorm updating running statistics) falls back to
     the per-client loop, with one log line saying so.
+
+    Runs that train together (``train.stack``, :mod:`groupfel.emulator.stacking`): the runs of a
+    shard run in one process, each run's loop in its own thread, and one stacked engine of this
+    class serves them all: a batcher gathers one call from every live run (a run that finished
+    leaves), orders them by run and trains all their clients in one stacked call, then hands each
+    run its rows. The stack is padded to at least two clients on a CPU, where a client's numbers
+    then do not depend on its partners, bit for bit.
     """
 
     def __init__(self, dataset: Dataset, client_samples: Sequence[np.ndarray], model: str,
                  lr: float, batch_size: int, device: str = "cpu", *, momentum: float = 0.0,
                  weight_decay: float = 0.0, mu: float = 0.0, workers: int | None = None,
-                 formulation: str | None = None):
+                 formulation: str | None = None, precision: str = "fp32"):
         super().__init__(dataset, client_samples, model, lr, batch_size, device, momentum=momentum,
-                         weight_decay=weight_decay, mu=mu)
+                         weight_decay=weight_decay, mu=mu, precision=precision)
         if self.device.type == "cpu":
             keep_freed_memory()
         conv = _has_conv(self.model)
@@ -423,8 +461,10 @@ class BatchedEngine(TorchEngine):
     def _train_stacked(self, table, rows, clients, epochs, seeds, lr, correction, momentum):
         C, dev = len(clients), self.device
         # on a GPU one CUDA graph per stack width replays each step (one launch, no Python per
-        # kernel); padding the stack to a multiple of 8 masked clients keeps the widths few
-        width = -(-C // 8) * 8 if dev.type == "cuda" else C
+        # kernel); padding the stack to a multiple of 8 masked clients keeps the widths few. On a CPU
+        # a stack of one takes other convolution kernels than any wider one: padded to two, a
+        # client's numbers do not depend on how many others train beside it (emulator.stacking)
+        width = -(-C // 8) * 8 if dev.type == "cuda" else max(C, 2)
         st = self._stack(width, correction is not None)
         sizes = [p[0].numel() for p in st.params]
 

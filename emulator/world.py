@@ -21,6 +21,7 @@ from groupfel.errors import InputError
 from .algorithms import Algorithm, FedAvg, algorithms, make_algorithm
 from .contention import EdgeNetwork, build_network
 from .devices import resolve as resolve_device
+from .stacking import Stacks
 from .training import ENGINES, TorchEngine
 from . import rng as streams
 
@@ -199,9 +200,13 @@ def build_power_model(config: RunConfig, topology: Topology, counts: np.ndarray,
     return build_power(sorted(config.topology.devices), extra, uses)
 
 
-def build_engine(config: RunConfig, dataset: Dataset, topology: Topology, algorithm: Algorithm) -> TorchEngine:
+def build_engine(config: RunConfig, dataset: Dataset, topology: Topology, algorithm: Algorithm,
+                 stacks: Stacks | None = None) -> TorchEngine:
     t = config.train
-    kwargs = dict(momentum=t.momentum, weight_decay=t.weight_decay, mu=algorithm.proximal_mu)
+    kwargs = dict(momentum=t.momentum, weight_decay=t.weight_decay, mu=algorithm.proximal_mu, precision=t.precision)
+    if stacks is not None:   # a run of a stack: its training goes to the stack's batcher
+        return stacks.member(t.engine, dataset, topology.client_samples, t.model, t.lr, t.batch_size, t.device,
+                             **kwargs)
     if t.engine != "sequential":
         kwargs["workers"] = t.workers
     return ENGINES[t.engine](dataset, topology.client_samples, t.model, t.lr, t.batch_size, t.device, **kwargs)
@@ -276,9 +281,10 @@ def check_model_plugin(config: RunConfig, dataset: Dataset) -> None:
         check_model(model.eval(), dataset.x_train[:1], dataset.num_classes, "train.model", name)
 
 
-def build_world(config: RunConfig, dataset: Dataset | None = None) -> World:
+def build_world(config: RunConfig, dataset: Dataset | None = None, stacks: Stacks | None = None) -> World:
     """``dataset``: the loaded ``config.data`` dataset, where the caller has it (a Ray task whose
-    node lacks the files gets it from the driver); else it loads here."""
+    node lacks the files gets it from the driver); else it loads here. ``stacks``: the run trains in
+    a stack of runs (:mod:`groupfel.emulator.stacking`)."""
     plugins = resolve_parts(config)   # a bad plug-in fails here, before anything loads
     algorithm = build_algorithm(config)
     cost = build_cost_model(config, algorithm)  # cheap checks first, before the data loads
@@ -297,5 +303,8 @@ def build_world(config: RunConfig, dataset: Dataset | None = None) -> World:
     except (RuntimeError, AssertionError) as exc:
         raise InputError(f"train.device: {t.device!r} is not usable here ({str(exc).splitlines()[0]}); "
                          f"use \"cpu\"") from None
-    return World(config, dataset, topology, cost, build_engine(config, dataset, topology, algorithm),
+    if t.precision != "fp32" and not resolve_device(t.device).startswith("cuda"):
+        raise InputError(f"train.precision: {t.precision!r} is a GPU's faster arithmetic and means nothing on "
+                         f"{resolve_device(t.device)!r}; use precision = \"fp32\" (the default) or train on cuda")
+    return World(config, dataset, topology, cost, build_engine(config, dataset, topology, algorithm, stacks),
                  placement.local_test, plugins, notes, algorithm, network, power)

@@ -121,20 +121,25 @@ def _check_unchanged(config: RunConfig, run_dir: Path) -> None:
 
 def run(config: str | Path | dict | RunConfig, output: str | Path | None = None, *, jobs: int | None = None,
         backend: str = "local", address: str | None = None, gpus_per_task: float = 0.0, ship_data: bool = False,
-        py_modules: tuple[str, ...] = (), force: bool = False, progress: bool = True) -> "Study":
+        py_modules: tuple[str, ...] = (), force: bool = False, progress: bool = True,
+        stack: int | None = None) -> "Study":
     """Run (or resume) every arm of every seed of ``config`` into ``output`` (default:
     ``output_dir/name``); every input error surfaces before anything is written.
 
     ``jobs`` and ``backend`` (``"local"`` process pool or ``"ray"`` at ``address``) place the
     (seed, arm) runs of a multi-seed config. On Ray, ``gpus_per_task`` asks each task for a GPU
     share, ``ship_data`` sends the dataset from here through the object store, and ``py_modules``
-    (paths of plug-in modules or packages) travel to the workers with the code. An existing run directory of the same config is
+    (paths of plug-in modules or packages) travel to the workers with the code. ``stack``: at most
+    this many runs train together (``train.stack``; default: the device's fastest). An existing run directory of the same config is
     resumed; ``force`` replaces one of a different config."""
     from .runner import run_experiment
 
     from groupfel.emulator import numerics
 
     cfg = as_config(config)
+    if stack is not None:   # checked as train.stack is
+        raw = json.loads(cfg.model_dump_json())
+        cfg = parse_config({**raw, "train": {**raw["train"], "stack": stack}})
     numerics.apply(cfg.train.numerics)    # before anything below loads torch
     local = _in_process_parts(cfg)
     if local:

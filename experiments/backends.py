@@ -3,10 +3,12 @@ per worker) or ``ray`` (Ray tasks on a local instance or the cluster at ``addres
 
 A task carries its config (JSON): the worker builds the world, so the dataset loads inside the
 worker (or, with ``ship_data``, comes from the driver through Ray's object store). Every task runs
-with one torch thread on either backend, so both give the same numbers.
+with one torch thread on either backend, so both give the same numbers. Both run a shard of tasks
+as one unit (:func:`shards`): alone with ``--stack 1``, else trained together in one process
+(:func:`groupfel.experiments.tasks.execute_stack`).
 
 The local pool's workers write into the run directory. A Ray task never touches the driver's disk:
-it runs its arm in a private temporary directory, streams every checkpoint back to the driver as
+it runs its arms in private temporary directories, streams every checkpoint back to the driver as
 it is written, and returns the arm's files (results, ledger, manifest) at the end; the driver writes
 them all. So no node needs a shared file system, and a killed driver resumes from the checkpoints it
 holds. The code travels to the workers through Ray's ``runtime_env`` (``py_modules``): groupfel
@@ -42,7 +44,7 @@ from groupfel.emulator.io import atomic_write, exit_with_parent
 
 from . import pool_worker
 from .pool_worker import STARTUP_ERRORS
-from .tasks import MANIFEST, execute
+from .tasks import MANIFEST, execute, execute_stack
 
 BACKENDS = ("local", "ray")
 PACKAGES = ("emulator", "experiments", "policies", "cost_models", "topologies")
@@ -78,6 +80,66 @@ class RayOptions:
 def run_task(config_json: str, run_dir: str, arm: int) -> str:
     """A local pool task: run (or resume) one arm in ``run_dir``; returns the arm directory."""
     return str(execute(config_json, Path(run_dir), arm))
+
+
+def run_shard(shard: tuple, width: int) -> None:
+    """A local pool task of a shard: its arms alone (width 1) or stacked."""
+    if width == 1:
+        (task,) = shard
+        run_task(task.config_json, task.run_dir, task.arm)
+    else:
+        execute_stack([(t.config_json, Path(t.run_dir), t.arm) for t in shard], width)
+
+
+# Runs that train together by default (``train.stack`` unset), per device type: what measured
+# fastest (benchmarks/campaign.py, docs/benchmarks.md).
+AUTO_STACK = {"cpu": 8, "cuda": 8}
+
+
+def stack_width(config_json: str, stack: int | None) -> int:
+    """The stack width of a task: ``--stack``, else its ``train.stack``, else the device's default."""
+    train = json.loads(config_json)["train"]
+    if stack is None:
+        stack = train.get("stack")
+    if stack is None:
+        from groupfel.emulator.devices import resolve
+
+        stack = AUTO_STACK.get(resolve(train.get("device", "cpu")).split(":")[0], 1)
+    return stack
+
+
+def _on_gpu(task) -> bool:
+    from groupfel.emulator.devices import resolve
+
+    return resolve(json.loads(task.config_json)["train"].get("device", "cpu")).startswith("cuda")
+
+
+def _stack_key(task) -> tuple:
+    """What must match for runs to share a stack (the worker splits finer, emulator.stacking)."""
+    raw = json.loads(task.config_json)
+    t = raw["train"]
+    return (json.dumps(raw["data"], sort_keys=True), t.get("device"), t.get("engine"), t.get("model"),
+            t.get("batch_size"), t.get("momentum"), t.get("weight_decay"), t.get("algorithm"), t.get("mu"), t.get("precision"),
+            json.dumps(t.get("algorithm_params"), sort_keys=True))
+
+
+def shards(tasks: Sequence, stack: int | None, slots: int) -> list[tuple[tuple, int]]:
+    """The tasks in shards of at most their stack width, each (tasks, width): runs of one stack key
+    split evenly over at least ``slots`` shards (every worker gets work), each at most the width."""
+    groups: dict[tuple, list] = {}
+    for task in tasks:
+        width = stack_width(task.config_json, stack)
+        groups.setdefault((width, *(_stack_key(task) if width > 1 else (id(task),))), []).append(task)
+    out = []
+    for (width, *_), group in groups.items():
+        n = max(-(-len(group) // width), min(slots, len(group)))
+        size, extra = divmod(len(group), n)
+        start = 0
+        for i in range(n):
+            end = start + size + (i < extra)
+            out.append((tuple(group[start:end]), width))
+            start = end
+    return out
 
 
 def task_device(configured: str, gpus_per_task: float, gpu_ids: Sequence, cuda: bool, node: str) -> str | None:
@@ -138,44 +200,55 @@ def _writable(dataset):
                                            if isinstance(getattr(dataset, f.name), np.ndarray)})
 
 
-def ray_task(config_json: str, arm: int, files: dict[str, bytes], dataset, gpus_per_task: float
-             ) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """A Ray task (a generator): run one arm in a private temporary directory seeded with the
-    driver's copy of it (``files``: a checkpoint to resume from, caches); yield ("checkpoint",
-    changed files) after every round that wrote some, then ("done", every file)."""
+def ray_task(jobs: Sequence[tuple[str, int, dict[str, bytes], object]], width: int, gpus_per_task: float
+             ) -> Iterator[tuple[str, int, dict[str, bytes]]]:
+    """A Ray task (a generator) of a shard of runs, each (config, arm, files, dataset): run them
+    (alone with ``width`` 1, else stacked) in private temporary directories, each seeded with the
+    driver's copy of its run (``files``: a checkpoint to resume from, caches); yield ("checkpoint",
+    i, changed files) after every round of run ``i`` that wrote some, then ("done", i, every file)."""
     import torch
 
     node = _node()
     gpu_ids = __import__("ray").get_gpu_ids() if gpus_per_task else []
-    device = task_device(json.loads(config_json)["train"].get("device", "cpu"), gpus_per_task, gpu_ids,
+    device = task_device(json.loads(jobs[0][0])["train"].get("device", "cpu"), gpus_per_task, gpu_ids,
                          torch.cuda.is_available(), node)
     with tempfile.TemporaryDirectory(prefix="groupfel-task-") as tmp:
-        run_dir = Path(tmp)
-        _unpack(run_dir, files)
-        stamps: dict[str, int] = {}
-        _pack(run_dir, stamps)   # what the driver already holds
+        dirs = [Path(tmp) / str(i) for i in range(len(jobs))]
+        stamps: list[dict[str, int]] = []
+        for run_dir, (_, _, files, _) in zip(dirs, jobs):
+            _unpack(run_dir, files)
+            stamps.append({})
+            _pack(run_dir, stamps[-1])   # what the driver already holds
         messages: queue.Queue = queue.Queue()
+        lock = threading.Lock()
 
-        def on_round(t, cost, acc):
-            changed = _pack(run_dir, stamps)
+        def on_round(i, t, cost, acc):
+            with lock:   # the runs of a stack report from their threads
+                changed = _pack(dirs[i], stamps[i])
             if changed:
-                messages.put(("checkpoint", changed))
+                messages.put(("checkpoint", i, changed))
 
         def work():
             try:
-                execute(config_json, run_dir, arm, dataset=_writable(dataset) if dataset is not None else None,
-                         device=device, on_round=on_round)
-                messages.put(("done", None))
+                datasets = [_writable(d) if d is not None else None for *_, d in jobs]
+                if width == 1:
+                    (config_json, arm, _, _), = jobs
+                    execute(config_json, dirs[0], arm, dataset=datasets[0], device=device,
+                            on_round=lambda t, cost, acc: on_round(0, t, cost, acc))
+                else:
+                    execute_stack([(c, d, arm) for (c, arm, _, _), d in zip(jobs, dirs)], width, datasets=datasets,
+                                  device=device, on_round=on_round)
+                messages.put(("done", None, None))
             except BaseException as exc:   # handed to the generator, which raises it in Ray's thread
-                messages.put(("error", exc))
+                messages.put(("error", None, exc))
 
-        # The arm runs in a thread so this generator can stream its checkpoints as they appear.
+        # The runs go on in a thread so this generator can stream their checkpoints as they appear.
         thread = threading.Thread(target=work, name="groupfel-arm", daemon=True)
         thread.start()
         while True:
-            kind, payload = messages.get()
+            kind, i, payload = messages.get()
             if kind == "checkpoint":
-                yield kind, payload
+                yield kind, i, payload
             elif kind == "error":
                 thread.join()
                 if isinstance(payload, InputError):   # e.g. a dataset this node lacks: name the node
@@ -185,7 +258,8 @@ def ray_task(config_json: str, arm: int, files: dict[str, bytes], dataset, gpus_
             else:
                 break
         thread.join()
-        yield "done", _pack(run_dir)
+        for i, run_dir in enumerate(dirs):
+            yield "done", i, _pack(run_dir)
 
 
 # ---- the local process pool --------------------------------------------------------------------
@@ -257,9 +331,11 @@ def check_backend(backend: str, jobs: int | None = None, address: str | None = N
 
 def run_tasks(tasks: Sequence, *, backend: str = "local", jobs: int | None = None, address: str | None = None,
               ray: RayOptions | None = None, on_start: Callable | None = None,
-              on_done: Callable | None = None) -> None:
+              on_done: Callable | None = None, stack: int | None = None) -> None:
     """Run every task (an object with ``config_json``, ``run_dir``, ``arm``); ``on_start(task)``
-    and ``on_done(task)`` report progress in this process (each once per task, retries included)."""
+    and ``on_done(task)`` report progress in this process (each once per task, retries included).
+    ``stack``: at most this many runs train together (default: each task's ``train.stack``, else
+    :data:`AUTO_STACK`); the local pool runs each shard of runs as one task."""
     if not tasks:
         check_backend(backend, jobs, address, ray, connect=False)
         return
@@ -267,22 +343,28 @@ def run_tasks(tasks: Sequence, *, backend: str = "local", jobs: int | None = Non
     on_start = on_start or (lambda task: None)
     on_done = on_done or (lambda task: None)
     if backend == "ray":
-        _run_ray(tasks, jobs, options, on_start, on_done)
+        _run_ray(tasks, jobs, options, on_start, on_done, stack)
         return
+    if jobs is None and any(stack_width(t.config_json, stack) > 1 and _on_gpu(t) for t in tasks):
+        jobs = 1   # one stacked task per GPU
     jobs = jobs or default_jobs(len(tasks))
+    units = shards(tasks, stack, jobs)
     if jobs == 1:
-        for task in tasks:
-            on_start(task)
-            run_task(task.config_json, task.run_dir, task.arm)
-            on_done(task)
+        for shard, width in units:
+            for task in shard:
+                on_start(task)
+            run_shard(shard, width)
+            for task in shard:
+                on_done(task)
         return
-    _run_pool(tasks, jobs, on_start, on_done)
+    _run_pool(units, jobs, on_start, on_done)
 
 
-def _run_pool(tasks: Sequence, jobs: int, on_start: Callable, on_done: Callable) -> None:
-    """The process pool. A worker the OS kills (kill -9, the out-of-memory killer) breaks the pool:
-    the tasks it held are submitted again to a new pool and resume from their checkpoints."""
-    queue_, started, losses = list(tasks), set(), {}
+def _run_pool(units: Sequence, jobs: int, on_start: Callable, on_done: Callable) -> None:
+    """The process pool, one shard of runs per task. A worker the OS kills (kill -9, the
+    out-of-memory killer) breaks the pool: the shards it held are submitted again to a new pool
+    and resume from their checkpoints."""
+    queue_, started, losses = list(units), set(), {}
     errors = _startup_errors_dir()   # in the environment before the forkserver starts: its workers see it
     while queue_:
         with ProcessPoolExecutor(jobs, mp_context=procs.worker_context(), initializer=pool_worker.start,
@@ -290,11 +372,12 @@ def _run_pool(tasks: Sequence, jobs: int, on_start: Callable, on_done: Callable)
             pending, broken = {}, False
             while (queue_ or pending) and not broken:
                 while queue_ and len(pending) < jobs:     # submit as workers free up: on_start is honest
-                    task = queue_.pop(0)
-                    if id(task) not in started:
-                        started.add(id(task))
-                        on_start(task)
-                    pending[pool.submit(run_task, task.config_json, task.run_dir, task.arm)] = task
+                    unit = queue_.pop(0)
+                    for task in unit[0]:
+                        if id(task) not in started:
+                            started.add(id(task))
+                            on_start(task)
+                    pending[pool.submit(run_shard, *unit)] = unit
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in finished:
                     try:
@@ -302,17 +385,18 @@ def _run_pool(tasks: Sequence, jobs: int, on_start: Callable, on_done: Callable)
                     except BrokenProcessPool:
                         broken = True
                         continue
-                    on_done(pending.pop(fut))
+                    for task in pending.pop(fut)[0]:
+                        on_done(task)
             if broken:
                 error = _startup_error(errors)
                 if error:
                     raise WorkerLostError(f"a worker process failed at start-up: {error}")
                 lost = list(pending.values())
-                for task in lost:
+                for task in (task for unit in lost for task in unit[0]):
                     _lost(task, losses, MAX_LOSSES, "lost its worker process (killed, e.g. by the out-of-memory "
                           "killer)", "rerun the same command to resume")
-                _note(f"a worker process died (killed, e.g. out of memory); running its {len(lost)} unfinished "
-                      f"task(s) again from their checkpoints")
+                _note(f"a worker process died (killed, e.g. out of memory); running its {sum(len(u[0]) for u in lost)} "
+                      f"unfinished task(s) again from their checkpoints")
                 queue_ = lost + queue_
 
 
@@ -432,7 +516,10 @@ def land(run_dir: Path, files: dict[str, bytes], final: bool) -> None:
                 (run_dir / rel).parent.joinpath(CHECKPOINT).unlink(missing_ok=True)
 
 
-def _run_ray(tasks: Sequence, jobs: int | None, options: RayOptions, on_start: Callable, on_done: Callable) -> None:
+def _run_ray(tasks: Sequence, jobs: int | None, options: RayOptions, on_start: Callable, on_done: Callable,
+             stack: int | None) -> None:
+    """One Ray task per shard of runs: a cluster runs a campaign in shards, one per Ray slot (a
+    GPU share with --gpus-per-task, else a CPU), each shard's runs stacked."""
     ray = start_ray(jobs, options)
     from groupfel.emulator.config import RunConfig
     from groupfel.emulator.world import load_data
@@ -450,30 +537,34 @@ def _run_ray(tasks: Sequence, jobs: int | None, options: RayOptions, on_start: C
 
     remote = ray.remote(ray_task)
     placement = {"num_cpus": 1, "num_gpus": options.gpus_per_task, "max_retries": 0}
-    running: dict = {}
+    resources = ray.cluster_resources()
+    slots = jobs or int(resources.get("GPU", 0) // options.gpus_per_task if options.gpus_per_task
+                        else resources.get("CPU", 1))
+    running: dict = {}    # generator -> [its shard's tasks, their width, which are done]
     losses: dict = {}
 
-    def submit(task):
+    def submit(shard, width):
         # the numerics' variables reach the worker process when Ray starts it, before it loads torch
-        mode = json.loads(task.config_json)["train"].get("numerics", "portable")
+        mode = json.loads(shard[0].config_json)["train"].get("numerics", "portable")
         env = numerics.env(mode)
         pinned = remote.options(**placement, **({"runtime_env": {"env_vars": env}} if env else {}))
-        gen = pinned.remote(task.config_json, task.arm, _driver_files(task), dataset_ref(task), options.gpus_per_task)
-        running[gen] = task
+        jobs_ = [(t.config_json, t.arm, _driver_files(t), dataset_ref(t)) for t in shard]
+        running[pinned.remote(jobs_, width, options.gpus_per_task)] = (shard, width, set())
 
-    for task in tasks:
-        on_start(task)
-        submit(task)
+    for shard, width in shards(tasks, stack, max(1, slots)):
+        for task in shard:
+            on_start(task)
+        submit(shard, width)
     while running:
         ready, _ = ray.wait(list(running), num_returns=1)
         for gen in ready:
-            task = running[gen]
+            shard, width, done = running[gen]
             try:
-                kind, files = ray.get(next(gen))
-            except StopIteration:    # not reached: "done" ends every task
+                kind, i, files = ray.get(next(gen))
+            except StopIteration:    # every run of the shard has landed
                 running.pop(gen)
                 continue
-            except ray.exceptions.RayTaskError as exc:   # the arm's own error: stop, as the local pool does
+            except ray.exceptions.RayTaskError as exc:   # a run's own error: stop, as the local pool does
                 running.pop(gen)
                 cause = exc.cause
                 if isinstance(cause, (InputError, DivergenceError, WorkerLostError)):
@@ -481,15 +572,18 @@ def _run_ray(tasks: Sequence, jobs: int | None, options: RayOptions, on_start: C
                 raise exc.as_instanceof_cause() from None
             except ray.exceptions.RayError as exc:   # its worker or node died
                 running.pop(gen)
-                _lost(task, losses, options.max_losses, "lost its Ray worker or node",
-                      "rerun the same command to resume from the checkpoints this machine holds")
-                _note(f"{_label(task)}: its Ray worker or node died ({type(exc).__name__}); running it again "
-                      f"from its last checkpoint")
-                submit(task)
+                left = tuple(t for k, t in enumerate(shard) if k not in done)
+                for task in left:
+                    _lost(task, losses, options.max_losses, "lost its Ray worker or node",
+                          "rerun the same command to resume from the checkpoints this machine holds")
+                _note(f"{_label(left[0])}{' and its stack' if len(left) > 1 else ''}: its Ray worker or node died "
+                      f"({type(exc).__name__}); running it again from its last checkpoint")
+                submit(left, width)
                 continue
+            task = shard[i]
             land(Path(task.run_dir), files, final=kind == "done")
             if kind == "done":
-                running.pop(gen)
+                done.add(i)
                 on_done(task)
 
 
@@ -504,6 +598,15 @@ def add_device_argument(parser) -> None:
                              f"any device")
 
 
+def add_stack_argument(parser) -> None:
+    from . import flags
+
+    parser.add_argument("--stack", type=flags.STACK, metavar="N",
+                        help="at most N runs train together in one process, their clients in the same stacked steps "
+                             "(1: each run alone; default: the config's train.stack, else the device's fastest, "
+                             "recorded in each manifest)")
+
+
 def add_backend_arguments(parser, what: str) -> None:
     """--backend, --jobs and the Ray options of a command that runs ``what`` as tasks."""
     from . import flags
@@ -512,6 +615,7 @@ def add_backend_arguments(parser, what: str) -> None:
     parser.add_argument("--backend", default="local", choices=list(BACKENDS),
                         help=f"where {what} go: local, a process pool, one worker per core (default); ray: Ray tasks")
     parser.add_argument("--jobs", type=flags.JOBS, help=f"parallel {what} (default: one per core; with ray, its CPUs)")
+    add_stack_argument(parser)
     parser.add_argument("--address", help="with --backend ray: a cluster's address, e.g. 10.0.0.5:6379 (default: "
                                           "$RAY_ADDRESS, else a new local instance); see docs/cluster.md")
     parser.add_argument("--gpus-per-task", type=flags.Number(float, 1e-4, 64, "GPUs"), default=0.0, metavar="G",

@@ -34,6 +34,8 @@ def _cmd_run(args) -> int:
 
         config = config.model_copy(update={"train": config.train.model_copy(
             update={"device": check(args.device, "--device")})})
+    if args.stack:
+        config = config.model_copy(update={"train": config.train.model_copy(update={"stack": args.stack})})
     from groupfel.emulator import numerics
 
     numerics.apply(config.train.numerics)    # before anything below loads torch

@@ -98,6 +98,7 @@ class SizesText:
 SIZES = SizesText()
 SEED = Number(int, 0, INT64)
 JOBS = Number(int, 1, 1024, "processes")
+STACK = Number(int, 1, 1024, "runs")
 ROUNDS = Number(int, 1, 10**6)
 MBPS = Number(float, 1e-6, 1e9, "Mbit/s")         # 1 bit/s .. 1 Pbit/s
 LATENCY = Number(float, 0, 86_400, "s")           # at most a day

@@ -486,7 +486,7 @@ def run_study(rep: Reproduction, quick: bool, out: Path) -> int:
 
 def run(name: str, *, quick: bool = False, backend: str = "local", jobs: int | None = None,
         output: str | None = None, data_path: str | None = None, progress: bool = True,
-        overrides: dict[str, Any] | None = None) -> int:
+        overrides: dict[str, Any] | None = None, stack: int | None = None) -> int:
     from contextlib import ExitStack
 
     import tomli_w
@@ -521,6 +521,8 @@ def run(name: str, *, quick: bool = False, backend: str = "local", jobs: int | N
         return run_study(rep, quick, out)
     sweep, base, changed = resolve(rep, quick, data_path, overrides)
     sweep["name"] = name
+    if stack:   # how the runs share the machine, not a change of the paper's setting
+        base.setdefault("train", {})["stack"] = stack
     from groupfel.emulator import numerics
 
     numerics.apply(base.get("train", {}).get("numerics", "native"))   # before anything loads torch

@@ -24,7 +24,8 @@ def _cmd_reproduce(args) -> int:
 
         overrides["train.device"] = check(args.device, "--device")
     return reproduce.run(args.name, quick=args.quick, backend=args.backend, jobs=args.jobs, output=args.output,
-                         data_path=args.data_path, progress=not args.quiet, overrides=overrides)
+                         data_path=args.data_path, progress=not args.quiet, overrides=overrides,
+                         stack=args.stack)
 
 
 def add_reproduce_parser(sub) -> None:
@@ -41,9 +42,10 @@ def add_reproduce_parser(sub) -> None:
                    help="change a setting of every run (e.g. train.model=mlp where the paper's model is "
                         "too slow); repeatable; NOTES.txt and the output list each change")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    from .backends import add_device_argument
+    from .backends import add_device_argument, add_stack_argument
 
     add_device_argument(p)
+    add_stack_argument(p)
     p.add_argument("--render", action="store_true",
                    help="rewrite experiments/reproductions/README.md from its template and the committed results")
     p.set_defaults(func=_cmd_reproduce)

@@ -137,11 +137,11 @@ def check_dir(config: RunConfig, run_dir: Path, *, force: bool = False, where: s
 def _same_run(saved: RunConfig | None, config: RunConfig) -> bool:
     """The same run, wherever it trains: it may resume under other numerics (``--numerics``; it
     warns then, see :func:`groupfel.emulator.numerics.check_resume`) or on another device
-    (``--device``: checkpoints load onto any device). A multi-seed run may also continue with other
+    (``--device``: checkpoints load onto any device) or in other stacks (``--stack``). A multi-seed run may also continue with other
     seeds (``--seeds auto``): a seed's runs do not depend on the others, so finished seeds are kept."""
     if saved is None:
         return False
-    train = saved.train.model_copy(update={"numerics": config.train.numerics, "device": config.train.device})
+    train = saved.train.model_copy(update={k: getattr(config.train, k) for k in ("numerics", "device", "stack")})
     update = {"train": train}
     if saved.seeds is not None and config.seeds is not None:
         update.update({k: getattr(config, k) for k in ("seeds", "max_seeds", "seed_batch")})

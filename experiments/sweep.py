@@ -189,11 +189,13 @@ def point_configs(sweep: SweepConfig, base: dict) -> list[RunConfig]:
 
 def run_sweep(path: str | Path, *, backend: str = "local", jobs: int | None = None, address: str | None = None,
               output: str | Path | None = None, force: bool = False, progress: bool = True,
-              ray=None, device: str | None = None) -> pd.DataFrame:
+              ray=None, device: str | None = None, stack: int | None = None) -> pd.DataFrame:
     """Validate every point, run every unfinished (point, seed, arm) task, write the sweep tables
     (``ray``: :class:`groupfel.experiments.backends.RayOptions`; ``device``: every point's
-    train.device)."""
+    train.device; ``stack``: every point's train.stack)."""
     sweep, base = load_sweep(path)
+    if stack:
+        base.setdefault("train", {})["stack"] = stack
     if device is not None:
         from groupfel.emulator.devices import check
 
@@ -412,7 +414,8 @@ def _cmd_sweep(args) -> int:
     from .stats import compact_summary, notes
 
     summary = run_sweep(args.sweep, backend=args.backend, jobs=args.jobs, output=args.output, force=args.force,
-                        progress=not args.quiet, ray=ray_options(args), device=args.device)
+                        progress=not args.quiet, ray=ray_options(args), device=args.device,
+                        stack=args.stack)
     sweep, _ = load_sweep(args.sweep)
     root = summary.attrs["root"]
     with_target = bool(summary["target_reached"].sum() > 0 or summary["cost_to_target_mean"].notna().any())

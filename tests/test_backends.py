@@ -179,7 +179,7 @@ def test_a_task_streams_checkpoints_and_resumes_from_one_with_equal_files(tmp_pa
     run_task(config_json, str(tmp_path / "local"), 0)
     arm = tiny_dict["arms"][0]["name"]
 
-    messages = list(ray_task(config_json, 0, {}, None, 0.0))
+    messages = [(k, f) for k, i, f in ray_task([(config_json, 0, {}, None)], 1, 0.0)]
     kinds = [k for k, _ in messages]
     assert kinds == ["checkpoint"] * (len(kinds) - 1) + ["done"] and len(kinds) >= tiny_dict["train"]["rounds"]
     assert f"{arm}/checkpoint.pt" in messages[1][1]
@@ -190,9 +190,9 @@ def test_a_task_streams_checkpoints_and_resumes_from_one_with_equal_files(tmp_pa
     partial = tmp_path / "partial"
     for kind, files in messages[:2]:
         land(partial, files, final=False)
-    resumed_msgs = list(ray_task(config_json, 0, _files_of(partial), None, 0.0))
+    resumed_msgs = list(ray_task([(config_json, 0, _files_of(partial), None)], 1, 0.0))
     assert len(resumed_msgs) < len(messages)            # it resumed: fewer rounds left to stream
-    land(partial, resumed_msgs[-1][1], final=True)
+    land(partial, resumed_msgs[-1][2], final=True)
     for d in (whole, partial):
         for name in ("results.csv", "ledger.parquet"):
             assert (d / arm / name).read_bytes() == (tmp_path / "local" / arm / name).read_bytes(), (d, name)

@@ -196,10 +196,10 @@ def _flag_bases(tmp: Path) -> dict[tuple[str, str], list[str]]:
     grouped = ["whatif", "--policy", "covg", "--alpha", "0.5", "--clients", "200", "--clients-per-edge", "100",
                "--rounds", "2", "--jobs", "1", "--out", out]
     run = ["run", str(cfg), "--output", out, "--quiet"]
-    bases = {("run", f): run for f in ("--jobs", "--gpus-per-task")}
+    bases = {("run", f): run for f in ("--jobs", "--gpus-per-task", "--stack")}
     bases |= {("run", "--max-seeds"): [*run, "--seeds", "auto"], ("run", "--seeds"): run}
-    bases |= {("sweep", f): ["sweep", str(tmp / "none.toml"), "--output", out] for f in ("--jobs", "--gpus-per-task")}
-    bases |= {("reproduce", "--jobs"): ["reproduce", "table1", "--output", out]}
+    bases |= {("sweep", f): ["sweep", str(tmp / "none.toml"), "--output", out] for f in ("--jobs", "--gpus-per-task", "--stack")}
+    bases |= {("reproduce", f): ["reproduce", "table1", "--output", out] for f in ("--jobs", "--stack")}
     bases |= {("measure", f): ["measure", "secagg", "--sizes", "2", "--params", "16", "--repeats", "1",
                                "--out", str(tmp / "out.csv")] for f in ("--repeats", "--params", "--threads", "--sizes")}
     bases |= {("group", f): ["group", "--policy", "covg", "--label-matrix", str(labels)]

@@ -1,0 +1,133 @@
+"""A study as one workload: the default demo's 12 runs (4 arms x 3 seeds) stacked against
+``--stack 1``, on the same process pool, side by side in one run.
+
+    python benchmarks/campaign.py [--stack 8] [--jobs N] [--rounds R] [--full-size-rounds R]
+
+1. **cpu**: ``groupfel run`` of the embedded default (digits, CNN, 4 arms x 3 seeds) with every
+   run alone (``--stack 1``) and with at most ``--stack`` runs training together, each on a pool
+   of ``--jobs`` workers (default: one per core): wall clock, CPU seconds of the process tree,
+   the ratio, and whether both gave the same ledgers (they must: costs do not depend on stacking).
+   ``--rounds R`` stops every run after R global rounds (default: the demo's own stop, its budget,
+   about 30 rounds), for a machine too busy to run the whole study twice.
+2. **cuda** (where torch sees a GPU): the same study on the GPU, one worker, alone vs stacked.
+3. **full-size** (``--full-size-rounds R`` > 0; default 2 on a GPU, 0 on a CPU): R rounds of the
+   full-size Group-FEL run (groupfel-base: 300 clients, resnet-1, batch 5) alone and as ``--stack``
+   runs of it (seeds 0, 1, ...) in one stack, on the GPU if there is one; from the seconds per unit
+   of Eq. 5 cost of each, the projected hours of every pending full-size reproduction that shares
+   that setting (its runs stop at the same budget), for both.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sweep import TreeCPU  # noqa: E402  (benchmarks/sweep.py: CPU seconds of a process tree)
+
+from groupfel.emulator import numerics  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def study(stack: int, jobs: int, device: str, out: Path, rounds: int | None) -> dict:
+    from groupfel.experiments.runner import default_config, run_experiment
+
+    config = default_config()
+    train = {"stack": stack, "device": device, **({"rounds": rounds} if rounds else {})}
+    config = config.model_copy(update={"train": config.train.model_copy(update=train)})
+    t0 = time.perf_counter()
+    with TreeCPU() as cpu:
+        run_experiment(config, out, jobs=jobs, progress=False)
+    ledgers = {p.relative_to(out): pd.read_parquet(p) for p in sorted(out.glob("seed-*/*/ledger.parquet"))}
+    return {"wall": time.perf_counter() - t0, "cpu": cpu.seconds, "ledgers": ledgers}
+
+
+def full_size(device: str, stack: int, rounds: int, tmp: Path) -> dict:
+    """Seconds per unit of Eq. 5 cost of ``stack`` groupfel-base runs trained together, rounds 1
+    to ``rounds`` (round 0 forms the groups and warms the engine)."""
+    from groupfel.emulator.config import parse_config
+    from groupfel.experiments.tasks import execute_stack
+
+    base = tomllib.loads((ROOT / "experiments" / "reproductions" / "groupfel-base.toml").read_text())
+    base["train"].update(device=device, stack=stack)
+    seen: dict[int, list] = {i: [] for i in range(stack)}
+
+    class Enough(Exception):
+        pass
+
+    def on_round(i, t, cost, acc):
+        seen[i].append((time.perf_counter(), cost))
+        if len(seen[i]) > rounds:
+            raise Enough
+
+    jobs = [(parse_config({**base, "seed": s}).model_dump_json(), tmp / f"full-{stack}" / str(s), 0)
+            for s in range(stack)]
+    try:
+        execute_stack(jobs, stack, on_round=on_round) if stack > 1 else execute_alone(jobs[0], on_round)
+    except Enough:
+        pass
+    start = max(s[0][0] for s in seen.values())
+    end = max(s[-1][0] for s in seen.values())
+    cost = sum(s[-1][1] - s[0][1] for s in seen.values())
+    return {"seconds_per_cost": (end - start) / cost, "budget": base["train"]["budget"],
+            "model": base["train"]["model"], "batch": base["train"]["batch_size"]}
+
+
+def execute_alone(job, on_round) -> None:
+    from groupfel.experiments.tasks import execute
+
+    execute(*job, on_round=lambda t, cost, acc: on_round(0, t, cost, acc))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--stack", type=int, default=8, help="runs that train together (default 8)")
+    ap.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)), help="pool workers (default: cores)")
+    ap.add_argument("--rounds", type=int, help="stop each run after this many rounds (default: the demo's budget)")
+    ap.add_argument("--full-size-rounds", type=int, help="default 2 with a GPU, else 0 (skipped)")
+    args = ap.parse_args()
+    numerics.apply("portable")   # the demo's numerics, before torch loads
+    import torch
+
+    cuda = torch.cuda.is_available()
+    print(f"{'device':6} {'runs':>4} {'jobs':>4} {'stack':>5} {'wall s':>8} {'CPU s':>8} {'speed-up (wall)':>15} "
+          f"{'same ledgers':>12}  load average")
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        for device, jobs in [("cpu", args.jobs)] + ([("cuda", 1)] if cuda else []):
+            alone = study(1, jobs, device, tmp / f"{device}-alone", args.rounds)
+            stacked = study(args.stack, jobs, device, tmp / f"{device}-stacked", args.rounds)
+            same = alone["ledgers"].keys() == stacked["ledgers"].keys() and all(
+                alone["ledgers"][k].equals(stacked["ledgers"][k]) for k in alone["ledgers"])
+            for stack, r in ((1, alone), (args.stack, stacked)):
+                print(f"{device:6} {len(r['ledgers']):4d} {jobs:4d} {stack:5d} {r['wall']:8.1f} {r['cpu']:8.1f} "
+                      f"{alone['wall'] / r['wall']:14.2f}x {str(same):>12}  {os.getloadavg()[0]:.1f}", flush=True)
+        rounds = args.full_size_rounds if args.full_size_rounds is not None else (2 if cuda else 0)
+        if not rounds:
+            print("\nfull-size projection: skipped (pass --full-size-rounds R to measure groupfel-base)")
+            return
+        from gpu import pending_projection   # benchmarks/gpu.py: which reproductions are pending, their runs
+
+        device = "cuda" if cuda else "cpu"
+        fits = {stack: full_size(device, stack, rounds, tmp) for stack in (1, args.stack)}
+        rows = {stack: pending_projection(fit) for stack, fit in fits.items()}
+        print(f"\nfull-size groupfel-base on {device}, {rounds} rounds: "
+              + ", ".join(f"stack {s}: {f['seconds_per_cost'] * 1e3:.3f} ms per unit of Eq. 5 cost"
+                          for s, f in fits.items()))
+        print(f"{'pending reproduction':26} {'runs':>5} {'hours, stack 1':>14} {f'hours, stack {args.stack}':>15}")
+        many_of = {r["name"]: r for r in rows[args.stack]}
+        for one in rows[1]:
+            many = many_of[one["name"]]
+            hours = [f"{r['projected_hours']:.2f}" if r["projected_hours"] else "not projected" for r in (one, many)]
+            print(f"{one['name']:26} {one['runs']:5d} {hours[0]:>14} {hours[1]:>15}")
+
+
+if __name__ == "__main__":
+    main()

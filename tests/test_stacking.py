@@ -1,0 +1,170 @@
+"""Runs that train together (emulator.stacking): a run's numbers do not depend on its partners.
+
+The bound: with ``--stack 1`` a run trains as it always did (per-client formulation on a CPU);
+stacked (any width > 1) its clients train in the stacked (``vmap``) formulation. The two agree as
+the stacked-vs-sequential engine tests require (tests/test_training.py: 1e-5 on every model after
+a call): here the ledgers and costs are exactly equal and the accuracies and losses within 1e-5.
+Between stacks of different widths and partners a run's numbers are bitwise equal on the CPU.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from groupfel.emulator.config import parse_config
+from groupfel.emulator.training import BatchedEngine
+from groupfel.experiments.backends import shards
+from groupfel.experiments.runner import run_experiment
+from groupfel.experiments.tasks import Task
+from groupfel.topologies import load_dataset
+
+from test_backends import ROOT, _children
+
+BOUND = 1e-5   # the stacked-vs-sequential engine tests' tolerance
+
+
+def _study(tiny_dict, seeds=(0, 1), rounds=4) -> dict:
+    raw = {**tiny_dict, "seeds": list(seeds), "train": {**tiny_dict["train"], "rounds": rounds}}
+    raw.pop("seed")
+    return raw
+
+
+def _tables(out: Path, raw: dict) -> dict:
+    return {(s, a["name"]): (pd.read_csv(out / f"seed-{s}" / a["name"] / "results.csv"),
+                             pd.read_parquet(out / f"seed-{s}" / a["name"] / "ledger.parquet"))
+            for s in raw["seeds"] for a in raw["arms"]}
+
+
+def test_a_clients_models_do_not_depend_on_its_stack_partners():
+    """The same client, alone (padded to a stack of two) or beside 2 or 39 others: bitwise the same
+    model and momentum, on the CPU."""
+    data = load_dataset("digits")
+    rng = np.random.default_rng(0)
+    parts = [np.sort(rng.choice(len(data.y_train), size=int(n), replace=False)) for n in rng.integers(5, 30, 40)]
+    eng = BatchedEngine(data, parts, "cnn", lr=0.05, batch_size=8, formulation="stacked", workers=1, momentum=0.9)
+    start = eng.initial_weights(0)
+    got = []
+    for partners in ([], [1, 2], list(range(1, 40))):
+        momentum = torch.zeros(1 + len(partners), eng.n_params)
+        out = eng.train(start, [0, *partners], 2, [7, *partners], momentum=momentum)
+        got.append((out[0], momentum[0]))
+    for model, momentum in got[1:]:
+        assert torch.equal(model, got[0][0]) and torch.equal(momentum, got[0][1])
+
+
+def test_stack_1_against_stack_8_and_stacks_of_other_partners(tiny_dict, tmp_path):
+    """Two seeds x two arms: --stack 1 (each run alone), 8 (all four together) and 2 (two
+    shards of two): the same ledgers and costs exactly; accuracies and losses within the bound
+    against --stack 1, bitwise between the stacked widths."""
+    raw = _study(tiny_dict)
+    runs = {}
+    for stack in (1, 8, 2):
+        out = tmp_path / f"stack{stack}"
+        run_experiment(parse_config({**raw, "train": {**raw["train"], "stack": stack}}), out, jobs=1, progress=False)
+        runs[stack] = _tables(out, raw)
+        manifest = json.loads((out / "seed-0" / raw["arms"][0]["name"] / "manifest.json").read_text())
+        assert manifest["stack"]["width"] == stack
+        assert manifest["stack"].get("runs", 1) == {1: 1, 8: 4, 2: 2}[stack]
+    for key, (alone, ledger) in runs[1].items():
+        for stack in (8, 2):
+            results, led = runs[stack][key]
+            pd.testing.assert_frame_equal(ledger, led, check_exact=True)
+            exact = [c for c in alone if c not in ("accuracy", "loss")]
+            pd.testing.assert_frame_equal(alone[exact], results[exact], check_exact=True)
+            assert np.abs(alone[["accuracy", "loss"]].to_numpy() - results[["accuracy", "loss"]].to_numpy()).max() <= BOUND
+        pd.testing.assert_frame_equal(runs[8][key][0], runs[2][key][0], check_exact=True)
+
+
+def test_shards_split_runs_evenly_by_width_and_settings(tiny_dict):
+    raw = parse_config({**tiny_dict, "train": {**tiny_dict["train"], "stack": 3}}).model_dump_json()
+    other = json.loads(raw)
+    other["train"]["model"] = "cnn"
+    tasks = [Task(raw, "r", i) for i in range(7)] + [Task(json.dumps(other), "o", 0)]
+    got = shards(tasks, None, 2)
+    assert sorted(len(s) for s, w in got if s[0].run_dir == "r") == [2, 2, 3]   # 7 runs, at most 3 a stack
+    assert [len(s) for s, w in got if s[0].run_dir == "o"] == [1]              # another model: its own stack
+    assert [len(s) for s, _ in shards(tasks[:7], 1, 2)] == [1] * 7              # --stack 1: each run alone
+
+
+@pytest.mark.slow
+def test_a_stacked_campaign_killed_mid_run_resumes_to_the_same_tables(tmp_path, tiny_dict):
+    """A pool worker training a stack of two runs is killed (as the out-of-memory killer does): its
+    runs go again from their checkpoints, and the tables are bitwise those of an uninterrupted
+    stacked run (which itself is one stack of four, in this process)."""
+    raw = _study(tiny_dict, seeds=(0, 1), rounds=30)
+    raw["train"]["stack"] = 4
+    run_experiment(parse_config(raw), tmp_path / "whole", jobs=1, progress=False)
+    import tomli_w
+
+    (tmp_path / "run.toml").write_text(tomli_w.dumps(raw))
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "groupfel.experiments.cli", "run", str(tmp_path / "run.toml"),
+                             "--output", str(out), "--jobs", "2", "--quiet"],
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    killed, deadline = [], time.time() + 300
+    while not killed and proc.poll() is None and time.time() < deadline:
+        if list(out.glob("seed-*/*/checkpoint.pt")):
+            workers = [w for fs in _children(proc.pid) for w in _children(fs)]
+            if workers:
+                os.kill(workers[0], signal.SIGKILL)
+                killed.append(workers[0])
+        time.sleep(0.01)
+    _, stderr = proc.communicate(timeout=600)
+    assert killed and proc.returncode == 0, stderr
+    assert "a worker process died" in stderr and "Traceback" not in stderr
+    for name in ("runs.csv", "summary.csv"):
+        pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "whole" / name), pd.read_csv(out / name),
+                                      check_exact=True)
+    for path in out.glob("seed-*/*/manifest.json"):
+        assert json.loads(path.read_text())["stack"] == {"width": 4, "runs": 2, "formulation": "stacked"}
+
+
+def test_a_ray_task_of_a_stack_streams_each_runs_files(tiny_dict, tmp_path):
+    """What a Ray task of a shard sends (run here as the plain generator it is): each run's
+    checkpoints, tagged with the run, then each run's files, which are the local pool's."""
+    from groupfel.experiments.backends import land, ray_task, run_shard
+
+    raw = json.loads(parse_config({**tiny_dict, "train": {**tiny_dict["train"], "rounds": 3}}).model_dump_json())
+    jobs = [(json.dumps({**raw, "seed": s}), 0) for s in (0, 1)]
+    run_shard(tuple(Task(c, str(tmp_path / "local" / str(k)), arm) for k, (c, arm) in enumerate(jobs)), 4)
+    messages = list(ray_task([(c, arm, {}, None) for c, arm in jobs], 4, 0.0))
+    assert {i for kind, i, _ in messages if kind == "checkpoint"} == {0, 1}
+    assert [(kind, i) for kind, i, _ in messages[-2:]] == [("done", 0), ("done", 1)]
+    arm = raw["arms"][0]["name"]
+    for kind, i, files in messages:
+        land(tmp_path / "ray" / str(i), files, final=kind == "done")
+    for k in (0, 1):
+        for name in ("results.csv", "ledger.parquet"):
+            assert (tmp_path / "ray" / str(k) / arm / name).read_bytes() == \
+                (tmp_path / "local" / str(k) / arm / name).read_bytes()
+
+
+@pytest.mark.slow
+def test_a_stacked_campaign_of_quick_reproductions_runs_in_resumable_chunks(tmp_path):
+    """benchmarks/gpu_reproductions.py on the CPU: a chunk too short to finish stops the
+    reproduction and says so (exit 75); the same command then resumes it (in more 8-minute chunks
+    where the machine is that busy) to its packed archive."""
+    command = [sys.executable, str(ROOT / "benchmarks" / "gpu_reproductions.py"), "fig8", "--quick", "--device", "cpu",
+               "--stack", "8", "--set", "train.budget=500", "--out", str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cut = subprocess.run([*command, "--chunk-minutes", "0.1"], env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert cut.returncode == 75 and "chunk is used up; rerun this command to resume" in cut.stderr, cut.stderr
+    assert not (tmp_path / "fig8.tar.gz").exists()
+    for _ in range(4):
+        done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        if done.returncode != 75:
+            break
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "fig8.tar.gz").stat().st_size > 0
+    manifests = list((tmp_path / "fig8").glob("p*/seed-*/*/manifest.json"))
+    assert len(manifests) == 8 and all(json.loads(p.read_text())["stack"]["width"] == 8 for p in manifests)
