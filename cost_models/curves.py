@@ -151,3 +151,14 @@ def require_finite(curve: Curve, xs, where: str, name: str, unit: str, used_by: 
         i = int(np.flatnonzero(~np.isfinite(values))[0])
         raise InputError(f"{where}: curve {name} overflows a float ({values[i]:g} s) at {unit} {xs[i]:g}, which "
                          f"{used_by} uses; a cost must be finite: fix the curve's coefficients or lower the {unit}s")
+
+
+def table_error(exc, where: str) -> InputError:
+    """A pydantic error of one [[curves]] or [[power]] table as one line naming its key."""
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    msg = "unknown key; remove it or check its spelling" if err["type"] == "extra_forbidden" else \
+        err["msg"].removeprefix("Value error, ")
+    if msg.startswith("units: "):   # a model-level check of the units field
+        loc, msg = "units", msg.removeprefix("units: ")
+    return InputError(f"{where}{'.' + loc if loc else ''}: {msg}")

@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from groupfel.errors import InputError
 
-from .curves import Curve, PiecewiseLinear, Polynomial
+from .curves import Curve, PiecewiseLinear, Polynomial, table_error
 
 STATES = ("training", "group_operation", "transmit", "receive", "idle")
 # what each state's curve is a function of (error messages and docs)
@@ -129,13 +129,7 @@ def parse_power_toml(data: dict, source: str) -> dict[str, DevicePower]:
             spec = _PowerSpec.model_validate(raw)
             curve = spec.curve()
         except ValidationError as exc:
-            err = exc.errors()[0]
-            loc = ".".join(str(p) for p in err["loc"])
-            msg = "unknown key; remove it or check its spelling" if err["type"] == "extra_forbidden" else \
-                err["msg"].removeprefix("Value error, ")
-            if msg.startswith("units: "):
-                loc, msg = "units", msg.removeprefix("units: ")
-            raise InputError(f"{where}{'.' + loc if loc else ''}: {msg}") from None
+            raise table_error(exc, where) from None
         except ValueError as exc:
             raise InputError(f"{where}: {exc}") from None
         pts = np.asarray(curve.x) if isinstance(curve, PiecewiseLinear) else np.zeros(1)

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from groupfel.errors import InputError
 
-from .curves import Curve, MeasuredCurve, PiecewiseLinear, Polynomial, linear, quadratic
+from .curves import Curve, MeasuredCurve, PiecewiseLinear, Polynomial, linear, quadratic, table_error
 
 SHIPPED = "reference.csv"
 OPERATIONS = ("training", "group_overhead")
@@ -180,11 +180,7 @@ def _parse_toml(text: str, source: str) -> dict[str, DeviceProfile]:
             spec = _CurveSpec.model_validate(raw)
             curve = spec.curve()
         except ValidationError as exc:
-            err = exc.errors()[0]
-            loc = ".".join(str(p) for p in err["loc"])
-            msg = "unknown key; remove it or check its spelling" if err["type"] == "extra_forbidden" else \
-                err["msg"].removeprefix("Value error, ")
-            raise InputError(f"{where}{'.' + loc if loc else ''}: {msg}") from None
+            raise table_error(exc, where) from None
         except ValueError as exc:
             raise InputError(f"{where}: {exc}") from None
         prof = profiles.setdefault(f"{spec.device}/{spec.task}", DeviceProfile(spec.device, spec.task))

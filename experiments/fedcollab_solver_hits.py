@@ -22,6 +22,7 @@ SOLVERS = {"before (3 runs: 1 local + 2 random)": ("random", 3), "after (100 run
 
 
 def set_partitions(n: int):
+    """Every partition of range(n) as a label vector (restricted growth strings)."""
     def rec(i, labels, k):
         if i == n:
             yield np.array(labels)

@@ -32,8 +32,11 @@ def _children(pid: int) -> list[int]:
 
 
 def test_a_pool_worker_killed_by_the_os_is_replaced_and_the_run_completes(tmp_path, tiny_dict):
+    """A pool worker training a stack of two runs is killed (as the out-of-memory killer does): its
+    runs go again from their checkpoints, and the tables are bitwise those of an uninterrupted
+    stacked run (which itself is one stack of four, in this process)."""
     raw = {**tiny_dict, "seed": None, "seeds": [0, 1, 2, 3], "arms": tiny_dict["arms"][:1],
-           "train": {**tiny_dict["train"], "rounds": 30}}
+           "train": {**tiny_dict["train"], "rounds": 30, "stack": 4}}
     raw.pop("seed")
     config = parse_config(raw)
     run_experiment(config, tmp_path / "whole", jobs=1, progress=False)
@@ -59,6 +62,8 @@ def test_a_pool_worker_killed_by_the_os_is_replaced_and_the_run_completes(tmp_pa
     for name in ("runs.csv", "summary.csv"):
         pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "whole" / name), pd.read_csv(out / name),
                                       check_exact=True)
+    for path in out.glob("seed-*/*/manifest.json"):
+        assert json.loads(path.read_text())["stack"] == {"width": 4, "runs": 2, "formulation": "stacked"}
 
 
 def _alive(pid: int) -> bool:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from groupfel.policies import EdgeView, groupings
+from groupfel.experiments.fedcollab_solver_hits import set_partitions
 from groupfel.policies.fedcollab import FedCollabGrouping, coalition_cost, fedcollab_optimize, objective, tv_distance
 
 
@@ -18,17 +19,6 @@ def eq10_literal(assign: np.ndarray, sizes: np.ndarray, D: np.ndarray, C: float)
     same = assign[:, None] == assign[None, :]
     A = np.where(same, beta[None, :] / (same * beta[None, :]).sum(axis=1, keepdims=True), 0.0)
     return float((C / np.sqrt(m) * np.sqrt((A ** 2 / beta[None, :]).sum(axis=1)) + (A * D).sum(axis=1)).sum())
-
-
-def set_partitions(n: int):
-    """Every partition of range(n) as a label vector (restricted growth strings)."""
-    def rec(i, labels, k):
-        if i == n:
-            yield np.array(labels)
-            return
-        for c in range(k + 1):
-            yield from rec(i + 1, labels + [c], max(k, c + 1))
-    yield from rec(1, [0], 1)
 
 
 def brute_force(sizes, D, C):

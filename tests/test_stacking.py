@@ -8,10 +8,8 @@ Between stacks of different widths and partners a run's numbers are bitwise equa
 """
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +24,7 @@ from groupfel.experiments.runner import run_experiment
 from groupfel.experiments.tasks import Task
 from groupfel.topologies import load_dataset
 
-from test_backends import ROOT, _children
+from test_backends import ROOT
 
 BOUND = 1e-5   # the stacked-vs-sequential engine tests' tolerance
 
@@ -92,40 +90,6 @@ def test_shards_split_runs_evenly_by_width_and_settings(tiny_dict):
     assert sorted(len(s) for s, w in got if s[0].run_dir == "r") == [2, 2, 3]   # 7 runs, at most 3 a stack
     assert [len(s) for s, w in got if s[0].run_dir == "o"] == [1]              # another model: its own stack
     assert [len(s) for s, _ in shards(tasks[:7], 1, 2)] == [1] * 7              # --stack 1: each run alone
-
-
-@pytest.mark.slow
-def test_a_stacked_campaign_killed_mid_run_resumes_to_the_same_tables(tmp_path, tiny_dict):
-    """A pool worker training a stack of two runs is killed (as the out-of-memory killer does): its
-    runs go again from their checkpoints, and the tables are bitwise those of an uninterrupted
-    stacked run (which itself is one stack of four, in this process)."""
-    raw = _study(tiny_dict, seeds=(0, 1), rounds=30)
-    raw["train"]["stack"] = 4
-    run_experiment(parse_config(raw), tmp_path / "whole", jobs=1, progress=False)
-    import tomli_w
-
-    (tmp_path / "run.toml").write_text(tomli_w.dumps(raw))
-    out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "groupfel.experiments.cli", "run", str(tmp_path / "run.toml"),
-                             "--output", str(out), "--jobs", "2", "--quiet"],
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    killed, deadline = [], time.time() + 300
-    while not killed and proc.poll() is None and time.time() < deadline:
-        if list(out.glob("seed-*/*/checkpoint.pt")):
-            workers = [w for fs in _children(proc.pid) for w in _children(fs)]
-            if workers:
-                os.kill(workers[0], signal.SIGKILL)
-                killed.append(workers[0])
-        time.sleep(0.01)
-    _, stderr = proc.communicate(timeout=600)
-    assert killed and proc.returncode == 0, stderr
-    assert "a worker process died" in stderr and "Traceback" not in stderr
-    for name in ("runs.csv", "summary.csv"):
-        pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "whole" / name), pd.read_csv(out / name),
-                                      check_exact=True)
-    for path in out.glob("seed-*/*/manifest.json"):
-        assert json.loads(path.read_text())["stack"] == {"width": 4, "runs": 2, "formulation": "stacked"}
 
 
 def test_a_ray_task_of_a_stack_streams_each_runs_files(tiny_dict, tmp_path):
