@@ -737,24 +737,44 @@ ONLY_IN: dict[str, tuple[str, Callable[[RunConfig], bool]]] = {
 DIRICHLET_CARRIED = ("data.alpha", "data.dirichlet_counts")
 
 
-def _written(data: Any, path: str) -> bool:
-    """Whether the user's ``data`` gives ``path`` (``[]``: in any element of a list)."""
-    if not path:
-        return True
+def _values(data: Any, path: str) -> list:
+    """What the user's ``data`` writes at ``path`` (``[]``: each element of a list)."""
     key, _, rest = path.partition(".")
     name = key.removesuffix("[]")
     if not isinstance(data, dict) or name not in data:
-        return False
+        return []
     if key.endswith("[]"):
-        return isinstance(data[name], list) and any(_written(item, rest) for item in data[name])
-    return _written(data[name], rest)
+        items = data[name] if isinstance(data[name], list) else []
+        return [v for item in items for v in _values(item, rest)]
+    return _values(data[name], rest) if rest else [data[name]]
+
+
+def _default(config: RunConfig, path: str) -> Any:
+    """The schema's default at ``path`` (a list's element: the first element's model)."""
+    *parents, leaf = path.split(".")
+    obj: Any = config
+    for key in parents:
+        obj = getattr(obj, key.removesuffix("[]"), None)
+        if key.endswith("[]"):
+            obj = obj[0] if obj else None
+        if obj is None:
+            return _MISSING
+    field = type(obj).model_fields[leaf]
+    default = field.get_default(call_default_factory=True)
+    return default.model_dump() if isinstance(default, BaseModel) else default
+
+
+_MISSING = object()
 
 
 def check_modes(data: dict, config: RunConfig) -> RunConfig:
     """``config`` (parsed from the user's ``data``), unless ``data`` sets a key of :data:`ONLY_IN`
-    outside its mode: then one line naming the key and the mode it needs."""
+    outside its mode to something other than its default: then one line naming the key and the mode
+    it needs. A default value changes nothing in any mode, and a saved config (``model_dump``)
+    carries every key at its default, so it is passed back as it is."""
     for path, (mode, applies) in ONLY_IN.items():
-        if _written(data, path) and not applies(config):
+        default = _default(config, path)
+        if any(v != default for v in _values(data, path)) and not applies(config):
             raise InputError(f"config: {path}: only used with {mode}, so it would be ignored here; remove "
                              f"{path} or set {mode.split(' (')[0]}")
     return config
