@@ -81,7 +81,7 @@ def test_finetune_steps_takes_that_many_minibatch_steps():
     w = 0.25 + 0.5 * (1 - sigma(1.0))
     _close(alg.personal_model(None, 0, torch.zeros(4)), [w, -w, w, -w])
     assert alg.evaluation_passes == 1.0
-    with pytest.raises(ValueError, match="steps must be an integer >= 1"):
+    with pytest.raises(ValueError, match="steps must be an integer from 1 to 10,000"):
         make_algorithm("finetune", {"steps": 0})
 
 
