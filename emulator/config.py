@@ -62,6 +62,10 @@ class _Strict(BaseModel):
                 said = f is not None and _not_a_number(name, f.annotation, value)
                 if said:
                     raise ValueError(said)
+                if f is not None and f.annotation is bool and not isinstance(value, bool):
+                    # pydantic would read 'yes', 'off' or 1 as a boolean
+                    raise ValueError(f"{name}: {value!r} is not true or false; write {name} = true or "
+                                     f"{name} = false, without quotes")
         return data
 
 

@@ -702,6 +702,23 @@ def test_every_mode_only_key_is_refused_in_the_other_mode():
     print(f"{len(OTHER_MODE)} mode-only keys refused in the other mode; {len(described)} found by description")
 
 
+@pytest.mark.parametrize("value", ["yes", "true", 1, 0.0])
+def test_every_boolean_field_refuses_text_and_numbers(value):
+    """By construction over the schema: a boolean written as text or a number is one line naming the
+    key, never coerced (before: cost.energy = 'yes' ran as true)."""
+    from groupfel.experiments.api import as_config
+
+    paths = [p for p in _all_fields() if _field(p).annotation is bool and "[]" not in p and "{}" not in p]
+    assert len(paths) >= 3, paths
+    for path in paths:
+        d = _tiny()
+        _set(d, path, value)
+        with pytest.raises(InputError) as e:
+            as_config(d)
+        said = str(e.value)
+        assert "\n" not in said and _leaf(path) in said and "is not true or false" in said, (path, said)
+
+
 def test_a_saved_config_passed_back_keeps_its_default_mode_only_keys():
     """A config the tool wrote (model_dump: every key, the mode-only ones at their defaults) runs
     again as it is: a default changes nothing in any mode, so only a changed value is refused."""
