@@ -52,6 +52,8 @@ class _Refused(Exception):
 def _load(path: str, where: str):
     """The file's top-level object: JSON by its ``.json`` suffix, else a pickle (FedScale's
     files have no suffix)."""
+    if not path.strip():
+        raise InputError(f"{where}: empty; give the trace file's path")
     p = Path(path)
     src = f"{where}: {path}"
     if p.is_dir():

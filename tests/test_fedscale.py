@@ -203,6 +203,17 @@ def test_a_bad_trace_stops_the_run_before_any_work(tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("kind", ["heterogeneity", "availability"])
+def test_an_empty_trace_path_is_one_line(tmp_path, capsys, kind):
+    """Before: '' read as the current directory ("is a directory")."""
+    d = _one_round(TINY)
+    d["topology"][kind] = {"fedscale_file": ""}
+    out = tmp_path / "run"
+    assert main(["run", str(write_toml(tmp_path, d)), "--output", str(out), "--quiet"]) == 2
+    assert f"topology.{kind}.fedscale_file: empty; give the trace file's path" in one_error_line(capsys)
+    assert not out.exists()
+
+
 @pytest.mark.slow
 def test_a_run_on_a_trace_is_the_run_on_the_same_numbers_in_groupfels_csvs(tmp_path, capsys):
     """A run on FedScale-format traces charges exactly what the run on groupfel's own CSVs with
