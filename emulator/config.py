@@ -1,6 +1,8 @@
 """Run configuration: TOML -> validated dataclasses (pydantic), one-line errors naming the field."""
 from __future__ import annotations
 
+import re
+
 import tomllib
 import types
 from collections.abc import Callable
@@ -680,6 +682,9 @@ def _one_line(exc: ValidationError) -> str:
         msg = f"{err['input']!r} is not a finite number; give one"
     if err["type"] == "string_pattern_mismatch" and err["loc"] and err["loc"][-1] in ("dataset", "model", "policy", "aggregation", "algorithm"):
         msg = f"{err['input']!r} is neither a name nor an import path \"module:attr\""
+    typed = re.match(r"(\w+): (.* (?:not a number|not true or false);.*)", msg)
+    if typed and loc:   # a type check of a table's key names the key by its whole path
+        loc, msg = f"{loc}.{typed.group(1)}", typed.group(2)
     return f"config: {loc}: {msg}" if loc else f"config: {msg}"
 
 

@@ -336,7 +336,7 @@ def test_a_quick_setting_below_a_set_table_leaves_the_full_run_alone():
 def test_reproduce_set_error_names_the_field_first(tmp_path, capsys):
     assert main(["reproduce", "fig2b", "--quick", "--set", "train.lr=abc", "--output", str(tmp_path / "r")]) == 2
     err = one_error_line(capsys)
-    assert err.startswith("groupfel: error: reproduce --set train.lr='abc': Input should be a valid number")
+    assert err.startswith("groupfel: error: reproduce --set train.lr='abc': 'abc' is text, not a number")
     assert not (tmp_path / "r").exists()
 
 

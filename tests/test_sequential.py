@@ -207,7 +207,7 @@ def test_a_sequential_summary_says_after_how_many_seeds():
 
 @pytest.mark.parametrize("argv, says", [
     (["--max-seeds", "0"], "argument --max-seeds: '0': give an integer from 3 to 10,000 seeds"),
-    (["--seeds", "some"], "--seeds: give auto"),
+    (["--seeds", "some"], "argument --seeds: 'some': give auto or an integer from 1 to 10,000 seeds"),
     (["--max-seeds", "5"], "--max-seeds 5: needs --seeds auto"),
 ])
 def test_bad_seed_flags_are_one_line_and_exit_2(argv, says, tmp_path, capsys):
