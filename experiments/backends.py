@@ -230,7 +230,10 @@ def ray_task(jobs: Sequence[tuple[str, int, dict[str, bytes], object]], width: i
 
         def work():
             try:
-                datasets = [_writable(d) if d is not None else None for *_, d in jobs]
+                # refs nested in the shard's list are not resolved by Ray as a task's own arguments are
+                ray = __import__("ray")
+                datasets = [_writable(ray.get(d) if isinstance(d, ray.ObjectRef) else d) if d is not None else None
+                            for *_, d in jobs]
                 if width == 1:
                     (config_json, arm, _, _), = jobs
                     execute(config_json, dirs[0], arm, dataset=datasets[0], device=device,
