@@ -134,7 +134,7 @@ def test_bounded_intervals_are_clipped_with_a_footnote():
     text = render_summary(s, 0.85)
     assert "0.92 [0.661, 1]†" in text and "1343 [0, 7059]†" in text and CLIPPED_NOTE in text
     assert Metric("accuracy", "final_acc", 100).bounds == (0, 100)
-    assert Metric("cost", "cost_to_target").bounds == (0, np.inf) and Metric("ipr", "last.ipr").bounds is None
+    assert Metric("cost", "cost_to_target").bounds == (0, np.inf) and Metric("ipr", "last.ipr").bounds == (0, 1)   # IPR is a share of clients
 
 
 def test_two_seeds_warn_and_equal_differences_are_too_few_seeds():
