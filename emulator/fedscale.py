@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from groupfel.errors import InputError
-from groupfel.usercsv import read_user_csv
+from groupfel.usercsv import read_bytes, read_user_csv
 
 KBIT = 1024             # bits in FedScale's kbit (aggregator.py: model size = bytes / 1024 * 8 kbits)
 MAX_TIME_S = 1e12       # the bound of availability times (as topology.availability.file's)
@@ -56,12 +56,7 @@ def _load(path: str, where: str):
         raise InputError(f"{where}: empty; give the trace file's path")
     p = Path(path)
     src = f"{where}: {path}"
-    if p.is_dir():
-        raise InputError(f"{src}: is a directory; give the trace file")
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise InputError(f"{src}: cannot read ({exc.strerror}); check the path") from None
+    raw = read_bytes(p, src, "the trace file")
     if p.suffix.lower() == ".json":
         try:
             return json.loads(raw.decode("utf-8-sig"))

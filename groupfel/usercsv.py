@@ -76,17 +76,22 @@ class CsvTable:
             seen[k] = row
 
 
+def read_bytes(path: Path, source: str, kind: str) -> bytes:
+    """A user's file's bytes; a directory or an unreadable path is one line naming ``source``."""
+    if path.is_dir():
+        raise InputError(f"{source}: is a directory; give {kind}")
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{source}: cannot read ({exc.strerror}); check the path") from None
+
+
 def read_user_csv(path: str | Path, what: str = "") -> CsvTable:
     """Read a user's CSV file (see the module docstring); ``what`` names it in messages
     (e.g. ``"--label-matrix data.csv"``; default: the path)."""
     path = Path(path)
     source = what or str(path)
-    if path.is_dir():
-        raise InputError(f"{source}: is a directory; give the CSV file")
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"{source}: cannot read ({exc.strerror}); check the path") from None
+    raw = read_bytes(path, source, "the CSV file")
     try:
         text = raw.decode("utf-8-sig")   # drops a byte-order mark
     except UnicodeDecodeError:
