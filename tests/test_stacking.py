@@ -58,6 +58,30 @@ def test_a_clients_models_do_not_depend_on_its_stack_partners():
         assert torch.equal(model, got[0][0]) and torch.equal(momentum, got[0][1])
 
 
+@pytest.mark.parametrize("model,shape", [("cnn", (1, 8, 8)), ("cnn", (3, 8, 8)), ("audio-cnn", (1, 10, 7)),
+                                         ("mlp", (1, 8, 8))])
+def test_a_cpu_step_gives_a_client_the_same_gradients_at_every_stack_width(model, shape):
+    """The written-out CPU step (training._GroupedNet), at the rows it computes for every number of
+    live clients from 1 to 40: client 0's gradients bitwise the same. (oneDNN takes another
+    convolution kernel for exactly 3 input channels; rows() never stacks to that.)"""
+    from groupfel.emulator.models import build_model
+    from groupfel.emulator.training import _GroupedNet
+
+    torch.manual_seed(0)
+    net = build_model(model, shape, 10)
+    grouped = _GroupedNet.of(net)
+    assert grouped is not None
+    params = [p.detach().unsqueeze(0) + 0.01 * torch.randn(40, *p.shape) for p in net.parameters()]
+    x, y, m = torch.randn(40, 5, *shape), torch.randint(0, 10, (40, 5)), torch.ones(40, 5)
+    m[0, 3:] = 0   # a partial last batch
+    first = None
+    for live in range(1, 41):
+        n = grouped.rows(live)
+        got = [g[0] for g in grouped([p[:n] for p in params], x[:n], y[:n], m[:n])]
+        first = first or got
+        assert all(torch.equal(a, b) for a, b in zip(got, first)), (live, n)
+
+
 def test_stack_1_against_stack_8_and_stacks_of_other_partners(tiny_dict, tmp_path):
     """Two seeds x two arms: --stack 1 (each run alone), 8 (all four together) and 2 (two
     shards of two): the same ledgers and costs exactly; accuracies and losses within the bound
