@@ -102,7 +102,7 @@ def draw_faults(faults: FaultsConfig | None, seed: int, t: int, k: int, clients:
     """(dropped, slowdown) per client of one group round, each from its own (seed, t, k, client)
     stream so a resumed run draws the same faults."""
     n = len(clients)
-    if faults is None:
+    if faults is None or (faults.dropout == 0 and faults.straggler is None):   # nothing to draw
         return np.zeros(n, dtype=bool), np.ones(n)
     dropped, slow = np.zeros(n, dtype=bool), np.ones(n)
     st = faults.straggler

@@ -21,8 +21,9 @@ every engine call of every run goes to one :class:`Batcher`:
 
 A client's result does not depend on its partners where the kernels compute each stacked client
 alone. On this project's CPU (x86-64, portable numerics) a client's models are bitwise the same in
-a stack of 2 or of 300 (tests/test_stacking.py); a stack of 1 takes other convolution kernels, so
-the CPU stack is padded to at least 2. On a GPU, cuBLAS and cuDNN may pick other kernels for
+a stack of 2 or of 300 (tests/test_stacking.py); the widths whose kernels differ (one client; 3
+input channels in all, where oneDNN has a kernel of its own) are never computed: a step pads to
+the next width that is safe. On a GPU, cuBLAS and cuDNN may pick other kernels for
 other stack widths: there a run's numbers match its unstacked ones within the stacked-vs-sequential
 tolerance (1e-5 on a model after a call), not bitwise.
 """

@@ -388,8 +388,6 @@ class _Stack:
     tensors it was captured with, so each replay is one launch."""
 
     def __init__(self, engine: BatchedEngine, width: int, corrected: bool):
-        from torch.func import grad, vmap
-
         dev = engine.device
         self.engine = engine
         self.params = [torch.zeros(width, *p.shape, device=dev) for p in engine.model.parameters()]
@@ -401,6 +399,8 @@ class _Stack:
         self.lr = torch.zeros((), device=dev)
         # on a GPU vmap's step is one captured graph; on a CPU the written-out one is faster
         self.grouped = _GroupedNet.of(engine.model) if dev.type == "cpu" else None
+        if self.grouped is None:
+            from torch.func import grad, vmap
         self._grad = self.grouped or vmap(grad(engine._loss_fn()))
         self._graph = None
 
@@ -467,7 +467,9 @@ class BatchedEngine(TorchEngine):
     Two formulations, chosen per device and model (``formulation``):
 
     * ``stacked``: the clients' parameters stacked into (C, ...) tensors and the model run over all
-      of them with ``torch.func.vmap``. Ragged sample counts are padded to a common step count;
+      of them with ``torch.func.vmap`` (on a CPU, a plain CNN or MLP is written out as grouped
+      convolutions and batched matmuls instead, :class:`_GroupedNet`, and each step computes only
+      the clients that still have a batch in it). Ragged sample counts are padded to a common step count;
       each client's step averages its loss over its own samples only, and a client past its last
       step is masked out of the update (weights and momentum unchanged), so the result is the
       sequential engine's up to float rounding. Default on a GPU (linear layers become one
@@ -499,9 +501,11 @@ class BatchedEngine(TorchEngine):
         if self.device.type == "cpu":
             keep_freed_memory()
         conv = _has_conv(self.model)
-        reason = self._stack_failure()
+        cpu = self.device.type == "cpu"
         if formulation is None:   # measured on a 2-core CPU: per-client beat stacked for the MLP and the CNN
-            formulation = "stacked" if reason is None and self.device.type != "cpu" else "per-client"
+            formulation = "per-client" if cpu else "stacked"
+        # a plain CNN or MLP stacks on a CPU without vmap (_GroupedNet): no trial step (nor functorch) needed
+        reason = None if formulation != "stacked" or (cpu and _GroupedNet.of(self.model)) else self._stack_failure()
         if formulation == "stacked" and reason is not None:
             log.warning("batched engine: cannot stack model %r (%s); training its clients one by one",
                         model, reason)
