@@ -101,7 +101,7 @@ class Node:
                     os.kill(pid, sig)
                 except ProcessLookupError:
                     pass
-            deadline = time.time() + 10
+            deadline = time.time() + (3 if sig == signal.SIGTERM else 10)   # a graceful exit saves nothing here
             while _session(self.proc.pid) and time.time() < deadline:
                 self.proc.poll()   # reaps the node's own process once it exits (else a zombie for 10 s)
                 time.sleep(0.1)
