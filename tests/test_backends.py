@@ -36,7 +36,7 @@ def test_a_pool_worker_killed_by_the_os_is_replaced_and_the_run_completes(tmp_pa
     runs go again from their checkpoints, and the tables are bitwise those of an uninterrupted
     stacked run (which itself is one stack of four, in this process)."""
     raw = {**tiny_dict, "seed": None, "seeds": [0, 1, 2, 3], "arms": tiny_dict["arms"][:1],
-           "train": {**tiny_dict["train"], "rounds": 30, "stack": 4}}
+           "train": {**tiny_dict["train"], "rounds": 20, "stack": 4}}
     raw.pop("seed")
     config = parse_config(raw)
     run_experiment(config, tmp_path / "whole", jobs=1, progress=False)
@@ -77,7 +77,7 @@ def _alive(pid: int) -> bool:
 def test_a_killed_run_takes_its_pool_workers_down_and_resumes_to_the_same_tables(tmp_path, tiny_dict):
     """SIGTERM to the run (a scheduler's stop): no worker goes on writing an arm's checkpoints
     behind it, and the same command then finishes with the uninterrupted run's tables."""
-    raw = {**tiny_dict, "seeds": [0, 1], "arms": tiny_dict["arms"][:1], "train": {**tiny_dict["train"], "rounds": 30}}
+    raw = {**tiny_dict, "seeds": [0, 1], "arms": tiny_dict["arms"][:1], "train": {**tiny_dict["train"], "rounds": 20}}
     raw.pop("seed")
     run_experiment(parse_config(raw), tmp_path / "whole", jobs=1, progress=False)
     import tomli_w

@@ -39,14 +39,16 @@ def _free_port() -> int:
 
 
 def _session(leader: int) -> list[int]:
-    """The processes of the session ``leader`` started (the node's: GCS, raylet, workers)."""
+    """The live processes of the session ``leader`` started (the node's: GCS, raylet, workers); a
+    zombie is dead, only not yet reaped by its parent."""
     out = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if os.getsid(int(entry.name)) == leader:
+                if os.getsid(int(entry.name)) == leader and \
+                        (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
                     out.append(int(entry.name))
-            except (ProcessLookupError, PermissionError):
+            except (OSError, IndexError):
                 pass
     return out
 
@@ -99,8 +101,9 @@ class Node:
                     os.kill(pid, sig)
                 except ProcessLookupError:
                     pass
-            deadline = time.time() + 10
+            deadline = time.time() + (3 if sig == signal.SIGTERM else 10)   # a graceful exit saves nothing here
             while _session(self.proc.pid) and time.time() < deadline:
+                self.proc.poll()   # reaps the node's own process once it exits (else a zombie for 10 s)
                 time.sleep(0.1)
         self.proc.wait()
         subprocess.run(["rm", "-rf", str(self.tmpdir)], check=False)
@@ -143,6 +146,14 @@ def _config(tmp_path, data=None, **train) -> tuple[Path, object]:
     return path, config
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """CONFIG as a file and its local pool's run, which the tests that run CONFIG unchanged compare with."""
+    tmp = tmp_path_factory.mktemp("reference")
+    path, config = _config(tmp)
+    return path, config, tmp / "local"
+
+
 def _assert_same_run(a: Path, b: Path, config) -> None:
     for name in ("runs.csv", "summary.csv", "per_seed.csv"):
         pd.testing.assert_frame_equal(pd.read_csv(a / name), pd.read_csv(b / name), check_exact=True)
@@ -170,31 +181,31 @@ print(ray.get(view.remote(sys.argv[2])))
 """
 
 
-def test_a_cluster_without_the_drivers_disk_returns_complete_runs(cluster, tmp_path):
-    path, config = _config(tmp_path)
+def test_a_cluster_without_the_drivers_disk_returns_complete_runs(cluster, reference):
+    path, config, local = reference
     out = cluster.hidden / "run"
+    # GPUs the cluster lacks: one line before any work (asked meanwhile: it waits on nothing of the run)
+    gpu = _run_on(cluster, path, cluster.hidden / "gpu", "--address", cluster.address, "--gpus-per-task", "0.5")
     stdout, stderr = _run_on(cluster, path, out, "--address", cluster.address).communicate(timeout=600)
     assert "results:" in stdout, stderr
-    _assert_same_run(tmp_path / "local", out, config)
+    _assert_same_run(local, out, config)
     assert all(json.loads(p.read_text())["device"].startswith("cpu (") for p in out.glob("seed-*/*/manifest.json"))
     # what the node sees: not the driver's directory, and no groupfel but what a job ships
     stdout, stderr = _driver("-c", NODE_VIEW, cluster.address, str(cluster.hidden)).communicate(timeout=300)
     assert stdout.strip() == "([], None)", stderr
-    # GPUs the cluster lacks: one line before any work
-    driver = _run_on(cluster, path, cluster.hidden / "gpu", "--address", cluster.address, "--gpus-per-task", "0.5")
-    _, stderr = driver.communicate(timeout=300)
-    assert driver.returncode == 2 and "--gpus-per-task 0.5: the cluster has 0 GPUs" in stderr
+    _, stderr = gpu.communicate(timeout=300)
+    assert gpu.returncode == 2 and "--gpus-per-task 0.5: the cluster has 0 GPUs" in stderr
     assert not (cluster.hidden / "gpu").exists()
 
 
-def test_a_local_run_does_not_join_the_cluster_left_on_the_machine(cluster, tmp_path):
+def test_a_local_run_does_not_join_the_cluster_left_on_the_machine(cluster, reference, tmp_path):
     """ray_current_cluster names the running node; without --address the run starts its own Ray."""
-    path, config = _config(tmp_path)
+    path, config, local = reference
     assert (cluster.tmpdir / "ray" / "ray_current_cluster").exists()
     driver = _run_on(cluster, path, tmp_path / "own", env={"RAY_TMPDIR": str(cluster.tmpdir)})
     stdout, stderr = driver.communicate(timeout=600)
     assert driver.returncode == 0, stderr
-    _assert_same_run(tmp_path / "local", tmp_path / "own", config)
+    _assert_same_run(local, tmp_path / "own", config)
 
 
 def _fashion_files(directory: Path) -> None:

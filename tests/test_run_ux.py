@@ -189,7 +189,7 @@ def test_ctrl_c_prints_one_line_exits_130_and_the_rerun_resumes(tiny_dict, tmp_p
 
     import pandas as pd
 
-    path, config = _write_run_config(tiny_dict, tmp_path, rounds=150)
+    path, config = _write_run_config(tiny_dict, tmp_path, rounds=40)
     root = Path(__file__).resolve().parents[1]
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "groupfel.experiments.cli", "run", str(path), "--output", str(run)],
@@ -232,7 +232,8 @@ def test_ctrl_c_prints_one_line_exits_130_and_the_rerun_resumes(tiny_dict, tmp_p
             checked += 1
         time.sleep(0.05)
     assert checked, "no engine worker was found to check"
-    time.sleep(0.5)          # some rounds run (and checkpoint) before the interrupt
+    while not (run / "rg-random" / "checkpoint.pt").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)     # some rounds run (and checkpoint) before the interrupt
     assert proc.poll() is None, "the run ended before it could be interrupted"
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=120)

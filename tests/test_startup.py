@@ -17,6 +17,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = """
 import json, sys
 from groupfel.experiments.cli import main
+# fig6's full grid (300 clients, MinGS 2..20 by 2) takes minutes of FedCollab; a small edge and the two
+# ends of the sweep run the same code (every policy, the plot), so the same imports.
+from groupfel.experiments import grouping_studies
+grouping_studies.fig6.__defaults__ = (40, (2, 20), 0)
 heavy = {}
 for argv in json.loads(sys.argv[1]):
     rc = main(argv)
