@@ -1,7 +1,7 @@
 """A study as one workload: the default demo's 12 runs (4 arms x 3 seeds) stacked against
 ``--stack 1``, on the same process pool, side by side in one run.
 
-    python benchmarks/campaign.py [--stack 8] [--jobs N] [--rounds R] [--full-size-rounds R]
+    python benchmarks/campaign.py [--stack 8] [--jobs N] [--rounds R] [--full-size-rounds R] [--steps]
 
 1. **cpu**: ``groupfel run`` of the embedded default (digits, CNN, 4 arms x 3 seeds) with every
    run alone (``--stack 1``) and with at most ``--stack`` runs training together, each on a pool
@@ -15,6 +15,10 @@
    runs of it (seeds 0, 1, ...) in one stack, on the GPU if there is one; from the seconds per unit
    of Eq. 5 cost of each, the projected hours of every pending full-size reproduction that shares
    that setting (its runs stop at the same budget), for both.
+4. **steps** (``--steps``, on the CPU): one local SGD step of W stacked clients, per client, in the
+   three forms a CPU can train them: the per-client loop (what ``--stack 1`` runs, channels-last),
+   ``vmap`` over the model (the stacked form on a GPU) and the written-out grouped form the CPU's
+   stacks use (training._GroupedNet), at the demo's shape and at larger ones, medians of 5.
 """
 from __future__ import annotations
 
@@ -80,6 +84,58 @@ def full_size(device: str, stack: int, rounds: int, tmp: Path) -> dict:
             "model": base["train"]["model"], "batch": base["train"]["batch_size"]}
 
 
+def steps(repeats: int = 5) -> None:
+    """Per client-step milliseconds of the three CPU forms, side by side (see the docstring)."""
+    import statistics
+
+    import torch
+    import torch.nn.functional as F
+    from torch.func import functional_call, grad, vmap
+
+    from groupfel.emulator.models import build_model
+    from groupfel.emulator.training import _GroupedNet
+
+    torch.set_num_threads(1)   # as every training process runs
+
+    def median_ms(f, n=repeats):
+        f()
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            f()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times) * 1e3
+
+    print(f"\n{'model':6} {'input':>8} {'B':>3} {'W':>4} {'per-client':>11} {'vmap':>8} {'grouped':>8} "
+          f"{'per-client / grouped':>21}  (ms per client-step)")
+    for name, shape, batch, width in [("cnn", (1, 8, 8), 16, 48), ("mlp", (1, 8, 8), 16, 48),
+                                      ("cnn", (1, 16, 16), 64, 48), ("cnn", (1, 28, 28), 32, 48),
+                                      ("cnn", (1, 28, 28), 5, 64)]:
+        torch.manual_seed(0)
+        model = build_model(name, shape, 10)
+        names = [n for n, _ in model.named_parameters()]
+        params = [p.detach().unsqueeze(0).repeat(width, *[1] * p.dim()).clone() for p in model.parameters()]
+        x, y, m = torch.randn(width, batch, *shape), torch.randint(0, 10, (width, batch)), torch.ones(width, batch)
+
+        def loss(ps, x, y, m):
+            ce = F.cross_entropy(functional_call(model, dict(zip(names, ps)), (x,)), y, reduction="none")
+            return (ce * m).sum() / m.sum().clamp(min=1.0)
+        vmapped, grouped = vmap(grad(loss)), _GroupedNet.of(model)
+        alone = build_model(name, shape, 10).to(memory_format=torch.channels_last)
+        opt = torch.optim.SGD(alone.parameters(), lr=0.01)
+        x0 = x[0].contiguous(memory_format=torch.channels_last)
+
+        def per_client():
+            for _ in range(width):
+                opt.zero_grad()
+                F.cross_entropy(alone(x0), y[0]).backward()
+                opt.step()
+        t = [median_ms(per_client, 3) / width, median_ms(lambda: vmapped(tuple(params), x, y, m)) / width,
+             median_ms(lambda: grouped(params, x, y, m)) / width]
+        print(f"{name:6} {'x'.join(map(str, shape[1:])):>8} {batch:3d} {width:4d} {t[0]:11.2f} {t[1]:8.2f} {t[2]:8.2f} "
+              f"{t[0] / t[2]:20.2f}x", flush=True)
+
+
 def execute_alone(job, on_round) -> None:
     from groupfel.experiments.tasks import execute
 
@@ -92,9 +148,14 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)), help="pool workers (default: cores)")
     ap.add_argument("--rounds", type=int, help="stop each run after this many rounds (default: the demo's budget)")
     ap.add_argument("--full-size-rounds", type=int, help="default 2 with a GPU, else 0 (skipped)")
+    ap.add_argument("--steps", action="store_true", help="only the per-step table of the CPU's three forms")
     args = ap.parse_args()
     numerics.apply("portable")   # the demo's numerics, before torch loads
     import torch
+
+    if args.steps:
+        steps()
+        return
 
     cuda = torch.cuda.is_available()
     print(f"{'device':6} {'runs':>4} {'jobs':>4} {'stack':>5} {'wall s':>8} {'CPU s':>8} {'speed-up (wall)':>15} "

@@ -325,11 +325,15 @@ class _GroupedNet:
         if not isinstance(model, nn.Sequential):
             return None
         layers, flat = list(model), False
+        if len({id(layer) for layer in layers}) != len(layers):   # a layer used twice shares its parameters
+            return None
         for layer in layers:
             if type(layer) not in cls.LAYERS:
                 return None
             if isinstance(layer, nn.Conv2d) and (flat or layer.groups != 1 or layer.padding_mode != "zeros"
                                                  or isinstance(layer.padding, str)):
+                return None
+            if isinstance(layer, nn.MaxPool2d) and layer.return_indices:
                 return None
             if isinstance(layer, nn.AdaptiveAvgPool2d) and layer.output_size not in (1, (1, 1)):
                 return None
