@@ -588,7 +588,7 @@ class BatchedEngine(TorchEngine):
                 c[:C].copy_(s)
         if st.bufs is not None:
             if momentum is not None:
-                for b, s in zip(st.bufs, split(momentum[pick])):
+                for b, s in zip(st.bufs, split(momentum[pick.to(momentum.device)])):
                     b[:C].copy_(s)
             else:
                 for b in st.bufs:
