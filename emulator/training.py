@@ -403,9 +403,11 @@ class _Stack:
         self.lr = torch.zeros((), device=dev)
         # on a GPU vmap's step is one captured graph; on a CPU the written-out one is faster
         self.grouped = _GroupedNet.of(engine.model) if dev.type == "cpu" else None
-        if self.grouped is None:
+        if self.grouped is not None:
+            self._grad = self.grouped
+        else:
             from torch.func import grad, vmap
-        self._grad = self.grouped or vmap(grad(engine._loss_fn()))
+            self._grad = vmap(grad(engine._loss_fn()))
         self._graph = None
 
     def _step(self, rows: int | None = None) -> None:
@@ -599,7 +601,7 @@ class BatchedEngine(TorchEngine):
         for b in range(len(order)):
             st.batch.copy_(order[b])
             st.mask.copy_(mask[b])
-            st.step(st.rows(live[b]) if dev.type != "cuda" else None)
+            st.step(st.rows(live[b]))
         if momentum is not None and st.bufs is not None:
             momentum.copy_(torch.cat([b[:C].reshape(C, -1) for b in st.bufs], dim=1)[inverse])
         return torch.cat([p[:C].reshape(C, -1) for p in st.params], dim=1)[inverse]
