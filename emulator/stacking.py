@@ -29,6 +29,7 @@ tolerance (1e-5 on a model after a call), not bitwise.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
 
@@ -88,6 +89,16 @@ class Batcher:
         with self.cond:
             self.live.discard(run)
             self._flush_if_ready()
+
+    @contextlib.contextmanager
+    def away(self, run: int):
+        """Run ``run`` makes no call meanwhile (it waits for a partner): the others train without it."""
+        self.leave(run)
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.live.add(run)
 
     def train(self, run: int, request: _Request) -> torch.Tensor:
         with self.cond:
@@ -150,6 +161,9 @@ class StackMember(TorchEngine):
         request = _Request(table, rows, [self.offset + int(c) for c in clients], [int(s) for s in seeds], int(epochs),
                            self.lr if lr is None else float(lr), correction, momentum)
         return self.batcher.train(self.run, request)
+
+    def waiting(self):
+        return self.batcher.away(self.run)
 
 
 class Stacks:

@@ -21,6 +21,7 @@ convolutions split over worker processes (the fast way for CNNs on a CPU).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import logging
@@ -143,6 +144,10 @@ class TorchEngine:
     def steps(self, client: int, epochs: int) -> int:
         """Local SGD steps of one client: E·⌈n_i / B⌉ (SCAFFOLD's K in its variate update)."""
         return epochs * -(-len(self.client_samples[client]) // self.batch_size)
+
+    def waiting(self) -> contextlib.AbstractContextManager:
+        """Around a wait on another run of this process (a shared local reference): alone, nothing."""
+        return contextlib.nullcontext()
 
     def initial_weights(self, seed: int) -> torch.Tensor:
         with _GLOBAL_RNG:

@@ -115,23 +115,26 @@ def _on_gpu(task) -> bool:
 
 
 def _stack_key(task) -> tuple:
-    """What must match for runs to share a stack (the worker splits finer, emulator.stacking)."""
+    """What must match for runs to share a stack (the worker splits finer, emulator.stacking). The
+    training algorithm need not: the sweep points of a seed that differ only in it stack together
+    and share one local-training reference (per-group mode)."""
     raw = json.loads(task.config_json)
     t = raw["train"]
     return (json.dumps(raw["data"], sort_keys=True), t.get("device"), t.get("engine"), t.get("model"),
-            t.get("batch_size"), t.get("momentum"), t.get("weight_decay"), t.get("algorithm"), t.get("mu"), t.get("precision"),
-            json.dumps(t.get("algorithm_params"), sort_keys=True))
+            t.get("batch_size"), t.get("momentum"), t.get("weight_decay"), t.get("mu"), t.get("precision"))
 
 
 def shards(tasks: Sequence, stack: int | None, slots: int) -> list[tuple[tuple, int]]:
     """The tasks in shards of at most their stack width, each (tasks, width): runs of one stack key
-    split evenly over at least ``slots`` shards (every worker gets work), each at most the width."""
+    split evenly over at least ``slots`` shards (every worker gets work), each at most the width,
+    a seed's runs next to each other (in one shard where the width allows)."""
     groups: dict[tuple, list] = {}
     for task in tasks:
         width = stack_width(task.config_json, stack)
         groups.setdefault((width, *(_stack_key(task) if width > 1 else (id(task),))), []).append(task)
     out = []
     for (width, *_), group in groups.items():
+        group.sort(key=lambda task: json.loads(task.config_json).get("seed", 0))
         n = max(-(-len(group) // width), min(slots, len(group)))
         size, extra = divmod(len(group), n)
         start = 0

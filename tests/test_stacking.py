@@ -156,3 +156,64 @@ def test_a_stacked_campaign_of_quick_reproductions_runs_in_resumable_chunks(tmp_
     assert (tmp_path / "fig8.tar.gz").stat().st_size > 0
     manifests = list((tmp_path / "fig8").glob("p*/seed-*/*/manifest.json"))
     assert len(manifests) == 8 and all(json.loads(p.read_text())["stack"]["width"] == 8 for p in manifests)
+
+
+PER_GROUP_BASE = """name = "shared-reference"
+seed = 3
+mode = "per-group"
+[data]
+dataset = "digits"
+alpha = 0.3
+min_samples = 8
+max_samples = 20
+[topology]
+edges = 1
+clients_per_edge = 6
+[cost]
+task = "cifar10-resnet"
+training = "sgd"
+group_operations = ["secagg"]
+[train]
+model = "mlp"
+lr = 0.05
+batch_size = 8
+local_epochs = 1
+rounds = 3
+eval_every = 1
+[[arms]]
+name = "local"
+grouping = { policy = "local" }
+[[arms]]
+name = "global"
+grouping = { policy = "global" }
+"""
+
+
+def test_a_seeds_stacked_runs_train_one_local_reference_and_get_its_numbers(tmp_path, monkeypatch):
+    """Per-group mode's local-training reference (IPR, RSD) depends on neither the arm nor the
+    training algorithm: the arms and algorithm points of a seed that train in one stack compute it
+    once (the others wait outside the stack, which must not deadlock it) and get the numbers that
+    each run alone computes for itself."""
+    from groupfel.emulator.rounds import per_group
+    from groupfel.experiments.sweep import run_sweep
+
+    trained = []
+    real = per_group._train_reference
+    monkeypatch.setattr(per_group, "_train_reference", lambda world, data: trained.append(world.config.seed)
+                        or real(world, data))
+    (tmp_path / "base.toml").write_text(PER_GROUP_BASE)
+    (tmp_path / "sweep.toml").write_text('name = "s"\nbase = "base.toml"\nseeds = [0, 1]\nmode = "zip"\n[axes]\n'
+                                         '"train.algorithm" = ["fedavg", "ditto"]\n')
+    tables = {}
+    for stack in (1, 8):
+        trained.clear()
+        run_sweep(tmp_path / "sweep.toml", output=tmp_path / f"stack{stack}", jobs=1, progress=False, stack=stack)
+        tables[stack] = pd.read_csv(tmp_path / f"stack{stack}" / "runs.csv").sort_values(["point", "seed", "arm"])
+        # alone: each point's seed computes its own (its second arm reads it from the run's folder);
+        # stacked: one per seed for all four runs
+        assert sorted(trained) == ([0, 0, 1, 1] if stack == 1 else [0, 1])
+        refs = [torch.load(p, weights_only=True)["accuracy"]
+                for p in sorted((tmp_path / f"stack{stack}").glob("p*/seed-0/local-reference-seed0.pt"))]
+        assert len(refs) == 2 and torch.equal(refs[0], refs[1])
+    for column in ("ipr", "rsd", "local_accuracy_reference"):
+        assert np.abs(tables[1][column].to_numpy() - tables[8][column].to_numpy()).max() <= BOUND, column

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -109,9 +110,26 @@ def train_groups(world: World, fed: Federation, t: int, starts: dict[int, torch.
 
 
 def _reference_key(world: World) -> str:
-    """What the local-training reference depends on: everything but the arms and the names."""
+    """What the local-training reference depends on: everything but the arms, the names and the
+    training algorithm, which the reference does not run; of the algorithm only FedProx's μ
+    reaches the engine's local SGD, so it stays. Sweep points that differ only in their
+    algorithm share one reference."""
     cfg = json.loads(world.config.model_dump_json(exclude={"arms", "name", "output_dir"}))
+    del cfg["train"]["algorithm"], cfg["train"]["algorithm_params"]
+    cfg["engine_mu"] = world.algorithm.proximal_mu
     return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()
+
+
+class _Shared:
+    """A reference one thread of this process computes while the others that need it wait."""
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.accuracy: torch.Tensor | None = None
+
+
+_SHARED: dict[str, _Shared] = {}
+_SHARED_LOCK = threading.Lock()
 
 
 def local_reference(world: World, run_dir: Path, test_data: LocalData) -> torch.Tensor:
@@ -120,13 +138,41 @@ def local_reference(world: World, run_dir: Path, test_data: LocalData) -> torch.
     the engine's local SGD (FedAvg on a group of one; FedCollab's "Local Train"), not the arms'
     training algorithm's own steps, so the personalised algorithms' IPR and RSD compare with plain
     local training. (FedProx's μ lives in the engine and still applies.)"""
-    cfg = world.config
-    path = Path(run_dir) / REFERENCE.format(seed=cfg.seed)
+    path = Path(run_dir) / REFERENCE.format(seed=world.config.seed)
     key_ = _reference_key(world)
     if path.exists():
         blob = torch.load(path, weights_only=True, map_location="cpu")
         if blob["key"] == key_:
             return blob["accuracy"]
+    # The runs of a seed that train at once in one process (a stack's arms and sweep points, on the
+    # same data arrays) share one computation; a run that waits for it leaves its stack meanwhile,
+    # so that its partners, the computing run among them, train on.
+    here = (key_, id(world.dataset.x_train))
+    with _SHARED_LOCK:
+        shared = _SHARED.get(here)
+        owner = shared is None
+        if owner:
+            shared = _SHARED[here] = _Shared()
+    if owner:
+        try:
+            shared.accuracy = _train_reference(world, test_data)
+        finally:
+            with _SHARED_LOCK:
+                del _SHARED[here]
+            shared.done.set()   # a failure leaves it None: a waiting run then computes it itself
+        acc = shared.accuracy
+    else:
+        with world.engine.waiting():
+            shared.done.wait()
+        if shared.accuracy is None:
+            return local_reference(world, run_dir, test_data)
+        acc = shared.accuracy
+    atomic_write(path, lambda p: torch.save({"key": key_, "accuracy": acc}, p))
+    return acc
+
+
+def _train_reference(world: World, test_data: LocalData) -> torch.Tensor:
+    cfg = world.config
     state = ArmState()
     _start_models(world, state, singletons(world), None)
     fed = new_federation(world, Federation.environment(), CostLedger())
@@ -138,9 +184,7 @@ def local_reference(world: World, run_dir: Path, test_data: LocalData) -> torch.
         for g, x in models.items():
             state.models[g] = x
         rows.append(test_data.evaluate(state.models, state.assign, state.models[0])[0])
-    acc = torch.as_tensor(np.stack(rows), device="cpu")
-    atomic_write(path, lambda p: torch.save({"key": key_, "accuracy": acc}, p))
-    return acc
+    return torch.as_tensor(np.stack(rows), device="cpu")
 
 
 def _start_models(world: World, state: ArmState, grouping: GroupingResult, per_edge: int | None,
