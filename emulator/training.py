@@ -109,6 +109,9 @@ class TrainingEngine(Protocol):
     def evaluate(self, weights: torch.Tensor) -> tuple[float, float]:
         """(accuracy, mean cross-entropy loss) on the held-out test set."""
 
+    def waiting(self) -> contextlib.AbstractContextManager:
+        """Entered while the run waits on another run of its process (so a stack trains on)."""
+
 
 class TorchEngine:
     """Plain per-client minibatch SGD on the CPU (or ``device``), one client after another."""
@@ -146,8 +149,7 @@ class TorchEngine:
         return epochs * -(-len(self.client_samples[client]) // self.batch_size)
 
     def waiting(self) -> contextlib.AbstractContextManager:
-        """Around a wait on another run of this process (a shared local reference): alone, nothing."""
-        return contextlib.nullcontext()
+        return contextlib.nullcontext()   # alone: nothing to step out of
 
     def initial_weights(self, seed: int) -> torch.Tensor:
         with _GLOBAL_RNG:

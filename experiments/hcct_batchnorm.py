@@ -85,8 +85,11 @@ def average_states(trained: list[dict], members: list[int], sizes: np.ndarray, b
     """A group's state: the D_i-weighted mean of its members' trained states. BatchNorm's running
     statistics and batch counters are averaged too (``"mean"``, FedAvg of a state dict) or copied
     from client 0's state (``"client0"``, code: the HCCT authors' ``FedWeightAvg`` in models/Fed.py
-    starts from a copy of the first client's state and averages only the entries without
-    ``running`` or ``num_batches_tracked`` in their names)."""
+    starts from a copy of the first trained client's state, client 0's after epoch 0, and averages
+    only the entries without ``running`` or ``num_batches_tracked`` in their names). A group of one
+    keeps its member's whole state (main_cluster.py copies ``w_locals[idxs_users[0]]``)."""
+    if len(members) == 1:
+        return {k: v.clone() for k, v in trained[members[0]].items()}
     w = torch.as_tensor(sizes[members] / sizes[members].sum(), dtype=torch.float64)
     avg = {}
     for k in trained[0]:

@@ -166,6 +166,10 @@ def test_batchnorm_statistics_copied_from_client_0():
     assert authors["bn.num_batches_tracked"].item() == 1   # client 0's, though not in the group
     mean = average_states(trained, [1, 2], sizes, "mean")
     assert mean["bn.running_mean"].item() == pytest.approx(4.5)
+    # a group of one keeps its own statistics (the authors copy the member's state whole)
+    alone = average_states(trained, [2], sizes, "client0")
+    assert alone["bn.running_mean"].item() == 5.0 and alone["bn.num_batches_tracked"].item() == 5
+    assert all(torch.equal(alone[k], average_states(trained, [2], sizes, "mean")[k]) for k in alone)
 
 
 # -- IPR's interval ------------------------------------------------------------------------------------
