@@ -158,35 +158,13 @@ def test_a_stacked_campaign_of_quick_reproductions_runs_in_resumable_chunks(tmp_
     assert len(manifests) == 8 and all(json.loads(p.read_text())["stack"]["width"] == 8 for p in manifests)
 
 
-PER_GROUP_BASE = """name = "shared-reference"
-seed = 3
-mode = "per-group"
-[data]
-dataset = "digits"
-alpha = 0.3
-min_samples = 8
-max_samples = 20
-[topology]
-edges = 1
-clients_per_edge = 6
-[cost]
-task = "cifar10-resnet"
-training = "sgd"
-group_operations = ["secagg"]
-[train]
-model = "mlp"
-lr = 0.05
-batch_size = 8
-local_epochs = 1
-rounds = 3
-eval_every = 1
-[[arms]]
-name = "local"
-grouping = { policy = "local" }
-[[arms]]
-name = "global"
-grouping = { policy = "global" }
-"""
+def _per_group_base() -> str:
+    """test_sweep's tiny base in per-group mode: one edge of 6 clients, 3 rounds, arms local and global."""
+    from test_sweep import BASE
+
+    return ('mode = "per-group"\n' + BASE.split("[[arms]]")[0].replace("edges = 2", "edges = 1").replace("\nrounds = 6", "\nrounds = 3")
+            + '[[arms]]\nname = "local"\ngrouping = { policy = "local" }\n'
+            + '[[arms]]\nname = "global"\ngrouping = { policy = "global" }\n')
 
 
 def test_a_seeds_stacked_runs_train_one_local_reference_and_get_its_numbers(tmp_path, monkeypatch):
@@ -201,7 +179,7 @@ def test_a_seeds_stacked_runs_train_one_local_reference_and_get_its_numbers(tmp_
     real = per_group._train_reference
     monkeypatch.setattr(per_group, "_train_reference", lambda world, data: trained.append(world.config.seed)
                         or real(world, data))
-    (tmp_path / "base.toml").write_text(PER_GROUP_BASE)
+    (tmp_path / "base.toml").write_text(_per_group_base())
     (tmp_path / "sweep.toml").write_text('name = "s"\nbase = "base.toml"\nseeds = [0, 1]\nmode = "zip"\n[axes]\n'
                                          '"train.algorithm" = ["fedavg", "ditto"]\n')
     tables = {}
