@@ -128,7 +128,7 @@ class _Shared:
         self.accuracy: torch.Tensor | None = None
 
 
-_SHARED: dict[str, _Shared] = {}
+_SHARED: dict[tuple[str, int], _Shared] = {}   # (reference key, id of the data arrays)
 _SHARED_LOCK = threading.Lock()
 
 
