@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
@@ -120,15 +121,8 @@ def _reference_key(world: World) -> str:
     return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()
 
 
-class _Shared:
-    """A reference one thread of this process computes while the others that need it wait."""
-
-    def __init__(self):
-        self.done = threading.Event()
-        self.accuracy: torch.Tensor | None = None
-
-
-_SHARED: dict[tuple[str, int], _Shared] = {}   # (reference key, id of the data arrays)
+# references being computed by a thread of this process: (reference key, id of the data arrays) -> result
+_SHARED: dict[tuple[str, int], Future] = {}
 _SHARED_LOCK = threading.Lock()
 
 
@@ -152,21 +146,22 @@ def local_reference(world: World, run_dir: Path, test_data: LocalData) -> torch.
         shared = _SHARED.get(here)
         owner = shared is None
         if owner:
-            shared = _SHARED[here] = _Shared()
+            shared = _SHARED[here] = Future()
     if owner:
         try:
-            shared.accuracy = _train_reference(world, test_data)
+            shared.set_result(_train_reference(world, test_data))
+        except BaseException as exc:
+            shared.set_exception(exc)
+            raise
         finally:
             with _SHARED_LOCK:
                 del _SHARED[here]
-            shared.done.set()   # a failure leaves it None: a waiting run then computes it itself
-        acc = shared.accuracy
     else:
         with world.engine.waiting():
-            shared.done.wait()
-        if shared.accuracy is None:
+            failed = shared.exception()
+        if failed is not None:   # the computing run failed: this one tries itself
             return local_reference(world, run_dir, test_data)
-        acc = shared.accuracy
+    acc = shared.result()
     atomic_write(path, lambda p: torch.save({"key": key_, "accuracy": acc}, p))
     return acc
 
