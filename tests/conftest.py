@@ -10,6 +10,20 @@ from groupfel.emulator.config import parse_config
 # The default numerics, set before any test loads torch, as the groupfel command sets them.
 numerics.apply("portable")
 
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """The suite runs on pytest-xdist workers (``--dist loadgroup``, pyproject.toml). Tests that
+    share a module-scoped fixture go to one worker, so that the fixture is built once; a test
+    that starts Ray says so with ``xdist_group("ray")``, so that no two Ray instances meet."""
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        shared = sorted(name for name, defs in item._fixtureinfo.name2fixturedefs.items()
+                        if defs and defs[-1].scope == "module")
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}:{shared[0]}"))
+
 TINY = {
     "name": "tiny",
     "seed": 3,

@@ -18,6 +18,7 @@ from groupfel.emulator.config import parse_config
 from groupfel.experiments.runner import run_experiment
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.xdist_group("ray")
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = {

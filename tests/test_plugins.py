@@ -135,6 +135,7 @@ def _cli(args, pythonpath, cwd, timeout=500):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ray")
 def test_external_plugins_give_the_same_numbers_on_the_local_pool_and_on_ray(tmp_path, plugin_dir):
     """The module reaches the pool's workers and Ray's workers through PYTHONPATH (Ray: the backend
     passes it on in the runtime_env)."""

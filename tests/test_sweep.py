@@ -148,6 +148,7 @@ def test_sweep_tables_have_axes_seeds_and_cis(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ray")
 def test_local_and_ray_backends_give_equal_tables(tmp_path):
     import ray
 
