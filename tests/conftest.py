@@ -11,6 +11,12 @@ from groupfel.emulator.config import parse_config
 numerics.apply("portable")
 
 
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per CPU this process may use. xdist's own count is of physical
+    cores where psutil is installed, one on a machine of two hyperthreads."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     """The suite runs on pytest-xdist workers (``--dist loadgroup``, pyproject.toml). Tests that
