@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .stats import clip, mean_ci
+from .stats import BOUNDS, clip, mean_ci
 
 ROOT = Path(__file__).parent / "reproductions"
 TEMPLATE = ROOT / "README.template.md"
@@ -123,8 +123,8 @@ def _at(name: str, mode: str, arm: str, x: str, at: float, point: dict) -> dict[
 
 def at_cost(name: str, mode: str, cost: float, arm: str, digits: int = 2, ci: bool = False, **point) -> str:
     """Mean accuracy (%) over seeds at Eq. 5 cost ``cost``, each run interpolated between evaluations."""
-    m = mean_ci(list(_at(name, mode, arm, "cost", cost, point).values()))
-    return _ci(*m, digits) if ci else fmt(m[0], digits)
+    mean, low, high = mean_ci(list(_at(name, mode, arm, "cost", cost, point).values()))
+    return _ci(mean, *clip(low, high, (0.0, 100.0))[:2], digits) if ci else fmt(mean, digits)
 
 
 def at_round(name: str, mode: str, round: int, arm: str, digits: int = 2, **point) -> str:
@@ -149,7 +149,7 @@ def paired_at_cost(name: str, mode: str, cost: float, arm: str, ref: str, digits
     the same seed draws the same partition where the data settings are equal)."""
     a = _at(name, mode, arm, "cost", cost, point)
     b = _at(name, mode, ref, "cost", cost, point if ref_at is None else ref_at)
-    return _ci(*mean_ci([a[s] - b[s] for s in a if s in b]), digits)
+    return _paired([a[s] - b[s] for s in a if s in b], "accuracy", 100.0, digits)
 
 
 def _final(name: str, mode: str, arm: str, point: dict) -> dict[int, float]:
@@ -164,16 +164,29 @@ def last(name: str, mode: str, column: str, arm: str, digits: int = 1, scale: fl
     return fmt(float(np.mean([r.sort_values("round")[column].iloc[-1] for _, r in runs.groupby("seed")])) * scale, digits)
 
 
+def _last_per_seed(name: str, folder: str, column: str, arm: str, scale: float, point: dict) -> dict[int, float]:
+    """``column`` at each run's last evaluation in ``folder/runs.csv``, times ``scale``, per seed."""
+    runs = _select(_csv(name, folder, "runs.csv"), arm, point)
+    return {int(s): float(r.sort_values("round")[column].iloc[-1]) * scale for s, r in runs.groupby("seed")}
+
+
+def _paired(diffs: list[float], column: str, scale: float, digits: int) -> str:
+    """Mean [95 % CI] of paired differences; a bounded metric's difference interval is clipped to
+    the widest difference it can take (accuracy in points: [-100, 100])."""
+    mean, low, high = mean_ci(diffs)
+    b = BOUNDS.get(column)
+    if b is not None and np.isfinite(b[1] - b[0]):
+        width = (b[1] - b[0]) * scale
+        low, high, _ = clip(low, high, (-width, width))
+    return _ci(mean, low, high, digits)
+
+
 def paired_last(name: str, mode: str, column: str, arm: str, ref: str, digits: int = 2, scale: float = 100.0,
                 **point) -> str:
     """Paired difference arm − ref of ``column`` at each run's last evaluation (e.g.
     ``local_error_mean``, times 100: points), per seed: mean [95 % CI] over seeds."""
-    def final(a: str) -> dict[int, float]:
-        runs = _select(_csv(name, mode, "runs.csv"), a, point)
-        return {int(s): float(r.sort_values("round")[column].iloc[-1]) * scale for s, r in runs.groupby("seed")}
-
-    x, y = final(arm), final(ref)
-    return _ci(*mean_ci([x[s] - y[s] for s in x if s in y]), digits)
+    x, y = (_last_per_seed(name, mode, column, a, scale, point) for a in (arm, ref))
+    return _paired([x[s] - y[s] for s in x if s in y], column, scale, digits)
 
 
 def paired_folders(name: str, mode: str, before: str, column: str, arm: str, digits: int = 2,
@@ -181,12 +194,8 @@ def paired_folders(name: str, mode: str, before: str, column: str, arm: str, dig
     """Paired difference of ``column`` at each run's last evaluation between two committed runs of
     one reproduction, folder ``mode`` minus folder ``before`` (e.g. ``full`` − ``full-before``:
     what a change of setting did), per seed: mean [95 % CI] over seeds."""
-    def final(folder: str) -> dict[int, float]:
-        runs = _select(_csv(name, folder, "runs.csv"), arm, point)
-        return {int(s): float(r.sort_values("round")[column].iloc[-1]) * scale for s, r in runs.groupby("seed")}
-
-    x, y = final(mode), final(before)
-    return _ci(*mean_ci([x[s] - y[s] for s in x if s in y]), digits)
+    x, y = (_last_per_seed(name, f, column, arm, scale, point) for f in (mode, before))
+    return _paired([x[s] - y[s] for s in x if s in y], column, scale, digits)
 
 
 def before_after(name: str, mode: str, before: str, column: str, arm: str, digits: int = 2,
@@ -194,13 +203,9 @@ def before_after(name: str, mode: str, before: str, column: str, arm: str, digit
     """``column`` at each run's last evaluation, folder ``before`` → folder ``mode``, each the mean
     over the seeds both folders ran, then in brackets the paired difference after − before
     (mean [95 % CI] over those seeds)."""
-    def final(folder: str) -> dict[int, float]:
-        runs = _select(_csv(name, folder, "runs.csv"), arm, point)
-        return {int(s): float(r.sort_values("round")[column].iloc[-1]) * scale for s, r in runs.groupby("seed")}
-
-    x, y = final(mode), final(before)
+    x, y = (_last_per_seed(name, f, column, arm, scale, point) for f in (mode, before))
     common = sorted(set(x) & set(y))
-    diff = _ci(*mean_ci([x[s] - y[s] for s in common]), digits)
+    diff = _paired([x[s] - y[s] for s in common], column, scale, digits)
     return f"{fmt(float(np.mean([y[s] for s in common])), digits)} → {fmt(float(np.mean([x[s] for s in common])), digits)} ({diff})"
 
 
@@ -208,14 +213,14 @@ def paired_points(name: str, mode: str, arm: str, a: dict, b: dict, digits: int 
     """Paired difference of the final accuracy (points), point ``b`` minus point ``a``, per seed
     (the same seed draws the same partition at both points where the data settings are equal)."""
     x, y = _final(name, mode, arm, a), _final(name, mode, arm, b)
-    return _ci(*mean_ci([y[s] - x[s] for s in x if s in y]), digits)
+    return _paired([y[s] - x[s] for s in x if s in y], "accuracy", 100.0, digits)
 
 
 def paired_final(name: str, mode: str, arm: str, ref: str, at: dict, ref_at: dict, digits: int = 2) -> str:
     """Paired difference of the final accuracy (points), ``arm`` at point ``at`` minus ``ref`` at
     point ``ref_at``, per seed."""
     x, y = _final(name, mode, arm, at), _final(name, mode, ref, ref_at)
-    return _ci(*mean_ci([x[s] - y[s] for s in x if s in y]), digits)
+    return _paired([x[s] - y[s] for s in x if s in y], "accuracy", 100.0, digits)
 
 
 def cost_to(name: str, mode: str, accuracy: float, arm: str, digits: int = 0, **point) -> str:

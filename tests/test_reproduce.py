@@ -254,11 +254,12 @@ def test_render_reads_the_numbers_from_the_files(tmp_path, monkeypatch):
     (tmp_path / "t.md").write_text('a at 50: {{ at_cost("x", "quick", 50, "a") }}; '
                                    'a - b at 100: {{ paired_at_cost("x", "quick", 100, "a", "b", digits=1) }}')
     monkeypatch.setattr(readme_render, "ROOT", tmp_path)
-    # a: 30 % and 40 % at cost 50 (midway from 10 %); a − b at 100: 20 and 40 points, t interval ±127
-    assert readme_render.render(tmp_path / "t.md") == "a at 50: 35.00; a - b at 100: 30.0 [-97.1, 157.1]"
+    # a: 30 % and 40 % at cost 50 (midway from 10 %); a − b at 100: 20 and 40 points, t interval ±127,
+    # its top clipped to 100 points (a difference of two accuracies)
+    assert readme_render.render(tmp_path / "t.md") == "a at 50: 35.00; a - b at 100: 30.0 [-97.1, 100.0]"
     # the same pairs at the last evaluation (round 2), of any column
     (tmp_path / "p.md").write_text('{{ paired_last("x", "quick", "accuracy", "a", "b", digits=1) }}')
-    assert readme_render.render(tmp_path / "p.md") == "30.0 [-97.1, 157.1]"
+    assert readme_render.render(tmp_path / "p.md") == "30.0 [-97.1, 100.0]"
     (tmp_path / "bad.md").write_text('{{ at_cost("x", "quick", 50, "zz") }}')
     with pytest.raises(ValueError, match=r"bad\.md: \{\{ at_cost\(\"x\", \"quick\", 50, \"zz\"\) \}\}: KeyError"):
         readme_render.render(tmp_path / "bad.md")
@@ -266,7 +267,8 @@ def test_render_reads_the_numbers_from_the_files(tmp_path, monkeypatch):
 
 def test_render_pairs_one_arm_between_two_committed_runs(tmp_path, monkeypatch):
     """Before/after a change of setting: the arm's last value in folder ``quick`` minus that in
-    ``quick-before``, per seed (hand-computed: 50 − 30 and 70 − 30 points)."""
+    ``quick-before``, per seed (hand-computed: 50 − 30 and 70 − 30 points; 30 ± 127.1 clipped to
+    [-100, 100])."""
     from groupfel.experiments import readme_render
 
     for folder, last in (("quick", [0.5, 0.7]), ("quick-before", [0.3, 0.3])):
@@ -276,7 +278,7 @@ def test_render_pairs_one_arm_between_two_committed_runs(tmp_path, monkeypatch):
                       "accuracy": [0.1, last[0], 0.1, last[1]]}).to_csv(d / "runs.csv", index=False)
     (tmp_path / "t.md").write_text('{{ paired_folders("x", "quick", "quick-before", "accuracy", "a", 1) }}')
     monkeypatch.setattr(readme_render, "ROOT", tmp_path)
-    assert readme_render.render(tmp_path / "t.md") == "30.0 [-97.1, 157.1]"
+    assert readme_render.render(tmp_path / "t.md") == "30.0 [-97.1, 100.0]"
 
 
 def test_render_pairs_arms_that_run_at_different_points(tmp_path, monkeypatch):
@@ -295,7 +297,8 @@ def test_render_pairs_arms_that_run_at_different_points(tmp_path, monkeypatch):
         '{{ paired_final("x", "quick", "fp", "gf", dict(algorithm="fedprox"), dict(algorithm="fedavg"), 1) }}')
     monkeypatch.setattr(readme_render, "ROOT", tmp_path)
     # at cost 50: fp 25, 25 %; gf 30, 40 % -> -5 and -15 points; at the end: 40 - 50, 40 - 70 -> -10, -30
-    assert readme_render.render(tmp_path / "t.md") == "-10.0 [-73.5, 53.5]; -20.0 [-147.1, 107.1]"
+    # (-20 ± 127.1, clipped to the [-100, 100] points a difference of accuracies can take)
+    assert readme_render.render(tmp_path / "t.md") == "-10.0 [-73.5, 53.5]; -20.0 [-100.0, 100.0]"
 
 
 def test_comparison_lists_only_the_arms_each_point_ran(tmp_path):
