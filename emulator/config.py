@@ -420,6 +420,10 @@ class TrainConfig(_Strict):
     report_best: bool = Field(False, description="Per-group mode: also report each client's best local test "
                               "accuracy over the evaluations after round 0 (local_error_best_* columns; the HCCT "
                               "authors' main_cluster.py reports it).")
+    local_reference: bool = Field(True, description="Per-group mode: train every client alone for the run's "
+                                  "rounds as the reference of ipr, rsd and local_accuracy_reference (FedCollab "
+                                  "Eqs. 11-12). false: skip it (those columns are empty), about half the training "
+                                  "of a study that reports none of them.")
     target_accuracy: float | None = Field(None, gt=0, le=1, description="The summary reports the cost to "
                                           "first reach this test accuracy.")
 
@@ -737,6 +741,8 @@ ONLY_IN: dict[str, tuple[str, Callable[[RunConfig], bool]]] = {
                                lambda c: c.faults.straggler is not None and c.faults.straggler.distribution == "lognormal"),
     "faults.straggler.shape": ('faults.straggler.distribution = "pareto"',
                                lambda c: c.faults.straggler is not None and c.faults.straggler.distribution == "pareto"),
+    "train.report_best": ('mode = "per-group"', lambda c: c.mode == "per-group"),
+    "train.local_reference": ('mode = "per-group"', lambda c: c.mode == "per-group"),
     "topology.heterogeneity.reference_ms_per_sample": (
         "topology.heterogeneity.fedscale_file",
         lambda c: c.topology.heterogeneity is not None and c.topology.heterogeneity.fedscale_file is not None),

@@ -377,3 +377,20 @@ def test_hcct_manifest_records_the_final_groups_utility(tiny_dict, tmp_path):
     by_hand = sum(group_utility(last["grads"], sizes, np.flatnonzero(last["assign"] == m), 10.0)
                   for m in np.unique(last["assign"]))
     assert manifest["final_grouping"]["objective"] == pytest.approx(by_hand)
+
+
+def test_without_the_local_reference_the_run_is_the_same_less_its_columns(tiny_dict, tmp_path):
+    """train.local_reference = false trains no client alone: ipr, rsd and the reference column are
+    empty, every other number and the ledger equal those of a run that trained it, and no reference
+    file is written."""
+    d = _pergroup(tiny_dict, [{"name": "rg", "grouping": {"policy": "rg", "min_group_size": 2}}])
+    run_experiment(parse_config(d), tmp_path / "with", progress=False)
+    d["train"]["local_reference"] = False
+    run_experiment(parse_config(d), tmp_path / "without", progress=False)
+    with_, without = (pd.read_csv(tmp_path / r / "rg" / "results.csv") for r in ("with", "without"))
+    empty = ["ipr", "rsd", "local_accuracy_reference"]
+    assert with_[empty].notna().all().all() and without[empty].isna().all().all()
+    pd.testing.assert_frame_equal(with_.drop(columns=empty), without.drop(columns=empty), check_exact=True)
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "with" / "rg" / "ledger.parquet"),
+                                  pd.read_parquet(tmp_path / "without" / "rg" / "ledger.parquet"), check_exact=True)
+    assert list(tmp_path.glob("with/local-reference-*.pt")) and not list(tmp_path.glob("without/local-reference-*"))

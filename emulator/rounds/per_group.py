@@ -229,7 +229,8 @@ class PerGroupRounds(RoundStrategy):
         super().__init__(world, plan, arm_dir, state)
         self.kind = plan.regroup
         self.test_data = LocalData(world, world.local_test)
-        self.reference = local_reference(world, Path(arm_dir).parent, self.test_data)
+        self.reference = (local_reference(world, Path(arm_dir).parent, self.test_data)
+                          if world.config.train.local_reference else None)
         self.train_data = LocalData(world, world.topology.client_samples) if self.kind == "every-round" else None
         self.fallback = world.engine.initial_weights(world.config.seed)
         self.ids: list[int] = []
@@ -308,15 +309,16 @@ class PerGroupRounds(RoundStrategy):
         sampled = [] if final or state.t == 0 else self.ids
         acc, loss = self.test_data.evaluate(state.models, state.assign, self.fallback, self.personal)
         self._charge_evaluation()
-        ref = self.reference[min(state.t, len(self.reference) - 1)].numpy()
         here = self.arrival <= state.t   # the clients that have joined (all, without topology.arrivals)
-        acc, loss, ref = acc[here], loss[here], ref[here]
+        acc, loss = acc[here], loss[here]
+        ref = (np.full(len(acc), np.nan) if self.reference is None
+               else self.reference[min(state.t, len(self.reference) - 1)].numpy()[here])
         if not np.isfinite(loss).all():   # run.md: a non-finite test loss stops the run, as in global mode
             bad = int((~np.isfinite(loss)).sum())
             raise DivergenceError(f"round {state.t}: the local test loss of {bad} of {len(loss)} clients is not "
                                   f"finite under {world.algorithm.name} with {plan.grouping.name} groups; lower "
                                   f"train.lr or the algorithm's step sizes (train.algorithm_params)")
-        ipr, rsd = ipr_rsd(acc, ref)
+        ipr, rsd = ipr_rsd(acc, ref) if self.reference is not None else (np.nan, np.nan)
         led, err = state.ledger, 1.0 - acc
         training = led.by_component.get(TRAINING, 0.0)
         groups = current_groups(world, state)
