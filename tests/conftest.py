@@ -30,6 +30,7 @@ def pytest_collection_modifyitems(items):
         if shared:
             item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}:{shared[0]}"))
 
+
 TINY = {
     "name": "tiny",
     "seed": 3,
