@@ -22,6 +22,7 @@ convolutions split over worker processes (the fast way for CNNs on a CPU).
 from __future__ import annotations
 
 import contextlib
+import gc
 import ctypes
 import ctypes.util
 import logging
@@ -468,9 +469,19 @@ class _Stack:
         torch.cuda.current_stream().wait_stream(side)
         for t, saved in zip(self.params + (self.bufs or []), state):
             t.copy_(saved)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self._step()
+        # A finished run's engine and its graphs are cyclic garbage; a graph freed while another is
+        # being captured invalidates that capture, so collect first and never during it. Runs that
+        # train together evaluate in threads of their own: their CUDA calls must not void it either.
+        gc.collect()
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                self._step()
+        finally:
+            if collecting:
+                gc.enable()
         return graph
 
 

@@ -17,6 +17,7 @@ import torch
 
 from conftest import TINY
 from test_devices import CASES, RESUMED, run_twice
+from test_stacking import compare_stacks
 
 from groupfel.emulator.config import parse_config
 from groupfel.emulator.driver import plan_arm, run_arm
@@ -151,3 +152,38 @@ def test_the_stacked_engine_on_cuda_is_the_sequential_one(model):
     again = BatchedEngine(data, parts, model, 0.05, 8, "cuda", momentum=0.9, weight_decay=1e-3, mu=0.01,
                           formulation="stacked").train(start, [0, 1, 2, 3, 4], 2, [5, 6, 7, 8, 9])
     assert torch.equal(b, again)   # a fresh engine (a resumed run) computes bitwise as the first
+
+
+@cuda
+def test_runs_stacked_on_cuda_keep_each_runs_ledger_and_numbers(tiny_dict, tmp_path):
+    compare_stacks(tiny_dict, tmp_path, "cuda")
+
+
+@cuda
+def test_the_collector_never_runs_while_a_step_is_captured():
+    """A finished run's engine holds its captured graphs in a reference cycle; freed by the
+    collector during another engine's capture, it voids that capture (the demo on CUDA failed so:
+    cudaErrorStreamCaptureInvalidated). With the collector set to run at nearly every allocation,
+    no collection may start while a graph is being captured."""
+    import gc
+
+    data = load_dataset("digits")
+    parts = [np.arange(i * 20, i * 20 + 20) for i in range(4)]
+    during_capture = []
+
+    def watch(phase, info):
+        if phase == "start" and torch.cuda.is_current_stream_capturing():
+            during_capture.append(info["generation"])
+    threshold = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)
+    gc.callbacks.append(watch)
+    try:
+        for _ in range(2):
+            engine = BatchedEngine(data, parts, "cnn", 0.05, 8, "cuda", momentum=0.9, formulation="stacked")
+            out = engine.train(engine.initial_weights(0), [0, 1, 2, 3], 1, [1, 2, 3, 4])
+            assert torch.isfinite(out).all()
+            del engine   # cyclic garbage, graphs and all
+    finally:
+        gc.callbacks.remove(watch)
+        gc.set_threshold(*threshold)
+    assert not during_capture
