@@ -209,11 +209,16 @@ def before_after(name: str, mode: str, before: str, column: str, arm: str, digit
     return f"{fmt(float(np.mean([y[s] for s in common])), digits)} → {fmt(float(np.mean([x[s] for s in common])), digits)} ({diff})"
 
 
-def paired_points(name: str, mode: str, arm: str, a: dict, b: dict, digits: int = 2) -> str:
-    """Paired difference of the final accuracy (points), point ``b`` minus point ``a``, per seed
-    (the same seed draws the same partition at both points where the data settings are equal)."""
-    x, y = _final(name, mode, arm, a), _final(name, mode, arm, b)
-    return _paired([y[s] - x[s] for s in x if s in y], "accuracy", 100.0, digits)
+def paired_points(name: str, mode: str, arm: str, a: dict, b: dict, digits: int = 2,
+                  column: str = "accuracy", scale: float = 100.0) -> str:
+    """Paired difference, point ``b`` minus point ``a``, per seed (the same seed draws the same
+    partition at both points where the data settings are equal): of the final accuracy (points),
+    or of another ``column`` at each run's last evaluation, times ``scale``."""
+    if column == "accuracy":
+        x, y = _final(name, mode, arm, a), _final(name, mode, arm, b)
+    else:
+        x, y = (_last_per_seed(name, mode, column, arm, scale, p) for p in (a, b))
+    return _paired([y[s] - x[s] for s in x if s in y], column, scale, digits)
 
 
 def paired_final(name: str, mode: str, arm: str, ref: str, at: dict, ref_at: dict, digits: int = 2) -> str:

@@ -260,6 +260,14 @@ def test_render_reads_the_numbers_from_the_files(tmp_path, monkeypatch):
     # the same pairs at the last evaluation (round 2), of any column
     (tmp_path / "p.md").write_text('{{ paired_last("x", "quick", "accuracy", "a", "b", digits=1) }}')
     assert readme_render.render(tmp_path / "p.md") == "30.0 [-97.1, 100.0]"
+    # between two points of one arm, another column at the last evaluation: a's 50 and 70 against
+    # b's 30 and 30 (read as points p00 and p01 of one arm), times 100
+    runs = pd.read_csv(d / "runs.csv")
+    runs["point"] = runs["arm"].map({"a": "p00", "b": "p01"})
+    runs.assign(arm="a", local_error_mean=runs["accuracy"]).to_csv(d / "runs.csv", index=False)
+    (tmp_path / "q.md").write_text('{{ paired_points("x", "quick", "a", dict(point="p00"), dict(point="p01"), 1, '
+                                   '"local_error_mean") }}')
+    assert readme_render.render(tmp_path / "q.md") == "-30.0 [-100.0, 97.1]"
     (tmp_path / "bad.md").write_text('{{ at_cost("x", "quick", 50, "zz") }}')
     with pytest.raises(ValueError, match=r"bad\.md: \{\{ at_cost\(\"x\", \"quick\", 50, \"zz\"\) \}\}: KeyError"):
         readme_render.render(tmp_path / "bad.md")
