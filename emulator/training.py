@@ -22,9 +22,9 @@ convolutions split over worker processes (the fast way for CNNs on a CPU).
 from __future__ import annotations
 
 import contextlib
-import gc
 import ctypes
 import ctypes.util
+import gc
 import logging
 import os
 import pickle
