@@ -39,6 +39,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from groupfel.errors import InputError
+from groupfel.userfile import parse_toml, read_text
 
 from .curves import Curve, PiecewiseLinear, Polynomial, table_error
 
@@ -162,15 +163,10 @@ def parse_power_table(table) -> dict[str, DevicePower]:
 def read_power(path: str | Path) -> dict[str, DevicePower]:
     """The power tables of a profile file (TOML ``[[power]]`` or CSV ``operation = power`` rows)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError:
-        text = ""
-    except OSError as exc:
-        raise InputError(f"cost profile file {path}: cannot read ({exc.strerror}); check the path") from None
     if path.suffix.lower() == ".toml":
+        text = read_text(path, f"cost profile file {path}", "a TOML or CSV profile file")
         try:
-            return parse_power_toml(tomllib.loads(text), str(path))
+            return parse_power_toml(parse_toml(text, str(path)), str(path))
         except tomllib.TOMLDecodeError as exc:
             raise InputError(f"{path}: not valid TOML ({exc})") from None
     from groupfel.usercsv import read_user_csv

@@ -35,6 +35,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from groupfel.errors import InputError
+from groupfel.userfile import parse_toml, read_text
 
 from .curves import Curve, MeasuredCurve, PiecewiseLinear, Polynomial, linear, quadratic, table_error
 
@@ -77,14 +78,8 @@ def read_profiles(path: str | Path) -> dict[str, DeviceProfile]:
     """Read a profile file: TOML (``.toml``) or coefficient CSV (columns device, task, operation,
     method, a, b, c)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError:
-        text = ""   # not UTF-8: the CSV reader says so in one line
-    except OSError as exc:
-        raise InputError(f"cost profile file {path}: cannot read ({exc.strerror}); check the path") from None
     if path.suffix.lower() == ".toml":
-        return _parse_toml(text, str(path))
+        return _parse_toml(read_text(path, f"cost profile file {path}", "a TOML or CSV profile file"), str(path))
     from groupfel.usercsv import read_user_csv
 
     return _parse_table(read_user_csv(path, str(path)))
@@ -166,7 +161,7 @@ class _CurveSpec(BaseModel):
 
 def _parse_toml(text: str, source: str) -> dict[str, DeviceProfile]:
     try:
-        data = tomllib.loads(text)
+        data = parse_toml(text, source)
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{source}: not valid TOML ({exc})") from None
     specs = data.get("curves", [] if "power" in data else None)

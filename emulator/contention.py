@@ -43,6 +43,7 @@ from groupfel.cost_models import TRAINING
 
 from .config import DAY_S, AvailabilityConfig, HeterogeneityConfig, RunConfig
 from groupfel.errors import InputError
+from groupfel.userfile import short
 from groupfel.usercsv import read_user_csv
 from .federation import Federation, Group, RoundContext, draw_faults
 from .fedscale import KBIT, assign, read_behaviour, read_capacity
@@ -120,7 +121,7 @@ def _num(row: dict, col: str, where: str, line: int) -> float:
     except (TypeError, ValueError):
         v = math.nan
     if not lo <= v <= hi:    # NaN fails too
-        raise InputError(f"{where}: line {line}: {col} = {row.get(col)!r}; give a number from {lo:g} to {hi:g}"
+        raise InputError(f"{where}: line {line}: {col} = {short(row.get(col))}; give a number from {lo:g} to {hi:g}"
                          f"{' ' + unit if unit else ''}")
     return v
 
@@ -131,7 +132,7 @@ def _client_id(row: dict, where: str, line: int, n: int) -> int:
     except (TypeError, ValueError):
         c = -1
     if not 0 <= c < n:
-        raise InputError(f"{where}: line {line}: unknown client {row.get('client')!r}; the topology's clients are 0..{n - 1}")
+        raise InputError(f"{where}: line {line}: unknown client {short(row.get('client'))}; the topology's clients are 0..{n - 1}")
     return c
 
 

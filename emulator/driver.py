@@ -31,6 +31,7 @@ import torch
 
 from groupfel.errors import DivergenceError, InputError, InputWarning
 from groupfel.policies import aggregations, groupings, samplings
+from groupfel.userfile import check_file
 
 from . import numerics
 from .arm import (TRANSIENT, ArmPlan, ArmState, RoundStrategy, aggregation_weights, budget_error, energy_budget_error,
@@ -181,6 +182,7 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> ArmState:
     """A checkpoint holds only tensors and plain containers: loading one from an untrusted run
     directory cannot run code (``weights_only=True`` refuses anything else). Its model tables
     (:data:`MODEL_TABLES`) go to ``device``, the engine's, whichever device wrote them."""
+    check_file(path, str(path), "the checkpoint groupfel wrote (or delete it to restart the arm from scratch)", "run")
     try:
         blob = torch.load(path, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as exc:

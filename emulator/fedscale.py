@@ -20,7 +20,6 @@ or per online interval). Every message names the file and the entry (or CSV row)
 from __future__ import annotations
 
 import io
-import json
 import math
 import pickle
 import re
@@ -30,7 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from groupfel.errors import InputError
-from groupfel.usercsv import read_bytes, read_user_csv
+from groupfel.usercsv import read_user_csv
+from groupfel.userfile import check_tree, clip, parse_json, read_bytes, short
 
 KBIT = 1024             # bits in FedScale's kbit (aggregator.py: model size = bytes / 1024 * 8 kbits)
 MAX_TIME_S = 1e12       # the bound of availability times (as topology.availability.file's)
@@ -51,26 +51,46 @@ class _Refused(Exception):
 
 def _load(path: str, where: str):
     """The file's top-level object: JSON by its ``.json`` suffix, else a pickle (FedScale's
-    files have no suffix)."""
+    files have no suffix), through the gate of users' files (:mod:`groupfel.userfile`)."""
     if not path.strip():
         raise InputError(f"{where}: empty; give the trace file's path")
     p = Path(path)
     src = f"{where}: {path}"
-    raw = read_bytes(p, src, "the trace file")
+    fix = "give FedScale's pickle, or the same data as .json or .csv"
+    raw = read_bytes(p, src, "the trace file", "trace")
     if p.suffix.lower() == ".json":
         try:
-            return json.loads(raw.decode("utf-8-sig"))
+            data = parse_json(raw.decode("utf-8-sig"), src, object_pairs_hook=_no_repeats(src))
         except (UnicodeDecodeError, ValueError) as exc:
-            raise InputError(f"{src}: not valid JSON ({exc}); write the dict of client id -> entry") from None
-    try:
-        return _SafeUnpickler(io.BytesIO(raw)).load()
-    except _Refused as exc:
-        raise InputError(f"{src}: the pickle refers to {exc}, which groupfel does not load (a pickle can run "
-                         f"code; only dicts, lists, numbers and strings are read); convert it to JSON or CSV "
-                         f"(see the network guide)") from None
-    except Exception as exc:   # a damaged or foreign file: whatever the unpickler trips on, one line
-        raise InputError(f"{src}: not a readable pickle ({type(exc).__name__}: {exc}); give FedScale's "
-                         f"pickle, or the same data as .json or .csv") from None
+            if isinstance(exc, InputError):
+                raise
+            raise InputError(f"{src}: not valid JSON ({clip(str(exc), 200)}); write the dict of client id -> entry") from None
+    else:
+        try:
+            data = _SafeUnpickler(io.BytesIO(raw)).load()
+        except _Refused as exc:
+            raise InputError(f"{src}: the pickle refers to {clip(str(exc), 200)}, which groupfel does not load (a pickle "
+                             f"can run code; only dicts, lists, numbers and strings are read); convert it to JSON or "
+                             f"CSV (see the network guide)") from None
+        except Exception as exc:   # a damaged or foreign file: whatever the unpickler trips on, one line
+            if "integer string conversion" in str(exc):   # protocol 0's text digits beyond Python's limit
+                raise InputError(f"{src}: an integer of more than 4,300 digits, beyond any value groupfel reads; "
+                                 f"fix the trace") from None
+            raise InputError(f"{src}: not a readable pickle ({type(exc).__name__}: {clip(str(exc), 200)}); {fix}") from None
+    check_tree(data, src, fix)
+    return data
+
+
+def _no_repeats(src: str):
+    """A JSON object hook refusing a key given twice (json keeps the last one silently)."""
+    def hook(pairs: list) -> dict:
+        out = dict(pairs)
+        if len(out) < len(pairs):
+            seen = set()
+            key = next(k for k, _ in pairs if k in seen or seen.add(k))
+            raise InputError(f"{src}: key {short(key)} appears twice in one object; keep one")
+        return out
+    return hook
 
 
 def _entries(path: str, where: str, what: str) -> tuple[list[str], list, bool]:
@@ -85,10 +105,10 @@ def _entries(path: str, where: str, what: str) -> tuple[list[str], list, bool]:
     seen: dict[str, object] = {}
     for key in keys:
         if type(key) not in (int, str) or not str(key).strip():
-            raise InputError(f"{where}: {path}: entry key {key!r} is not a client id; use integers or strings")
+            raise InputError(f"{where}: {path}: entry key {short(key)} is not a client id; use integers or strings")
         cid = str(key).strip()
         if cid in seen:
-            raise InputError(f"{where}: {path}: client id {cid!r} appears twice ({seen[cid]!r} and {key!r}); keep one")
+            raise InputError(f"{where}: {path}: client id {short(cid)} appears twice ({short(seen[cid])} and {short(key)}); keep one")
         seen[cid] = key
     return list(seen), list(data.values()), False
 
@@ -101,7 +121,7 @@ def _number(value, at: str, name: str, unit: str, lo: float, hi: float, lo_open:
     if math.isfinite(v) and (v > lo if lo_open else v >= lo) and v <= hi:
         return v
     low = f"above {lo:g}" if lo_open else f"from {lo:g}"
-    raise InputError(f"{at}: {name} = {value!r}; give a number {low} to {hi:g} {unit} (fix or delete the entry)")
+    raise InputError(f"{at}: {name} = {short(value)}; give a number {low} to {hi:g} {unit} (fix or delete the entry)")
 
 
 def _numbers(values: list, at, name: str, unit: str, lo: float, hi: float, lo_open: bool = False) -> np.ndarray:
@@ -127,7 +147,7 @@ def _csv_number(table, row, column: str) -> float:
     try:
         return float(cell)
     except ValueError:
-        raise InputError(f"{table.where(row)}: column '{column}' must be a number, got {cell!r}") from None
+        raise InputError(f"{table.where(row)}: column '{column}' must be a number, got {short(cell)}") from None
 
 
 _INTEGER = re.compile(r"[+-]?\d+")
@@ -159,7 +179,7 @@ class Capacity:
     csv: bool = False
 
     def at(self, i: int) -> str:
-        return f"{self.names[i]} (client id {self.ids[i]!r})" if self.csv else f"{self.names[i]}: client id {self.ids[i]!r}"
+        return f"{self.names[i]} (client id {short(self.ids[i])})" if self.csv else f"{self.names[i]}: client id {short(self.ids[i])}"
 
 
 _MISSING = object()
@@ -184,7 +204,7 @@ def read_capacity(path: str, where: str) -> Capacity:
         names = [f"{where}: {path}"] * len(ids)
         for i, (a, b) in enumerate(zip(comp, comm)):
             if a is _MISSING or b is _MISSING:
-                raise InputError(f"{names[i]}: client id {ids[i]!r}: the entry is {repr(entries[i])[:80]}; give "
+                raise InputError(f"{names[i]}: client id {short(ids[i])}: the entry is {repr(entries[i])[:80]}; give "
                                  f"{{'computation': ms per sample, 'communication': kbit/s}}")
     csv = Path(path).suffix.lower() == ".csv"
     cap = Capacity(ids, np.empty(0), np.empty(0), names, csv)
@@ -247,20 +267,20 @@ def read_behaviour(path: str, where: str) -> Behaviour:
                 where_id.append(table.where(row))
             k, f = first.setdefault(cid, (len(first), finish))
             if f != finish:
-                raise InputError(f"{table.where(row)} (client id {cid!r}): finish_time {finish:g} differs from an "
+                raise InputError(f"{table.where(row)} (client id {short(cid)}): finish_time {finish:g} differs from an "
                                  f"earlier row's {f:g}; give one finish_time per client")
             owner.append(k)
         ids = list(first)
         return _behaviour(ids, False, [f for _, f in first.values()], np.array(owner, dtype=np.int64),
                           [_csv_number(table, r, "active") for r in rows],
                           [_csv_number(table, r, "inactive") for r in rows],
-                          lambda i: f"{where_id[i]} (client id {ids[i]!r})",
-                          lambda j: f"{table.where(rows[j])} (client id {rows[j].get('client_id')!r})")
+                          lambda i: f"{where_id[i]} (client id {short(ids[i])})",
+                          lambda j: f"{table.where(rows[j])} (client id {short(rows[j].get('client_id'))})")
     ids, entries, integers = _entries(path, where, "{'active': [s], 'inactive': [s], 'finish_time': s}")
     src = f"{where}: {path}"
     lengths = []
     for cid, e in zip(ids, entries):
-        at = f"{src}: client id {cid!r}"
+        at = f"{src}: client id {short(cid)}"
         if type(e) is not dict or not {"active", "inactive", "finish_time"} <= e.keys():
             raise InputError(f"{at}: the entry is {repr(e)[:80]}; give {{'active': [s, ...], 'inactive': [s, ...], "
                              f"'finish_time': s}}")
@@ -273,7 +293,7 @@ def read_behaviour(path: str, where: str) -> Behaviour:
                              f"time per active time")
         lengths.append(len(act))
     owner = np.repeat(np.arange(len(ids)), lengths)
-    at_id = lambda i: f"{src}: client id {ids[i]!r}"    # noqa: E731
+    at_id = lambda i: f"{src}: client id {short(ids[i])}"    # noqa: E731
     return _behaviour(ids, integers, [e["finish_time"] for e in entries], owner,
                       [x for e in entries for x in e["active"]], [x for e in entries for x in e["inactive"]],
                       at_id, lambda j: at_id(int(owner[j])))

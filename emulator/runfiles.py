@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from groupfel.errors import InputError
+from groupfel.userfile import check_file, clip, parse_json
 from groupfel.policies.plugins import upgrade_saved
 
 RERUN = ("rerun the same command (or 'groupfel run --resume {run}'): the damaged arm is redone and the "
@@ -35,8 +36,16 @@ def damaged(path: str | Path, reason: str, fix: str | None = None) -> DamagedFil
     return DamagedFile(f"{path}: damaged ({reason}); " + (fix or RERUN.format(run=_run_of(path))))
 
 
+def _gate(path: Path, fix: str | None) -> None:
+    """A run's file through the gate of users' files (a regular file, within the size limit)."""
+    if not path.exists() and not path.is_symlink():
+        raise damaged(path, "missing", fix)
+    check_file(path, str(path), "the file groupfel wrote", "run")
+
+
 def load_json(path: str | Path, fix: str | None = None) -> Any:
     path = Path(path)
+    _gate(path, fix)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -44,9 +53,13 @@ def load_json(path: str | Path, fix: str | None = None) -> Any:
     except UnicodeDecodeError:
         raise damaged(path, "not UTF-8 text", fix) from None
     try:
-        data = json.loads(text)
+        data = parse_json(text, str(path))
     except json.JSONDecodeError as exc:
         raise damaged(path, f"not valid JSON: {exc.msg}, line {exc.lineno} column {exc.colno}", fix) from None
+    except ValueError as exc:     # a number beyond Python's 4,300 digits
+        if isinstance(exc, InputError):
+            raise
+        raise damaged(path, f"not valid JSON: {clip(str(exc), 200)}", fix) from None
     if not isinstance(data, dict):   # every file groupfel writes holds one JSON object
         raise damaged(path, f"a JSON {type(data).__name__} where groupfel writes an object", fix)
     # a directory written before groupfel's modules moved beneath groupfel names them the old way
@@ -57,12 +70,13 @@ def load_csv(path: str | Path, fix: str | None = None):
     import pandas as pd
 
     path = Path(path)
+    _gate(path, fix)
     try:
         df = pd.read_csv(path)
     except FileNotFoundError:
         raise damaged(path, "missing", fix) from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
-        raise damaged(path, f"not a readable table: {str(exc).splitlines()[0] or type(exc).__name__}", fix) from None
+        raise damaged(path, f"not a readable table: {clip(str(exc).splitlines()[0] or type(exc).__name__, 200)}", fix) from None
     if df.empty:
         raise damaged(path, "no rows", fix)
     if not csv_intact(path):   # pandas pads a short (truncated) row with NaN
@@ -74,6 +88,7 @@ def load_parquet(path: str | Path, fix: str | None = None):
     import pandas as pd
 
     path = Path(path)
+    _gate(path, fix)
     try:
         return pd.read_parquet(path)
     except FileNotFoundError:
@@ -82,8 +97,18 @@ def load_parquet(path: str | Path, fix: str | None = None):
         raise damaged(path, f"not a readable Parquet file ({type(exc).__name__})", fix) from None
 
 
+def _regular(path: Path) -> bool:
+    try:
+        check_file(path, str(path), "a file", "run")
+        return True
+    except InputError:
+        return False
+
+
 def parquet_intact(path: Path) -> bool:
     """The file's footer parses (cheap: the metadata only)."""
+    if not _regular(path):
+        return False
     try:
         import pyarrow.parquet as pq
 
@@ -97,6 +122,8 @@ def csv_intact(path: Path) -> bool:
     """A header and at least one row of as many cells (cheap: the csv module)."""
     import csv
 
+    if not _regular(path):
+        return False
     try:
         with open(path, newline="", encoding="utf-8") as f:
             rows = list(csv.reader(f))
@@ -107,9 +134,12 @@ def csv_intact(path: Path) -> bool:
 
 def complete_manifest(arm_dir: Path) -> dict | None:
     """An arm's manifest if it parses and says the arm is complete, else None."""
+    path = Path(arm_dir) / "manifest.json"
+    if not _regular(path):
+        return None
     try:
-        m = json.loads((Path(arm_dir) / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        m = parse_json(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, ValueError):     # a JSONDecodeError or UnicodeDecodeError is one
         return None
     return m if isinstance(m, dict) and m.get("complete") else None
 

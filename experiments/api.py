@@ -34,6 +34,7 @@ import pandas as pd
 from groupfel.emulator.config import RunConfig, check_modes, check_user_config, load_config, parse_config
 from groupfel.errors import InputError
 from groupfel.policies.plugins import upgrade_saved
+from groupfel.userfile import read_json
 from groupfel.emulator.io import check_writable
 from groupfel.emulator.runfiles import load_csv, load_json, load_parquet
 
@@ -99,7 +100,7 @@ def _check_unchanged(config: RunConfig, run_dir: Path) -> None:
     started: dict[tuple[str, str], dict] = {}
     for path in sorted(Path(run_dir).rglob("manifest.json")):
         try:
-            manifest = json.loads(path.read_text(encoding="utf-8"))
+            manifest = read_json(path, str(path), kind="run")
         except ValueError:   # damaged: that arm is redone (groupfel.emulator.runfiles.intact_arm)
             continue
         for rec in upgrade_saved((manifest.get("plugins") if isinstance(manifest, dict) else None) or []):

@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 
 from groupfel.errors import DivergenceError, InputError, WorkerLostError
+from groupfel.userfile import clip
 from groupfel.emulator.io import check_writable
 
 from . import cost_cli, flags, group_cli, study_cli
@@ -289,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         trace = getattr(exc, "trace", "")   # a plug-in's own exception: its traceback, then our one line
         if trace:
             print(trace.rstrip("\n"), file=sys.stderr)
-        print(f"groupfel: error: {exc}", file=sys.stderr)
+        print(f"groupfel: error: {clip(str(exc))}", file=sys.stderr)   # a user's value never fills a screen
         return 2
     except DivergenceError as exc:
         print(f"groupfel: training diverged: {exc}", file=sys.stderr)

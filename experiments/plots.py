@@ -99,16 +99,17 @@ def band_figure(runs: dict[str, pd.DataFrame], x: str = "cost", y: str = "accura
 def load_results(path: Path) -> pd.DataFrame:
     """Every evaluation row under a directory: a sweep or multi-seed run (runs.csv), a single-seed
     run (<arm>/results.csv) or one arm (results.csv). A sweep's arms are named ``<point>/<arm>``."""
+    from groupfel.emulator.runfiles import load_csv
     from groupfel.errors import InputError
 
     path = Path(path)
     if (path / "runs.csv").exists():
-        df = pd.read_csv(path / "runs.csv")
+        df = load_csv(path / "runs.csv")
         if "point" in df:
             df = df.assign(arm=df["point"].astype(str) + "/" + df["arm"].astype(str))
     else:
         files = sorted(path.glob("*/results.csv")) or sorted(path.glob("results.csv"))
         if not files:
             raise InputError(f"plot: no results.csv or runs.csv under {path}; give a run, sweep or arm directory")
-        df = pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
+        df = pd.concat([load_csv(f) for f in files], ignore_index=True)
     return df if "seed" in df else df.assign(seed=0)

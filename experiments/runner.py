@@ -43,6 +43,7 @@ from groupfel.emulator import numerics
 from groupfel.emulator.config import RunConfig, load_config, parse_config
 from groupfel.errors import InputError
 from groupfel.policies.plugins import upgrade_saved
+from groupfel.userfile import read_json
 from groupfel.emulator.io import atomic_write, remove_inside, run_lock, write_json
 
 from .stats import accuracy_at_cost, any_open, comparisons, curves_on_grid, per_seed_metrics, summarize_seeds
@@ -168,7 +169,7 @@ def _damaged_json(path: Path) -> bool:
     """Whether ``path`` no longer holds a JSON object (a copy or sync tool broke it), as opposed to
     holding a config that differs or no longer parses."""
     try:
-        return not isinstance(json.loads(path.read_text(encoding="utf-8")), dict)
+        return not isinstance(read_json(path, str(path), kind="run"), dict)
     except ValueError:   # JSONDecodeError and UnicodeDecodeError
         return True
 
@@ -189,7 +190,7 @@ def _saved_config(path: Path) -> RunConfig | None:
     """The config a run directory was started with (compared as a config, so keys added to the
     schema since, at their defaults, do not count as a change); None if it no longer parses."""
     try:
-        return parse_config(upgrade_saved(json.loads(path.read_text(encoding="utf-8"))))
+        return parse_config(upgrade_saved(read_json(path, str(path), kind="run")))
     except (InputError, ValueError):   # JSONDecodeError and UnicodeDecodeError are ValueErrors
         return None
 
@@ -204,6 +205,45 @@ def prepare(config: RunConfig, run_dir: Path, *, force: bool = False) -> list[Ta
     return _seed_tasks(config, run_dir)
 
 
+def _study_marker(folder: Path) -> Path | None:
+    """``folder``'s config.json or sweep.json when groupfel wrote it there (a run's or a sweep's
+    folder): a JSON object with a run's ``arms`` or a sweep's ``sweep``, or one too damaged to
+    tell. A project's own config.json of another tool is not one."""
+    for name, key in (("config.json", "arms"), ("sweep.json", "sweep")):
+        f = folder / name
+        if f.is_file():
+            try:
+                data = read_json(f, str(f), kind="run")
+            except ValueError:        # damaged: a run's, as far as anyone can tell
+                return f
+            if isinstance(data, dict) and key in data:
+                return f
+    return None
+
+
+def check_own_place(run_dir: Path, where: str = "output") -> None:
+    """Refuse a run or sweep folder that lies inside another run's or sweep's folder, or that
+    holds one without being one itself: its files would land among the other's (a run named
+    ``seed-1`` in a multi-seed run's folder would replace that run's seed 1), ``--force`` or not."""
+    run_dir = Path(run_dir)
+    real = run_dir.resolve()
+    for parent in real.parents:
+        marker = _study_marker(parent)
+        if marker is not None:
+            raise InputError(f"{where}: {run_dir} lies inside the run or sweep {parent} ({marker.name}), whose "
+                             f"files it would mix with or replace; give a folder outside it (change 'name' or "
+                             f"'output_dir', or --output)")
+    if not real.is_dir() or _study_marker(real) is not None:
+        return
+    for depth in ("*", "*/*", "*/*/*"):
+        for sub in sorted(real.glob(depth)):
+            marker = _study_marker(sub) if sub.is_dir() and not sub.is_symlink() else None
+            if marker is not None:
+                raise InputError(f"{where}: {run_dir} holds the run or sweep {sub} ({marker.name}); a run there "
+                                 f"would mix its files with it; give an empty or new folder (change 'name' or "
+                                 f"'output_dir', or --output)")
+
+
 def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: bool = False,
                    progress: bool = True, jobs: int | None = None, backend: str = "local",
                    address: str | None = None, ray=None) -> pd.DataFrame:
@@ -212,6 +252,7 @@ def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: boo
     (``ray``: :class:`groupfel.experiments.backends.RayOptions`)."""
     numerics.apply(config.train.numerics)    # before torch loads here and in the workers
     run_dir = Path(run_dir) if run_dir else Path(config.output_dir) / config.name
+    check_own_place(run_dir, "--output" if run_dir != Path(config.output_dir) / config.name else "output_dir/name")
     if jobs is not None and jobs < 1:
         raise InputError(f"--jobs: must be >= 1, got {jobs}")
     if config.seeds == "auto":

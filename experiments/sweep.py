@@ -223,8 +223,10 @@ def run_loaded_sweep(sweep: SweepConfig, base: dict, *, backend: str = "local", 
     numerics.apply(configs[0].train.numerics)    # before validation loads torch here and in the workers
     root = Path(output) if output else Path(sweep.output_dir or configs[0].output_dir) / sweep.name
     check_writable(root, "dir", "--output" if output else "sweep output_dir/name =")
+    from .runner import check_own_place, finished
+
+    check_own_place(root, "--output" if output else "sweep output_dir/name")
     pts = points(sweep)
-    from .runner import finished
 
     if not force and (root / "sweep.json").exists() and all(finished(c, root / point_name(i))
                                                             for i, c in enumerate(configs)):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from groupfel.errors import InputError
+from groupfel.userfile import read_bytes, short
 
 
 @dataclass(frozen=True)
@@ -57,9 +58,9 @@ class CsvTable:
         try:
             value = float(cell)
         except ValueError:
-            raise InputError(f"{self.where(row)}: column '{column}' must be a number, got {cell!r}") from None
+            raise InputError(f"{self.where(row)}: column '{column}' must be a number, got {short(cell)}") from None
         if not math.isfinite(value):
-            raise InputError(f"{self.where(row)}: column '{column}' must be a finite number, got {cell!r}; "
+            raise InputError(f"{self.where(row)}: column '{column}' must be a finite number, got {short(cell)}; "
                              f"fix or delete the row")
         return value
 
@@ -76,22 +77,12 @@ class CsvTable:
             seen[k] = row
 
 
-def read_bytes(path: Path, source: str, kind: str) -> bytes:
-    """A user's file's bytes; a directory or an unreadable path is one line naming ``source``."""
-    if path.is_dir():
-        raise InputError(f"{source}: is a directory; give {kind}")
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"{source}: cannot read ({exc.strerror}); check the path") from None
-
-
 def read_user_csv(path: str | Path, what: str = "") -> CsvTable:
     """Read a user's CSV file (see the module docstring); ``what`` names it in messages
     (e.g. ``"--label-matrix data.csv"``; default: the path)."""
     path = Path(path)
     source = what or str(path)
-    raw = read_bytes(path, source, "the CSV file")
+    raw = read_bytes(path, source, "a CSV file", "table")
     try:
         text = raw.decode("utf-8-sig")   # drops a byte-order mark
     except UnicodeDecodeError:

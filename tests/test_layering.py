@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("emulator", "policies", "topologies", "cost_models", "experiments")
-FLOORS = {"groupfel.errors": 0, "groupfel.usercsv": 0, "groupfel.policies": 1, "groupfel.topologies": 1, "groupfel.cost_models": 1,
+FLOORS = {"groupfel.errors": 0, "groupfel.usercsv": 0, "groupfel.userfile": 0, "groupfel.policies": 1, "groupfel.topologies": 1, "groupfel.cost_models": 1,
           "groupfel.emulator": 2, "groupfel.experiments": 3, "groupfel": 4}
 
 

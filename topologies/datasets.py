@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from groupfel.errors import InputError
+from groupfel.userfile import check_file
 
 from .dataset import Dataset
 
@@ -67,6 +68,7 @@ def _digits() -> Dataset:
 
 def read_idx(path: Path) -> np.ndarray:
     """Read an idx file (optionally gzipped): the MNIST/Fashion-MNIST on-disk format."""
+    check_file(path, str(path), "an idx file", "data")
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as fh:
         data = fh.read()
@@ -139,6 +141,7 @@ def _fsdd(directory: Path) -> Dataset:
 def _read_wav(path: Path) -> tuple[int, np.ndarray]:
     from scipy.io import wavfile
 
+    check_file(path, str(path), "a WAV file", "data")
     try:
         rate, sig = wavfile.read(path)
     except ValueError as exc:
@@ -180,6 +183,7 @@ def _cifar10(directory: Path) -> Dataset:
         if not f.exists():
             raise InputError(f"data.path: CIFAR-10 batch {name} not found in {d}; give the directory of the "
                              f"python version (data_batch_1..5, test_batch)")
+        check_file(f, f"data.path: {f}", "a CIFAR-10 batch file", "data")
         with open(f, "rb") as fh:
             try:
                 raw = unpickler(fh, encoding="bytes").load()

@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from groupfel.userfile import short
+
 
 def _kinds(tp, depth: int) -> set:
     """The leaf types a value of annotation ``tp`` may take at ``depth`` (0: the value, 1: a list's
@@ -38,7 +40,7 @@ def _not_a_number(name: str, annotation, value) -> str | None:
                     example = f"{float(v):g}" if isinstance(v, str) and v.strip() else "1"
                 except ValueError:
                     example = "1"
-                return f"{name}: {v!r} is {what}, not a number; write the number without quotes (e.g. {name} = {example})"
+                return f"{name}: {short(v)} is {what}, not a number; write the number without quotes (e.g. {name} = {example})"
     return None
 
 
@@ -59,7 +61,7 @@ class _Strict(BaseModel):
                     raise ValueError(said)
                 if f is not None and f.annotation is bool and not isinstance(value, bool):
                     # pydantic would read 'yes', 'off' or 1 as a boolean
-                    raise ValueError(f"{name}: {value!r} is not true or false; write {name} = true or "
+                    raise ValueError(f"{name}: {short(value)} is not true or false; write {name} = true or "
                                      f"{name} = false, without quotes")
         return data
 
@@ -67,7 +69,7 @@ class _Strict(BaseModel):
 def _leaves_its_folder(name: str) -> str:
     """A run, arm or sweep name is a folder inside its parent: '.' and '..' are not."""
     if name in (".", ".."):
-        raise ValueError(f"{name!r} is the {'current' if name == '.' else 'parent'} folder, so the files would "
+        raise ValueError(f"{short(name)} is the {'current' if name == '.' else 'parent'} folder, so the files would "
                          f"land outside their own; give a name with a letter or digit")
     return name
 

@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from groupfel import userfile
 from groupfel.errors import InputError
+from groupfel.userfile import short
 
 from .run import RunConfig
 
@@ -48,12 +49,12 @@ def _one_line(exc: ValidationError) -> str:
     if err["type"] in _BOUND:
         key, word = _BOUND[err["type"]]
         bound = err["ctx"][key]
-        msg = (f"{err['input']!r} is out of range; give a number {word} "
+        msg = (f"{short(err['input'])} is out of range; give a number {word} "
                f"{f'{bound:,}' if isinstance(bound, int) else f'{bound:g}'} (see the config guide's Limits)")
     elif err["type"] == "finite_number":
-        msg = f"{err['input']!r} is not a finite number; give one"
+        msg = f"{short(err['input'])} is not a finite number; give one"
     if err["type"] == "string_pattern_mismatch" and err["loc"] and err["loc"][-1] in ("dataset", "model", "policy", "aggregation", "algorithm"):
-        msg = f"{err['input']!r} is neither a name nor an import path \"module:attr\""
+        msg = f"{short(err['input'])} is neither a name nor an import path \"module:attr\""
     typed = re.match(r"(\w+): (.* (?:not a number|not true or false);.*)", msg)
     if typed and loc:   # a type check of a table's key names the key by its whole path
         loc, msg = f"{loc}.{typed.group(1)}", typed.group(2)
@@ -68,17 +69,9 @@ def parse_config(data: dict[str, Any]) -> RunConfig:
 
 
 def read_toml(path: str | Path, what: str) -> dict[str, Any]:
-    """A user's TOML file as a dict; unreadable, binary or invalid files are one-line errors."""
-    path = Path(path)
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError(f"{what} {path}: cannot read ({exc.strerror}); check the path") from None
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{what} {path}: not a UTF-8 text file (byte 0x{exc.object[exc.start]:02x} at offset "
-                         f"{exc.start}); give a TOML file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{what} {path}: not valid TOML ({exc})") from None
+    """A user's TOML file as a dict, through the gate of users' files (:mod:`groupfel.userfile`):
+    a FIFO, a device, an oversized, binary, deeply nested or invalid file is one line."""
+    return userfile.read_toml(path, f"{what} {path}")
 
 
 def load_config(path: str | Path) -> RunConfig:
@@ -169,5 +162,5 @@ def check_user_config(data: dict, where: str, sweep_hint: str = "groupfel.experi
         raise InputError(f"{where}: this is a sweep file (it has {'axes' if 'axes' in data else 'base'}), "
                          f"not a run config; run it with '{sweep_hint}'")
     if "seed" in data and "seeds" in data:
-        raise InputError(f"{where}: seed = {data['seed']!r} and seeds = {data['seeds']!r} are both set, "
+        raise InputError(f"{where}: seed = {short(data['seed'])} and seeds = {short(data['seeds'])} are both set, "
                          f"which is ambiguous; keep seeds (every arm runs on each) or seed (one run)")

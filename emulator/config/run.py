@@ -55,7 +55,7 @@ class RunConfig(_Strict):
     @classmethod
     def _seeds_word(cls, value):
         if isinstance(value, str) and value != "auto":
-            raise ValueError(f"{value!r} is neither a list of seeds nor \"auto\"; give seeds = [0, 1, 2] or "
+            raise ValueError(f"{short(value)} is neither a list of seeds nor \"auto\"; give seeds = [0, 1, 2] or "
                              f"seeds = \"auto\" (seeds added until decided)")
         return value
 

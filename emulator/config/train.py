@@ -90,7 +90,7 @@ class TrainConfig(_Strict):
         from ..devices import HELP, PATTERN
 
         if not PATTERN.match(value):
-            raise ValueError(f"{value!r} is not a device; give {HELP}")
+            raise ValueError(f"{short(value)} is not a device; give {HELP}")
         return value
 
     @model_validator(mode="after")

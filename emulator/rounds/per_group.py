@@ -19,6 +19,7 @@ from groupfel.cost_models import TRAINING
 from groupfel.errors import DivergenceError, InputError
 from groupfel.policies.cov import cov_of_counts
 from groupfel.policies.grouping import EdgeView
+from groupfel.userfile import check_file
 
 from ..algorithms import Algorithm, FedAvg
 from ..arm import ArmPlan, ArmState, RoundStrategy, input_warnings, new_federation, sample_groups
@@ -135,8 +136,12 @@ def local_reference(world: World, run_dir: Path, test_data: LocalData) -> torch.
     path = Path(run_dir) / REFERENCE.format(seed=world.config.seed)
     key_ = _reference_key(world)
     if path.exists():
-        blob = torch.load(path, weights_only=True, map_location="cpu")
-        if blob["key"] == key_:
+        try:   # a cache: one that is not a regular file or does not load is computed again
+            check_file(path, str(path), "a cache file", "run")
+            blob = torch.load(path, weights_only=True, map_location="cpu")
+        except Exception:
+            blob = None
+        if isinstance(blob, dict) and blob.get("key") == key_:
             return blob["accuracy"]
     # The runs of a seed that train at once in one process (a stack's arms and sweep points, on the
     # same data arrays) share one computation; a run that waits for it leaves its stack meanwhile,
