@@ -137,11 +137,14 @@ def fit_weighted(x: np.ndarray, y: np.ndarray, degree: int, where: str, weights:
     "relative" (iteratively reweighted by 1/fitted²: noise proportional to the time, as on-device
     timings have) or "auto" (:func:`noise_grows` decides)."""
     p = degree + 1
-    if len(x) < p:
-        raise InputError(f"{where}: {len(x)} point(s) cannot fit {p} parameters; measure at least {p} points")
-    if len(np.unique(x)) < p:
-        raise InputError(f"{where}: {len(np.unique(x))} distinct x value(s) cannot fit {p} parameters; "
-                         f"measure at least {p} different sizes")
+    sizes = np.unique(x)
+    if len(x) < p or len(sizes) < p:
+        # the sizes it has: an operation measured at fewer sizes than asked for (secagg-recovery
+        # needs a group of 3) is told apart from one measured too little
+        at = ", ".join(f"{v:g}" for v in sizes[:10]) + (", ..." if len(sizes) > 10 else "")
+        raise InputError(f"{where}: measured at {len(sizes)} size(s) ({at}) in {len(x)} row(s), which cannot fit "
+                         f"{p} parameters; measure it at {p} or more different sizes"
+                         f"{' (recovery is timed from group size 3: a member drops, two remain)' if 'recovery' in where else ''}")
     if weights not in WEIGHTS:
         raise InputError(f"--weights: {weights!r} is not one of {', '.join(WEIGHTS)}")
     why = "asked for (--weights)"

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from groupfel.errors import InputError
+from groupfel.userfile import short
 
 Curve = Callable[[float | np.ndarray], float | np.ndarray]
 
@@ -161,4 +162,10 @@ def table_error(exc, where: str) -> InputError:
         err["msg"].removeprefix("Value error, ")
     if msg.startswith("units: "):   # a model-level check of the units field
         loc, msg = "units", msg.removeprefix("units: ")
+    if err["type"] in ("float_type", "int_type", "float_parsing", "int_parsing") and isinstance(err["input"], (str, bool)):
+        # a number in quotes or a boolean is refused, not read as one ("5" as 5 W, true as 1 W)
+        what = "text" if isinstance(err["input"], str) else "a boolean"
+        msg = f"{short(err['input'])} is {what}, not a number; write the number without quotes"
+    elif err["type"] == "too_short":
+        msg = "an empty list; give at least one number"
     return InputError(f"{where}{'.' + loc if loc else ''}: {msg}")

@@ -36,12 +36,13 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from groupfel.errors import InputError
 from groupfel.userfile import parse_toml, read_text
 
 from .curves import Curve, PiecewiseLinear, Polynomial, table_error
+from .profiles import Number
 
 STATES = ("training", "group_operation", "transmit", "receive", "idle")
 # what each state's curve is a function of (error messages and docs)
@@ -72,9 +73,9 @@ class _PowerSpec(BaseModel):
     device: str
     state: Literal["training", "group_operation", "transmit", "receive", "idle"]
     units: str = "W"
-    value: float | None = None
-    coefficients: list[float] | None = None
-    points: list[tuple[float, float]] | None = None
+    value: Number | None = None
+    coefficients: list[Number] | None = Field(None, min_length=1)
+    points: list[tuple[Number, Number]] | None = None
     source: str | None = None
 
     @model_validator(mode="after")

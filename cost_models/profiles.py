@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from groupfel.errors import InputError
 from groupfel.userfile import parse_toml, read_text
@@ -124,6 +124,10 @@ def _parse(lines, source: str) -> dict[str, DeviceProfile]:
 UNITS = {"s": 1.0, "ms": 1e-3}
 
 
+# a number written as a number: pydantic would read "5" as 5 and true as 1
+Number = Annotated[float, Field(strict=True)]
+
+
 class _CurveSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     device: str
@@ -131,8 +135,8 @@ class _CurveSpec(BaseModel):
     operation: Literal["training", "group_overhead"]
     method: str
     units: Literal["s", "ms"] = "s"
-    coefficients: list[float] | None = None
-    points: list[tuple[float, float]] | None = None
+    coefficients: list[Number] | None = Field(None, min_length=1)
+    points: list[tuple[Number, Number]] | None = None
     extrapolate: Literal["linear", "quadratic"] | None = None
 
     @model_validator(mode="after")

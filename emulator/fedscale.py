@@ -189,6 +189,8 @@ def read_capacity(path: str, where: str) -> Capacity:
     if Path(path).suffix.lower() == ".csv":
         table = read_user_csv(path, f"{where}: {path}")
         table.require(CAPACITY_CSV, ", ".join(CAPACITY_CSV))
+        if not table.rows:
+            raise InputError(f"{where}: {path}: no rows below the header; give one row per client")
         table.unique(("client_id",), "client id")
         for row in table.rows:
             if not row.get("client_id"):
@@ -204,7 +206,7 @@ def read_capacity(path: str, where: str) -> Capacity:
         names = [f"{where}: {path}"] * len(ids)
         for i, (a, b) in enumerate(zip(comp, comm)):
             if a is _MISSING or b is _MISSING:
-                raise InputError(f"{names[i]}: client id {short(ids[i])}: the entry is {repr(entries[i])[:80]}; give "
+                raise InputError(f"{names[i]}: client id {short(ids[i])}: the entry is {short(entries[i])}; give "
                                  f"{{'computation': ms per sample, 'communication': kbit/s}}")
     csv = Path(path).suffix.lower() == ".csv"
     cap = Capacity(ids, np.empty(0), np.empty(0), names, csv)
@@ -256,6 +258,8 @@ def read_behaviour(path: str, where: str) -> Behaviour:
     if Path(path).suffix.lower() == ".csv":
         table = read_user_csv(path, f"{where}: {path}")
         table.require(BEHAVIOUR_CSV, ", ".join(BEHAVIOUR_CSV) + " (one row per online interval)")
+        if not table.rows:
+            raise InputError(f"{where}: {path}: no rows below the header; give one row per online interval")
         first: dict[str, tuple[int, float]] = {}      # id -> (its position, finish_time)
         rows, owner, where_id = table.rows, [], []
         for row in rows:
@@ -282,7 +286,7 @@ def read_behaviour(path: str, where: str) -> Behaviour:
     for cid, e in zip(ids, entries):
         at = f"{src}: client id {short(cid)}"
         if type(e) is not dict or not {"active", "inactive", "finish_time"} <= e.keys():
-            raise InputError(f"{at}: the entry is {repr(e)[:80]}; give {{'active': [s, ...], 'inactive': [s, ...], "
+            raise InputError(f"{at}: the entry is {short(e)}; give {{'active': [s, ...], 'inactive': [s, ...], "
                              f"'finish_time': s}}")
         act, ina = e["active"], e["inactive"]
         if type(act) not in (list, tuple) or type(ina) not in (list, tuple):

@@ -319,7 +319,7 @@ def whatif(group_sizes: Iterable[int] = range(2, 41), *, profile: str = "raspber
 
     from groupfel.cost_models.whatif import Scenario, sweep as price
 
-    from .cost_cli import _wants_makespan, _whatif_curves, _with_makespan, whatif_values
+    from .cost_cli import _check_work, _wants_makespan, _whatif_curves, _with_makespan, whatif_values
 
     v = whatif_values(clients=clients, samples_mean=samples_mean, rounds=rounds, group_rounds=group_rounds,
                       local_epochs=local_epochs, groups_per_round=groups_per_round, participation=participation,
@@ -331,7 +331,9 @@ def whatif(group_sizes: Iterable[int] = range(2, 41), *, profile: str = "raspber
                                "access_mbps", "edge_cores", "edge_clients", "model_mb", "client_mbps", "latency_s")})
     prof, overhead = _whatif_curves(args)
     sc = Scenario(**v)
-    df = price([int(s) for s in group_sizes], overhead, prof.training[training], sc)
+    sizes = [int(s) for s in group_sizes]
+    _check_work(sc.rounds, [sc.clients // s for s in sizes if s >= 1], f"{len(sizes)} group size(s)")
+    df = price(sizes, overhead, prof.training[training], sc)
     return _with_makespan(df, args, prof, overhead, sc) if _wants_makespan(args) else df
 
 

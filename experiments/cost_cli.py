@@ -156,6 +156,22 @@ def _check_whatif_curves(args, prof, overhead, sizes, n_samples) -> None:
                              f"a cost must be positive: fix the curve's coefficients or points")
 
 
+# Group draws a what-if prices (rounds x groups, summed over its settings): 10^8 took 8 s on a loaded
+# 2-core machine, so this bound keeps one under about half a minute there.
+MAX_WHATIF_DRAWS = 3 * 10**8
+
+
+def _check_work(rounds: int, groups: list[int], what: str) -> None:
+    """Refuse a what-if whose rounds x groups (each round draws from every setting's groups) is
+    beyond :data:`MAX_WHATIF_DRAWS`, before any work: like a run's size checks, one line with
+    the estimate and what to lower."""
+    draws = rounds * sum(groups)
+    if draws > MAX_WHATIF_DRAWS:
+        raise InputError(f"whatif: {rounds:,} rounds x {sum(groups):,} groups over {what} is about {draws:.2g} "
+                         f"group draws, more than the {MAX_WHATIF_DRAWS:.0e} one what-if prices (minutes or "
+                         f"more); lower the rounds or clients, or give fewer group sizes (e.g. LO..HI:STEP)")
+
+
 def _check_memory(clients: int, per_client_bytes: int = 64) -> None:
     """Refuse a what-if whose per-client arrays do not fit in the memory available now."""
     need = clients * per_client_bytes
@@ -185,6 +201,7 @@ def _cmd_whatif(args) -> int:
     group_sizes = parse_sizes(args.group_sizes, "--group-sizes", most=sc.clients,
                               bound=f"the {sc.clients:,} clients (--clients)")
     _check_memory(sc.clients)
+    _check_work(sc.rounds, [sc.clients // s for s in group_sizes], f"{len(group_sizes)} group size(s)")
     _check_whatif_curves(args, prof, overhead, group_sizes + [s + 1 for s in group_sizes], sc.sample_counts())
     t0 = time.perf_counter()
     df = sweep(group_sizes, overhead, prof.training[args.training], sc)
@@ -341,6 +358,9 @@ def _whatif_grouped(args) -> int:
                   groups_per_round=args.groups_per_round, participation=args.participation, seed=args.seed)
     _check_whatif_curves(args, prof, overhead, np.arange(1, int(np.bincount(edges).max()) + 1),
                          counts.sum(axis=1) if args.label_matrix else sc.sample_counts())
+    settings = len(alphas) * len(grouping_policies)
+    _check_work(sc.rounds, [clients // max(p.min_group_size, 1) for p in grouping_policies] * len(alphas),
+                f"{settings} setting(s)")
     jobs = args.jobs or len(os.sched_getaffinity(0))
     norm = getattr(grouping_policies[0], "normalization", "std")
     rows, t0 = [], time.perf_counter()

@@ -61,8 +61,8 @@ def test_written_profile_reads_back(tmp_path):
     ("group_size,seconds\n3,1\n", "missing column 'operation'"),
     ("operation,group_size,seconds\nsecagg,3,fast\n", "row 1: column 'seconds' must be a number, got 'fast'"),
     ("operation,group_size,seconds\nsecagg,3,1\nsecagg,4,-0.5\n", "row 2: seconds must be >= 0"),
-    ("operation,group_size,seconds\nsecagg,3,1\nsecagg,4,2\n", "2 point\\(s\\) cannot fit 3 parameters"),
-    ("operation,group_size,seconds\nsecagg,3,1\nsecagg,3,2\nsecagg,3,2\n", "1 distinct x value"),
+    ("operation,group_size,seconds\nsecagg,3,1\nsecagg,4,2\n", "measured at 2 size\\(s\\) \\(3, 4\\) in 2 row\\(s\\), which cannot fit 3 parameters"),
+    ("operation,group_size,seconds\nsecagg,3,1\nsecagg,3,2\nsecagg,3,2\n", "measured at 1 size\\(s\\) \\(3\\) in 3 row\\(s\\)"),
     ("operation,group_size,n_samples,seconds\nsecagg,3,5,1\n", "exactly one of group_size"),
 ])
 def test_bad_measurements_refused_with_one_line(tmp_path, text, match, capsys):

@@ -15,6 +15,7 @@ import argparse
 import copy
 import json
 import math
+import re
 import types
 from pathlib import Path
 from typing import Annotated, Any, Union, get_args, get_origin
@@ -1021,3 +1022,193 @@ def test_an_unreachable_ray_address_is_one_line_in_bounded_time(monkeypatch):
     with pytest.raises(InputError, match=rf"^--address 127.0.0.1:{port}: cannot reach 127.0.0.1:{port} \("):
         backends._reachable(f"127.0.0.1:{port}", timeout=2)
     assert time.monotonic() - t0 < 5
+
+
+# -- every file reader: special files, sizes, nesting, numbers, types, encodings -----------------------
+# Each reader a user (or a run directory) hands a path to, with the suffix it reads. Every one must
+# refuse a FIFO, a device, a folder and an oversized file before reading, and answer any content
+# (fuzzed below) with its result or one InputError line: no other exception, no hang.
+
+def _readers() -> dict[str, tuple[str, Any]]:
+    from groupfel.cost_models.calibrate import read_measurements
+    from groupfel.cost_models.energy_meter import PowerLog
+    from groupfel.cost_models.power import read_power
+    from groupfel.cost_models.profiles import read_profiles
+    from groupfel.emulator import runfiles
+    from groupfel.emulator.config import AvailabilityConfig, HeterogeneityConfig, load_config
+    from groupfel.emulator.contention import Availability, client_net
+    from groupfel.emulator.driver import load_checkpoint
+    from groupfel.emulator.fedscale import read_behaviour, read_capacity
+    from groupfel.experiments.group_cli import read_label_matrix
+    from groupfel.experiments.sweep import load_sweep
+
+    return {
+        "run config": (".toml", load_config),
+        "sweep file": (".toml", load_sweep),
+        "profiles TOML": (".toml", read_profiles),
+        "profiles CSV": (".csv", read_profiles),
+        "power TOML": (".toml", read_power),
+        "heterogeneity CSV": (".csv", lambda p: client_net(HeterogeneityConfig(file=str(p)), 4, 20.0, 0.02, 0)),
+        "availability CSV": (".csv", lambda p: Availability(AvailabilityConfig(file=str(p)), 4, 0)),
+        "capacity pickle": ("", lambda p: read_capacity(str(p), "trace")),
+        "capacity JSON": (".json", lambda p: read_capacity(str(p), "trace")),
+        "capacity CSV": (".csv", lambda p: read_capacity(str(p), "trace")),
+        "behaviour pickle": ("", lambda p: read_behaviour(str(p), "trace")),
+        "behaviour JSON": (".json", lambda p: read_behaviour(str(p), "trace")),
+        "behaviour CSV": (".csv", lambda p: read_behaviour(str(p), "trace")),
+        "label matrix": (".csv", read_label_matrix),
+        "measurements": (".csv", lambda p: read_measurements([p])),
+        "power log": (".csv", lambda p: PowerLog(Path(p)).joules([(0.0, 1.0)])),
+        "run's JSON": (".json", runfiles.load_json),
+        "run's CSV": (".csv", runfiles.load_csv),
+        "run's Parquet": (".parquet", runfiles.load_parquet),
+        "checkpoint": (".pt", load_checkpoint),
+    }
+
+
+READERS = sorted(_readers())
+
+
+def _answers_in_one_line(read, path) -> None:
+    """``read(path)`` returns, or raises one short InputError line; within 20 s, never another error."""
+    import signal
+
+    def hung(*_):
+        raise AssertionError(f"reading {path} did not finish in 20 s")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        read(path)
+    except InputError as exc:
+        text = str(exc)
+        assert "\n" not in text and len(text) < 1000, text[:3000]
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_every_reader_refuses_fifos_devices_folders_and_oversized_files(tmp_path, monkeypatch, reader):
+    """Before: a FIFO given as a trace, a config or a profiles file hung forever; /dev/zero as a
+    trace ended in a MemoryError after 41 s; a 199 MB CSV took 13 GB before it was killed."""
+    import os
+
+    suffix, read = _readers()[reader]
+    fifo = tmp_path / f"fifo{suffix}"
+    os.mkfifo(fifo)
+    folder = tmp_path / f"folder{suffix}"
+    folder.mkdir()
+    for path, says in ((fifo, "is a FIFO (named pipe), not a regular file"), (Path("/dev/zero"), "is a character device"),
+                       (folder, "is a directory")):
+        with pytest.raises(InputError, match=re.escape(says)):
+            _answers_in_one_line(read, path)
+    big = tmp_path / f"big{suffix}"
+    big.write_bytes(b"0" * 5000)
+    monkeypatch.setenv("GROUPFEL_MAX_FILE_MB", "0.001")
+    with pytest.raises(InputError, match=r"more than the 0\.0 MB groupfel reads from one file; .*GROUPFEL_MAX_FILE_MB"):
+        _answers_in_one_line(read, big)
+
+
+def _deep(fmt: str, depth: int) -> bytes:
+    if fmt == "toml":
+        return ("a = " + "[" * depth + "]" * depth + "\n").encode()
+    if fmt == "json":
+        return ("{\"1\": " + "[" * depth + "]" * depth + "}").encode()
+    if fmt == "pickle":      # nested lists built on the unpickler's stack, no recursion in pickle.dumps
+        return b"\x80\x02}K\x01" + b"]" * depth + b"a" * (depth - 1) + b"s."
+    return b""
+
+
+def _laughs() -> bytes:
+    import pickle
+
+    x: list = []
+    for _ in range(30):
+        x = [x, x]
+    return pickle.dumps({1: x}, protocol=2)
+
+
+def _format(suffix: str, reader: str) -> str:
+    return {"": "pickle", ".json": "json", ".toml": "toml", ".csv": "csv"}.get(suffix, "binary")
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_every_reader_answers_deep_huge_and_shared_structures_in_one_line(tmp_path, reader):
+    """Before: RecursionError tracebacks on deeply nested pickle, JSON and TOML; the 4,300-digit
+    integer limit inside pickles; a 252-byte 'billion laughs' pickle that never finished."""
+    import pickle
+
+    suffix, read = _readers()[reader]
+    fmt = _format(suffix, reader)
+    cases = {"deep": _deep(fmt, 100_000), "long number": {
+        "toml": b"a = " + b"9" * 5000 + b"\n", "json": b"{\"1\": " + b"9" * 5000 + b"}",
+        "pickle": pickle.dumps({1: 10**5000}), "csv": b"a,b\n" + b"9" * 5000 + b",1\n"}.get(fmt, b"")}
+    if fmt == "pickle":
+        cases["billion laughs"] = _laughs()
+        cases["protocol-0 long"] = b"(dp0\nI1\nL" + b"9" * 5000 + b"L\ns."
+        cases["holds itself"] = b"\x80\x02}K\x01]q\x00h\x00as."
+    for name, raw in cases.items():
+        path = tmp_path / f"{name.replace(' ', '-')}{suffix}"
+        path.write_bytes(raw)
+        _answers_in_one_line(read, path)
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return "{" + ", ".join(f"{json.dumps(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
+
+
+def _contents(fmt: str):
+    """Fuzzed file contents of a format: its structures (nested, of every type), and raw bytes in
+    other encodings."""
+    from hypothesis import strategies as st
+
+    leaf = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False, allow_infinity=False)
+            | st.text(max_size=20))
+    tree = st.recursive(leaf, lambda kids: st.lists(kids, max_size=4) | st.dictionaries(
+        st.text(min_size=1, max_size=8) | st.integers(0, 9), kids, max_size=4), max_leaves=30)
+    raw = st.binary(max_size=300)
+    encoded = st.text(max_size=200).flatmap(lambda t: st.sampled_from(["utf-16", "latin-1", "utf-8"]).map(
+        lambda enc: t.encode(enc, errors="replace")))
+    if fmt == "pickle":
+        import pickle
+
+        made = tree.map(lambda v: pickle.dumps(v, protocol=2))
+    elif fmt == "json":
+        made = tree.map(lambda v: json.dumps(v if not isinstance(v, dict) else {str(k): x for k, x in v.items()}).encode())
+    elif fmt == "toml":
+        table = st.dictionaries(st.sampled_from(["power", "curves", "arms", "train", "base", "axes", "name", "x"]),
+                                tree.filter(lambda v: v is not None), max_size=4)
+        made = table.map(lambda d: "\n".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in d.items()
+                                             if "None" not in repr(v)).encode())
+    elif fmt == "csv":
+        cell = st.text(alphabet=st.characters(blacklist_characters="\x00"), max_size=12) | st.floats().map(repr)
+        made = st.lists(st.lists(cell, min_size=1, max_size=5), min_size=1, max_size=6).map(
+            lambda rows: "\n".join(",".join(r) for r in rows).encode("utf-8", errors="replace"))
+    else:
+        made = raw
+    return made | raw | encoded
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_every_reader_answers_fuzzed_content_in_one_line(tmp_path, reader):
+    from hypothesis import HealthCheck, given, settings
+
+    suffix, read = _readers()[reader]
+    path = tmp_path / f"fuzz{suffix}"
+
+    @settings(max_examples=25, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(_contents(_format(suffix, reader)))
+    def check(raw):
+        path.write_bytes(raw)
+        _answers_in_one_line(read, path)
+
+    check()

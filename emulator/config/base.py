@@ -29,7 +29,7 @@ def _kinds(tp, depth: int) -> set:
 
 def _not_a_number(name: str, annotation, value) -> str | None:
     """Why ``value`` cannot stand where ``annotation`` wants a number: text ('10') or a boolean,
-    which pydantic would coerce; None if it may."""
+    which pydantic would coerce, or a float where a whole number goes (2.0); None if it may."""
     for depth, items in ((0, [value]), (1, value if isinstance(value, list) else
                                         list(value.values()) if isinstance(value, dict) else [])):
         kinds = _kinds(annotation, depth)
@@ -41,6 +41,10 @@ def _not_a_number(name: str, annotation, value) -> str | None:
                 except ValueError:
                     example = "1"
                 return f"{name}: {short(v)} is {what}, not a number; write the number without quotes (e.g. {name} = {example})"
+            if type(v) is float and int in kinds and not kinds & {float, object}:
+                # pydantic would read 2.0 as 2: a count written as a float is usually a mistake
+                whole = f"{v:.0f}" if abs(v) < 1e18 else "1"
+                return f"{name}: {short(v)} is not a whole number; write it without a decimal point (e.g. {name} = {whole})"
     return None
 
 
@@ -82,3 +86,13 @@ FolderName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.+-]+$"), AfterValidator
 # import path "module:attr". Resolved (imported) only when a run builds its world, never on parsing,
 # so a run directory's config reads back wherever its plug-ins are not installed (report, plot).
 PartName = Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.+-]+(:[A-Za-z_][A-Za-z0-9_.]*)?$")]
+
+
+def path_of(what: str):
+    """A path a config names (a file, a folder): empty or blank text is refused, since it would
+    be ignored or read as the current folder."""
+    def check(value: str) -> str:
+        if not value.strip():
+            raise ValueError(f"empty; give the {what}'s path, or remove the key")
+        return value
+    return Annotated[str, AfterValidator(check)]

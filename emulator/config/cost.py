@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from .base import _Strict
+from .base import _Strict, path_of
 
 
 class CostConfig(_Strict):
@@ -14,7 +14,7 @@ class CostConfig(_Strict):
     group_operations: list[str] | None = Field(None, description="The group operations O_g charged, each "
                                                "its own ledger component; unset: [\"secagg\"], or "
                                                "[\"scaffold-secagg\"] (model + variates) under scaffold.")
-    profiles_file: str | None = Field(None, description="A CSV or TOML file of your own curves (the shipped "
+    profiles_file: path_of("profile file") | None = Field(None, description="A CSV or TOML file of your own curves (the shipped "
                                       "file's columns). A profile named like a shipped one replaces only the "
                                       "curves it has; the shipped profile supplies the rest.")
     energy: bool = Field(False, description="Charge energy too: each client's joules per state (training, "

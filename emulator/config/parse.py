@@ -55,7 +55,7 @@ def _one_line(exc: ValidationError) -> str:
         msg = f"{short(err['input'])} is not a finite number; give one"
     if err["type"] == "string_pattern_mismatch" and err["loc"] and err["loc"][-1] in ("dataset", "model", "policy", "aggregation", "algorithm"):
         msg = f"{short(err['input'])} is neither a name nor an import path \"module:attr\""
-    typed = re.match(r"(\w+): (.* (?:not a number|not true or false);.*)", msg)
+    typed = re.match(r"(\w+): (.* (?:not a number|not true or false|not a whole number);.*)", msg)
     if typed and loc:   # a type check of a table's key names the key by its whole path
         loc, msg = f"{loc}.{typed.group(1)}", typed.group(2)
     return f"config: {loc}: {msg}" if loc else f"config: {msg}"

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from .arms import ArmConfig
-from .base import FolderName, _Strict
+from .base import FolderName, _Strict, path_of
 from .cost import CostConfig
 from .data import DataConfig
 from .faults import FaultsConfig
@@ -42,7 +42,7 @@ class RunConfig(_Strict):
     seed_batch: int = Field(2, ge=1, le=10000, description="With seeds = \"auto\": seeds added between two looks "
                             "(the first look is after 3).")
     margins: MarginsConfig = Field(MarginsConfig(), description="The `[margins]` table: equivalence margins per metric.")
-    output_dir: str = Field("results", description="Where run directories go.")
+    output_dir: path_of("output folder") = Field("results", description="Where run directories go.")
     data: DataConfig = Field(DataConfig(), description="The `[data]` table.")
     topology: TopologyConfig = Field(TopologyConfig(), description="The `[topology]` table.")
     cost: CostConfig = Field(CostConfig(), description="The `[cost]` table.")
@@ -61,6 +61,9 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _arms(self):
+        if self.mode == "per-group" and self.train.rounds is None:
+            raise ValueError("train.rounds: per-group mode needs a number of rounds (the local-training reference "
+                             "trains that many); set it")
         if self.mode == "per-group" and self.train.client_state == "persistent":
             raise ValueError("per-group mode runs with fresh client state; use mode = \"global\" "
                              "for train.client_state = \"persistent\"")

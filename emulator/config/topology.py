@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field, model_validator
 
-from .base import _Strict
+from .base import _Strict, path_of
 from .limits import MAX_CLIENTS, Count, Latency, Mbps, RefMs, Rounds, Seconds, Sigma, Weight
 
 
@@ -26,9 +26,9 @@ class EdgeLinkConfig(LinkConfig):
 class HeterogeneityConfig(_Strict):
     """Per-client links and compute slowdowns: read from a CSV or drawn around the defaults."""
 
-    file: str | None = Field(None, description="A CSV with columns client, bandwidth_mbps, latency_s and "
+    file: path_of("CSV file") | None = Field(None, description="A CSV with columns client, bandwidth_mbps, latency_s and "
                              "optionally slowdown; one row for every client (ids 0..N-1).")
-    fedscale_file: str | None = Field(None, description="A FedScale device-capacity trace (its "
+    fedscale_file: path_of("trace file") | None = Field(None, description="A FedScale device-capacity trace (its "
                                       "client_device_capacity pickle, or the same as .json or .csv): client c "
                                       "takes the c-th id in sorted order (cycling when the trace is shorter); "
                                       "bandwidth = communication × 1024 bit/s, slowdown = computation / "
@@ -73,9 +73,9 @@ class HeterogeneityConfig(_Strict):
 class AvailabilityConfig(_Strict):
     """When each client is online, in simulated seconds: a CSV of intervals or an on/off process."""
 
-    file: str | None = Field(None, description="A CSV with columns client, start_s, end_s: the intervals each "
+    file: path_of("CSV file") | None = Field(None, description="A CSV with columns client, start_s, end_s: the intervals each "
                              "client is online; every client needs at least one row.")
-    fedscale_file: str | None = Field(None, description="A FedScale behaviour trace (its client_behave_trace "
+    fedscale_file: path_of("trace file") | None = Field(None, description="A FedScale behaviour trace (its client_behave_trace "
                                       "pickle, or the same as .json or .csv): client c takes the c-th id in "
                                       "sorted order (cycling when the trace is shorter) and is online within "
                                       "[active[i], inactive[i]) seconds, repeating every finish_time seconds.")
