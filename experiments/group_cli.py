@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from groupfel.errors import InputError
 from groupfel.usercsv import read_user_csv
+from groupfel.userfile import short
 
 from . import flags
 
@@ -30,7 +31,7 @@ def read_label_matrix(path: str | Path) -> tuple[np.ndarray, np.ndarray, list[st
     if path.is_dir():
         raise InputError(f"--label-matrix {str(path)!r} is a directory; give the CSV file of clients × label "
                          f"counts (e.g. {str(path / 'labels.csv')!r})")
-    if not path.is_file():
+    if not path.exists():
         raise InputError(f"--label-matrix: no such file {str(path)!r}; give a CSV of clients × label counts")
     table = read_user_csv(path, f"--label-matrix {path}")
     header, data = table.header, table.rows
@@ -49,7 +50,7 @@ def read_label_matrix(path: str | Path) -> tuple[np.ndarray, np.ndarray, list[st
             except ValueError:
                 v = float("nan")
             if not (np.isfinite(v) and 0 <= v < 2**62 and v == round(v)):
-                raise InputError(f"{table.where(row)} column {name!r} is {cell!r}; every cell must "
+                raise InputError(f"{table.where(row)} column {name!r} is {short(cell)}; every cell must "
                                  f"be a non-negative integer (empty cells are not allowed)")
             values[r, i] = int(v)
     counts = values[:, labels]

@@ -60,6 +60,8 @@ def limit_of(kind: str) -> int:
 
 
 def _mb(n: int) -> str:
+    if n < MiB:
+        return f"{n / 1024:,.1f} KB"
     return f"{n / MiB:,.1f} MB" if n < 10 * MiB else f"{n / MiB:,.0f} MB"
 
 
@@ -266,5 +268,7 @@ def short(value: Any, limit: int = MAX_MESSAGE_VALUE) -> str:
 
 
 def clip(message: str, limit: int = 2000) -> str:
-    """A whole message at most ``limit`` characters, its start kept (where it names the field)."""
+    """A message (or a library's text inside one) on one line of at most ``limit`` characters, its
+    start kept (where it names the field)."""
+    message = message.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
     return message if len(message) <= limit else message[:limit - 40] + f"... ({len(message):,} characters)"

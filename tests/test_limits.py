@@ -805,6 +805,41 @@ def test_force_never_deletes_outside_the_runs_own_folder(tmp_path, capsys):
     assert (victim / "keep.csv").exists() and tmp_path.exists()
 
 
+def test_a_run_never_lies_inside_or_holds_another_run(tmp_path, capsys):
+    """Before: output_dir = "results/fin", name = "seed-1" with --force replaced seed 1 of the
+    multi-seed run results/fin, whose rerun then counted seed 0 twice. A run inside another run or
+    sweep, or a run whose folder holds one, is refused, --force or not."""
+    from groupfel.experiments.runner import check_own_place
+
+    d = _tiny()
+    d.update(output_dir=str(tmp_path / "results"), name="fin", seeds=[0, 1])
+    del d["seed"]
+    assert main(["run", str(write_toml(tmp_path, d, "fin.toml")), "--quiet", "--jobs", "1"]) == 0
+    fin = tmp_path / "results" / "fin"
+    files = lambda: {p: p.read_bytes() for p in sorted((fin / "seed-1").rglob("*")) if p.is_file()}  # noqa: E731
+    before = files()
+    capsys.readouterr()
+    inner = _tiny()
+    inner.update(output_dir=str(fin), name="seed-1")
+    inner["train"]["lr"] = 0.01
+    assert main(["run", str(write_toml(tmp_path, inner, "inner.toml")), "--force", "--quiet"]) == 2
+    _refused(capsys.readouterr().err, (f"output_dir/name: {fin / 'seed-1'} lies inside the run or sweep {fin}",))
+    assert files() == before
+    outer = _tiny()
+    outer.update(output_dir=str(tmp_path), name="results")
+    assert main(["run", str(write_toml(tmp_path, outer, "outer.toml")), "--force", "--quiet"]) == 2
+    _refused(capsys.readouterr().err, (f"holds the run or sweep {fin}",))
+    assert not (tmp_path / "results" / "config.json").exists()
+    runs = pd.read_csv(fin / "runs.csv")
+    assert sorted(runs["seed"].unique()) == [0, 1]
+    # a folder with another tool's config.json is no run: a run may go inside it
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "config.json").write_text('{"editor": "vim"}')
+    check_own_place(tmp_path / "project" / "run")
+    with pytest.raises(InputError, match="lies inside the run or sweep"):
+        check_own_place(fin / "seed-0" / "deeper" / "still")
+
+
 def test_reproduce_set_seeds_auto_follows_the_sweeps_rule(tmp_path, capsys):
     """Before: 'reproduce NAME --set seeds=auto' started running (the sweep's seeds silently won),
     while a sweep file with seeds = "auto" was refused."""
@@ -1069,8 +1104,9 @@ def _readers() -> dict[str, tuple[str, Any]]:
 READERS = sorted(_readers())
 
 
-def _answers_in_one_line(read, path) -> None:
-    """``read(path)`` returns, or raises one short InputError line; within 20 s, never another error."""
+def _answers_in_one_line(read, path) -> str | None:
+    """``read(path)`` returns (None), or raises one short InputError line (its text); within 20 s,
+    never another error."""
     import signal
 
     def hung(*_):
@@ -1083,6 +1119,7 @@ def _answers_in_one_line(read, path) -> None:
     except InputError as exc:
         text = str(exc)
         assert "\n" not in text and len(text) < 1000, text[:3000]
+        return text
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
@@ -1101,13 +1138,12 @@ def test_every_reader_refuses_fifos_devices_folders_and_oversized_files(tmp_path
     folder.mkdir()
     for path, says in ((fifo, "is a FIFO (named pipe), not a regular file"), (Path("/dev/zero"), "is a character device"),
                        (folder, "is a directory")):
-        with pytest.raises(InputError, match=re.escape(says)):
-            _answers_in_one_line(read, path)
+        assert says in (_answers_in_one_line(read, path) or "")
     big = tmp_path / f"big{suffix}"
     big.write_bytes(b"0" * 5000)
     monkeypatch.setenv("GROUPFEL_MAX_FILE_MB", "0.001")
-    with pytest.raises(InputError, match=r"more than the 0\.0 MB groupfel reads from one file; .*GROUPFEL_MAX_FILE_MB"):
-        _answers_in_one_line(read, big)
+    assert re.search(r"4\.9 KB, more than the 1\.0 KB groupfel reads from one file; .*GROUPFEL_MAX_FILE_MB",
+                     _answers_in_one_line(read, big) or "")
 
 
 def _deep(fmt: str, depth: int) -> bytes:
