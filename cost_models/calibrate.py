@@ -21,6 +21,7 @@ import pandas as pd
 from scipy import optimize, stats
 
 from groupfel.errors import InputError
+from groupfel.userfile import short
 
 
 X_COLUMNS = {"group_size": ("group_overhead", 2), "n_samples": ("training", 1)}
@@ -78,7 +79,7 @@ def read_measurements(paths: list[str | Path]) -> pd.DataFrame:
         bad = df[col].notna() & num.isna() | (col == "seconds") & num.isna()
         if bad.any():
             i = bad.idxmax()
-            raise InputError(f"{df.at[i, 'row']}: column '{col}' must be a number, got {df.at[i, col]!r}")
+            raise InputError(f"{df.at[i, 'row']}: column '{col}' must be a number, got {short(df.at[i, col])}")
         df[col] = num
     rules = (("seconds", lambda v: v >= 0, ">= 0 and finite"),
              ("group_size", lambda v: (v >= 1) & (v == np.round(v)), "a whole number >= 1 (clients in the group)"),

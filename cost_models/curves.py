@@ -164,8 +164,9 @@ def table_error(exc, where: str) -> InputError:
         loc, msg = "units", msg.removeprefix("units: ")
     if err["type"] in ("float_type", "int_type", "float_parsing", "int_parsing") and isinstance(err["input"], (str, bool)):
         # a number in quotes or a boolean is refused, not read as one ("5" as 5 W, true as 1 W)
-        what = "text" if isinstance(err["input"], str) else "a boolean"
-        msg = f"{short(err['input'])} is {what}, not a number; write the number without quotes"
+        v = err["input"]
+        shown, what = (short(v), "text") if isinstance(v, str) else ("true" if v else "false", "a boolean")
+        msg = f"{shown} is {what}, not a number; write the number without quotes"
     elif err["type"] == "too_short":
         msg = "an empty list; give at least one number"
     return InputError(f"{where}{'.' + loc if loc else ''}: {msg}")

@@ -31,6 +31,11 @@ def check_writable(path: str | Path, kind: Literal["file", "dir"], flag: str) ->
                              f"(or remove the file)")
         if kind == "file" and path.is_dir():
             raise InputError(f"{flag} {path}: is a directory; give a file path inside it, e.g. {path / 'out'}")
+        if kind == "file" and not path.is_file():
+            # a FIFO or a device (/dev/null): the output is written beside it and renamed over it,
+            # which would replace the special file with a regular one
+            raise InputError(f"{flag} {path}: not a regular file (a FIFO or a device), which the output would "
+                             f"replace; give a file path")
         target = path if kind == "dir" else path.parent
     else:
         target = path.parent

@@ -175,13 +175,15 @@ def session(arm_dir, mode: str) -> dict:
     import json
     from pathlib import Path
 
+    from groupfel.userfile import read_json
+
     from .io import atomic_write
 
     path = Path(arm_dir) / SESSIONS
     now = record(mode)
     try:
-        sessions = json.loads(path.read_text()) if path.exists() else []
-    except (OSError, json.JSONDecodeError):
+        sessions = read_json(path, str(path), kind="run") if path.exists() else []
+    except ValueError:      # damaged, or not a regular file: the sessions start again
         sessions = []
     if not sessions or differences(sessions[-1], now):
         sessions.append(now)
@@ -196,13 +198,14 @@ def _said(rec: dict) -> str:
 
 def started_with(run_dir) -> dict | None:
     """The numerics the first arm trained in ``run_dir`` (any depth) started with, if any."""
-    import json
     from pathlib import Path
+
+    from groupfel.userfile import read_json
 
     for path in sorted(Path(run_dir).rglob(SESSIONS)):
         try:
-            return json.loads(path.read_text())[0]
-        except (OSError, json.JSONDecodeError, IndexError):
+            return read_json(path, str(path), kind="run")[0]
+        except (ValueError, IndexError, KeyError, TypeError):
             continue
     return None
 

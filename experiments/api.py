@@ -205,20 +205,20 @@ class Study:
     @property
     def summary(self) -> pd.DataFrame:
         """One row per arm (multi-seed: mean and 95 % CI over seeds, paired difference from arm 1)."""
-        return self._summary if self._summary is not None else pd.read_csv(self.run_dir / "summary.csv")
+        return self._summary if self._summary is not None else load_csv(self.run_dir / "summary.csv")
 
     @property
     def runs(self) -> pd.DataFrame:
         """Every evaluation row of every seed and arm."""
         if self.multi_seed:
-            return pd.read_csv(self.run_dir / "runs.csv")
+            return load_csv(self.run_dir / "runs.csv")
         return pd.concat([load_csv(self.run_dir / a / "results.csv") for a in self.arms], ignore_index=True)
 
     @property
     def per_seed(self) -> pd.DataFrame:
         """The headline metrics of each (seed, arm)."""
         if self.multi_seed:
-            return pd.read_csv(self.run_dir / "per_seed.csv")
+            return load_csv(self.run_dir / "per_seed.csv")
         from .stats import per_seed_metrics
 
         return per_seed_metrics(self.runs, self.config.train.target_accuracy)
@@ -227,7 +227,7 @@ class Study:
     def curves(self) -> pd.DataFrame:
         """Accuracy on a common cost grid per arm: mean and 95 % band over seeds."""
         if self.multi_seed:
-            return pd.read_csv(self.run_dir / "curves.csv")
+            return load_csv(self.run_dir / "curves.csv")
         from .stats import curves_on_grid
 
         return curves_on_grid(self.runs, "cost", "accuracy")

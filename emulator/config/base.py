@@ -40,7 +40,8 @@ def _not_a_number(name: str, annotation, value) -> str | None:
                     example = f"{float(v):g}" if isinstance(v, str) and v.strip() else "1"
                 except ValueError:
                     example = "1"
-                return f"{name}: {short(v)} is {what}, not a number; write the number without quotes (e.g. {name} = {example})"
+                shown = ("true" if v else "false") if isinstance(v, bool) else short(v)   # as TOML spells it
+                return f"{name}: {shown} is {what}, not a number; write the number without quotes (e.g. {name} = {example})"
             if type(v) is float and int in kinds and not kinds & {float, object}:
                 # pydantic would read 2.0 as 2: a count written as a float is usually a mistake
                 whole = f"{v:.0f}" if abs(v) < 1e18 else "1"
