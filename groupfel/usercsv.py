@@ -11,7 +11,6 @@ Plain csv module, no pandas: ``groupfel group`` reads a label matrix and must st
 from __future__ import annotations
 
 import csv
-import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ from groupfel.errors import InputError
 from groupfel.userfile import read_bytes, short
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Row:
     cells: dict[str, str]
     n: int        # 1-based data-row number (the header is row 0)
@@ -92,19 +91,32 @@ def read_user_csv(path: str | Path, what: str = "") -> CsvTable:
             text = None
         if text is None:
             raise InputError(f"{source}: not a UTF-8 text file; save it as 'CSV UTF-8' (comma-separated)") from None
-    numbered = [(i, ln) for i, ln in enumerate(text.splitlines(), start=1)
-                if ln.strip() and not ln.lstrip().startswith("#")]
+    lines = text.splitlines()
+    del text, raw
+    starts: list[int] = []     # the line each record the csv module is parsing started on
+
+    def records():      # streamed: no copy of the file joined again, no list of parsed records
+        for i, ln in enumerate(lines, start=1):
+            if ln.strip() and not ln.lstrip().startswith("#"):
+                starts.append(i)
+                yield ln + "\n"
+
+    header: list[str] | None = None
+    rows = []
     try:
-        parsed = list(csv.reader(io.StringIO("\n".join(ln for _, ln in numbered))))
+        for cells in csv.reader(records()):
+            line = starts[0]
+            starts.clear()
+            if header is None:
+                header = [c.strip() for c in cells]
+                continue
+            n = len(rows) + 1
+            if len(cells) > len(header) and any(c.strip() for c in cells[len(header):]):
+                raise InputError(f"{source} row {n}: {len(cells)} cells but the header has {len(header)}; "
+                                 f"give every row one cell per header column")
+            rows.append(Row({h: (cells[i].strip() if i < len(cells) else "") for i, h in enumerate(header)}, n, line))
     except csv.Error as exc:
         raise InputError(f"{source}: not a readable CSV ({exc}); write a header line and one row per line") from None
-    if not parsed:
+    if header is None:
         raise InputError(f"{source}: the file is empty; write a CSV: a header line and one row per line")
-    header = [c.strip() for c in parsed[0]]
-    rows = []
-    for n, (cells, (line, _)) in enumerate(zip(parsed[1:], numbered[1:]), start=1):
-        if len(cells) > len(header) and any(c.strip() for c in cells[len(header):]):
-            raise InputError(f"{source} row {n}: {len(cells)} cells but the header has {len(header)}; "
-                             f"give every row one cell per header column")
-        rows.append(Row({h: (cells[i].strip() if i < len(cells) else "") for i, h in enumerate(header)}, n, line))
     return CsvTable(source, header, rows)
