@@ -208,14 +208,17 @@ def prepare(config: RunConfig, run_dir: Path, *, force: bool = False) -> list[Ta
 def _study_marker(folder: Path) -> Path | None:
     """``folder``'s config.json or sweep.json when groupfel wrote it there (a run's or a sweep's
     folder): a JSON object with a run's ``arms`` or a sweep's ``sweep``, or one too damaged to
-    tell. A project's own config.json of another tool is not one."""
+    tell beside a run's other files. A project's own config.json of another tool is not one."""
     for name, key in (("config.json", "arms"), ("sweep.json", "sweep")):
         f = folder / name
         if f.is_file():
             try:
                 data = read_json(f, str(f), kind="run")
-            except ValueError:        # damaged: a run's, as far as anyone can tell
-                return f
+            except ValueError:        # damaged: a run's if a run's files lie beside it
+                if (folder / "summary.csv").exists() or next(folder.glob("*/manifest.json"), None) \
+                        or next(folder.glob("seed-*"), None):
+                    return f
+                continue
             if isinstance(data, dict) and key in data:
                 return f
     return None

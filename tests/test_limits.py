@@ -836,6 +836,8 @@ def test_a_run_never_lies_inside_or_holds_another_run(tmp_path, capsys):
     (tmp_path / "project").mkdir()
     (tmp_path / "project" / "config.json").write_text('{"editor": "vim"}')
     check_own_place(tmp_path / "project" / "run")
+    (tmp_path / "project" / "config.json").write_text('{"editor": "vim", // JSON with comments\n}')
+    check_own_place(tmp_path / "project" / "run")
     with pytest.raises(InputError, match="lies inside the run or sweep"):
         check_own_place(fin / "seed-0" / "deeper" / "still")
 
