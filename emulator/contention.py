@@ -100,7 +100,8 @@ def quota_seconds(steady_s: float, share: float, period_s: float = CFS_PERIOD_S)
     of a period gets min(q, P − φ) in that period (q = share × P), then q in each later one, and
     ends (P − φ) + k·P + r after it starts (c − min(q, P − φ) = k·q + r, 0 < r ≤ q). Averaged over
     φ uniform on [0, P) (midpoint rule on 256 points; the wall time is piecewise linear in φ).
-    Short steps (c ≤ q) take c, their CPU time; long ones finish up to a period early."""
+    Short steps (c ≤ q) take c, their CPU time; long ones finish about P − q + φ early (on
+    average up to one and a half periods)."""
     if share >= 1.0 or steady_s <= 0.0:
         return steady_s
     cpu, q = steady_s * share, share * period_s
@@ -121,13 +122,14 @@ class ClientNet:
     # each client's CPU quota as a share of one core (a cgroup's cpu.max / cfs_quota_us over its
     # period), for devices whose curves were measured under that quota; None: no quota
     cpu_share: np.ndarray | None = None
+    cpu_period_s: float = 0.1      # the quota's period (Linux's default CFS_PERIOD_S)
 
     def compute_seconds(self, client: int, steady_s: float) -> float:
         """Wall seconds of compute steps that take ``steady_s`` on the client's curves, run back to
         back after a transfer (:func:`quota_seconds` under a CPU quota)."""
         if self.cpu_share is None:
             return steady_s
-        return quota_seconds(steady_s, float(self.cpu_share[client]))
+        return quota_seconds(steady_s, float(self.cpu_share[client]), self.cpu_period_s)
 
     def manifest(self) -> dict:
         out = {"bandwidth_mbps": self.bandwidth_mbps.tolist(), "latency_s": self.latency_s.tolist(),
