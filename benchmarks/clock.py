@@ -371,6 +371,52 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+_SPIN = r"""
+import sys, time
+def spin(c):
+    t = time.thread_time()
+    while time.thread_time() - t < c:
+        pass
+sys.stdin.readline()
+for c in map(float, sys.argv[1:]):
+    time.sleep(0.5)
+    t = time.monotonic()
+    spin(c)
+    print(c, time.monotonic() - t, flush=True)
+"""
+
+
+def burst_check(share: float = 0.25, cpu_s: tuple[float, ...] = (0.06, 0.2), repeats: int = 5,
+                periods_us: tuple[int, ...] = (10_000, 100_000), out=print) -> list[dict]:
+    """The quota term against the kernel: a process that sleeps 0.5 s, then spins ``cpu_s`` of CPU
+    under ``share`` of a core; its median wall time against ``quota_seconds``, for each period."""
+    from groupfel.emulator.contention import quota_seconds
+
+    rows = []
+    for period in periods_us:
+        q = CpuQuota(f"gfq{os.getpid()}spin", share)
+        try:
+            (q.cpu / ("cpu.max" if q.version == "v2" else "cpu.cfs_period_us")).write_text(
+                f"{round(share * period)} {period}" if q.version == "v2" else str(period))
+            if q.version == "v1":
+                (q.cpu / "cpu.cfs_quota_us").write_text(str(round(share * period)))
+            p = _spawn([sys.executable, "-c", _SPIN, *[str(c) for c in cpu_s for _ in range(repeats)]])
+            q.add(p.pid)
+            _go(p)
+            got = [tuple(map(float, line.split())) for line in _finish([p], 120.0)[0].splitlines()]
+        finally:
+            q.close()
+        for c in cpu_s:
+            wall = statistics.median(w for cc, w in got if cc == c)
+            rows.append({"period_ms": period / 1000, "cpu_s": c, "steady_s": c / share, "measured_s": wall,
+                         "modelled_s": quota_seconds(c / share, share, period / 1e6)})
+            r = rows[-1]
+            out(f"quota {100 * share:g} % of a core, period {r['period_ms']:g} ms, {1000 * c:g} ms of CPU after 0.5 s "
+                f"asleep: {r['measured_s']:.3f} s measured (median of {repeats}), {r['modelled_s']:.3f} s by "
+                f"quota_seconds, {r['steady_s']:.3f} s at the steady pace")
+    return rows
+
+
 # ---------------------------------------------------------------------------------------------
 # 2. The real round
 
@@ -776,6 +822,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="the slow test's small version")
     p.add_argument("--json", help="also write the rows (every client's phases) to this file")
+    p.add_argument("--burst-check", action="store_true", help="only check the quota term against the kernel "
+                   "(a spin loop after a sleep, at 10 and 100 ms periods)")
     p.add_argument("--period-ms", type=float, default=PERIOD_US / 1000, help="the CPU quota's period "
                    "(default %(default)g; the kernel's default is 100)")
     p.add_argument("--role", choices=["edge", "client", "calibrate"], help=argparse.SUPPRESS)
@@ -792,6 +840,13 @@ def main(argv: list[str] | None = None) -> int:
     PERIOD_US = round(a.period_ms * 1000)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     t = time.monotonic()
+    if a.burst_check:
+        why = check_quota()
+        if why:
+            print(f"clock benchmark skipped: {why}")
+        else:
+            burst_check()
+        return 0
     try:
         rows = validate(scenarios(a.quick))
     except (Refused, net.Refused) as e:
