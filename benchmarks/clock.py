@@ -474,69 +474,22 @@ def _group_keys(n: int) -> bytes:
     return b"".join(X25519PrivateKey.generate().public_key().public_bytes_raw() for _ in range(2 * n))
 
 
-def _aggregate(conn) -> None:
-    """One edge core: the aggregator's part of secure aggregation for each group it is handed."""
+def _aggregate(job) -> None:
+    """One group on an edge core: the aggregator's part of secure aggregation."""
     import numpy as np
 
     from groupfel.cost_models.secagg import KEY_BYTES, dequantize, prg, shamir_reconstruct
 
-    while True:
-        job = conn.recv()
-        if job is None:
-            return
-        start = time.monotonic()
-        n, m, uploads = job
-        t = n // 2 + 1
-        masked = np.stack([np.frombuffer(u[:4 * m], dtype=np.uint32) for u in uploads])
-        total = np.sum(masked, axis=0, dtype=np.uint32)
-        for u in uploads:
-            tail = u[len(u) - 66 * (n - 1):]
-            shares = [(k + 1, int.from_bytes(tail[66 * k:66 * (k + 1)], "big")) for k in range(n - 1)]
-            seed = shamir_reconstruct(shares[:t]) % (1 << 8 * KEY_BYTES)
-            total -= prg(seed.to_bytes(KEY_BYTES, "big"), m)
-        dequantize(total, 2.0**16) / n
-        conn.send((start, time.monotonic()))
-
-
-class EdgeCores:
-    """The edge's K cores: worker processes; a group takes a free one or waits in line (FIFO)."""
-
-    def __init__(self, k: int):
-        import multiprocessing as mp
-
-        ctx = mp.get_context("fork")
-        self.pipes, self.procs = [], []
-        for _ in range(k):
-            a, b = ctx.Pipe()
-            p = ctx.Process(target=_aggregate, args=(b,), daemon=True)
-            p.start()
-            self.pipes.append(a)
-            self.procs.append(p)
-        self.free = list(self.pipes)
-        self.cond = threading.Condition()
-        self.line: list[int] = []
-        self.tickets = 0
-
-    def run(self, job) -> tuple[float, float]:
-        with self.cond:
-            ticket = self.tickets
-            self.tickets += 1
-            self.line.append(ticket)
-            self.cond.wait_for(lambda: self.free and self.line[0] == ticket)
-            self.line.pop(0)
-            pipe = self.free.pop()
-            self.cond.notify_all()
-        pipe.send(job)
-        times = pipe.recv()
-        with self.cond:
-            self.free.append(pipe)
-            self.cond.notify_all()
-        return times
-
-    def close(self) -> None:
-        for a, p in zip(self.pipes, self.procs):
-            a.send(None)
-            p.join()
+    n, m, uploads = job
+    t = n // 2 + 1
+    masked = np.stack([np.frombuffer(u[:4 * m], dtype=np.uint32) for u in uploads])
+    total = np.sum(masked, axis=0, dtype=np.uint32)
+    for u in uploads:
+        tail = u[len(u) - 66 * (n - 1):]
+        shares = [(k + 1, int.from_bytes(tail[66 * k:66 * (k + 1)], "big")) for k in range(n - 1)]
+        seed = shamir_reconstruct(shares[:t]) % (1 << 8 * KEY_BYTES)
+        total -= prg(seed.to_bytes(KEY_BYTES, "big"), m)
+    dequantize(total, 2.0**16) / n
 
 
 def serve(spec: dict) -> None:
@@ -549,7 +502,7 @@ def serve(spec: dict) -> None:
     from groupfel.emulator.models import build_model
 
     n, groups, m = len(spec["quotas"]), spec["groups"], spec["model_bytes"] // 4
-    cores = EdgeCores(spec["edge_cores"])
+    cores = net.Cores(spec["edge_cores"], _aggregate, warm=None)   # the edge's cores: a line for free ones
     print("ready", flush=True)
     print(" ".join(str(p.pid) for p in cores.procs), flush=True)
     if sys.stdin.readline().strip() != "go":
@@ -568,11 +521,7 @@ def serve(spec: dict) -> None:
     upload_end, queued = [0.0] * n, [0.0] * len(groups)
     agg = [(0.0, 0.0)] * len(groups)
     lock = threading.Lock()
-    lsock = net.socket.create_server((net.EDGE_IP, net.PORT), backlog=n + 8)
-    conns = {}
-    while len(conns) < n:
-        conn, _ = lsock.accept()
-        conns[int.from_bytes(net._recv_bytes(conn, 4), "big")] = conn
+    conns = net.accept_clients(n)
 
     def one(i: int, conn) -> None:
         conn.sendall(downloads[i])
@@ -587,15 +536,7 @@ def serve(spec: dict) -> None:
             queued[g] = upload_end[i]
             agg[g] = cores.run((len(groups[g]), m, uploads[g]))
 
-    t0 = time.monotonic()
-    threads = [threading.Thread(target=one, args=(i, c)) for i, c in sorted(conns.items())]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    for conn in conns.values():
-        conn.sendall(b"k")
-        conn.close()
+    t0 = net.serve_round(conns, one)
     cores.close()
     print(json.dumps({"t0": t0, "upload_end": upload_end, "queued": queued,
                       "aggregation_start": [a[0] for a in agg], "aggregation_end": [a[1] for a in agg]}), flush=True)
@@ -673,15 +614,7 @@ def client(spec: dict, i: int) -> None:
     # HKDF, AES-GCM, ChaCha20) cost some 10 ms of CPU once, 100 ms on a 10 % device
     client_secagg(u, n, quantize(np.zeros(m), 1.0), _group_keys(n))
     _wait_go()
-    for _ in range(200):
-        try:
-            conn = net.socket.create_connection((net.EDGE_IP, net.PORT))
-            break
-        except OSError:
-            time.sleep(0.05)
-    else:
-        raise ConnectionError(f"client {i} cannot reach the edge")
-    conn.sendall(i.to_bytes(4, "big"))
+    conn = net.connect(i)
     data = net._recv_bytes(conn, spec["down"][i])
     download_end = time.monotonic()
     cpu0 = _cpu()
@@ -778,7 +711,7 @@ def validate(rds: list[Round], out=print, workdir: Path | None = None) -> list[d
     out("| scenario | clients | measured s | emulated s | makespan error % | "
         + " | ".join(f"{p} error %" for p in PHASES)
         + " | without the quota term: makespan, train error % | CPU share of quota (round; calibration) "
-        + "| CPU ms a sample-epoch (round; calibration) |")
+        + "| training CPU, curve vs round % |")
     out("| --- " * (8 + len(PHASES)) + "|")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -789,10 +722,9 @@ def validate(rds: list[Round], out=print, workdir: Path | None = None) -> list[d
             m = measure_round(rd, model_bytes)
             e = emulate(rd, profiles, model_bytes)
             steady = emulate(rd, profiles, model_bytes, quota_term=False)
-            # CPU ms a sample-epoch: each device alone (its curve's slope x its share) vs in the round
-            cal_cpu = {d: 1000 * profiles[f"{d}/{TASK}"].training["sgd"].coefficients[0] * q
-                       for d, q in ((rd.device(i), rd.quotas[i]) for i in range(rd.n))}
-            round_cpu = [1000 * c / (s * rd.epochs) for c, s in zip(m["train_cpu"], rd.samples)]
+            # the CPU the calibrated curve says the training takes (its steady time x the quota)
+            # against the CPU it took in the round: the device measured alone vs among the others
+            drift = [100 * (t * q / c - 1) for t, q, c in zip(steady["train"], rd.quotas, m["train_cpu"])]
             phases = {}
             for p in PHASES:
                 mm, ee = statistics.fmean(m[p]), statistics.fmean(e[p])
@@ -802,8 +734,7 @@ def validate(rds: list[Round], out=print, workdir: Path | None = None) -> list[d
                    "emulated_steady": steady["makespan"], "error_steady_pct": error_pct(steady["makespan"], m["makespan"]),
                    "train_error_steady_pct": error_pct(statistics.fmean(steady["train"]), phases["train"]["measured"]),
                    "round_share": min(m["share"]), "calibration_share": min(cal_share[rd.device(i)] for i in range(rd.n)),
-                   "throttled_s": m["throttled"], "cpu_ms_per_sample_epoch": {
-                       "round": round_cpu, "calibration": [cal_cpu[rd.device(i)] for i in range(rd.n)]}, "measured_phases": m, "emulated_phases": e, "round": asdict(rd)}
+                   "throttled_s": m["throttled"], "training_cpu_drift_pct": drift, "measured_phases": m, "emulated_phases": e, "round": asdict(rd)}
             rows.append(row)
 
             def cell(p: str) -> str:
@@ -813,7 +744,7 @@ def validate(rds: list[Round], out=print, workdir: Path | None = None) -> list[d
                 + " | ".join(cell(p) for p in PHASES)
                 + f" | {row['error_steady_pct']:+.1f}, {row['train_error_steady_pct']:+.1f}"
                 + f" | {100 * row['round_share']:.0f} %; {100 * row['calibration_share']:.0f} % "
-                + f"| {statistics.fmean(round_cpu):.3f}; {statistics.fmean(cal_cpu.values()):.3f} |")
+                + f"| {statistics.fmean(drift):+.1f} |")
     return rows
 
 
