@@ -122,20 +122,22 @@ class ClientNet:
     # each client's CPU quota as a share of one core (a cgroup's cpu.max / cfs_quota_us over its
     # period), for devices whose curves were measured under that quota; None: no quota
     cpu_share: np.ndarray | None = None
-    cpu_period_s: float = 0.1      # the quota's period (Linux's default CFS_PERIOD_S)
+    cpu_period_s: float | np.ndarray = 0.1     # the quota's period, or each client's (Linux's default: 0.1)
 
     def compute_seconds(self, client: int, steady_s: float) -> float:
         """Wall seconds of compute steps that take ``steady_s`` on the client's curves, run back to
         back after a transfer (:func:`quota_seconds` under a CPU quota)."""
         if self.cpu_share is None:
             return steady_s
-        return quota_seconds(steady_s, float(self.cpu_share[client]), self.cpu_period_s)
+        period = self.cpu_period_s if np.isscalar(self.cpu_period_s) else self.cpu_period_s[client]
+        return quota_seconds(steady_s, float(self.cpu_share[client]), float(period))
 
     def manifest(self) -> dict:
         out = {"bandwidth_mbps": self.bandwidth_mbps.tolist(), "latency_s": self.latency_s.tolist(),
                "slowdown": self.slowdown.tolist()}
         if self.cpu_share is not None:
             out["cpu_share"] = self.cpu_share.tolist()
+            out["cpu_period_s"] = np.broadcast_to(self.cpu_period_s, self.cpu_share.shape).tolist()
         if self.trace_ids is not None:
             out["fedscale_ids"] = self.trace_ids
         return out
@@ -152,7 +154,7 @@ def _read_csv(path: str, where: str, columns: tuple[str, ...], optional: tuple[s
 
 # each CSV column's bounds: the config's (docs/guide/config.md, "Limits")
 _BOUNDS = {"bandwidth_mbps": (1e-6, 1e9, "Mbit/s"), "latency_s": (0.0, DAY_S, "s"),
-           "slowdown": (1e-3, 1e3, ""), "start_s": (0.0, 1e12, "s"), "end_s": (0.0, 1e12, "s")}
+           "slowdown": (1e-3, 1e3, ""), "cpu_share": (1e-3, 1.0, "of a core"), "cpu_period_s": (1e-3, 1.0, "s"), "start_s": (0.0, 1e12, "s"), "end_s": (0.0, 1e12, "s")}
 
 
 def _num(row: dict, col: str, where: str, line: int) -> float:
@@ -187,6 +189,7 @@ def _require_every_client(seen: set[int], n: int, where: str, path: str) -> None
 def client_net(h: HeterogeneityConfig | None, n: int, bandwidth: float, latency: float, seed: int) -> ClientNet:
     """Every client's link and slowdown factor (``topology.heterogeneity``)."""
     bw, lat, slowdown = np.full(n, float(bandwidth)), np.full(n, float(latency)), np.ones(n)
+    quota, period = None, CFS_PERIOD_S      # the file's optional cpu_share and cpu_period_s columns
     if h is None:
         return ClientNet(bw, lat, slowdown)
     draws = [stream(seed, "heterogeneity", c).normal(size=3) for c in range(n)]
@@ -196,7 +199,8 @@ def client_net(h: HeterogeneityConfig | None, n: int, bandwidth: float, latency:
         return _fedscale_net(h, n, lat * np.exp(h.latency_sigma * z[:, 1]))
     if h.file is not None:
         where = "topology.heterogeneity.file"
-        header, rows = _read_csv(h.file, where, ("client", "bandwidth_mbps", "latency_s"), ("slowdown",))
+        header, rows = _read_csv(h.file, where, ("client", "bandwidth_mbps", "latency_s"),
+                                 ("slowdown", "cpu_share", "cpu_period_s"))
         if "speed" in header:
             raise InputError(f"{where}: {h.file}: column speed is now slowdown (a factor: 2 is twice as slow); "
                              f"rename the column")
@@ -204,6 +208,11 @@ def client_net(h: HeterogeneityConfig | None, n: int, bandwidth: float, latency:
         if has_slowdown and h.slowdown_sigma:
             raise InputError(f"topology.heterogeneity.slowdown_sigma: {h.file} has a slowdown column, so the "
                              f"sigma would be ignored; remove slowdown_sigma or the column")
+        if "cpu_period_s" in header and "cpu_share" not in header:
+            raise InputError(f"{where}: {h.file} has cpu_period_s but no cpu_share column; add each client's "
+                             f"CPU quota as a share of a core (cpu_share), or remove cpu_period_s")
+        if "cpu_share" in header:
+            quota, period = np.ones(n), np.full(n, CFS_PERIOD_S)
         seen: set[int] = set()
         for line, row in rows:
             c = _client_id(row, where, line, n)
@@ -214,13 +223,19 @@ def client_net(h: HeterogeneityConfig | None, n: int, bandwidth: float, latency:
             lat[c] = _num(row, "latency_s", where, line)
             if has_slowdown:
                 slowdown[c] = _num(row, "slowdown", where, line)
+            if quota is not None:
+                quota[c] = _num(row, "cpu_share", where, line)
+            if "cpu_period_s" in header:
+                period[c] = _num(row, "cpu_period_s", where, line)
         _require_every_client(seen, n, where, h.file)
     else:
         bw = bw * np.exp(h.bandwidth_sigma * z[:, 0])
         lat = lat * np.exp(h.latency_sigma * z[:, 1])
     if not has_slowdown:
         slowdown = np.exp(h.slowdown_sigma * z[:, 2])
-    return ClientNet(bw, lat, slowdown)
+    if quota is None:
+        return ClientNet(bw, lat, slowdown)
+    return ClientNet(bw, lat, slowdown, cpu_share=quota, cpu_period_s=period)
 
 
 def _fedscale_net(h: HeterogeneityConfig, n: int, latency: np.ndarray) -> ClientNet:

@@ -116,3 +116,27 @@ def test_emulated_round_within_10_percent_of_real_clients_under_quotas():
     assert f"gfn{os.getpid()}x" not in left, left
     roots = clock._cgroup_roots()
     assert not list(roots[1].glob(f"gfq{os.getpid()}*")), table
+
+
+def test_heterogeneity_file_gives_each_client_a_cpu_quota(tmp_path):
+    from groupfel.emulator.config import HeterogeneityConfig
+    from groupfel.emulator.contention import client_net
+    from groupfel.errors import InputError
+
+    f = tmp_path / "c.csv"
+    f.write_text("client,bandwidth_mbps,latency_s,cpu_share,cpu_period_s\n0,10,0.1,0.25,0.01\n1,5,0.2,1,0.1\n")
+    net = client_net(HeterogeneityConfig(file=str(f)), 2, 20.0, 0.02, 0)
+    assert net.cpu_share.tolist() == [0.25, 1.0] and net.slowdown.tolist() == [1.0, 1.0]
+    assert net.manifest()["cpu_period_s"] == [0.01, 0.1]
+    assert net.compute_seconds(0, 1.0) == pytest.approx(quota_seconds(1.0, 0.25, 0.01))
+    assert net.compute_seconds(1, 1.0) == 1.0
+    f.write_text("client,bandwidth_mbps,latency_s,cpu_share\n0,10,0.1,0.25\n1,5,0.2,1\n")
+    assert client_net(HeterogeneityConfig(file=str(f)), 2, 20.0, 0.02, 0).compute_seconds(0, 1.0) == \
+        pytest.approx(quota_seconds(1.0, 0.25, 0.1))       # the kernel's default period
+    for rows, match in (("client,bandwidth_mbps,latency_s,cpu_share\n0,10,0.1,1.5\n1,5,0.2,1\n",
+                         r"cpu_share = '1.5'; give a number from 0.001 to 1 of a core"),
+                        ("client,bandwidth_mbps,latency_s,cpu_period_s\n0,10,0.1,0.1\n1,5,0.2,0.1\n",
+                         "has cpu_period_s but no cpu_share column")):
+        f.write_text(rows)
+        with pytest.raises(InputError, match=match):
+            client_net(HeterogeneityConfig(file=str(f)), 2, 20.0, 0.02, 0)
