@@ -386,40 +386,44 @@ def _recv_exactly(conn: socket.socket, n: int) -> tuple[float, int]:
     return first or (time.monotonic(), 0)
 
 
-def _core(conn) -> None:
-    """One edge core: a process that holds its core for each aggregation it is handed."""
+def worker(conn, work=time.sleep) -> None:
+    """One edge core: a process that runs ``work(job)`` for each job it is handed and answers its
+    (start, end) times, until it is handed None. Here the job is an aggregation's seconds, slept
+    (see the module docstring)."""
     while True:
-        seconds = conn.recv()
-        if seconds is None:
+        job = conn.recv()
+        if job is None:
             return
         start = time.monotonic()
-        time.sleep(seconds)          # the group's aggregation (a sleep: see the module docstring)
+        work(job)
         conn.send((start, time.monotonic()))
 
 
 class Cores:
-    """K worker processes; a group takes a free one or waits in line (FIFO) for the next."""
+    """K worker processes; a group takes a free one or waits in line (FIFO) for the next.
+    ``work(job)``: what a core does with a job (default: sleep its seconds); ``warm``: a job each
+    core answers before the round (None: none)."""
 
-    def __init__(self, k: int):
+    def __init__(self, k: int, work=None, warm=0.0):
         import multiprocessing as mp
 
         ctx = mp.get_context("fork")
         self.pipes, self.procs = [], []
         for _ in range(k):
             a, b = ctx.Pipe()
-            p = ctx.Process(target=_core, args=(b,), daemon=True)
+            p = ctx.Process(target=worker, args=(b, work or time.sleep), daemon=True)
             p.start()
             self.pipes.append(a)
             self.procs.append(p)
-        for a in self.pipes:          # each core has started and answered once
-            a.send(0.0)
+        for a in self.pipes if warm is not None else ():     # each core has started and answered once
+            a.send(warm)
             a.recv()
         self.free = list(self.pipes)
         self.cond = threading.Condition()
         self.line: list[int] = []     # tickets of the groups waiting for a core, first come first served
         self.tickets = 0
 
-    def run(self, seconds: float) -> tuple[float, float]:
+    def run(self, job) -> tuple[float, float]:
         with self.cond:
             ticket = self.tickets
             self.tickets += 1
@@ -428,7 +432,7 @@ class Cores:
             self.line.pop(0)
             pipe = self.free.pop()
             self.cond.notify_all()
-        pipe.send(seconds)
+        pipe.send(job)
         times = pipe.recv()
         with self.cond:
             self.free.append(pipe)
@@ -441,6 +445,31 @@ class Cores:
             p.join()
 
 
+def accept_clients(n: int) -> dict[int, socket.socket]:
+    """The edge's socket, once each of the n clients has connected and said its id."""
+    lsock = socket.create_server((EDGE_IP, PORT), backlog=n + 8)
+    conns: dict[int, socket.socket] = {}
+    while len(conns) < n:
+        conn, _ = lsock.accept()
+        conns[int.from_bytes(_recv_bytes(conn, 4), "big")] = conn
+    return conns
+
+
+def serve_round(conns: dict[int, socket.socket], one) -> float:
+    """Runs ``one(i, conn)`` for every client at once (a thread each); returns when they started
+    (CLOCK_MONOTONIC). The clients exit only after, outside the timed round."""
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=one, args=(i, c)) for i, c in sorted(conns.items())]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for conn in conns.values():
+        conn.sendall(b"k")
+        conn.close()
+    return t0
+
+
 def serve(spec: dict) -> None:
     """The edge: sends every client its download, takes its upload, aggregates each complete group
     on one of its cores; prints the round's times (CLOCK_MONOTONIC) as one JSON line."""
@@ -451,12 +480,8 @@ def serve(spec: dict) -> None:
     upload_end = [0.0] * n
     agg = [(0.0, 0.0)] * len(groups)
     lock = threading.Lock()
-    lsock = socket.create_server((EDGE_IP, PORT), backlog=n + 8)
     print("ready", flush=True)
-    conns: dict[int, socket.socket] = {}
-    while len(conns) < n:
-        conn, _ = lsock.accept()
-        conns[int.from_bytes(_recv_bytes(conn, 4), "big")] = conn
+    conns = accept_clients(n)
     payload = {size: b"\x5a" * size for size in set(spec["down"])}
 
     def one(i: int, conn: socket.socket) -> None:
@@ -470,22 +495,14 @@ def serve(spec: dict) -> None:
         if ready:                                            # the group's uploads are all in
             agg[g] = cores.run(spec["aggregation_s"])
 
-    t0 = time.monotonic()
-    threads = [threading.Thread(target=one, args=(i, c)) for i, c in sorted(conns.items())]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    for conn in conns.values():      # the clients exit only now, outside the timed round
-        conn.sendall(b"k")
-        conn.close()
+    t0 = serve_round(conns, one)
     cores.close()
     print(json.dumps({"t0": t0, "upload_end": upload_end, "aggregation_start": [a[0] for a in agg],
                       "aggregation_end": [a[1] for a in agg]}), flush=True)
 
 
-def client(spec: dict, i: int) -> None:
-    """Client i: takes its download, trains (sleeps its compute time), sends its upload."""
+def connect(i: int) -> socket.socket:
+    """Client i's connection to the edge (retried while the edge starts listening), its id sent."""
     for _ in range(200):
         try:
             conn = socket.create_connection((EDGE_IP, PORT))
@@ -495,6 +512,12 @@ def client(spec: dict, i: int) -> None:
     else:
         raise ConnectionError(f"client {i} cannot reach the edge")
     conn.sendall(i.to_bytes(4, "big"))
+    return conn
+
+
+def client(spec: dict, i: int) -> None:
+    """Client i: takes its download, trains (sleeps its compute time), sends its upload."""
+    conn = connect(i)
     first, first_bytes = _recv_exactly(conn, spec["down"][i])
     download_end = time.monotonic()
     time.sleep(spec["compute"][i])                           # the client's training

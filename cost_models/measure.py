@@ -86,18 +86,19 @@ def _sweep(sizes: list[int], repeats: int, work: Callable[[int], float],
 
 
 def measure_secagg(sizes: list[int], params: int, repeats: int, device: str, server: bool = False,
-                   meter=None) -> Iterator[Measurement]:
+                   meter=None, clock: str = "cpu") -> Iterator[Measurement]:
     """Per-client SecAgg time by group size, and the dropout-recovery time per survivor per
     dropped client (``secagg-recovery``; needs a group of 3 or more so one can drop). ``server``:
     the aggregator's part alone instead, what an edge server spends per group
     (``secagg-server``, and ``secagg-server-recovery`` per dropped client), for
-    ``topology.edge_profile``."""
+    ``topology.edge_profile``. ``clock``: "cpu" (each party's CPU time) or "wall" (its elapsed
+    time, for a device whose CPU is capped: a cgroup quota's waits count)."""
     if min(sizes) < 2:
         raise InputError(f"--sizes: secure aggregation needs groups of 2 or more, got {min(sizes)}")
     recovery: dict[int, list[float]] = {}
     if server:
         def work(n: int) -> float:
-            _, aggregator, rec = time_secagg_parts(n, params, dropped=1 if n >= 3 else 0)
+            _, aggregator, rec = time_secagg_parts(n, params, dropped=1 if n >= 3 else 0, clock=clock)
             recovery.setdefault(n, []).append(rec)
             return aggregator
 
@@ -108,7 +109,7 @@ def measure_secagg(sizes: list[int], params: int, repeats: int, device: str, ser
         return
 
     def work(n: int) -> float:
-        per_client, rec = time_secagg(n, params, dropped=1 if n >= 3 else 0)
+        per_client, rec = time_secagg(n, params, dropped=1 if n >= 3 else 0, clock=clock)
         recovery.setdefault(n, []).append(rec)
         return per_client
 
@@ -171,7 +172,7 @@ def measurements_csv(rows: list[Measurement], header: dict[str, str]) -> str:
 
 def measure(kind: str, sizes: list[int], make_model: ModelFactory, *, repeats: int = 3, params: int | None = None,
             model: str = "cnn", device: str = "local", threads: int = 1,
-            server: bool = False, meter=None) -> tuple[list[Measurement], dict[str, str]]:
+            server: bool = False, meter=None, clock: str = "cpu") -> tuple[list[Measurement], dict[str, str]]:
     """Run one harness; returns its rows and the header describing the machine and settings.
 
     ``make_model()`` builds the model named ``model`` (the header records the name): the training
@@ -180,12 +181,21 @@ def measure(kind: str, sizes: list[int], make_model: ModelFactory, *, repeats: i
     ``threads`` caps torch's intra-op threads (default 1): a client's work is timed on one core,
     which is reproducible; on a shared machine torch's thread pool otherwise spins and timings
     scatter by 10×.
+
+    ``clock`` (secagg): "cpu" times each party's CPU time (robust to a loaded machine), "wall" its
+    elapsed time, what a device whose CPU is capped (a cgroup quota) takes. Training and backdoor
+    screening are always timed on the wall clock.
     """
     if repeats < 1 or threads < 1:
         raise InputError("--repeats and --threads must be >= 1")
+    if clock not in ("cpu", "wall"):
+        raise InputError(f"--clock: {clock!r} is not cpu or wall")
+    if clock != "cpu" and kind != "secagg":
+        raise InputError("--clock: only secagg is timed on the CPU clock (training and backdoor are on the "
+                         "wall clock already); remove --clock")
     if server and kind != "secagg":
         raise InputError("--server: only secagg has a server part; remove --server")
-    harness = {"secagg": lambda: measure_secagg(sizes, params, repeats, device, server, meter),
+    harness = {"secagg": lambda: measure_secagg(sizes, params, repeats, device, server, meter, clock),
                "backdoor": lambda: measure_backdoor(sizes, params, repeats, device, meter),
                "training": lambda: measure_training(sizes, make_model, repeats, device, meter=meter)}
     if kind not in harness:
@@ -202,7 +212,8 @@ def measure(kind: str, sizes: list[int], make_model: ModelFactory, *, repeats: i
         metered = [r for r in rows if r.joules is not None]
         joules = iter(meter.joules([r.joules for r in metered]))
         rows = [replace(r, joules=next(joules)) if r.joules is not None else r for r in rows]
-    header = {"groupfel measure": kind + (" --server" if server else ""), **info,
+    header = {"groupfel measure": kind + (" --server" if server else "") + (f" --clock {clock}" if clock != "cpu" else ""),
+              **info,
               **({"energy": meter.describe()} if meter is not None else {}), "model": model,
               "params": str(params) if kind != "training" else str(param_count(make_model())),
               "repeats": str(repeats)}

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -109,20 +109,23 @@ def _pair_mask(s_sk: X25519PrivateKey, peer: X25519PublicKey, m: int) -> np.ndar
 
 @dataclass
 class Timings:
-    """CPU seconds spent by each client (client-side steps) and by the aggregator."""
+    """Seconds spent by each client (client-side steps) and by the aggregator, on ``now``."""
 
     client: np.ndarray
     aggregator: float = 0.0
     recovery: float = 0.0  # aggregator time spent regenerating dropped clients' masks
     phases: dict[str, float] = field(default_factory=dict)
+    # CPU time of this thread by default: the protocol is single-threaded, so this is the work
+    # done, and other processes on a shared machine do not inflate it as they do wall-clock time.
+    # A device whose CPU is capped (a cgroup quota, thermal throttling) waits too: time it on
+    # time.monotonic (CLOCKS["wall"]).
+    now: Callable[[], float] = time.thread_time
 
     @contextmanager
     def clock(self, phase: str, client: int | None = None, recovery: bool = False):
-        # CPU time of this thread: the protocol is single-threaded, so this is the work done,
-        # and other processes on a shared machine do not inflate it as they do wall-clock time
-        t0 = time.thread_time()
+        t0 = self.now()
         yield
-        dt = time.thread_time() - t0
+        dt = self.now() - t0
         self.phases[phase] = self.phases.get(phase, 0.0) + dt
         if client is not None:
             self.client[client] += dt
@@ -132,9 +135,14 @@ class Timings:
             self.aggregator += dt
 
 
-def secure_sum(q: np.ndarray, dropped: Sequence[int] = (), threshold: int | None = None) -> tuple[np.ndarray, Timings]:
+CLOCKS: dict[str, Callable[[], float]] = {"cpu": time.thread_time, "wall": time.monotonic}
+
+
+def secure_sum(q: np.ndarray, dropped: Sequence[int] = (), threshold: int | None = None,
+               clock: str = "cpu") -> tuple[np.ndarray, Timings]:
     """Run the protocol on quantised updates q (n × m, uint32); return the sum mod 2^32 of the
-    survivors' rows as the aggregator computes it, and the time each party spent."""
+    survivors' rows as the aggregator computes it, and the time each party spent on ``clock``
+    (``CLOCKS``: "cpu", this thread's CPU time, or "wall", CLOCK_MONOTONIC)."""
     q = np.asarray(q, dtype=np.uint32)
     n, m = q.shape
     t = threshold or n // 2 + 1
@@ -142,7 +150,7 @@ def secure_sum(q: np.ndarray, dropped: Sequence[int] = (), threshold: int | None
     alive = [u for u in range(n) if u not in drop]
     if len(alive) < t:
         raise ValueError(f"{len(alive)} survivors cannot reach the threshold t = {t}")
-    tm = Timings(np.zeros(n))
+    tm = Timings(np.zeros(n), now=CLOCKS[clock])
 
     # 0. AdvertiseKeys
     c_sk, s_sk = [], []
@@ -210,23 +218,24 @@ def secure_sum(q: np.ndarray, dropped: Sequence[int] = (), threshold: int | None
     return total, tm
 
 
-def time_secagg(n: int, m: int, dropped: int = 0, seed: int = 0) -> tuple[float, float]:
+def time_secagg(n: int, m: int, dropped: int = 0, seed: int = 0, clock: str = "cpu") -> tuple[float, float]:
     """One client's share of a group's SecAgg, in seconds: (mean client-side time of a survivor
     + the aggregator's time / survivors, recovery time / survivors per dropped client).
 
     Splitting the aggregator's work among the members charges the whole protocol to the group,
     as a measurement on devices that play every role (the paper's Raspberry Pi testbed) does.
     """
-    client, server, recovery = time_secagg_parts(n, m, dropped, seed)
+    client, server, recovery = time_secagg_parts(n, m, dropped, seed, clock)
     survivors = n - dropped
     return client + server / survivors, recovery / survivors
 
 
-def time_secagg_parts(n: int, m: int, dropped: int = 0, seed: int = 0) -> tuple[float, float, float]:
+def time_secagg_parts(n: int, m: int, dropped: int = 0, seed: int = 0,
+                      clock: str = "cpu") -> tuple[float, float, float]:
     """One group's SecAgg in seconds, by party: (mean client-side time of a survivor, the
     aggregator's unmasking and sum, its dropout recovery per dropped client). The aggregator's
     parts are what an edge server spends (``measure secagg --server``)."""
     rng = np.random.default_rng(seed)
     q = quantize(rng.normal(0, 0.01, (n, m)), 2.0**16)
-    _, tm = secure_sum(q, dropped=range(dropped))
+    _, tm = secure_sum(q, dropped=range(dropped), clock=clock)
     return float(tm.client[dropped:].mean()), tm.aggregator, tm.recovery / dropped if dropped else 0.0

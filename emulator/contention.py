@@ -13,7 +13,9 @@ One group round of a sampled group, in simulated time:
    messages (the edge's downlink, shared with every concurrent download of the edge when
    ``edge_access_mbps`` is set, capped by the client's own link);
 3. trains and runs its group operations (its device curves × its slowdown factor, × any straggler
-   slowdown in time only);
+   slowdown in time only; on a device capped by a CPU quota, ``ClientNet.cpu_share``, the steps
+   take :func:`quota_seconds` of their curve time: the quota unspent while it downloaded runs at
+   the core's full speed);
 4. uploads its payload (the model, the algorithm's extra vectors such as SCAFFOLD's variates, or
    under secure aggregation the masked vector in 32-bit words) plus its key and share messages
    (the edge's uplink, shared likewise);
@@ -85,16 +87,58 @@ def client_bytes(model_bytes: int, group_size: int, vectors: int = 1, secagg: bo
 
 # -- per-client links and slowdowns ---------------------------------------------------------------------
 
+CFS_PERIOD_S = 0.1     # Linux's default CPU bandwidth period (cpu.cfs_period_us, cpu.max)
+
+
+def quota_seconds(steady_s: float, share: float, period_s: float = CFS_PERIOD_S) -> float:
+    """Expected wall seconds of compute that takes ``steady_s`` at the steady pace of a device held
+    to ``share`` of a core by a CPU quota (share × period of CPU each period, Linux's CFS
+    bandwidth control), when it starts after an idle spell of a period or more (a download).
+
+    A device's curve is measured with calls back to back, so it gives the steady pace: CPU seconds
+    / share. After idling, the current period's quota is unspent and runs at the core's full speed
+    before the first throttle: compute of c = steady_s × share CPU seconds that starts at phase φ
+    of a period gets min(q, P − φ) in that period (q = share × P), then q in each later one, and
+    ends (P − φ) + k·P + r after it starts (c − min(q, P − φ) = k·q + r, 0 < r ≤ q). Averaged over
+    φ uniform on [0, P) (midpoint rule on 256 points; the wall time is piecewise linear in φ).
+    Short steps (c ≤ q) take c, their CPU time; long ones finish about P − q + φ early (on
+    average up to one and a half periods)."""
+    if share >= 1.0 or steady_s <= 0.0:
+        return steady_s
+    cpu, q = steady_s * share, share * period_s
+    phase = (np.arange(256) + 0.5) / 256 * period_s
+    first = np.minimum(q, period_s - phase)
+    rest = cpu - first
+    k = np.ceil(rest / q) - 1
+    wall = np.where(rest <= 0, cpu, (period_s - phase) + k * period_s + (rest - k * q))
+    return float(wall.mean())
+
+
 @dataclass(frozen=True)
 class ClientNet:
     bandwidth_mbps: np.ndarray
     latency_s: np.ndarray
     slowdown: np.ndarray        # compute factor: the device curves times it (2: twice as slow)
     trace_ids: list[str] | None = None     # each client's FedScale trace id (heterogeneity.fedscale_file)
+    # each client's CPU quota as a share of one core (a cgroup's cpu.max / cfs_quota_us over its
+    # period), for devices whose curves were measured under that quota; None: no quota
+    cpu_share: np.ndarray | None = None
+    cpu_period_s: float | np.ndarray = 0.1     # the quota's period, or each client's (Linux's default: 0.1)
+
+    def compute_seconds(self, client: int, steady_s: float) -> float:
+        """Wall seconds of compute steps that take ``steady_s`` on the client's curves, run back to
+        back after a transfer (:func:`quota_seconds` under a CPU quota)."""
+        if self.cpu_share is None:
+            return steady_s
+        period = self.cpu_period_s if np.isscalar(self.cpu_period_s) else self.cpu_period_s[client]
+        return quota_seconds(steady_s, float(self.cpu_share[client]), float(period))
 
     def manifest(self) -> dict:
         out = {"bandwidth_mbps": self.bandwidth_mbps.tolist(), "latency_s": self.latency_s.tolist(),
                "slowdown": self.slowdown.tolist()}
+        if self.cpu_share is not None:
+            out["cpu_share"] = self.cpu_share.tolist()
+            out["cpu_period_s"] = np.broadcast_to(self.cpu_period_s, self.cpu_share.shape).tolist()
         if self.trace_ids is not None:
             out["fedscale_ids"] = self.trace_ids
         return out
@@ -111,7 +155,7 @@ def _read_csv(path: str, where: str, columns: tuple[str, ...], optional: tuple[s
 
 # each CSV column's bounds: the config's (docs/guide/config.md, "Limits")
 _BOUNDS = {"bandwidth_mbps": (1e-6, 1e9, "Mbit/s"), "latency_s": (0.0, DAY_S, "s"),
-           "slowdown": (1e-3, 1e3, ""), "start_s": (0.0, 1e12, "s"), "end_s": (0.0, 1e12, "s")}
+           "slowdown": (1e-3, 1e3, ""), "cpu_share": (1e-3, 1.0, "of a core"), "cpu_period_s": (1e-3, 1.0, "s"), "start_s": (0.0, 1e12, "s"), "end_s": (0.0, 1e12, "s")}
 
 
 def _num(row: dict, col: str, where: str, line: int) -> float:
@@ -146,6 +190,7 @@ def _require_every_client(seen: set[int], n: int, where: str, path: str) -> None
 def client_net(h: HeterogeneityConfig | None, n: int, bandwidth: float, latency: float, seed: int) -> ClientNet:
     """Every client's link and slowdown factor (``topology.heterogeneity``)."""
     bw, lat, slowdown = np.full(n, float(bandwidth)), np.full(n, float(latency)), np.ones(n)
+    quota, period = None, CFS_PERIOD_S      # the file's optional cpu_share and cpu_period_s columns
     if h is None:
         return ClientNet(bw, lat, slowdown)
     draws = [stream(seed, "heterogeneity", c).normal(size=3) for c in range(n)]
@@ -155,7 +200,8 @@ def client_net(h: HeterogeneityConfig | None, n: int, bandwidth: float, latency:
         return _fedscale_net(h, n, lat * np.exp(h.latency_sigma * z[:, 1]))
     if h.file is not None:
         where = "topology.heterogeneity.file"
-        header, rows = _read_csv(h.file, where, ("client", "bandwidth_mbps", "latency_s"), ("slowdown",))
+        header, rows = _read_csv(h.file, where, ("client", "bandwidth_mbps", "latency_s"),
+                                 ("slowdown", "cpu_share", "cpu_period_s"))
         if "speed" in header:
             raise InputError(f"{where}: {h.file}: column speed is now slowdown (a factor: 2 is twice as slow); "
                              f"rename the column")
@@ -163,6 +209,11 @@ def client_net(h: HeterogeneityConfig | None, n: int, bandwidth: float, latency:
         if has_slowdown and h.slowdown_sigma:
             raise InputError(f"topology.heterogeneity.slowdown_sigma: {h.file} has a slowdown column, so the "
                              f"sigma would be ignored; remove slowdown_sigma or the column")
+        if "cpu_period_s" in header and "cpu_share" not in header:
+            raise InputError(f"{where}: {h.file} has cpu_period_s but no cpu_share column; add each client's "
+                             f"CPU quota as a share of a core (cpu_share), or remove cpu_period_s")
+        if "cpu_share" in header:
+            quota, period = np.ones(n), np.full(n, CFS_PERIOD_S)
         seen: set[int] = set()
         for line, row in rows:
             c = _client_id(row, where, line, n)
@@ -173,13 +224,19 @@ def client_net(h: HeterogeneityConfig | None, n: int, bandwidth: float, latency:
             lat[c] = _num(row, "latency_s", where, line)
             if has_slowdown:
                 slowdown[c] = _num(row, "slowdown", where, line)
+            if quota is not None:
+                quota[c] = _num(row, "cpu_share", where, line)
+            if "cpu_period_s" in header:
+                period[c] = _num(row, "cpu_period_s", where, line)
         _require_every_client(seen, n, where, h.file)
     else:
         bw = bw * np.exp(h.bandwidth_sigma * z[:, 0])
         lat = lat * np.exp(h.latency_sigma * z[:, 1])
     if not has_slowdown:
         slowdown = np.exp(h.slowdown_sigma * z[:, 2])
-    return ClientNet(bw, lat, slowdown)
+    if quota is None:
+        return ClientNet(bw, lat, slowdown)
+    return ClientNet(bw, lat, slowdown, cpu_share=quota, cpu_period_s=period)
 
 
 def _fedscale_net(h: HeterogeneityConfig, n: int, latency: np.ndarray) -> ClientNet:
@@ -592,10 +649,17 @@ class ContendedFederation(Federation):
         self.trace.append(dict(zip(TRACE_COLUMNS, ("download", *where, client, down, t0, t0, env.now))))
         a, spans, up_s = env.now, [], 0.0
         down_s = a - t0
+        begin, steady = a, 0.0
         for comp, amounts in charges.items():   # the compute steps back to back: one timeout
             d = 0.0 if dropped and comp != TRAINING else slow * float(amounts[member])
-            spans.append((a - t0, a + d - t0))
-            a += d
+            if cn.cpu_share is None:
+                spans.append((a - t0, a + d - t0))
+                a += d
+            else:                                # a quota's wall time: of the steps so far, together
+                steady += d
+                end = begin + cn.compute_seconds(client, steady)
+                spans.append((a - t0, end - t0))
+                a = end
         if a > env.now:
             yield env.timeout(a - env.now)
         if not dropped:

@@ -48,7 +48,7 @@ def _cmd_measure(args) -> int:
     meter, said = open_meter(args.power_log)
     rows, header = measure(args.operation, sizes, lambda: build_model(args.model, INPUT_SHAPE, NUM_CLASSES),
                            repeats=args.repeats, params=args.params, model=args.model, device=args.device,
-                           threads=args.threads, server=args.server, meter=meter)
+                           threads=args.threads, server=args.server, meter=meter, clock=args.clock)
     out = write_text(out, measurements_csv(rows, header))
     by_size: dict[tuple[str, int], list[tuple[float, float | None]]] = {}
     for r in rows:
@@ -96,6 +96,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--device", default="local", help="device name written to the CSV (default local)")
     m.add_argument("--server", action="store_true", help="secagg: time the aggregator's part alone (secagg-server "
                    "and secagg-server-recovery rows, an edge server's curves for topology.edge_profile)")
+    m.add_argument("--clock", default="cpu", choices=["cpu", "wall"], help="secagg: time each party's CPU time "
+                   "(default cpu: a loaded machine does not inflate it) or its wall-clock time (wall: a device whose "
+                   "CPU is capped, by a cgroup quota or throttling, waits too)")
     m.add_argument("--power-log", metavar="LOG.csv", help="a power meter's log (columns timestamp in Unix seconds, "
                    "watts) covering this run: each call's energy is its integral (default: the machine's RAPL "
                    "counters where readable, else no energy)")

@@ -64,3 +64,28 @@ def test_measured_cost_superlinear_in_group_size():
     runs = [[time_secagg(int(n), 8)[0] for n in sizes] for _ in range(2)]
     a, b = np.polyfit(sizes, np.min(runs, axis=0) / sizes, 1)
     assert a > 0
+
+
+def test_wall_clock_times_each_party_on_the_monotonic_clock(monkeypatch):
+    # a clock that moves 1 s a reading: each timed block is 1 s. A client times 4 steps (advertise,
+    # share, mask, unmask), the aggregator 1 (the sum and unmasking)
+    import itertools
+
+    from groupfel.cost_models import secagg
+
+    ticks = itertools.count()
+    monkeypatch.setitem(secagg.CLOCKS, "wall", lambda: float(next(ticks)))
+    assert secagg.time_secagg_parts(3, 16, clock="wall") == (4.0, 1.0, 0.0)
+    client, server, _ = secagg.time_secagg_parts(3, 16)      # the CPU clock: microseconds, not 1 s steps
+    assert client < 1.0 and server < 1.0
+
+
+def test_measure_clock_wall_is_secagg_only(tmp_path):
+    from groupfel.experiments.cli import main
+
+    out = tmp_path / "m.csv"
+    assert main(["measure", "secagg", "--sizes", "2,3", "--params", "16", "--repeats", "1", "--clock", "wall",
+                 "--out", str(out)]) == 0
+    assert "# groupfel measure: secagg --clock wall" in out.read_text()
+    assert main(["measure", "training", "--sizes", "8", "--repeats", "1", "--clock", "wall",
+                 "--out", str(tmp_path / "t.csv")]) == 2
