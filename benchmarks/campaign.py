@@ -150,9 +150,9 @@ EMULATOR_VARIANTS = {"K=5": {}, "K=20": {"group_rounds": 20}, "scaffold": {"algo
 
 
 class _StubEngine:
-    """The run's own engine with training and evaluation stubbed: a client's update is its start
-    model shrunk by a fixed factor, its momentum is left as it was, and every evaluation reads accuracy 0.5,
-    loss 1. Deterministic and almost free, so what is left of a round is the emulator's Python.
+    """The run's own engine with training and evaluation stubbed: a client's trained model is its
+    start model, its momentum is left as it was, and every evaluation reads accuracy 0.5, loss 1.
+    Deterministic and almost free, so what is left of a round is the emulator's own work.
     Benchmark-only: a run never trains this way."""
 
     def __init__(self, engine):
@@ -172,7 +172,7 @@ class _StubEngine:
             rows = [0] * len(clients) if start.dim() == 1 else range(len(clients))
         import torch
 
-        return table.index_select(0, torch.as_tensor(list(rows), dtype=torch.long)) * 0.999
+        return table.index_select(0, torch.as_tensor(list(rows), dtype=torch.long))
 
     def evaluate(self, weights):
         return 0.5, 1.0

@@ -85,11 +85,11 @@ def run_group_rounds(engine: TrainingEngine, starts: dict[int, torch.Tensor], gr
             if own is not None:
                 table, rows = own, list(range(len(members)))
         correction = algorithm.correction(state, scratch, idx, group_of)
-        client_momentum = momentum[idx] if momentum is not None else None
+        client_momentum = momentum.index_select(0, idx) if momentum is not None else None
         local = algorithm.local_update(engine, state, scratch, table, members, rows, spec.local_epochs, seeds,
                                        spec.lr, correction, client_momentum)
         if client_momentum is not None:
-            momentum[idx] = client_momentum
+            momentum.index_copy_(0, idx, client_momentum)
         if uploads is not None:
             for r, c in enumerate(members):
                 uploads[c] = table[rows[r]] - local[r]
