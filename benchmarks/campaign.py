@@ -150,13 +150,15 @@ EMULATOR_VARIANTS = {"K=5": {}, "K=20": {"group_rounds": 20}, "scaffold": {"algo
 
 
 class _StubEngine:
-    """The run's own engine with training and evaluation stubbed: a client's trained model is its
-    start model, its momentum is left as it was, and every evaluation reads accuracy 0.5, loss 1.
+    """The run's own engine with training and evaluation stubbed: every client's trained model is
+    all ones (rows of one buffer, which the rounds only read), its momentum is left as it was, and
+    every evaluation reads accuracy 0.5, loss 1.
     Deterministic and almost free, so what is left of a round is the emulator's own work.
     Benchmark-only: a run never trains this way."""
 
     def __init__(self, engine):
         self._engine = engine
+        self._trained = None
 
     def __getattr__(self, name):
         return getattr(self._engine, name)
@@ -167,27 +169,28 @@ class _StubEngine:
         return contextlib.nullcontext()
 
     def train(self, start, clients, epochs, seeds, *, lr=None, correction=None, momentum=None, rows=None):
-        table = start.reshape(1, -1) if start.dim() == 1 else start
-        if rows is None:
-            rows = [0] * len(clients) if start.dim() == 1 else range(len(clients))
         import torch
 
-        return table.index_select(0, torch.as_tensor(list(rows), dtype=torch.long))
+        if self._trained is None or len(self._trained) < len(clients):   # read, never written, by the rounds
+            self._trained = torch.ones(max(len(clients), 256), self.n_params)
+        return self._trained[:len(clients)]
 
     def evaluate(self, weights):
         return 0.5, 1.0
 
 
-def emulator_round(variant: str, rounds: int, tmp: Path) -> float:
+def emulator_round(variant: str, rounds: int | None, tmp: Path) -> float:
     """Seconds per run-round of full-size groupfel-base (``variant``: :data:`EMULATOR_VARIANTS`)
-    with :class:`_StubEngine`, over rounds 2 to ``rounds`` + 1 of one arm (round 0 forms the
-    groups, round 1 warms the caches), evaluations and checkpoints every 5 rounds as the config's."""
+    with :class:`_StubEngine`, from the end of round 1 (round 0 forms the groups, round 1 warms the
+    caches) to the end of the run at its budget (or of round ``rounds`` + 1), evaluations and
+    checkpoints every 5 rounds as the config's: a checkpoint holds the whole ledger, so late rounds
+    cost more than early ones."""
     from groupfel.emulator.driver import run_arm
     from groupfel.experiments.tasks import plan_world, task_config
     import json
 
     base = tomllib.loads((ROOT / "experiments" / "reproductions" / "groupfel-base.toml").read_text())
-    base["train"].update(EMULATOR_VARIANTS[variant], rounds=rounds + 1, device="cpu")
+    base["train"].update(EMULATOR_VARIANTS[variant], device="cpu", **({"rounds": rounds + 1} if rounds else {}))
     import torch
 
     torch.set_num_threads(1)   # as every run trains (experiments.tasks.execute)
@@ -214,12 +217,13 @@ def emulator(args) -> None:
     for _ in range(args.repeats):
         for variant in EMULATOR_VARIANTS:
             for who, python in pythons.items():
-                out = subprocess.run([python, __file__, "--emulator", "--emulator-one", variant,
-                                      "--emulator-rounds", str(args.emulator_rounds)],
+                rounds = ["--emulator-rounds", str(args.emulator_rounds)] if args.emulator_rounds else []
+                out = subprocess.run([python, __file__, "--emulator", "--emulator-one", variant, *rounds],
                                      check=True, capture_output=True, text=True).stdout
                 ms.setdefault((variant, who), []).append(json.loads(out.splitlines()[-1]) * 1e3)
+    span = f"rounds 2-{args.emulator_rounds + 1}" if args.emulator_rounds else "whole runs"
     print(f"emulator's time per run-round of full-size groupfel-base, training and evaluation stubbed "
-          f"({args.emulator_rounds} rounds a run, median of {args.repeats}, load average {os.getloadavg()[0]:.1f})")
+          f"({span}, median of {args.repeats}, load average {os.getloadavg()[0]:.1f})")
     print(f"{'variant':9} " + " ".join(f"{who + ' ms':>12}" for who in pythons)
           + (f" {'baseline / this':>16}" if args.baseline else ""))
     for variant in EMULATOR_VARIANTS:
@@ -245,7 +249,8 @@ def main() -> None:
                     help="only the emulator's time per run-round, training and evaluation stubbed")
     ap.add_argument("--baseline", help="--emulator: also time under this Python (another checkout's groupfel)")
     ap.add_argument("--repeats", type=int, default=3, help="--emulator: measurements per variant (default 3)")
-    ap.add_argument("--emulator-rounds", type=int, default=20, help="--emulator: rounds timed per run (default 20)")
+    ap.add_argument("--emulator-rounds", type=int,
+                    help="--emulator: time this many rounds of each run (default: the whole run, to its budget)")
     ap.add_argument("--emulator-one", choices=list(EMULATOR_VARIANTS), help=argparse.SUPPRESS)
     args = ap.parse_args()
     numerics.apply("portable")   # the demo's numerics, before torch loads
