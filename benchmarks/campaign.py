@@ -221,6 +221,8 @@ def emulator(args) -> None:
                 out = subprocess.run([python, __file__, "--emulator", "--emulator-one", variant, *rounds],
                                      check=True, capture_output=True, text=True).stdout
                 ms.setdefault((variant, who), []).append(json.loads(out.splitlines()[-1]) * 1e3)
+                print(f"  {variant} {who}: {ms[variant, who][-1]:.1f} ms (load average {os.getloadavg()[0]:.1f})",
+                      file=sys.stderr, flush=True)
     span = f"rounds 2-{args.emulator_rounds + 1}" if args.emulator_rounds else "whole runs"
     print(f"emulator's time per run-round of full-size groupfel-base, training and evaluation stubbed "
           f"({span}, median of {args.repeats}, load average {os.getloadavg()[0]:.1f})")
