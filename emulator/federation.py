@@ -213,14 +213,19 @@ class Federation:
         n = len(transfer)
         steps = np.empty((n, len(charges) + 3))
         steps[:, 0], steps[:, 1] = t0, transfer                          # edge -> client
-        for c, (comp, amounts) in enumerate(charges.items()):            # E·H_i(n_i), each O_g, recovery
-            steps[:, 2 + c] = np.where(dropped & (comp != TRAINING), 0.0, slow * amounts)
-        steps[:, -1] = np.where(dropped, 0.0, transfer)                  # client -> edge (a dropped one: none)
+        if dropped.any():
+            for c, (comp, amounts) in enumerate(charges.items()):        # E·H_i(n_i), each O_g, recovery
+                steps[:, 2 + c] = np.where(dropped & (comp != TRAINING), 0.0, slow * amounts)
+            steps[:, -1] = np.where(dropped, 0.0, transfer)              # client -> edge (a dropped one: none)
+        else:
+            for c, amounts in enumerate(charges.values()):
+                steps[:, 2 + c] = slow * amounts
+            steps[:, -1] = transfer
         clock = np.cumsum(steps, axis=1)                                 # SimPy's own sums: now + delay
-        offsets = clock - t0
-        spans = np.stack([offsets[:, 1:-2], offsets[:, 2:-1]], axis=2)
+        # (member, component, [start, end]): consecutive offsets, as a view
+        spans = np.lib.stride_tricks.sliding_window_view(clock[:, 1:-1] - t0, 2, axis=1)
         ends = clock[:, -1]
-        if not np.array_equal(t0 + (ends - t0), ends):
+        if not (t0 + (ends - t0) == ends).all():
             return spans, None
         return spans, float(ends.max())
 
