@@ -2,6 +2,7 @@
 ``--stack 1``, on the same process pool, side by side in one run.
 
     python benchmarks/campaign.py [--stack 8] [--jobs N] [--rounds R] [--full-size-rounds R] [--steps]
+    python benchmarks/campaign.py --emulator [--baseline PYTHON] [--repeats N]
 
 1. **cpu**: ``groupfel run`` of the embedded default (digits, CNN, 4 arms x 3 seeds) with every
    run alone (``--stack 1``) and with at most ``--stack`` runs training together, each on a pool
@@ -19,6 +20,13 @@
    three forms a CPU can train them: the per-client loop (what ``--stack 1`` runs, channels-last),
    ``vmap`` over the model (the stacked form on a GPU) and the written-out grouped form the CPU's
    stacks use (training._GroupedNet), at the demo's shape and at larger ones, medians of 5.
+5. **emulator** (``--emulator``): the emulator's own Python per run-round of full-size
+   groupfel-base (300 clients, K = 5), at K = 20 and with SCAFFOLD, with training and evaluation
+   stubbed (:func:`emulator_round`): SimPy, the group-round loop, pricing, sampling, aggregation,
+   checkpoints and result files, everything a run does besides torch's training and evaluation.
+   ``--baseline PYTHON`` also times the same rounds under another interpreter (one whose
+   ``groupfel`` is another checkout, e.g. the last release's), interleaved with this one's,
+   medians of ``--repeats``, and prints the ratio.
 """
 from __future__ import annotations
 
@@ -136,6 +144,96 @@ def steps(repeats: int = 5) -> None:
               f"{t[0] / t[2]:20.2f}x", flush=True)
 
 
+# -- the emulator's own time per run-round (--emulator) ----------------------------------------------
+
+EMULATOR_VARIANTS = {"K=5": {}, "K=20": {"group_rounds": 20}, "scaffold": {"algorithm": "scaffold"}}
+
+
+class _StubEngine:
+    """The run's own engine with training and evaluation stubbed: every client's trained model is
+    all ones (rows of one buffer, which the rounds only read), its momentum is left as it was, and
+    every evaluation reads accuracy 0.5, loss 1.
+    Deterministic and almost free, so what is left of a round is the emulator's own work.
+    Benchmark-only: a run never trains this way."""
+
+    def __init__(self, engine):
+        self._engine = engine
+        self._trained = None
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def waiting(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def train(self, start, clients, epochs, seeds, *, lr=None, correction=None, momentum=None, rows=None):
+        import torch
+
+        if self._trained is None or len(self._trained) < len(clients):   # read, never written, by the rounds
+            self._trained = torch.ones(max(len(clients), 256), self.n_params)
+        return self._trained[:len(clients)]
+
+    def evaluate(self, weights):
+        return 0.5, 1.0
+
+
+def emulator_round(variant: str, rounds: int | None, tmp: Path) -> float:
+    """Seconds per run-round of full-size groupfel-base (``variant``: :data:`EMULATOR_VARIANTS`)
+    with :class:`_StubEngine`, from the end of round 1 (round 0 forms the groups, round 1 warms the
+    caches) to the end of the run at its budget (or of round ``rounds`` + 1), evaluations and
+    checkpoints every 5 rounds as the config's: a checkpoint holds the whole ledger, so late rounds
+    cost more than early ones."""
+    from groupfel.emulator.driver import run_arm
+    from groupfel.experiments.tasks import plan_world, task_config
+    import json
+
+    base = tomllib.loads((ROOT / "experiments" / "reproductions" / "groupfel-base.toml").read_text())
+    base["train"].update(EMULATOR_VARIANTS[variant], device="cpu", **({"rounds": rounds + 1} if rounds else {}))
+    import torch
+
+    torch.set_num_threads(1)   # as every run trains (experiments.tasks.execute)
+    world, (plan,) = plan_world(task_config(json.dumps(base)), only=0)
+    world.engine = _StubEngine(world.engine)
+    times: list[float] = []
+    run_arm(world, plan, tmp / variant, lambda t, cost, acc: times.append(time.perf_counter()))
+    return (times[-1] - times[0]) / (len(times) - 1)
+
+
+def emulator(args) -> None:
+    """Print the emulator's ms per run-round of each variant (this interpreter's ``groupfel``, and
+    the ``--baseline`` interpreter's beside it where given), interleaved, medians of ``--repeats``."""
+    import json
+    import statistics
+    import subprocess
+
+    if args.emulator_one:   # a child: one variant, one measurement, as JSON
+        with tempfile.TemporaryDirectory() as tmp:
+            print(json.dumps(emulator_round(args.emulator_one, args.emulator_rounds, Path(tmp))))
+        return
+    pythons = {"this": sys.executable, **({"baseline": args.baseline} if args.baseline else {})}
+    ms: dict[tuple[str, str], list[float]] = {}
+    for _ in range(args.repeats):
+        for variant in EMULATOR_VARIANTS:
+            for who, python in pythons.items():
+                rounds = ["--emulator-rounds", str(args.emulator_rounds)] if args.emulator_rounds else []
+                out = subprocess.run([python, __file__, "--emulator", "--emulator-one", variant, *rounds],
+                                     check=True, capture_output=True, text=True).stdout
+                ms.setdefault((variant, who), []).append(json.loads(out.splitlines()[-1]) * 1e3)
+                print(f"  {variant} {who}: {ms[variant, who][-1]:.1f} ms (load average {os.getloadavg()[0]:.1f})",
+                      file=sys.stderr, flush=True)
+    span = f"rounds 2-{args.emulator_rounds + 1}" if args.emulator_rounds else "whole runs"
+    print(f"emulator's time per run-round of full-size groupfel-base, training and evaluation stubbed "
+          f"({span}, median of {args.repeats}, load average {os.getloadavg()[0]:.1f})")
+    print(f"{'variant':9} " + " ".join(f"{who + ' ms':>12}" for who in pythons)
+          + (f" {'baseline / this':>16}" if args.baseline else ""))
+    for variant in EMULATOR_VARIANTS:
+        med = {who: statistics.median(ms[variant, who]) for who in pythons}
+        print(f"{variant:9} " + " ".join(f"{med[who]:12.1f}" for who in pythons)
+              + (f" {med['baseline'] / med['this']:15.2f}x" if args.baseline else ""), flush=True)
+
+
 def execute_alone(job, on_round) -> None:
     from groupfel.experiments.tasks import execute
 
@@ -149,12 +247,22 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, help="stop each run after this many rounds (default: the demo's budget)")
     ap.add_argument("--full-size-rounds", type=int, help="default 2 with a GPU, else 0 (skipped)")
     ap.add_argument("--steps", action="store_true", help="only the per-step table of the CPU's three forms")
+    ap.add_argument("--emulator", action="store_true",
+                    help="only the emulator's time per run-round, training and evaluation stubbed")
+    ap.add_argument("--baseline", help="--emulator: also time under this Python (another checkout's groupfel)")
+    ap.add_argument("--repeats", type=int, default=3, help="--emulator: measurements per variant (default 3)")
+    ap.add_argument("--emulator-rounds", type=int,
+                    help="--emulator: time this many rounds of each run (default: the whole run, to its budget)")
+    ap.add_argument("--emulator-one", choices=list(EMULATOR_VARIANTS), help=argparse.SUPPRESS)
     args = ap.parse_args()
     numerics.apply("portable")   # the demo's numerics, before torch loads
     import torch
 
     if args.steps:
         steps()
+        return
+    if args.emulator:
+        emulator(args)
         return
 
     cuda = torch.cuda.is_available()

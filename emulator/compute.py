@@ -53,6 +53,12 @@ def run_group_rounds(engine: TrainingEngine, starts: dict[int, torch.Tensor], gr
     x = dict(starts)
     order = list(groups)
     full_weights: dict[int, torch.Tensor] = {}            # Line 14's weights with every member alive
+    # the round's clients' momentum, gathered once and written back once (not at every group round)
+    everyone = [int(c) for gid in order for c in groups[gid].clients]
+    if momentum is not None:
+        round_idx = torch.as_tensor(everyone, device=momentum.device)
+        round_momentum = momentum.index_select(0, round_idx)
+        row_in_round = {c: i for i, c in enumerate(everyone)}
     for k in range(spec.group_rounds):
         members, rows, group_of, alive_of = [], [], [], {}
         live, starts_k, row_of = [], [], {}               # groups with a survivor; distinct start models
@@ -85,11 +91,17 @@ def run_group_rounds(engine: TrainingEngine, starts: dict[int, torch.Tensor], gr
             if own is not None:
                 table, rows = own, list(range(len(members)))
         correction = algorithm.correction(state, scratch, idx, group_of)
-        client_momentum = momentum[idx] if momentum is not None else None
+        client_momentum, at = None, None
+        if momentum is not None:
+            if members == everyone:          # no one dropped: the round's rows, as they are
+                client_momentum = round_momentum
+            else:
+                at = torch.as_tensor([row_in_round[c] for c in members], device=momentum.device)
+                client_momentum = round_momentum.index_select(0, at)
         local = algorithm.local_update(engine, state, scratch, table, members, rows, spec.local_epochs, seeds,
                                        spec.lr, correction, client_momentum)
-        if client_momentum is not None:
-            momentum[idx] = client_momentum
+        if at is not None:
+            round_momentum.index_copy_(0, at, client_momentum)
         if uploads is not None:
             for r, c in enumerate(members):
                 uploads[c] = table[rows[r]] - local[r]
@@ -114,4 +126,6 @@ def run_group_rounds(engine: TrainingEngine, starts: dict[int, torch.Tensor], gr
             x[gid] = algorithm.aggregate_group(state, scratch, GroupUpdate(gid, g.n_samples, alive, w, local[rows_g],
                                                                             rows_g, x[gid]))
             pos += len(w)
+    if momentum is not None:
+        momentum.index_copy_(0, round_idx, round_momentum)
     return x

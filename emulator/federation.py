@@ -138,6 +138,7 @@ class Federation:
         self.ctx = ctx
         self._priced: dict[bytes, tuple[list[str], dict[str, np.ndarray]]] = {}
         self._transfer: dict[int, float] = {}     # a model over each client's link, in seconds
+        self._cost: dict[bytes, float] = {}       # a group round's nominal Eq. 5 charge, per group
 
     @staticmethod
     def environment(initial_time: float = 0.0) -> simpy.Environment:
@@ -168,13 +169,19 @@ class Federation:
         """K group rounds (Alg. 1, Lines 8-14) for one sampled group."""
         ctx, env = self.ctx, self.ctx.env
         devices = self._price(g)[0]
+        transfer = self._transfers(g)
         for k in range(ctx.group_rounds):
             charges, dropped, slow = self.charges(t, k, g)
             start = env.now
-            members = [env.process(self._client(int(c), i, charges, slow[i], bool(dropped[i])))
-                       for i, c in enumerate(g.clients)]
+            spans, end = self._spans(start, transfer, charges, slow, dropped)
+            if end is None:   # float rounding: each member on its own clock, step by step
+                members = [env.process(self._client(int(c), i, charges, slow[i], bool(dropped[i])))
+                           for i, c in enumerate(g.clients)]
+            else:             # the members' processes as one, ending with the slowest (see _spans)
+                members = [env.process(self._members(end - start))]
             yield env.all_of(members)                                    # wait for the slowest member
-            spans = np.array([p.value for p in members])                 # (member, component, [start,end])
+            if end is None:
+                spans = np.array([p.value for p in members])             # (member, component, [start,end])
             for ci, comp in enumerate(charges):
                 ctx.ledger.charge(round=t, edge=j, group=gid, group_round=k, clients=g.clients,
                                   devices=devices, component=comp, amounts=charges[comp],
@@ -185,6 +192,45 @@ class Federation:
                 rate = np.array([ctx.topology.client_link(int(c)).bandwidth_mbps for c in g.clients])
                 self.charge_energy((t, j, gid, k), g, devices, list(charges), spans, radio, rate,
                                    np.ones(g.size, bool), ~dropped, env.now - start)
+
+    def _transfers(self, g: Group) -> np.ndarray:
+        """Seconds of a model over each member's link."""
+        for c in g.clients.tolist():
+            if c not in self._transfer:
+                self._transfer[c] = self.ctx.topology.client_link(c).transfer_time(self.ctx.model_bytes)
+        return np.array([self._transfer[c] for c in g.clients.tolist()])
+
+    def _spans(self, t0: float, transfer: np.ndarray, charges: dict[str, np.ndarray], slow: np.ndarray,
+               dropped: np.ndarray) -> tuple[np.ndarray, float | None]:
+        """Every member's (start, end) offset of each component in a group round starting at
+        ``t0`` (:meth:`_client`'s steps, all members at once: the same sums in the same order), and
+        the group round's end, the slowest member's: None where float rounding would land a
+        member's single timeout off its step-by-step clock (then :meth:`_client` plays each).
+
+        One process with one timeout stands for the members' processes: it is started where they
+        were and ends its round through as many same-time events (timeout, process, condition),
+        so simultaneous events of other groups keep their order (and the ledger its rows)."""
+        n = len(transfer)
+        steps = np.empty((n, len(charges) + 3))
+        steps[:, 0], steps[:, 1] = t0, transfer                          # edge -> client
+        if dropped.any():
+            for c, (comp, amounts) in enumerate(charges.items()):        # E·H_i(n_i), each O_g, recovery
+                steps[:, 2 + c] = np.where(dropped & (comp != TRAINING), 0.0, slow * amounts)
+            steps[:, -1] = np.where(dropped, 0.0, transfer)              # client -> edge (a dropped one: none)
+        else:
+            for c, amounts in enumerate(charges.values()):
+                steps[:, 2 + c] = slow * amounts
+            steps[:, -1] = transfer
+        clock = np.cumsum(steps, axis=1)                                 # SimPy's own sums: now + delay
+        # (member, component, [start, end]): consecutive offsets, as a view
+        spans = np.lib.stride_tricks.sliding_window_view(clock[:, 1:-1] - t0, 2, axis=1)
+        ends = clock[:, -1]
+        if not (t0 + (ends - t0) == ends).all():
+            return spans, None
+        return spans, float(ends.max())
+
+    def _members(self, duration: float):
+        yield self.ctx.env.timeout(duration)
 
     def charge_energy(self, where: tuple, g: Group, devices: list[str], components: list[str], spans: np.ndarray,
                       radio: np.ndarray, rate: np.ndarray, present: np.ndarray, completed: np.ndarray,
@@ -268,8 +314,19 @@ class Federation:
 
     def round_cost(self, t: int, groups: list[Group]) -> float:
         """What round t will charge to the ledger (Eq. 5 plus any dropout recovery)."""
+        ctx = self.ctx
+        if type(self).charges is Federation.charges and (ctx.faults is None or ctx.faults.dropout == 0):
+            # no member drops: every group round charges its group's nominal prices (the same sum)
+            per_group = [self._nominal_cost(g) for g in groups]
+            return float(sum(c for c in per_group for _ in range(ctx.group_rounds)))
         return float(sum(sum(v.sum() for v in self.charges(t, k, g)[0].values())
-                         for g in groups for k in range(self.ctx.group_rounds)))
+                         for g in groups for k in range(ctx.group_rounds)))
+
+    def _nominal_cost(self, g: Group) -> float:
+        key = g.clients.tobytes() + g.n_samples.tobytes()
+        if key not in self._cost:
+            self._cost[key] = sum(v.sum() for v in self._price(g)[1].values())
+        return self._cost[key]
 
     def _client(self, client: int, member: int, charges: dict[str, np.ndarray], slow: float = 1.0,
                 dropped: bool = False):

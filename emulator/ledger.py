@@ -24,6 +24,7 @@ COLUMNS = ["round", "edge", "group", "group_round", "client", "device", "compone
 DTYPES = {"round": np.int32, "edge": np.int32, "group": np.int32, "group_round": np.int32, "client": np.int32,
           "device": object, "component": object, "amount": float, "start": float, "end": float}
 SCALARS = ("round", "edge", "group", "group_round", "component")   # one value per charge call
+TEXT = ("device", "component")   # kept as codes into their names once expanded
 ENERGY_COLUMNS = ["round", "edge", "group", "group_round", "client", "device", "state", "seconds", "joules"]
 ENERGY_DTYPES = {**{c: DTYPES[c] for c in ENERGY_COLUMNS[:6]}, "state": object, "seconds": float, "joules": float}
 ENERGY_SCALARS = ("round", "edge", "group", "group_round", "state")
@@ -52,7 +53,12 @@ class CostLedger:
         # columns as arrays (expanded only when read: a round makes a block per group round and
         # component)
         self._blocks: list[tuple] = []
-        self._loaded: dict[str, np.ndarray] | None = None    # rows restored from a checkpoint
+        # rows expanded so far (restored from a checkpoint, or read at one), the TEXT columns as
+        # int32 codes into _names: a checkpoint then expands only the blocks since the last one
+        # and pickles numeric arrays, where a string per row made a late checkpoint the run's
+        # slowest step
+        self._loaded: dict[str, np.ndarray] | None = None
+        self._names: dict[str, list[str]] = {c: [] for c in TEXT}
         self.total = 0.0
         self.by_component: dict[str, float] = {}
         self.power = None     # a PowerModel: the run charges energy (set by the run, never checkpointed)
@@ -131,9 +137,33 @@ class CostLedger:
         self.total += total
         self.by_component[component] = self.by_component.get(component, 0.0) + total
 
+    def _coded(self) -> dict[str, np.ndarray]:
+        """The charges as recorded (0-based round index), the TEXT columns as codes."""
+        if self._blocks or self._loaded is None:
+            new = _expand(self._blocks, None, COLUMNS, DTYPES, SCALARS)
+            for c in TEXT:
+                new[c] = self._encode(c, new[c])
+            self._loaded = new if self._loaded is None else {c: np.concatenate([self._loaded[c], new[c]])
+                                                             for c in COLUMNS}
+            self._blocks = []
+        return self._loaded
+
+    def _encode(self, column: str, values: np.ndarray) -> np.ndarray:
+        codes, uniques = pd.factorize(values)
+        names = self._names[column]
+        known = {n: i for i, n in enumerate(names)}
+        for u in uniques:
+            if u not in known:
+                known[u] = len(names)
+                names.append(u)
+        return np.array([known[u] for u in uniques], dtype=np.int32)[codes] if len(codes) else \
+            np.empty(0, dtype=np.int32)
+
     def _columns(self) -> dict[str, np.ndarray]:
         """The charges as recorded (0-based round index)."""
-        return _expand(self._blocks, self._loaded, COLUMNS, DTYPES, SCALARS)
+        coded = self._coded()
+        return {c: np.asarray(self._names[c] or [""], dtype=object)[coded[c]] if c in TEXT else coded[c]
+                for c in COLUMNS}
 
     def frame(self) -> pd.DataFrame:
         """Every charge, rounds numbered from 1."""
@@ -145,9 +175,8 @@ class CostLedger:
 
     # Checkpoints store the ledger as plain arrays.
     def state(self) -> dict:
-        cols = self._columns()
-        out = {"columns": {c: cols[c].astype(object) if c in ("device", "component") else cols[c]
-                           for c in COLUMNS}, "total": self.total, "by_component": self.by_component}
+        out = {"columns": dict(self._coded()), "names": {c: list(self._names[c]) for c in TEXT},
+               "total": self.total, "by_component": self.by_component}
         if self._energy or self._energy_loaded is not None:
             e = _expand(self._energy, self._energy_loaded, ENERGY_COLUMNS, ENERGY_DTYPES, ENERGY_SCALARS)
             out["energy"] = {"columns": {c: e[c].astype(object) if c in ("device", "state") else e[c]
@@ -159,9 +188,13 @@ class CostLedger:
     @classmethod
     def from_state(cls, state: dict) -> "CostLedger":
         led = cls()
-        cols = state["columns"]
+        cols = {c: np.asarray(v) for c, v in state["columns"].items()}
+        if "names" in state:
+            led._names = {c: list(state["names"][c]) for c in TEXT}
+        else:   # a checkpoint from before the codes: the text columns as strings
+            cols.update({c: led._encode(c, cols[c]) for c in TEXT})
         if len(cols["amount"]):
-            led._loaded = {c: np.asarray(cols[c]) for c in COLUMNS}
+            led._loaded = {c: cols[c] for c in COLUMNS}
         led.total = float(state["total"])
         led.by_component = dict(state["by_component"])
         energy = state.get("energy")

@@ -80,14 +80,15 @@ class Scaffold(Algorithm):
     def correction(self, state, scratch, clients, group_of):
         c_table = torch.stack([scratch.control[g] for g in dict.fromkeys(group_of)])
         position = {g: i for i, g in enumerate(dict.fromkeys(group_of))}
-        return c_table[torch.as_tensor([position[g] for g in group_of], device=c_table.device)] - \
-            state.clients["variates"][clients]
+        return c_table[torch.as_tensor([position[g] for g in group_of], device=c_table.device)] \
+            .sub_(state.clients["variates"].index_select(0, clients))
 
     def after_local(self, state, scratch, clients, starts, trained, steps, lr, correction):
-        new = -correction + (starts - trained) / (steps[:, None] * lr)
+        # -correction + (starts - trained) / (steps·lr), in place (the same floats: x + (-c) is x - c)
+        new = (starts - trained).div_(steps[:, None] * lr).sub_(correction)
         variates = state.clients["variates"]
-        scratch.delta = new - variates[clients]
-        variates[clients] = new
+        scratch.delta = new - variates.index_select(0, clients)
+        variates.index_copy_(0, clients, new)
 
     def aggregate_group(self, state, scratch, update):
         # the survivors' changes over all members (a dropped member: no change)

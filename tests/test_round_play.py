@@ -1,0 +1,95 @@
+"""The emulator's shortcuts change no number: a group round's members played as one SimPy process
+give the clock and ledger of one process per member (ties between groups included), and the
+ledger kept expanded between checkpoints, checkpointed as codes, reads back as charged (old
+checkpoints with the text columns as strings too)."""
+import numpy as np
+import pandas as pd
+import simpy
+import torch
+
+from groupfel.cost_models import CostModel, DeviceProfile, linear, quadratic
+from groupfel.emulator.config import FaultsConfig, StragglerConfig
+from groupfel.emulator.federation import Federation, Group, RoundContext
+from groupfel.emulator.ledger import CostLedger
+from groupfel.topologies import Link, build_topology
+
+
+def _play(faults, one_process: bool) -> tuple[float, pd.DataFrame]:
+    """Three rounds of 4 groups on 2 edges; groups 0 and 2 are alike (devices, samples) on alike edges,
+    so their group rounds end at the same simulated times."""
+    sizes = np.array([10, 20, 10, 20, 10, 20, 10, 20, 30, 30])
+    labels = sizes[:, None]
+    topo = build_topology([5, 5], ["a", "b"] * 5, [np.arange(s) for s in sizes], labels, Link(8.0, 0.5),
+                          Link(80.0, 0.2))
+    profiles = {d: DeviceProfile(d, "t", {"sgd": linear(0.1 * (1 + i), 0.01)}, {"secagg": quadratic(1, 0.5, 0)})
+                for i, d in enumerate("ab")}
+    ledger = CostLedger()
+    env = simpy.Environment()
+    fed = Federation(RoundContext(env, 1_000_000, CostModel(profiles, "sgd", ("secagg",), 2.0), ledger, topo, 3, 3,
+                                  2, faults))
+    if not one_process:
+        fed._spans = lambda t0, transfer, charges, slow, dropped: (None, None)   # every member its own process
+    groups = [(0, Group(0, np.array([0, 1]), sizes[[0, 1]], 0.0)), (1, Group(0, np.array([2, 3, 4]), sizes[[2, 3, 4]], 0.0)),
+              (2, Group(1, np.array([5, 6]), sizes[[5, 6]], 0.0)), (3, Group(1, np.array([7, 8, 9]), sizes[[7, 8, 9]], 0.0))]
+    for t in range(3):
+        env.run(until=env.process(fed.global_round(t, groups)))
+    return env.now, ledger.frame()
+
+
+def test_one_process_per_group_round_plays_as_one_per_member():
+    for faults in (None, FaultsConfig(dropout=0.3, recovery_multiple=2.0),
+                   FaultsConfig(dropout=0.2, straggler=StragglerConfig(distribution="lognormal", sigma=0.5))):
+        now, fast = _play(faults, one_process=True)
+        now_each, each = _play(faults, one_process=False)
+        assert now == now_each
+        pd.testing.assert_frame_equal(fast, each, check_exact=True)
+    # the case the order matters: groups finishing their group rounds at the same time
+    _, df = _play(None, one_process=True)
+    ends = df.groupby(["round", "group_round", "group"])["end"].max().unstack()
+    assert (ends[0] == ends[2]).all()
+
+
+def _charge(led: CostLedger, r: int) -> None:
+    for comp, devices in (("training", ["a", "b", "a"]), ("secagg", ["b", "b", "a"])):
+        led.charge(round=r, edge=r % 2, group=r, group_round=0, clients=np.array([0, 1, 2]) + r, devices=devices,
+                   component=comp, amounts=np.arange(3.0) + r, start=np.zeros(3), end=np.ones(3))
+
+
+def test_a_ledger_read_between_charges_checkpoints_and_resumes_as_charged(tmp_path):
+    from groupfel.emulator.arm import ArmState
+    from groupfel.emulator.driver import load_checkpoint, save_checkpoint
+
+    whole, read = CostLedger(), CostLedger()
+    for r in range(4):
+        _charge(whole, r)
+        _charge(read, r)
+        read.state()                     # a checkpoint after every round keeps the rows expanded
+    pd.testing.assert_frame_equal(whole.frame(), read.frame(), check_exact=True)
+    save_checkpoint(tmp_path / "c.pt", ArmState(ledger=read))
+    blob = torch.load(tmp_path / "c.pt", weights_only=True)
+    assert all(isinstance(v, torch.Tensor) for v in blob["ledger"]["columns"].values())   # no string per row
+    back = load_checkpoint(tmp_path / "c.pt").ledger
+    _charge(back, 4)
+    _charge(whole, 4)
+    pd.testing.assert_frame_equal(whole.frame(), back.frame(), check_exact=True)
+    assert back.total == whole.total and back.by_component == whole.by_component
+
+
+def test_a_checkpoint_with_the_text_columns_as_strings_still_resumes(tmp_path):
+    """Checkpoints written before the codes kept the device and component of every row as a string."""
+    from groupfel.emulator.arm import ArmState
+    from groupfel.emulator.driver import load_checkpoint, save_checkpoint
+
+    led = CostLedger()
+    for r in range(3):
+        _charge(led, r)
+    save_checkpoint(tmp_path / "c.pt", ArmState(ledger=led))
+    blob = torch.load(tmp_path / "c.pt", weights_only=True)
+    names = blob["ledger"].pop("names")
+    for c, v in names.items():           # the old layout
+        blob["ledger"]["columns"][c] = [v[i] for i in blob["ledger"]["columns"][c].tolist()]
+    torch.save(blob, tmp_path / "old.pt")
+    back = load_checkpoint(tmp_path / "old.pt").ledger
+    _charge(back, 3)
+    _charge(led, 3)
+    pd.testing.assert_frame_equal(led.frame(), back.frame(), check_exact=True)
