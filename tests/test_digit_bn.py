@@ -140,3 +140,4 @@ def test_maxfl_rows_count_its_participants(tiny_dict, tmp_path):
     assert rows["maxfl_participants"].iloc[1] == 4        # round 0 (the authors' epoch 0): every client
     assert 0 <= rows["maxfl_participants"].iloc[2] <= 4
     assert isinstance(rows, pd.DataFrame)
+
