@@ -103,6 +103,18 @@ def fedcollab_optimize(sizes: np.ndarray, D: np.ndarray, capacity: float, rng: n
 ABLATIONS = ("none", "ignore-quantities", "ignore-distances")
 
 
+def set_partitions(n: int):
+    """Every partition of range(n) as a label vector (restricted growth strings): Eq. 10's brute-force
+    optimum for small N (21,147 partitions at N = 9)."""
+    def rec(i, labels, k):
+        if i == n:
+            yield np.array(labels)
+            return
+        for c in range(k + 1):
+            yield from rec(i + 1, labels + [c], max(k, c + 1))
+    yield from rec(1, [0], 1)
+
+
 @groupings.register("fedcollab")
 @dataclass(frozen=True)
 class FedCollabGrouping(GroupingPolicy):
