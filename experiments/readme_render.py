@@ -249,6 +249,29 @@ def before_after(name: str, mode: str, before: str, column: str, arm: str, digit
     return f"{fmt(float(np.mean([y[s] for s in common])), digits)} → {fmt(float(np.mean([x[s] for s in common])), digits)} ({diff})"
 
 
+def _round_per_seed(name: str, folder: str, column: str, arm: str, round: int, scale: float) -> dict[int, float]:
+    """``column`` at evaluation ``round`` of each run in ``folder/runs.csv``, times ``scale``, per seed."""
+    runs = _select(_csv(name, folder, "runs.csv"), arm, {})
+    return {int(s): float(r[r["round"] == round][column].iloc[0]) * scale for s, r in runs.groupby("seed")
+            if (r["round"] == round).any()}
+
+
+def mean_at(name: str, mode: str, column: str, arm: str, round: int, digits: int = 1, scale: float = 1.0) -> str:
+    """Mean over seeds of ``column`` at evaluation ``round`` (e.g. ``maxfl_participants``)."""
+    return fmt(float(np.mean(list(_round_per_seed(name, mode, column, arm, round, scale).values()))), digits)
+
+
+def before_after_at(name: str, mode: str, before: str, column: str, arm: str, round: int,
+                    before_arm: str | None = None, digits: int = 2, scale: float = 100.0) -> str:
+    """As :func:`before_after`, at evaluation ``round`` of both folders (a shorter rerun beside a
+    longer one), ``before_arm`` in folder ``before`` (default: ``arm``)."""
+    x = _round_per_seed(name, mode, column, arm, round, scale)
+    y = _round_per_seed(name, before, column, before_arm or arm, round, scale)
+    common = sorted(set(x) & set(y))
+    diff = _paired([x[s] - y[s] for s in common], column, scale, digits)
+    return f"{fmt(float(np.mean([y[s] for s in common])), digits)} → {fmt(float(np.mean([x[s] for s in common])), digits)} ({diff})"
+
+
 def paired_points(name: str, mode: str, arm: str, a: dict, b: dict, digits: int = 2,
                   column: str = "accuracy", scale: float = 100.0) -> str:
     """Paired difference, point ``b`` minus point ``a``, per seed (the same seed draws the same
@@ -446,7 +469,7 @@ def base_sources(quick: bool = False) -> str:
 
 FUNCTIONS = {f.__name__: f for f in (ours, paper, summary, cell, summary_ci, at_cost, at_round, at_cost_over,
                                      paired_at_cost, last, paired_last, paired_folders, before_after, paired_points, paired_final,
-                                     cost_to, diverged, span, seeds, fmt, table1, arms_table, methods_table, grid, verdict_points, verdict_last,
+                                     cost_to, diverged, span, seeds, fmt, table1, arms_table, methods_table, grid, verdict_points, verdict_last, before_after_at, mean_at,
                                      table2, table2_diff, table2_span, sources, base_sources)}
 
 
