@@ -28,6 +28,14 @@ src/collab/disc_estimate.py; example/label_shift/distance_estimate.sh runs it wi
 stops after ``early_stop`` evaluations without improvement. The maximum of noisy evaluations is
 biased upwards, so "best" reads same-distribution pairs higher than "final" does.
 
+Budget. The defaults train ``rounds`` rounds of ``local_steps`` full-batch steps at ``lr``. The
+authors' disc.py (code: example/label_shift/distance_estimate.sh: --lr 0.01 --rounds 2000
+--eval_rounds 10 --early_stop 10, --iters 1 and --batch_size 32 by default) takes one SGD step on
+one minibatch of 32 a round: ``batch_size`` > 0 draws each round's minibatch of each client
+uniformly without replacement from its training samples (the authors' DataLoader deals shuffled
+passes; the draws here are independent between rounds). A pair that stops early stops training:
+each client is charged the rounds its pairs ran (the third value returned).
+
 All pairs of a chunk train at once as one batched network (``torch.bmm``), so the O(N²)
 discriminators cost O(N²) arithmetic but few Python steps.
 """
@@ -59,10 +67,13 @@ class DiscriminatorSpec:
     selection: str = "final"  # or "best": best held-out score over evaluations (the authors' code)
     eval_every: int = 10      # rounds between evaluations (selection = "best")
     early_stop: int = 10      # evaluations without improvement before a pair stops; 0: never
+    batch_size: int = 0       # samples a step takes from each client; 0: all its training samples
 
     def __post_init__(self):
         if self.selection not in SELECTIONS:
             raise ValueError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
+        if self.batch_size < 0:
+            raise ValueError(f"batch_size must be >= 0 (0: full batch), got {self.batch_size!r}")
 
     def n_params(self, n_features: int) -> int:
         return n_features * self.hidden + self.hidden + self.hidden + 1
@@ -95,12 +106,13 @@ def _held_out_score(shared, features, valid, vmask, pi, pj) -> torch.Tensor:
 
 
 def discriminator_distances(features: torch.Tensor, client_samples: list[np.ndarray], seed: tuple[int, ...],
-                            spec: DiscriminatorSpec = DiscriminatorSpec()) -> tuple[np.ndarray, np.ndarray]:
-    """(clients × clients distance matrix, training samples m_i of each client per step)."""
+                            spec: DiscriminatorSpec = DiscriminatorSpec()) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(clients × clients distance matrix, samples of each client a step passes over, rounds each
+    client trained, summed over its pairs)."""
     n = len(client_samples)
     sizes = np.array([len(s) for s in client_samples])
     if n < 2:
-        return np.zeros((n, n)), np.zeros(n, dtype=int)
+        return np.zeros((n, n)), np.zeros(n, dtype=int), np.zeros(n)
     if sizes.min() < 2:
         raise ValueError("fedcollab discriminator: every client needs >= 2 samples (train and validate)")
     m = np.clip((sizes * spec.train_fraction).astype(int), 1, np.minimum(spec.m_train, sizes - 1))
@@ -109,8 +121,9 @@ def discriminator_distances(features: torch.Tensor, client_samples: list[np.ndar
     train, tmask = _padded([o[:k] for o, k in zip(order, m)])
     valid, vmask = _padded([o[k:k + spec.max_valid] for o, k in zip(order, m)])
     gen = torch.Generator().manual_seed(seed_of(sub_key(seed, "discriminator-init")))
+    batches = torch.Generator().manual_seed(seed_of(sub_key(seed, "discriminator-batches")))
     nf, h = features.shape[1], spec.hidden
-    D = np.zeros((n, n))
+    D, ran = np.zeros((n, n)), np.zeros(n)
     pairs = np.array(list(combinations(range(n), 2)))
     for c in range(0, len(pairs), spec.chunk):
         pi, pj = (torch.as_tensor(a) for a in pairs[c:c + spec.chunk].T)
@@ -118,12 +131,18 @@ def discriminator_distances(features: torch.Tensor, client_samples: list[np.ndar
         shared = [torch.randn(P, nf, h, generator=gen) / nf ** 0.5, torch.zeros(P, h),
                   torch.randn(P, h, 1, generator=gen) / h ** 0.5, torch.zeros(P, 1)]
         x = torch.cat([features[train[pi]], features[train[pj]]])                  # (2P, max m, F)
-        w = torch.cat([tmask[pi], tmask[pj]])
-        w = w / w.sum(1, keepdim=True)                                              # each client's mean loss
+        real = torch.cat([tmask[pi], tmask[pj]])
+        w = real / real.sum(1, keepdim=True)                                        # each client's mean loss
         y = torch.cat([torch.ones(P, w.shape[1]), torch.zeros(P, w.shape[1])])      # client i -> 1
         best = torch.full((P,), -torch.inf)
         stale, active = torch.zeros(P, dtype=torch.long), torch.ones(P, dtype=torch.bool)
+        rounds = torch.zeros(P)
         for r in range(spec.rounds):
+            rounds += active.float()
+            if spec.batch_size:   # this round's minibatch: the batch_size real samples of lowest random key
+                keys = torch.rand(real.shape, generator=batches).masked_fill(real == 0, 2.0)
+                pick = (keys.argsort(1).argsort(1) < spec.batch_size) & (real > 0)
+                w = pick / pick.sum(1, keepdim=True)
             local = [p.repeat(2, *[1] * (p.dim() - 1)).requires_grad_() for p in shared]
             for _ in range(spec.local_steps):                                       # LocalUpdate
                 loss = (F.binary_cross_entropy_with_logits(_mlp(local, x), y, reduction="none") * w).sum()
@@ -143,7 +162,9 @@ def discriminator_distances(features: torch.Tensor, client_samples: list[np.ndar
         score = best if spec.selection == "best" else _held_out_score(shared, features, valid, vmask, pi, pj)
         d = score.clamp(min=0.0).numpy()                                            # 2·BalAcc − 1, ≥ 0
         D[pi.numpy(), pj.numpy()] = D[pj.numpy(), pi.numpy()] = d
-    return D, m
+        np.add.at(ran, pi.numpy(), rounds.numpy())
+        np.add.at(ran, pj.numpy(), rounds.numpy())
+    return D, (np.minimum(m, spec.batch_size) if spec.batch_size else m), ran
 
 
 def discriminator_features(x: np.ndarray, y: np.ndarray, num_classes: int) -> torch.Tensor:

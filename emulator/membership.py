@@ -43,7 +43,7 @@ from groupfel.errors import InputError
 from .federation import Group
 from .io import write_json
 from .ledger import CostLedger
-from .models import layer_slices
+from .models import layer_slices, trainable_mask
 from .rng import key, rng
 from .world import World
 
@@ -113,20 +113,22 @@ def form_groups(world: World, policy: GroupingPolicy, epoch: int, weights: torch
         if policy.needs_gradients:
             if weights is None:
                 weights = world.engine.initial_weights(world.config.seed)
-            view = EdgeView(labels, _probe_gradients(world, members, j, epoch, weights), layer_slices(world.engine))
+            view = EdgeView(labels, _probe_gradients(world, members, j, epoch, weights), layer_slices(world.engine),
+                            trainable=trainable_mask(world.engine))
             probe.append(probe_work(world, j, members, 1))
         if policy.needs_distances:
             spec = DiscriminatorSpec(rounds=policy.discriminator_rounds, selection=policy.discriminator_selection,
                                      eval_every=policy.discriminator_eval_every,
-                                     early_stop=policy.discriminator_early_stop)
+                                     early_stop=policy.discriminator_early_stop, lr=policy.discriminator_lr,
+                                     local_steps=policy.discriminator_local_steps,
+                                     batch_size=policy.discriminator_batch_size)
             features = discriminator_features(world.dataset.x_train, world.dataset.y_train, world.dataset.num_classes)
-            D, m = discriminator_distances(features, [topo.client_samples[c] for c in members],
-                                           key(world.config.seed, "discriminators", epoch, j), spec)
+            D, m, ran = discriminator_distances(features, [topo.client_samples[c] for c in members],
+                                                key(world.config.seed, "discriminators", epoch, j), spec)
             view = EdgeView(labels, distances=D)
-            # Each client trains |edge| − 1 discriminators: rounds × local_steps passes over its m_i
-            # training samples, priced by its training curve scaled by discriminator / model parameters.
-            scale = (len(members) - 1) * spec.rounds * spec.local_steps * spec.n_params(features.shape[1]) \
-                / world.engine.n_params
+            # Each client trains |edge| − 1 discriminators: the rounds its pairs ran × local_steps
+            # passes over m_i samples, priced by its training curve scaled by discriminator / model parameters.
+            scale = ran * spec.local_steps * spec.n_params(features.shape[1]) / world.engine.n_params
             probe.append((j, members, scale * world.cost.training_cost(devices, m, 1)))
         gen = rng(world.config.seed, "grouping", epoch, j)
         local_groups, left_out, touched_here = grouping_of_edge(policy, view, gen, j)

@@ -7,11 +7,19 @@ papers study this costs accuracy (Hsieh et al., ICML 2020, "The Non-IID Data Qua
 with GroupNorm). GroupNorm normalises each sample on its own, so it works with the tiny local
 batches of the papers (B = 10), keeps the whole model state in the flat parameter vector that is
 sent and aggregated, and can be stacked over clients by the batched engine.
+
+``digit-bn-cnn`` is the exception, for the HCCT reproductions: FedBN's Digit model, which the HCCT
+authors train, with its BatchNorm. Its running statistics and batch counters are registered as
+parameters that take no gradient (:func:`state_as_parameters`), so they travel in the flat vector
+as the authors' state dict does: a group's model averages them (FedAvg of the state dict), and a
+client's update (start − trained) holds their change, the authors' "gradient". The engines step
+only the parameters that take a gradient; ``trainable_mask`` says which entries those are.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 from torch import nn
 
 from groupfel.errors import InputError
@@ -55,6 +63,44 @@ def _audio_cnn(shape, classes):
     for cin, cout in ((c, 16), (16, 32), (32, 64), (64, 64)):   # pool before ReLU: see _cnn
         layers += [nn.Conv2d(cin, cout, 3, padding=1), nn.MaxPool2d(2, ceil_mode=True), nn.ReLU()]
     return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, classes))
+
+
+def state_as_parameters(model: nn.Module) -> nn.Module:
+    """Every BatchNorm's running statistics and batch counter as parameters without a gradient
+    (float, so they fit the float32 flat vector: a counter is exact below 2^24 batches). BatchNorm
+    updates them in place in training mode as it does its buffers; ``state_dict`` keeps their names."""
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+            for name in ("running_mean", "running_var", "num_batches_tracked"):
+                value = getattr(m, name).detach().float().clone()
+                delattr(m, name)
+                m.register_parameter(name, nn.Parameter(value, requires_grad=False))
+    return model
+
+
+class _BatchNorm1d(nn.BatchNorm1d):
+    """BatchNorm1d that normalises a training batch of one sample with its running statistics
+    (and leaves them), where torch's raises: a client's last minibatch can hold one sample."""
+
+    def forward(self, x):
+        if self.training and x.shape[0] == 1:
+            return nn.functional.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                                            False, 0.0, self.eps)
+        return super().forward(x)
+
+
+def _digit_bn_cnn(shape, classes):
+    """FedBN's Digit model (Li et al. 2021, the HCCT authors' Digit model): conv 64-64-128 (5×5,
+    padding 2), each + BatchNorm and ReLU, 2×2 max-pools after the first two; linear 2048-512,
+    each + BatchNorm and ReLU; a linear head. On 28×28 inputs the first linear layer takes 6,272
+    features, as theirs; on other sides 128·(side/4)²."""
+    c, h, w = shape
+    return state_as_parameters(nn.Sequential(
+        nn.Conv2d(c, 64, 5, padding=2), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(64, 64, 5, padding=2), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(64, 128, 5, padding=2), nn.BatchNorm2d(128), nn.ReLU(), nn.Flatten(),
+        nn.Linear(128 * (h // 4) * (w // 4), 2048), _BatchNorm1d(2048), nn.ReLU(),
+        nn.Linear(2048, 512), _BatchNorm1d(512), nn.ReLU(), nn.Linear(512, classes)))
 
 
 def _norm(channels: int) -> nn.GroupNorm:
@@ -101,6 +147,7 @@ MODELS: dict[str, ModelBuilder] = {
     "linear": _linear,
     "cnn": _cnn,
     "audio-cnn": _audio_cnn,
+    "digit-bn-cnn": _digit_bn_cnn,
     # the Group-FEL authors' light and heavy tasks: 1 block per stage at 8/16/32 channels, 3 at 16/32/64
     "resnet-1": lambda shape, classes: ResNet(shape[0], classes, 1, (8, 16, 32)),
     "resnet-3": lambda shape, classes: ResNet(shape[0], classes, 3, (16, 32, 64)),
@@ -140,3 +187,12 @@ def layer_slices(engine) -> tuple[slice, ...] | None:
         offset += p.numel()
         span[1] = offset
     return tuple(slice(a, b) for a, b in bounds.values())
+
+
+def trainable_mask(engine) -> np.ndarray | None:
+    """Which entries of the flat weight vector take a gradient (False: BatchNorm statistics held
+    as parameters, :func:`state_as_parameters`); None where all do, or without a model."""
+    model = getattr(engine, "model", None)
+    if model is None or all(p.requires_grad for p in model.parameters()):
+        return None
+    return np.concatenate([np.full(p.numel(), p.requires_grad) for p in model.parameters()])

@@ -29,7 +29,7 @@ STREAMS: dict[str, int | None] = {
     "discriminators": None,  # FedCollab's discriminators at epoch e on an edge: (e, edge); sub-streams below
 }
 # streams derived from a key of "discriminators": the tag is appended last
-SUB_STREAMS: dict[str, int] = {"discriminator-split": 7, "discriminator-init": 8}
+SUB_STREAMS: dict[str, int] = {"discriminator-split": 7, "discriminator-init": 8, "discriminator-batches": 9}
 
 
 def key(seed: int, stream: str, *ids: int) -> tuple[int, ...]:

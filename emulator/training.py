@@ -181,13 +181,17 @@ class TorchEngine:
     def _train_client(self, start: torch.Tensor, client: int, seed: int, epochs: int, lr: float,
                       correction: torch.Tensor | None, buf: torch.Tensor | None) -> torch.Tensor:
         """One client's local epochs from ``start``; ``buf`` (P,) is updated in place."""
-        params = list(self.model.parameters())
-        load_flat(params, start)
+        every = list(self.model.parameters())
+        load_flat(every, start)
         m, wd, mu = self.momentum, self.weight_decay, self.mu
         if m and buf is None:
             buf = torch.zeros(self.n_params, device=self.device)
-        # per-parameter views of the flat vectors, for torch's multi-tensor (_foreach) updates
-        views = lambda flat: [v.view(p.shape) for v, p in zip(flat.split([p.numel() for p in params]), params)]  # noqa: E731
+        # per-parameter views of the flat vectors, for torch's multi-tensor (_foreach) updates; only
+        # the parameters that take a gradient step (BatchNorm statistics held as parameters do not)
+        step = [p.requires_grad for p in every]
+        params = [p for p, s in zip(every, step) if s]
+        views = lambda flat: [v.view(p.shape) for v, p, s in zip(flat.split([p.numel() for p in every]), every, step)  # noqa: E731
+                              if s]
         anchor = views(start) if mu else None
         corr = views(correction) if correction is not None else None
         bufs = views(buf) if m else None
@@ -219,7 +223,7 @@ class TorchEngine:
                         torch._foreach_add_(bufs, g)
                         g = bufs
                     torch._foreach_add_(params, g, alpha=-lr)
-        return flatten(params)
+        return flatten(every)
 
     @torch.no_grad()
     def evaluate(self, weights):
@@ -567,6 +571,8 @@ class BatchedEngine(TorchEngine):
     def _stack_failure(self) -> str | None:
         """Why ``vmap`` cannot run this model (None: it can), from a tiny real step."""
         from torch.func import grad, vmap
+        if not all(p.requires_grad for p in self.model.parameters()):
+            return "it holds state without a gradient (BatchNorm statistics)"
         params = tuple(p.detach().unsqueeze(0).repeat(2, *[1] * p.dim()) for p in self.model.parameters())
         x = self.x[:2].unsqueeze(0).repeat(2, *[1] * self.x.dim())
         y = self.y[:2].unsqueeze(0).repeat(2, 1)

@@ -170,15 +170,55 @@ def _last_per_seed(name: str, folder: str, column: str, arm: str, scale: float, 
     return {int(s): float(r.sort_values("round")[column].iloc[-1]) * scale for s, r in runs.groupby("seed")}
 
 
-def _paired(diffs: list[float], column: str, scale: float, digits: int) -> str:
-    """Mean [95 % CI] of paired differences; a bounded metric's difference interval is clipped to
+def _interval(diffs: list[float], column: str, scale: float) -> tuple[float, float, float]:
+    """Mean and 95 % CI of paired differences; a bounded metric's difference interval is clipped to
     the widest difference it can take (accuracy in points: [-100, 100])."""
     mean, low, high = mean_ci(diffs)
     b = BOUNDS.get(column)
     if b is not None and np.isfinite(b[1] - b[0]):
         width = (b[1] - b[0]) * scale
         low, high, _ = clip(low, high, (-width, width))
-    return _ci(mean, low, high, digits)
+    return mean, low, high
+
+
+def _paired(diffs: list[float], column: str, scale: float, digits: int) -> str:
+    return _ci(*_interval(diffs, column, scale), digits)
+
+
+# The README's words for a paper's claim that a paired difference is below (or above) zero:
+# "Holds" where the 95 % interval lies on the claim's side of zero; "Does not hold" only where it
+# lies on the other side by more than MARGIN points (it excludes the claim by that margin);
+# otherwise "Not reproduced" (the seeds neither confirm nor refute it), with the interval beside.
+MARGIN = 1.0
+CLAIMS = ("below", "above")
+
+
+def word(low: float, high: float, claim: str, margin: float = MARGIN) -> str:
+    """The rule above on an interval [low, high] for a claim that the difference is ``claim`` zero."""
+    if claim not in CLAIMS:
+        raise ValueError(f"claim must be one of {CLAIMS}, got {claim!r}")
+    sign = 1.0 if claim == "below" else -1.0
+    low, high = sorted((sign * low, sign * high))
+    if high < 0:
+        return "Holds"
+    return "Does not hold" if low > margin else "Not reproduced"
+
+
+def verdict_points(name: str, mode: str, arm: str, a: dict, b: dict, claim: str,
+                   column: str = "local_error_mean", scale: float = 100.0) -> str:
+    """:func:`word` for the paper's claim that point ``b`` minus point ``a`` (as
+    :func:`paired_points`) is ``claim`` zero."""
+    x, y = (_last_per_seed(name, mode, column, arm, scale, p) for p in (a, b))
+    _, low, high = _interval([y[s] - x[s] for s in x if s in y], column, scale)
+    return word(low, high, claim)
+
+
+def verdict_last(name: str, mode: str, column: str, arm: str, ref: str, claim: str, scale: float = 100.0,
+                 **point) -> str:
+    """:func:`word` for the paper's claim that ``arm`` − ``ref`` (as :func:`paired_last`) is ``claim`` zero."""
+    x, y = (_last_per_seed(name, mode, column, a, scale, point) for a in (arm, ref))
+    _, low, high = _interval([x[s] - y[s] for s in x if s in y], column, scale)
+    return word(low, high, claim)
 
 
 def paired_last(name: str, mode: str, column: str, arm: str, ref: str, digits: int = 2, scale: float = 100.0,
@@ -204,6 +244,29 @@ def before_after(name: str, mode: str, before: str, column: str, arm: str, digit
     over the seeds both folders ran, then in brackets the paired difference after − before
     (mean [95 % CI] over those seeds)."""
     x, y = (_last_per_seed(name, f, column, arm, scale, point) for f in (mode, before))
+    common = sorted(set(x) & set(y))
+    diff = _paired([x[s] - y[s] for s in common], column, scale, digits)
+    return f"{fmt(float(np.mean([y[s] for s in common])), digits)} → {fmt(float(np.mean([x[s] for s in common])), digits)} ({diff})"
+
+
+def _round_per_seed(name: str, folder: str, column: str, arm: str, round: int, scale: float) -> dict[int, float]:
+    """``column`` at evaluation ``round`` of each run in ``folder/runs.csv``, times ``scale``, per seed."""
+    runs = _select(_csv(name, folder, "runs.csv"), arm, {})
+    return {int(s): float(r[r["round"] == round][column].iloc[0]) * scale for s, r in runs.groupby("seed")
+            if (r["round"] == round).any()}
+
+
+def mean_at(name: str, mode: str, column: str, arm: str, round: int, digits: int = 1, scale: float = 1.0) -> str:
+    """Mean over seeds of ``column`` at evaluation ``round`` (e.g. ``maxfl_participants``)."""
+    return fmt(float(np.mean(list(_round_per_seed(name, mode, column, arm, round, scale).values()))), digits)
+
+
+def before_after_at(name: str, mode: str, before: str, column: str, arm: str, round: int,
+                    before_arm: str | None = None, digits: int = 2, scale: float = 100.0) -> str:
+    """As :func:`before_after`, at evaluation ``round`` of both folders (a shorter rerun beside a
+    longer one), ``before_arm`` in folder ``before`` (default: ``arm``)."""
+    x = _round_per_seed(name, mode, column, arm, round, scale)
+    y = _round_per_seed(name, before, column, before_arm or arm, round, scale)
     common = sorted(set(x) & set(y))
     diff = _paired([x[s] - y[s] for s in common], column, scale, digits)
     return f"{fmt(float(np.mean([y[s] for s in common])), digits)} → {fmt(float(np.mean([x[s] for s in common])), digits)} ({diff})"
@@ -406,7 +469,7 @@ def base_sources(quick: bool = False) -> str:
 
 FUNCTIONS = {f.__name__: f for f in (ours, paper, summary, cell, summary_ci, at_cost, at_round, at_cost_over,
                                      paired_at_cost, last, paired_last, paired_folders, before_after, paired_points, paired_final,
-                                     cost_to, diverged, span, seeds, fmt, table1, arms_table, methods_table, grid,
+                                     cost_to, diverged, span, seeds, fmt, table1, arms_table, methods_table, grid, verdict_points, verdict_last, before_after_at, mean_at,
                                      table2, table2_diff, table2_span, sources, base_sources)}
 
 

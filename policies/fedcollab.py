@@ -103,6 +103,18 @@ def fedcollab_optimize(sizes: np.ndarray, D: np.ndarray, capacity: float, rng: n
 ABLATIONS = ("none", "ignore-quantities", "ignore-distances")
 
 
+def set_partitions(n: int):
+    """Every partition of range(n) as a label vector (restricted growth strings): Eq. 10's brute-force
+    optimum for small N (21,147 partitions at N = 9)."""
+    def rec(i, labels, k):
+        if i == n:
+            yield np.array(labels)
+            return
+        for c in range(k + 1):
+            yield from rec(i + 1, labels + [c], max(k, c + 1))
+    yield from rec(1, [0], 1)
+
+
 @groupings.register("fedcollab")
 @dataclass(frozen=True)
 class FedCollabGrouping(GroupingPolicy):
@@ -123,6 +135,9 @@ class FedCollabGrouping(GroupingPolicy):
     evaluations every ``discriminator_eval_every`` rounds, stopping a pair after
     ``discriminator_early_stop`` evaluations without improvement, as the authors' disc_estimate.py
     (:mod:`groupfel.emulator.discriminator`); ``"final"`` (default) reads it after the last round.
+    Each round a client takes ``discriminator_local_steps`` SGD steps of size ``discriminator_lr``
+    on ``discriminator_batch_size`` of its training samples (0: all); the authors' disc.py takes
+    one step on a minibatch of 32 at lr 0.01, for up to 2,000 rounds.
 
     ``ablation`` runs FedCollab Sec. 5.5's variants (Table 3): ``"ignore-quantities"`` replaces
     the quantity distribution β by the uniform 1/N (every client weighs the mean sample count),
@@ -138,6 +153,9 @@ class FedCollabGrouping(GroupingPolicy):
     discriminator_selection: str = "final"   # or "best": the authors' best evaluation, early stopping
     discriminator_eval_every: int = 10       # rounds between evaluations (disc.py --eval_rounds)
     discriminator_early_stop: int = 10       # evaluations without improvement (--early_stop); 0: never
+    discriminator_lr: float = 0.5            # the discriminators' SGD step (disc.py --lr: 0.01)
+    discriminator_local_steps: int = 2       # steps a client takes a round (disc.py --iters: 1)
+    discriminator_batch_size: int = 0        # samples a step takes; 0: all of the client's (disc.py: 32)
     ablation: str = "none"           # FedCollab Sec. 5.5: "ignore-quantities" or "ignore-distances"
 
     @property
@@ -163,6 +181,12 @@ class FedCollabGrouping(GroupingPolicy):
             raise ValueError(f"discriminator_eval_every must be an integer >= 1, got {self.discriminator_eval_every!r}")
         if not isinstance(self.discriminator_early_stop, int) or self.discriminator_early_stop < 0:
             raise ValueError(f"discriminator_early_stop must be an integer >= 0, got {self.discriminator_early_stop!r}")
+        if not self.discriminator_lr > 0:
+            raise ValueError(f"discriminator_lr must be > 0, got {self.discriminator_lr!r}")
+        for name in ("discriminator_local_steps", "discriminator_batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < (1 if name.endswith("steps") else 0):
+                raise ValueError(f"{name} must be an integer >= {1 if name.endswith('steps') else 0}, got {value!r}")
         if self.ablation not in ABLATIONS:
             raise ValueError(f"ablation must be one of {ABLATIONS}, got {self.ablation!r}")
 

@@ -35,6 +35,7 @@ class EdgeView:
     layer_slices: tuple[slice, ...] | None = None
     distances: np.ndarray | None = None   # clients × clients, from FedCollab's client discriminators
     memo: dict | None = None              # what a policy keeps for this edge across re-partitions (checkpointed)
+    trainable: np.ndarray | None = None   # which gradient columns are parameters' (None: all; False: BatchNorm state)
 
     @property
     def n_samples(self) -> np.ndarray:

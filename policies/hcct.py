@@ -33,16 +33,25 @@ def group_utility(grads: np.ndarray, sizes: np.ndarray, members, alpha: float) -
     return float(len(members) * (-alpha / D) + cos.sum())
 
 
-def relative_variance_layer(grads: np.ndarray, layer_slices: tuple[slice, ...]) -> int:
+LAYER_RATIOS = ("absolute", "signed")
+
+
+def relative_variance_layer(grads: np.ndarray, layer_slices, ratio: str = "absolute") -> int:
     """HCCT Eq. 19: the layer whose gradients vary most across clients, relative to their size.
 
-    Var is the across-client variance of each parameter averaged over the layer; Mean is the
-    mean |across-client mean| of the layer's parameters (gradients are signed, so a plain mean
-    could be ~0 or negative and make the ratio meaningless).
+    Var is the across-client variance of each parameter averaged over the layer. Mean is, with
+    ``ratio = "absolute"`` (default, assumed: gradients are signed, so a plain mean could be ~0 or
+    negative and make the ratio meaningless), the mean |across-client mean| of the layer's
+    parameters; with ``"signed"`` (code: the HCCT authors' main_cluster.py divides by the layer's
+    signed mean) the plain mean, and the largest signed ratio wins. ``layer_slices``: each layer's
+    columns (slices or index arrays).
     """
-    ratios = [grads[:, s].var(axis=0).mean() / max(np.abs(grads[:, s].mean(axis=0)).mean(), _EPS)
-              for s in layer_slices]
-    return int(np.argmax(ratios))
+    if ratio == "signed":
+        ratios = [grads[:, s].var(axis=0).mean() / grads[:, s].mean() for s in layer_slices]
+    else:
+        ratios = [grads[:, s].var(axis=0).mean() / max(np.abs(grads[:, s].mean(axis=0)).mean(), _EPS)
+                  for s in layer_slices]
+    return int(np.nanargmax(ratios))
 
 
 def hcct_partition(grads: np.ndarray, sizes: np.ndarray, alpha: float,
@@ -105,6 +114,7 @@ def hcct_partition(grads: np.ndarray, sizes: np.ndarray, alpha: float,
 
 
 SCHEDULES = ("alg1", "once")
+GRADIENTS = ("parameters", "state")
 RESTARTS = ("singletons", "merge")
 FIRSTS = ("alone", "global")
 
@@ -142,6 +152,12 @@ class HCCTGrouping(GroupingPolicy):
     lines 2-4, every client its own group) or ``"global"`` (code: the HCCT authors'
     main_cluster.py puts every client of an edge in one group at ``iter == 0``: one FedAvg epoch
     from the initial model, whose uploads Alg. 2 partitions at t = 1).
+
+    ``gradient`` says what a client's gradient g_i holds: ``"parameters"`` (default; paper: HCCT
+    Eq. 8 compares the gradients of the model's parameters) or ``"state"`` (code: the HCCT authors'
+    main_cluster.py subtracts whole state dicts, so g_i also holds the change of BatchNorm's running
+    statistics and batch counters). The two differ only for a model that holds such state
+    (``train.model = "digit-bn-cnn"``); it applies to the partitions and to the utility (Fig. 5).
     """
 
     needs_gradients: ClassVar[bool] = True
@@ -151,6 +167,7 @@ class HCCTGrouping(GroupingPolicy):
     n_groups: int | None = None
     restart: str = "singletons"
     first: str = "alone"
+    gradient: str = "parameters"
 
     def __post_init__(self):
         if not isinstance(self.min_group_size, int) or self.min_group_size < 1:
@@ -168,6 +185,10 @@ class HCCTGrouping(GroupingPolicy):
         if self.first not in FIRSTS:
             raise ValueError(f"first must be one of {', '.join(FIRSTS)} (\"alone\": HCCT Alg. 1, every client alone "
                              f"at t = 0; \"global\": one group at t = 0, the authors' code), got {self.first!r}")
+        if self.gradient not in GRADIENTS:
+            raise ValueError(f"gradient must be one of {', '.join(GRADIENTS)} (\"parameters\": HCCT Eq. 8; \"state\": "
+                             f"the whole state dict's change, BatchNorm statistics included, the authors' code), "
+                             f"got {self.gradient!r}")
         if self.schedule == "alg1" and self.min_group_size > 1:
             raise ValueError("schedule \"alg1\" starts from singletons (HCCT Alg. 1), so min_group_size must be 1; "
                              "use schedule = \"once\" for a minimum group size")
@@ -182,10 +203,18 @@ class HCCTGrouping(GroupingPolicy):
         return ("schedule: \"alg1\" (HCCT Alg. 1) runs in per-group mode; in global mode use schedule = \"once\" "
                 "(and regroup_every to re-partition)")
 
+    def _columns(self, view: EdgeView) -> np.ndarray | None:
+        """The gradient columns compared: the parameters' (``gradient = "parameters"``) or all."""
+        if self.gradient == "state" or view.trainable is None:
+            return None
+        return np.asarray(view.trainable, dtype=bool)
+
     def _gradients(self, view: EdgeView) -> np.ndarray:
         if view.gradients is None:
             raise ValueError(f"grouping policy {self.name!r} needs the clients' gradients (EdgeView.gradients)")
-        return np.asarray(view.gradients, dtype=float)
+        grads = np.asarray(view.gradients, dtype=float)
+        keep = self._columns(view)
+        return grads if keep is None else grads[:, keep]
 
     def group(self, view: EdgeView, rng: np.random.Generator) -> EdgeGrouping:
         grads, sizes = self._gradients(view), view.n_samples
@@ -230,19 +259,30 @@ class HCCTEGrouping(HCCTGrouping):
     the initial model), kept in the edge's ``EdgeView.memo``."""
 
     layer: str = "every"
+    layer_ratio: str = "absolute"
 
     def __post_init__(self):
         super().__post_init__()
         if self.layer not in LAYERS:
             raise ValueError(f"layer must be one of {', '.join(LAYERS)} (\"every\": l* from every partition's "
                              f"gradients; \"once\": from the first, the HCCT authors' code), got {self.layer!r}")
+        if self.layer_ratio not in LAYER_RATIOS:
+            raise ValueError(f"layer_ratio must be one of {', '.join(LAYER_RATIOS)} (\"absolute\": Eq. 19 over the "
+                             f"mean |gradient|; \"signed\": over the signed mean, the HCCT authors' code), "
+                             f"got {self.layer_ratio!r}")
 
     def _gradients(self, view: EdgeView) -> np.ndarray:
-        grads = super()._gradients(view)
         if not view.layer_slices:
-            return grads
+            return super()._gradients(view)
+        if view.gradients is None:
+            raise ValueError(f"grouping policy {self.name!r} needs the clients' gradients (EdgeView.gradients)")
+        grads = np.asarray(view.gradients, dtype=float)
+        keep = self._columns(view)
+        layers = [np.arange(s.start, s.stop) for s in view.layer_slices]
+        layers = layers if keep is None else [c[keep[c]] for c in layers if keep[c].any()]
+        pick = lambda: relative_variance_layer(grads, layers, self.layer_ratio)  # noqa: E731
         if self.layer == "once" and view.memo is not None:
-            best = view.memo.setdefault("hcct_e_layer", relative_variance_layer(grads, view.layer_slices))
+            best = view.memo["hcct_e_layer"] if "hcct_e_layer" in view.memo else view.memo.setdefault("hcct_e_layer", pick())
         else:
-            best = relative_variance_layer(grads, view.layer_slices)
-        return grads[:, view.layer_slices[best]]
+            best = pick()
+        return grads[:, layers[best]]

@@ -1,6 +1,7 @@
 import copy
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -126,3 +127,15 @@ def one_arm(d, **train):
     d["arms"] = [d["arms"][1]]
     d["train"].update(train)
     return d
+
+
+def reproduction_script(path: str):
+    """A script that sits beside its reproduction (experiments/reproductions/NAME/x.py, not part
+    of the installed package), imported as a module."""
+    import importlib.util
+
+    file = Path(__file__).parent.parent / "experiments" / "reproductions" / path
+    spec = importlib.util.spec_from_file_location(file.stem, file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -17,7 +17,7 @@ def test_distances_separate_disjoint_clients_and_not_alike_ones():
     low = np.concatenate([by_label[c][:20] for c in range(5)])       # labels 0-4
     low2 = np.concatenate([by_label[c][20:40] for c in range(5)])    # same distribution, other samples
     high = np.concatenate([by_label[c][:20] for c in range(5, 10)])  # labels 5-9
-    D, m = discriminator_distances(feats, [low, low2, high], (0,), DiscriminatorSpec(m_train=30))
+    D, m, _ = discriminator_distances(feats, [low, low2, high], (0,), DiscriminatorSpec(m_train=30))
     assert m.tolist() == [30, 30, 30] and np.allclose(D, D.T) and np.all(np.diag(D) == 0)
     assert D[0, 2] > 0.5 and D[1, 2] > 0.5          # disjoint labels: told apart on held-out samples
     assert D[0, 1] < 0.15                            # same distribution: near chance
@@ -45,7 +45,7 @@ def test_discriminator_estimates_known_c_divergence_within_0_1_on_average():
     estimates = []
     for seed in range(3):
         truth, clients = _label_shift_clients(d, np.random.default_rng(seed))
-        D, m = discriminator_distances(feats, clients, (seed,))
+        D, m, _ = discriminator_distances(feats, clients, (seed,))
         assert m.tolist() == [50] * 6 + [4]           # each client trains on its own half
         estimates.append([D[2 * k, 2 * k + 1] for k in range(len(truth))])
     assert np.mean(estimates, axis=0) == pytest.approx(truth, abs=0.1)
@@ -77,7 +77,7 @@ def test_best_selection_is_the_authors_best_evaluation_with_early_stopping():
     finals = [discriminator_distances(feats, clients, (0,), DiscriminatorSpec(**{**base, "rounds": r + 1}))[0]
               for r in range(0, 12, 2)]
     for early_stop in (0, 2):
-        got, _ = discriminator_distances(feats, clients, (0,), DiscriminatorSpec(**base, selection="best",
+        got, *_ = discriminator_distances(feats, clients, (0,), DiscriminatorSpec(**base, selection="best",
                                                                                  eval_every=2, early_stop=early_stop))
         want = np.zeros_like(got)
         for i, j in zip(*np.triu_indices(len(clients), 1)):
@@ -93,3 +93,31 @@ def test_best_selection_is_the_authors_best_evaluation_with_early_stopping():
         np.testing.assert_allclose(got, want, atol=1e-6)
     with pytest.raises(ValueError, match="selection"):
         DiscriminatorSpec(selection="last")
+
+
+def test_a_minibatch_as_large_as_the_training_split_is_the_full_batch():
+    d = load_dataset("digits")
+    feats = discriminator_features(d.x_train, d.y_train, 10)
+    _, clients = _label_shift_clients(d, np.random.default_rng(1), per=20)
+    full = discriminator_distances(feats, clients, (1,), DiscriminatorSpec(rounds=6))
+    batch = discriminator_distances(feats, clients, (1,), DiscriminatorSpec(rounds=6, batch_size=64))
+    np.testing.assert_array_equal(full[0], batch[0])
+    assert batch[1].tolist() == full[1].tolist() and full[2].tolist() == [6 * 6] * 7   # 6 rounds × 6 partners
+
+
+@pytest.mark.slow
+def test_the_authors_budget_stops_early_and_charges_the_rounds_run():
+    """One SGD step on a minibatch a round (disc.py --iters 1 --batch_size 32) at lr 0.01, evaluated
+    every few rounds: early stopping fires well before the budget, and each client is charged the
+    rounds its pairs ran."""
+    d = load_dataset("digits")
+    feats = discriminator_features(d.x_train, d.y_train, 10)
+    _, clients = _label_shift_clients(d, np.random.default_rng(0), per=40)
+    spec = DiscriminatorSpec(rounds=400, lr=0.01, local_steps=1, batch_size=8, selection="best", eval_every=5,
+                             early_stop=3)
+    D, m, ran = discriminator_distances(feats, clients, (0,), spec)
+    assert m.tolist() == [8] * 6 + [4]                           # a step's samples: the minibatch, or all 4
+    assert (ran < 6 * 400).all() and (ran >= 6 * 5).all()          # every client's pairs stopped early
+    assert D[4, 5] > D[0, 1]                                       # TV 1 read above TV 0
+    with pytest.raises(ValueError, match="batch_size"):
+        DiscriminatorSpec(batch_size=-1)

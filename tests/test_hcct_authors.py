@@ -16,7 +16,7 @@ from groupfel.emulator.rng import rng
 from groupfel.emulator.rounds.per_group import PerGroupRounds
 from groupfel.emulator.world import build_world
 from groupfel.experiments import readme_render
-from groupfel.experiments.hcct_batchnorm import average_states
+from conftest import reproduction_script
 from groupfel.experiments.stats import BOUNDS, clip
 from groupfel.policies.grouping import EdgeView
 from groupfel.policies.hcct import HCCTEGrouping, relative_variance_layer
@@ -155,6 +155,7 @@ def test_report_best_columns_in_a_run(tiny_dict, tmp_path):
 # -- BatchNorm: client 0's running statistics ------------------------------------------------------------
 
 def test_batchnorm_statistics_copied_from_client_0():
+    average_states = reproduction_script("hcct-batchnorm/hcct_batchnorm.py").average_states
     def state(v):
         return {"w": torch.tensor([v, 2 * v]), "bn.running_mean": torch.tensor([v]),
                 "bn.running_var": torch.tensor([v + 1]), "bn.num_batches_tracked": torch.tensor(int(v))}

@@ -1,14 +1,18 @@
-"""The BatchNorm experiment's two gradient vectors (experiments/hcct_batchnorm.py): the authors'
+"""The BatchNorm experiment's two gradient vectors (experiments/reproductions/hcct-batchnorm/
+hcct_batchnorm.py): the authors'
 state-dict vector holds every parameter plus each BatchNorm layer's running mean, variance and
 batch counter; the counter's entry of (before − after)/lr is −steps/lr for every client alike."""
 import torch
 
-from groupfel.experiments.hcct_batchnorm import digit_bn_cnn, flat_state, train
+from conftest import reproduction_script
+
+_script = reproduction_script("hcct-batchnorm/hcct_batchnorm.py")
+digit_bn_cnn, flat_state, train = _script.digit_bn_cnn, _script.flat_state, _script.train
 
 
 def test_state_vector_adds_running_statistics_and_batch_counters():
     model = digit_bn_cnn(1, 10, 16)
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     bn = [m for m in model.modules() if isinstance(m, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d))]
     assert len(bn) == 5                                   # FedBN's Digit model: 3 conv + 2 linear, each with BN
     extra = sum(2 * m.num_features + 1 for m in bn)       # running mean, running variance, num_batches_tracked

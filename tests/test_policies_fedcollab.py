@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from groupfel.policies import EdgeView, groupings
-from groupfel.experiments.fedcollab_solver_hits import set_partitions
-from groupfel.policies.fedcollab import FedCollabGrouping, coalition_cost, fedcollab_optimize, objective, tv_distance
+from groupfel.policies.fedcollab import (FedCollabGrouping, coalition_cost, fedcollab_optimize, objective, set_partitions,
+                                         tv_distance)
 
 
 def eq10_literal(assign: np.ndarray, sizes: np.ndarray, D: np.ndarray, C: float) -> float:

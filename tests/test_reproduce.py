@@ -357,3 +357,13 @@ def test_reproduce_without_its_dataset_writes_nothing(tmp_path, capsys, monkeypa
     assert main(["reproduce", "hcct-table4", "--quick", "--output", str(out)]) == 2
     assert "fashion-mnist" in one_error_line(capsys).lower()
     assert not out.exists()
+
+
+def test_readme_words_follow_the_interval_and_the_margin():
+    from groupfel.experiments.readme_render import word
+    assert word(-3.0, -0.5, "below") == "Holds"
+    assert word(-2.84, 10.62, "below") == "Not reproduced"      # HCCT Fig. 4, α = 100 − α = 1 at 0.05
+    assert word(0.5, 4.0, "below") == "Not reproduced"          # excludes the claim, but by less than 1 point
+    assert word(3.65, 11.56, "below") == "Does not hold"
+    assert word(3.65, 11.56, "above") == "Holds"
+    assert word(-11.56, -3.65, "above") == "Does not hold"

@@ -114,6 +114,10 @@ class Algorithm:
         """The model client ``client`` is evaluated with in per-group mode, given its group's."""
         return model
 
+    def round_metrics(self, state: AlgorithmState) -> dict[str, float]:
+        """Columns this algorithm adds to each per-group evaluation row (MAXFL: its participants)."""
+        return {}
+
     @property
     def proximal_mu(self) -> float:
         """μ of the proximal term μ/2‖w − x_g‖² the engine adds to the local loss (FedProx)."""

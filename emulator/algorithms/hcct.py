@@ -29,7 +29,7 @@ import torch
 
 from .base import Algorithm, AlgorithmContext, AlgorithmState, GroupUpdate, algorithms
 from groupfel.errors import InputError
-from ..models import layer_slices
+from ..models import layer_slices, trainable_mask
 from ..rng import key, rng, seed_of
 
 PER_GROUP = ("per-group",)
@@ -119,6 +119,7 @@ def maxfl_joins(global_loss: np.ndarray, threshold: np.ndarray, margin: float = 
 
 
 THRESHOLDS = ("loss", "distance")
+VECTORS = ("parameters", "state")
 PRIORS = ("trained", "once")
 
 
@@ -163,11 +164,22 @@ class MaxFL(Algorithm):
     starts from the sample-weighted mean of the participants' held models and holds its group's
     aggregate afterwards; any other client trains on from the model it holds; each is evaluated with
     the model it holds. Training is then one pass a group round; ŵ_i's one up-front training (the
-    first round's after_local) is not charged."""
+    first round's after_local) is not charged.
+
+    ``vector`` is what ``threshold = "distance"`` measures ‖ŵ_i − x‖² over: ``"parameters"``
+    (default) or ``"state"`` (code: the HCCT authors' main_cluster.py, the whole state dict,
+    BatchNorm's running statistics and batch counters included); they differ only for a model
+    that holds such state (``digit-bn-cnn``).
+
+    Each evaluation row counts the clients that joined the global model in the round just trained
+    (``maxfl_participants``). Where none joins in the first round that decides (round 1 with
+    ``prior = "once"``), the authors' code raises (a KeyError: no participant to average) where a
+    run here trains every client alone on: not comparable with the paper's MAXFL."""
 
     margin: float = 0.0
     threshold: str = "loss"
     prior: str = "trained"
+    vector: str = "parameters"
     modes: ClassVar[tuple[str, ...]] = PER_GROUP
 
     def __post_init__(self):
@@ -176,6 +188,9 @@ class MaxFL(Algorithm):
         if self.threshold not in THRESHOLDS:
             raise ValueError(f"threshold must be one of {', '.join(THRESHOLDS)} (\"loss\": f_i(x) <= f_i(w_i); "
                              f"\"distance\": f_i(x) < |w_i - x|^2, the HCCT authors' code), got {self.threshold!r}")
+        if self.vector not in VECTORS:
+            raise ValueError(f"vector must be one of {', '.join(VECTORS)} (\"parameters\"; \"state\": the whole state "
+                             f"dict, BatchNorm statistics included, the HCCT authors' code), got {self.vector!r}")
         if self.prior not in PRIORS:
             raise ValueError(f"prior must be one of {', '.join(PRIORS)} (\"trained\": w_i trained every round; "
                              f"\"once\": trained once up front, the HCCT authors' code), got {self.prior!r}")
@@ -188,7 +203,11 @@ class MaxFL(Algorithm):
         """Each client's decision from its loss under the global model (``models``, one row per
         client) and its own model ŵ_i (``own``)."""
         if self.threshold == "distance":
-            bound = ((own.double() - models.double()) ** 2).sum(dim=1).numpy()
+            gap = own.double() - models.double()
+            keep = trainable_mask(self.ctx.engine) if self.vector == "parameters" else None
+            if keep is not None:
+                gap = gap[:, torch.as_tensor(keep, device=gap.device)]
+            bound = (gap ** 2).sum(dim=1).cpu().numpy()
         else:
             bound = np.array([_score(self.ctx, own[r], [int(c)])[1][0] for r, c in enumerate(clients)])
         return maxfl_joins(global_loss, bound, self.margin, strict=self.threshold == "distance")
@@ -220,6 +239,7 @@ class MaxFL(Algorithm):
             for r, j in zip(new, self._joins(g_loss, bound[ids], starts[new], ids.tolist())):
                 scratch.joins[int(clients[r])] = bool(j)
         scratch.row_joins = torch.tensor([scratch.joins[c] for c in clients.tolist()], device=own.device)
+        state.server["participants"] = torch.tensor(sum(scratch.joins.values()), device=own.device)
         scratch.clients = clients
         if self.prior == "once" and scratch.t > 0:
             # main_cluster.py: a participants' group starts from the D_i-weighted mean of the models its members hold
@@ -263,6 +283,10 @@ class MaxFL(Algorithm):
             rows = torch.arange(update.rows.start, update.rows.stop)[scratch.row_joins[update.rows].cpu()]
             state.clients["own"][scratch.clients[rows]] = out
         return out
+
+    def round_metrics(self, state):
+        got = state.server.get("participants")
+        return {"maxfl_participants": float("nan") if got is None else float(got)}
 
     def personal_model(self, state, client, model):
         own = state.clients["own"][client]

@@ -58,7 +58,7 @@ def _grad(engine: Any, w: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
     if engine.channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     F.cross_entropy(engine.model(x), engine.y[batch]).backward()
-    g = torch.cat([p.grad.reshape(-1) for p in params])
+    g = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
     return g + engine.weight_decay * w if engine.weight_decay else g
 
 

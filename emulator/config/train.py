@@ -11,7 +11,7 @@ from .limits import Count, Rounds
 
 class TrainConfig(_Strict):
     model: PartName = Field(
-        "cnn", description="The model every client trains: mlp, mlp3, cnn, audio-cnn, resnet-1, resnet-3 (see "
+        "cnn", description="The model every client trains: mlp, mlp3, cnn, audio-cnn, digit-bn-cnn, resnet-1, resnet-3 (see "
         "Algorithms: models), an installed plug-in's short name (entry point `groupfel.models`), or an import "
         "path \"module:function\" of an `(input_shape, num_classes) -> torch.nn.Module`.")
     engine: Literal["sequential", "batched"] = Field(

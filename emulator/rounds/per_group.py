@@ -30,7 +30,7 @@ from ..io import atomic_write
 from ..ledger import CostLedger
 from ..membership import (GroupingResult, charge_client_work, cluster_clients, form_groups, probe_models,
                           probe_work)
-from ..models import layer_slices
+from ..models import layer_slices, trainable_mask
 from ..rng import key, rng, seed_of
 from ..world import World
 from .common import FORWARD_FRACTION, ArmTraining, LocalData, local_spec, round_lr
@@ -338,6 +338,7 @@ class PerGroupRounds(RoundStrategy):
             "local_error_mean": float(err.mean()), "local_error_std": float(err.std()),
             "local_error_min": float(err.min()), "local_error_max": float(err.max()),
             "local_accuracy_reference": float(ref.mean()), "ipr": ipr, "rsd": rsd})
+        state.rows[-1].update(self.training.algorithm.round_metrics(self.training.state))
         if world.config.train.report_best:
             state.rows[-1].update(self._best(acc, here))
         return float(acc.mean())
@@ -451,7 +452,7 @@ class PerGroupRounds(RoundStrategy):
             if not current:   # nobody on this edge has joined yet
                 continue
             view = EdgeView(topo.label_counts[clients], state.gradients[clients].cpu().numpy().astype(np.float64),
-                            slices, memo=state.policy_memo.setdefault(int(j), {}))
+                            slices, memo=state.policy_memo.setdefault(int(j), {}), trainable=trainable_mask(world.engine))
             for group in self.plan.grouping.repartition(view, current):
                 members = clients[group]
                 old = np.unique(state.assign[members])
@@ -490,7 +491,7 @@ class PerGroupRounds(RoundStrategy):
             groups = [np.array([local[int(c)] for c in g]) for g in
                       (np.flatnonzero(state.assign == m) for m in np.unique(state.assign[clients]))]
             view = EdgeView(topo.label_counts[clients], state.gradients[clients].cpu().numpy().astype(np.float64),
-                            slices, memo=dict(state.policy_memo.get(int(j), {})))
+                            slices, memo=dict(state.policy_memo.get(int(j), {})), trainable=trainable_mask(world.engine))
             value = self.plan.grouping.objective(view, groups)
             if value is None:
                 return None

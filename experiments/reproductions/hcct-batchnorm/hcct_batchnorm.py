@@ -16,7 +16,8 @@ Training follows the ``state`` partition (the authors' run). It prints, per epoc
 groups each vector gives and the mean pairwise cosine similarity of the clients' vectors, and
 writes them to a CSV. Plain torch, one thread, deterministic for a seed.
 
-    python -m groupfel.experiments.hcct_batchnorm --seeds 0 1 2 --epochs 10 --out experiments/reproductions/hcct-batchnorm
+    python experiments/reproductions/hcct-batchnorm/hcct_batchnorm.py --seeds 0 1 2 --epochs 10 \
+        --out experiments/reproductions/hcct-batchnorm/full
 """
 from __future__ import annotations
 
@@ -28,28 +29,25 @@ import numpy as np
 import torch
 from torch import nn
 
+from groupfel import experiments
 from groupfel.emulator.config import load_config
+from groupfel.emulator.models import build_model
 from groupfel.emulator.world import build_world
 from groupfel.policies.hcct import hcct_partition
 
-CONFIG = Path(__file__).parent / "configs" / "hcct-digits.toml"
+CONFIG = Path(experiments.__file__).parent / "configs" / "hcct-digits.toml"
 
 
 def digit_bn_cnn(channels: int, classes: int, side: int) -> nn.Module:
     """FedBN's Digit model (conv 64-64-128, 5×5, each + BatchNorm; linear 2048-512, each +
-    BatchNorm), on groupfel's 16×16 images (padding 2 keeps the sides; two 2×2 pools)."""
-    flat = 128 * (side // 4) ** 2
-    return nn.Sequential(
-        nn.Conv2d(channels, 64, 5, padding=2), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(64, 64, 5, padding=2), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(64, 128, 5, padding=2), nn.BatchNorm2d(128), nn.ReLU(), nn.Flatten(),
-        nn.Linear(flat, 2048), nn.BatchNorm1d(2048), nn.ReLU(),
-        nn.Linear(2048, 512), nn.BatchNorm1d(512), nn.ReLU(), nn.Linear(512, classes))
+    BatchNorm) on groupfel's 16×16 images: the shipped ``digit-bn-cnn``, whose BatchNorm statistics
+    are parameters without a gradient (they take no SGD step)."""
+    return build_model("digit-bn-cnn", (channels, side, side), classes)
 
 
 def flat_state(model: nn.Module, params_only: bool) -> torch.Tensor:
     if params_only:
-        return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).double()
+        return torch.cat([p.detach().reshape(-1) for p in model.parameters() if p.requires_grad]).double()
     return torch.cat([v.detach().reshape(-1).double() for v in model.state_dict().values()])
 
 
@@ -59,7 +57,7 @@ def load_state(model: nn.Module, state: dict) -> None:
 
 def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, batch: int, lr: float,
           gen: torch.Generator) -> None:
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
     model.train()
     for _ in range(epochs):
         order = torch.randperm(len(x), generator=gen)

@@ -10,26 +10,15 @@ where a 14-sample client is in the pair; floored at 0, capped at 1), whose best 
 the lowest of 1,000 runs (both starts). The authors' saved distance matrix is a binary pickle we
 could not read. Each case is solved with 20 rng seeds; prints hits out of 20.
 
-    python experiments/fedcollab_solver_hits.py
+    python experiments/reproductions/fedcollab-table2/solver_hits.py
 """
 from __future__ import annotations
 
 import numpy as np
 
-from groupfel.policies.fedcollab import fedcollab_optimize, objective
+from groupfel.policies.fedcollab import fedcollab_optimize, objective, set_partitions
 
 SOLVERS = {"before (3 runs: 1 local + 2 random)": ("random", 3), "after (100 runs from local)": ("local", 100)}
-
-
-def set_partitions(n: int):
-    """Every partition of range(n) as a label vector (restricted growth strings)."""
-    def rec(i, labels, k):
-        if i == n:
-            yield np.array(labels)
-            return
-        for c in range(k + 1):
-            yield from rec(i + 1, labels + [c], max(k, c + 1))
-    yield from rec(1, [0], 1)
 
 
 def layout(seed: int, n: int, noise: float, scale: float):
