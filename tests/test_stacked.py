@@ -1,0 +1,110 @@
+"""The engine's stacked forms (emulator.stacked): every shipped model written out as one step.
+
+* every shipped model has a written-out form, and a user's plug-in model of other modules has
+  none (it steps through ``vmap``);
+* the written-out gradients are within 1e-5 (relative, per client) of a float64 per-client
+  reference, for every shipped model, ragged masks included;
+* a GPU step computes its bucket of rows (:func:`bucket`); the bucketed step, run eagerly on the
+  CPU, gives every client bitwise the numbers of the exact-rows step, and every tensor the step
+  makes lives on the engine's device (tests/test_devices.py's discipline).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from groupfel.emulator import models
+from groupfel.emulator.stacked import GroupedNet, bucket
+from groupfel.emulator.training import BatchedEngine
+from groupfel.topologies import load_dataset
+
+from test_devices import DeviceDiscipline
+
+SHAPES = {"audio-cnn": (1, 12, 9), "resnet-3": (3, 8, 8)}   # others: (1, 12, 12)
+
+
+def _stack(name: str, width: int, seed: int = 0):
+    shape = SHAPES.get(name, (1, 12, 12))
+    torch.manual_seed(seed)
+    net = models.build_model(name, shape, 10)
+    params = [p.detach().unsqueeze(0) + 0.05 * torch.randn(width, *p.shape) for p in net.parameters()]
+    x, y, m = torch.randn(width, 5, *shape), torch.randint(0, 10, (width, 5)), torch.ones(width, 5)
+    m[1, 2:] = 0   # a partial last batch
+    return net, params, x, y, m
+
+
+@pytest.mark.parametrize("name", sorted(models.MODELS))
+def test_every_shipped_model_is_written_out_and_its_gradients_match_a_float64_reference(name):
+    """Each client's gradient of its masked mean loss, against the module itself in float64, one
+    client at a time: within 1e-5 of the reference's norm, every parameter of every client."""
+    net, params, x, y, m = _stack(name, 3)
+    grouped = GroupedNet.of(net)
+    assert grouped is not None
+    got = grouped(params, x, y, m)
+    ref_net = models.build_model(name, tuple(x.shape[2:]), 10).double()
+    for k in range(3):
+        for p, own in zip(ref_net.parameters(), params):
+            p.data.copy_(own[k].double())
+        ref_net.zero_grad(set_to_none=True)
+        keep = m[k] > 0
+        F.cross_entropy(ref_net(x[k][keep].double()), y[k][keep]).backward()
+        for g, p in zip(got, ref_net.parameters()):
+            ref = p.grad
+            assert float((g[k].double() - ref).norm() / ref.norm().clamp(min=1e-12)) <= 1e-5, (name, k, p.shape)
+
+
+def test_a_plug_in_model_of_other_modules_has_no_written_out_form():
+    class Doubling(nn.Module):
+        def forward(self, x):
+            return 2 * x
+
+    assert GroupedNet.of(nn.Sequential(nn.Flatten(), nn.Linear(4, 2), Doubling())) is None
+    assert GroupedNet.of(nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(8, 2))) is None
+    shared = nn.Linear(4, 4)
+    assert GroupedNet.of(nn.Sequential(nn.Flatten(), shared, shared)) is None
+    assert GroupedNet.of(nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU())) is None   # no per-sample logits
+    assert GroupedNet.of(nn.Sequential(nn.Flatten(), nn.Linear(4, 2))) is not None
+
+
+def test_buckets_round_up_by_at_most_an_eighth_and_never_past_the_stack():
+    for width in (8, 56, 416, 1000):
+        sizes = [bucket(live, width) for live in range(1, width + 1)]
+        assert all(live <= b <= width for live, b in zip(range(1, width + 1), sizes))
+        assert all(b - live < max(8, live / 8 + 1) for live, b in zip(range(1, width + 1), sizes))
+        assert sizes == sorted(sizes)          # fewer live rows never take a wider bucket
+    assert len({bucket(live, 416) for live in range(1, 417)}) <= 32   # a graph each: few of them
+    assert bucket(3, 416) == 8 and bucket(65, 416) == 72 and bucket(129, 416) == 144 and bucket(400, 416) == 416
+
+
+@pytest.mark.parametrize("name", ["cnn", "resnet-1"])
+def test_a_bucketed_call_gives_every_client_the_exact_rows_numbers_and_stays_on_the_device(name):
+    """The GPU's bucketing, eager on the CPU: ragged clients ordered by step count, each step
+    computing its bucket's rows; every client's model and momentum bitwise those of the CPU's
+    exact rows, each step's rows its bucket of the live clients, and no tensor factory of the
+    engine without its device."""
+    data = load_dataset("digits")
+    rng = np.random.default_rng(1)
+    parts = [np.sort(rng.choice(len(data.y_train), size=int(n), replace=False)) for n in rng.integers(3, 40, 19)]
+    eng = BatchedEngine(data, parts, name, lr=0.05, batch_size=8, formulation="stacked", workers=1, momentum=0.9)
+    start = eng.initial_weights(0)
+    clients, seeds = list(range(19)), list(range(100, 119))
+    exact_m = torch.zeros(19, eng.n_params)
+    exact = eng.train(start, clients, 2, seeds, momentum=exact_m)
+    eng.buckets = True
+    steps: list[tuple[int, int]] = []
+    real_step = type(eng._stack(bucket(19, 1 << 30), False)).step
+
+    def record(stack, rows):
+        steps.append((int((stack.mask.sum(1) > 0).sum()), rows))
+        real_step(stack, rows)
+    bucketed_m = torch.zeros(19, eng.n_params)
+    with pytest.MonkeyPatch.context() as mp, DeviceDiscipline() as discipline:
+        mp.setattr(type(eng._stack(bucket(19, 1 << 30), False)), "step", record)
+        bucketed = eng.train(start, clients, 2, seeds, momentum=bucketed_m)
+    assert not discipline.found, sorted(discipline.found)
+    assert torch.equal(exact, bucketed) and torch.equal(exact_m, bucketed_m)
+    assert steps and all(rows == bucket(live, 24) for live, rows in steps)
+    assert len({rows for _, rows in steps}) > 1   # ragged: the buckets shrink as clients finish
