@@ -47,7 +47,7 @@ from . import devices, procs
 from .io import exit_with_parent
 from .models import build_model
 from .precision import PRECISIONS, autocast, set_precision
-from .stacked import GroupedNet, Stack, bucket
+from .stacked import GroupedNet, Kernels, Stack, bucket
 
 log = logging.getLogger(__name__)
 # torch's global generator seeds the initial weights: runs sharing a process (emulator.stacking) take turns
@@ -326,9 +326,11 @@ class BatchedEngine(TorchEngine):
     def __init__(self, dataset: Dataset, client_samples: Sequence[np.ndarray], model: str,
                  lr: float, batch_size: int, device: str = "cpu", *, momentum: float = 0.0,
                  weight_decay: float = 0.0, mu: float = 0.0, workers: int | None = None,
-                 formulation: str | None = None, precision: str = "fp32"):
+                 formulation: str | None = None, precision: str = "fp32", kernels: Kernels | None = None):
         super().__init__(dataset, client_samples, model, lr, batch_size, device, momentum=momentum,
                          weight_decay=weight_decay, mu=mu, precision=precision)
+        self.kernels = kernels or Kernels()
+        self.kernels.apply(self.device)
         if self.device.type == "cpu":
             keep_freed_memory()
         conv = _has_conv(self.model)
@@ -457,7 +459,7 @@ class BatchedEngine(TorchEngine):
             if len(self._stacks) >= 8:   # few widths recur; an old one's memory goes back
                 self._stacks.pop(next(iter(self._stacks)))
             self._stacks[key] = Stack(self, width, corrected, self._loss_fn, buckets=self.buckets,
-                                      graphs=self.device.type == "cuda", channels_last=self.device.type == "cpu")
+                                      graphs=self.device.type == "cuda", channels_last=self.kernels.layout(self.device))
         return self._stacks[key]
 
     # ---- per-client formulation ----------------------------------------------------------------

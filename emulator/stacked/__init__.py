@@ -5,8 +5,10 @@
   step of every stack on a CPU and a GPU; ``torch.func.vmap`` only for user plug-in models.
 * :mod:`.step`: a stack's fixed tensors (models, optimiser state, minibatch) and one local SGD
   step of its first rows; on a GPU one captured graph per bucket of rows (no padded work).
+* :mod:`.kernels`: the step's kernel settings (cuDNN autotuning, channels-last).
 """
 from .grouped import GroupedNet
+from .kernels import Kernels
 from .step import Stack, bucket
 
-__all__ = ["GroupedNet", "Stack", "bucket"]
+__all__ = ["GroupedNet", "Kernels", "Stack", "bucket"]
