@@ -17,7 +17,7 @@ every engine call of every run goes to one :class:`Batcher`:
 * A run's own engine (:class:`StackMember`) keeps its own model for everything but training
   (evaluation, scoring, the personal algorithms' steps): only ``train`` goes to the batcher.
 * Runs whose engine settings differ (model, batch size, momentum, weight decay, μ, device,
-  precision, engine) get different batchers (:class:`Stacks`).
+  precision, kernel settings, engine) get different batchers (:class:`Stacks`).
 
 A client's result does not depend on its partners where the kernels compute each stacked client
 alone. On this project's CPU (x86-64, portable numerics) a client's models are bitwise the same in
@@ -38,6 +38,7 @@ import torch
 
 from groupfel.topologies import Dataset
 
+from .stacked import Kernels
 from .training import BatchedEngine, TorchEngine
 
 
@@ -174,13 +175,16 @@ class Stacks:
         self.runs = 0
 
     def member(self, engine_kind: str, dataset: Dataset, client_samples, model: str, lr: float, batch_size: int,
-               device: str, *, momentum: float, weight_decay: float, mu: float, precision: str) -> StackMember:
+               device: str, *, momentum: float, weight_decay: float, mu: float, precision: str,
+               kernels: Kernels | None = None) -> StackMember:
         """The engine of the next run of the shard, joined to the batcher of its settings."""
         kw = dict(momentum=momentum, weight_decay=weight_decay, mu=mu, precision=precision)
+        kernels = kernels or Kernels()
         key = (engine_kind, model, tuple(dataset.input_shape), dataset.num_classes, batch_size, device,
-               *kw.values())
+               *kw.values(), kernels)
         if key not in self.batchers:
-            engine = (BatchedEngine(dataset, [], model, lr, batch_size, device, workers=1, formulation="stacked", **kw)
+            engine = (BatchedEngine(dataset, [], model, lr, batch_size, device, workers=1, formulation="stacked",
+                                    kernels=kernels, **kw)
                       if engine_kind == "batched" else TorchEngine(dataset, [], model, lr, batch_size, device, **kw))
             self.batchers[key] = Batcher(engine)
         batcher = self.batchers[key]

@@ -108,3 +108,64 @@ def test_a_bucketed_call_gives_every_client_the_exact_rows_numbers_and_stays_on_
     assert torch.equal(exact, bucketed) and torch.equal(exact_m, bucketed_m)
     assert steps and all(rows == bucket(live, 24) for live, rows in steps)
     assert len({rows for _, rows in steps}) > 1   # ragged: the buckets shrink as clients finish
+
+
+def test_a_cpu_run_refuses_autotune_in_one_line_before_any_work(tmp_path, tiny_dict, capsys):
+    from groupfel.experiments.cli import main
+
+    from conftest import write_toml
+
+    tiny_dict["train"]["autotune"] = True
+    cfg = write_toml(tmp_path, tiny_dict, "c.toml")
+    assert main(["run", str(cfg), "--output", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("groupfel: error: train.autotune:") and "\n" not in err and "false" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_layout_setting_reaches_the_step_and_changes_no_client_beyond_rounding():
+    """``channels_last`` unset is channels-last on a CPU; NCHW computes the same models within the
+    engines' 1e-5, and runs with other kernel settings never share a batcher."""
+    from groupfel.emulator.stacked import Kernels
+    from groupfel.emulator.stacking import Stacks
+
+    data = load_dataset("digits")
+    parts = [np.arange(i * 20, i * 20 + 9 + 3 * i) for i in range(4)]
+    out = {}
+    for layout in (None, False):
+        eng = BatchedEngine(data, parts, "resnet-1", lr=0.05, batch_size=8, formulation="stacked", workers=1,
+                            kernels=Kernels(channels_last=layout))
+        out[layout] = eng.train(eng.initial_weights(0), [0, 1, 2, 3], 1, [1, 2, 3, 4])
+        stack = next(iter(eng._stacks.values()))
+        assert stack.grouped.memory_format == (torch.channels_last if layout is None else torch.contiguous_format)
+    assert float((out[None] - out[False]).abs().max()) <= 1e-5
+    stacks = Stacks()
+    kw = dict(momentum=0.0, weight_decay=0.0, mu=0.0, precision="fp32")
+    a = stacks.member("batched", data, parts, "mlp", 0.05, 8, "cpu", **kw)
+    b = stacks.member("batched", data, parts, "mlp", 0.05, 8, "cpu", kernels=Kernels(channels_last=False), **kw)
+    assert a.batcher is not b.batcher
+    with pytest.raises(ValueError, match="autotune"):
+        Kernels(autotune=True).apply(torch.device("cpu"))
+
+
+def test_the_gpu_step_profile_runs_on_a_cpu_in_quick_mode(tmp_path, monkeypatch):
+    """benchmarks/step_profile.py, the first script a lent GPU runs: its tiny CPU mode, so it cannot rot."""
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    path = list(sys.path)
+    spec = importlib.util.spec_from_file_location("step_profile", root / "benchmarks" / "step_profile.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.path[:] = path   # it puts benchmarks/ first, where pfl.py would shadow the pfl package
+    monkeypatch.setattr(sys, "argv", ["step_profile.py", "--device", "cpu", "--quick", "--json", str(tmp_path / "p.json")])
+    assert module.main() == 0
+    got = json.loads((tmp_path / "p.json").read_text())
+    assert {r["setting"] for r in got["step"]} == {"fp32", "channels-last"}
+    assert all(r["rows_computed"] <= r["rows_padded"] for r in got["engine"])
+    monkeypatch.setattr(sys, "argv", ["step_profile.py", "--device", "cuda:99"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert module.main() == 2
