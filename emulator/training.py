@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
-import gc
 import logging
 import os
 import pickle
