@@ -10,8 +10,10 @@ every engine call of every run goes to one :class:`Batcher`:
   train in one stacked call of one engine (:class:`~groupfel.emulator.training.BatchedEngine`'s
   stacked formulation), and each run gets its own rows back. Runs that finish leave; the others
   go on without them.
-* The gathered calls are ordered by run; calls of different local epochs, learning rates or
-  optimiser state (SCAFFOLD's corrections, persistent momentum) go to separate engine calls. So
+* The gathered calls are ordered by run. Local epochs and learning rates are per-row inputs of
+  the stacked formulation: calls that differ in them (Table 2's E = 2/5/10, a decayed learning
+  rate) share one engine call. Calls of different optimiser state (SCAFFOLD's corrections,
+  persistent momentum) go to separate engine calls, as does everything on the per-client loop. So
   the k-th stacked call holds the k-th call of every run that makes one: a stacked campaign
   gives the same numbers every time, whichever thread asks first.
 * A run's own engine (:class:`StackMember`) keeps its own model for everything but training
@@ -124,17 +126,22 @@ class Batcher:
         self.cond.notify_all()
 
     def _train(self, batch: dict[int, _Request]) -> dict[int, torch.Tensor]:
+        # the stacked formulation takes each client's epochs and learning rate (per-row inputs):
+        # runs that differ only in those share one call; the per-client loop takes one of each
+        per_row = getattr(self.engine, "formulation", None) == "stacked"
         calls: dict[tuple, list[int]] = {}
         for run, r in batch.items():
-            key = (r.epochs, r.lr, r.correction is not None, r.momentum is not None)
+            key = (r.correction is not None, r.momentum is not None) + (() if per_row else (r.epochs, r.lr))
             calls.setdefault(key, []).append(run)
         out = {}
-        for (epochs, lr, corrected, with_momentum), runs in calls.items():
+        for (corrected, with_momentum, *_), runs in calls.items():
             reqs = [batch[run] for run in runs]
             starts = np.cumsum([0] + [len(r.table) for r in reqs])
             rows = [start + row for r, start in zip(reqs, starts) for row in r.rows]
             cat = lambda name: torch.cat([getattr(r, name) for r in reqs])   # noqa: E731
             momentum = cat("momentum") if with_momentum else None
+            epochs = [r.epochs for r in reqs for _ in r.clients] if per_row else reqs[0].epochs
+            lr = [r.lr for r in reqs for _ in r.clients] if per_row else reqs[0].lr
             trained = self.engine.train(torch.cat([r.table.to(self.engine.device) for r in reqs]),
                                         [c for r in reqs for c in r.clients], epochs,
                                         [s for r in reqs for s in r.seeds], lr=lr, rows=rows,

@@ -303,7 +303,9 @@ class BatchedEngine(TorchEngine):
       each step computes only the rows that still have a batch in it (on a GPU, their bucket, one
       captured CUDA graph each). Each client's step averages its loss over its own samples only,
       and a row past its client's last step is masked out of the update (weights and momentum
-      unchanged), so the result is the sequential engine's up to float rounding. Default on a GPU.
+      unchanged), so the result is the sequential engine's up to float rounding. ``epochs`` and
+      ``lr`` may be one per client (runs of other local epochs or rates in one call, each client's
+      epochs one after another from the first step). Default on a GPU.
     * ``per-client``: the sequential loop with channels-last convolutions (oneDNN's fast kernels)
       and glibc's allocator told to keep freed memory, the clients split over ``workers``
       processes of one torch thread each, started by the server of :mod:`groupfel.emulator.procs`
@@ -396,7 +398,7 @@ class BatchedEngine(TorchEngine):
         # its bucket of them, one captured graph each (emulator.stacked.step).
         width = bucket(C, 1 << 30) if self.buckets else max(C, 4)
         B = self.batch_size
-        n_steps = [-(-len(self._cpu_samples[c]) // B) for c in clients]
+        n_steps = [e * -(-len(self._cpu_samples[c]) // B) for c, e in zip(clients, epochs)]
         perm = sorted(range(C), key=lambda i: -n_steps[i])
         inverse = torch.as_tensor(np.argsort(perm), device=dev)
         pick = torch.as_tensor(perm, device=dev)
@@ -421,8 +423,10 @@ class BatchedEngine(TorchEngine):
             else:
                 for b in st.bufs:
                     b.zero_()
-        order, mask, live = self._schedule([clients[i] for i in perm], [seeds[i] for i in perm], epochs, width)
-        st.lr.fill_(lr)
+        order, mask, live = self._schedule([clients[i] for i in perm], [seeds[i] for i in perm],
+                                           [epochs[i] for i in perm], width)
+        st.lr.zero_()
+        st.lr[:C].copy_(torch.as_tensor([lr[i] for i in perm], dtype=st.lr.dtype, device=dev))
         self.model.train()
         for b in range(len(order)):
             st.batch.copy_(order[b])
@@ -434,22 +438,25 @@ class BatchedEngine(TorchEngine):
 
     def _schedule(self, clients, seeds, epochs, width) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """Every step's sample indices and mask, (steps, width, B) each, on the device, and how
-        many clients have a batch in each step: each client's epochs shuffled by its own seed as
-        the sequential engine does, padded to the longest client's step count (a pad: sample 0
-        with weight 0)."""
+        many clients have a batch in each step: each client's ``epochs[i]`` epochs shuffled by its
+        own seed as the sequential engine does, one after another from the first step (its last
+        batch of an epoch partial), padded to the longest client's step count (a pad: sample 0
+        with weight 0). A client's updates are the same whichever its partners' epochs."""
         B = self.batch_size
         idx = [self._cpu_samples[c] for c in clients]
-        per_client = [-(-len(i) // B) for i in idx]
-        steps = max(per_client)
-        order = torch.zeros(epochs, width, steps * B, dtype=torch.long, device="cpu")
-        mask = torch.zeros(epochs, width, steps * B, device="cpu")
-        for r, (i, seed) in enumerate(zip(idx, seeds)):
+        per_epoch = [-(-len(i) // B) for i in idx]
+        total = [e * s for e, s in zip(epochs, per_epoch)]
+        steps = max(total)
+        order = torch.zeros(width, steps * B, dtype=torch.long, device="cpu")
+        mask = torch.zeros(width, steps * B, device="cpu")
+        for r, (i, seed, e, s) in enumerate(zip(idx, seeds, epochs, per_epoch)):
             gen = torch.Generator().manual_seed(int(seed))
-            for e in range(epochs):
-                order[e, r, :len(i)] = i[torch.randperm(len(i), generator=gen, device="cpu")]
-                mask[e, r, :len(i)] = 1.0
-        as_steps = lambda t: t.view(epochs, width, steps, B).transpose(1, 2).reshape(epochs * steps, width, B)  # noqa: E731
-        live = [sum(n > s for n in per_client) for s in range(steps)] * epochs
+            for k in range(e):
+                at = k * s * B
+                order[r, at:at + len(i)] = i[torch.randperm(len(i), generator=gen, device="cpu")]
+                mask[r, at:at + len(i)] = 1.0
+        as_steps = lambda t: t.view(width, steps, B).transpose(0, 1)  # noqa: E731
+        live = [sum(t > s for t in total) for s in range(steps)]
         return as_steps(order).to(self.device), as_steps(mask).to(self.device), live
 
     def _stack(self, width: int, corrected: bool) -> Stack:
@@ -499,8 +506,10 @@ class BatchedEngine(TorchEngine):
         table, rows = self._inputs(start, len(clients), rows)
         lr = self.lr if lr is None else lr
         clients, seeds = [int(c) for c in clients], [int(s) for s in seeds]
-        if self.formulation == "stacked":
-            return self._train_stacked(table, rows, clients, epochs, seeds, lr, correction, momentum)
+        if self.formulation == "stacked":   # epochs and lr: one for all, or one per client (emulator.stacking)
+            per_row = lambda v, kind: [kind(x) for x in v] if isinstance(v, Sequence) else [kind(v)] * len(clients)  # noqa: E731
+            return self._train_stacked(table, rows, clients, per_row(epochs, int), seeds, per_row(lr, float),
+                                       correction, momentum)
         if self.workers == 1 or len(clients) == 1:
             return super().train(table, clients, epochs, seeds, lr=lr, correction=correction,
                                  momentum=momentum, rows=rows)

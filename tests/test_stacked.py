@@ -169,3 +169,58 @@ def test_the_gpu_step_profile_runs_on_a_cpu_in_quick_mode(tmp_path, monkeypatch)
     monkeypatch.setattr(sys, "argv", ["step_profile.py", "--device", "cuda:99"])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert module.main() == 2
+
+
+@pytest.mark.parametrize("corrected", [False, True])
+def test_clients_of_other_epochs_and_learning_rates_share_a_call_with_their_own_numbers(corrected):
+    """Local epochs and learning rate are per-row inputs of one stacked call: each client's model
+    and momentum bitwise those of a call of its own epochs and rate alone (on the CPU)."""
+    data = load_dataset("digits")
+    rng = np.random.default_rng(2)
+    parts = [np.sort(rng.choice(len(data.y_train), size=int(n), replace=False)) for n in rng.integers(3, 30, 6)]
+    eng = BatchedEngine(data, parts, "cnn", lr=0.05, batch_size=8, formulation="stacked", workers=1, momentum=0.9)
+    start = eng.initial_weights(0)
+    epochs, lrs = [2, 3, 1, 2, 4, 3], [0.05, 0.01, 0.05, 0.02, 0.05, 0.01]
+    corr = 0.01 * torch.randn(6, eng.n_params, generator=torch.Generator().manual_seed(0)) if corrected else None
+    mixed_m = torch.zeros(6, eng.n_params)
+    mixed = eng.train(start, list(range(6)), epochs, list(range(6)), lr=lrs, momentum=mixed_m, correction=corr)
+    for k in range(6):
+        own_m = torch.zeros(1, eng.n_params)
+        own = eng.train(start, [k], epochs[k], [k], lr=lrs[k], momentum=own_m,
+                        correction=None if corr is None else corr[k:k + 1])
+        assert torch.equal(own[0], mixed[k]) and torch.equal(own_m[0], mixed_m[k]), k
+
+
+def test_runs_of_other_epochs_and_learning_rates_share_the_batchers_call():
+    """Two runs of one stack, E = 1 at lr 0.05 and E = 3 at lr 0.01: one engine call, and each
+    run's models bitwise those of its own call alone."""
+    import threading
+
+    from groupfel.emulator.stacking import Stacks
+
+    data = load_dataset("digits")
+    parts = [np.arange(i * 20, i * 20 + 5 + 4 * i) for i in range(4)]
+    stacks = Stacks()
+    kw = dict(momentum=0.0, weight_decay=0.0, mu=0.0, precision="fp32")
+    runs = [stacks.member("batched", data, parts, "mlp", 0.05, 8, "cpu", **kw) for _ in range(2)]
+    engine = runs[0].batcher.engine
+    calls = []
+    real = engine.train
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(engine, "train", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    start = runs[0].initial_weights(0)
+    settings = [(1, 0.05), (3, 0.01)]
+    got = {}
+
+    def train(i):
+        got[i] = runs[i].train(start, [0, 1, 2, 3], settings[i][0], [1, 2, 3, 4], lr=settings[i][1])
+    threads = [threading.Thread(target=train, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    monkey.undo()
+    assert calls == [[1] * 4 + [3] * 4]
+    for i, (epochs, lr) in enumerate(settings):
+        alone = engine.train(start, [4 * i + c for c in range(4)], epochs, [1, 2, 3, 4], lr=lr)
+        assert torch.equal(alone, got[i])

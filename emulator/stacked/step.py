@@ -45,7 +45,7 @@ class Stack:
         self.bufs = [torch.zeros_like(p) for p in self.params] if engine.momentum else None
         self.batch = torch.zeros(width, engine.batch_size, dtype=torch.long, device=dev)
         self.mask = torch.zeros(width, engine.batch_size, device=dev)
-        self.lr = torch.zeros((), device=dev)
+        self.lr = torch.zeros(width, device=dev)    # each row's learning rate
         self.grouped = GroupedNet.of(engine.model, channels_last=channels_last)
         if self.grouped is not None:
             self._grad = self.grouped
@@ -75,7 +75,7 @@ class Stack:
                     buf = self.bufs[j][:n]
                     g = torch.where(act, buf * e.momentum + g, buf)
                     buf.copy_(g)
-                p.sub_(torch.where(act, g, torch.zeros_like(g)) * self.lr)
+                p.sub_(torch.where(act, g, torch.zeros_like(g)) * self.lr[:n].view_as(act))
 
     def rows(self, live: int) -> int:
         """How many of the stack's first rows a step computes to serve ``live`` clients."""
