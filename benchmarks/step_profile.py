@@ -29,12 +29,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from campaign import interleaved_ms  # noqa: E402  (benchmarks/campaign.py)
+from gpu import usable_device  # noqa: E402  (benchmarks/gpu.py)
 
-from groupfel.emulator.devices import check, prepare, resolve  # noqa: E402
+from groupfel.emulator.devices import prepare  # noqa: E402
 from groupfel.emulator.models import build_model  # noqa: E402
 from groupfel.emulator.precision import autocast, set_precision  # noqa: E402
 from groupfel.emulator.stacked import GroupedNet, Kernels, bucket  # noqa: E402
-from groupfel.errors import InputError  # noqa: E402
 
 # (name, channels_last, autotune, precision): each a GPU's; a CPU runs the first two
 SETTINGS = [("fp32", False, False, "fp32"), ("channels-last", True, False, "fp32"), ("autotune", False, True, "fp32"),
@@ -124,14 +124,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=None, help="full-size rounds (default 1 on a GPU; quick: 0)")
     ap.add_argument("--json", default="step-profile.json", help="where the results go (default step-profile.json)")
     args = ap.parse_args()
-    try:
-        device = torch.device(resolve(check(args.device, "--device")))
-    except InputError as exc:
-        print(f"step profile: {exc}", file=sys.stderr)
-        return 2
-    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
-        print(f"step profile: --device {args.device}: torch sees no such CUDA GPU here; run it on a GPU machine, or "
-              "check the same code on the CPU with --device cpu --quick", file=sys.stderr)
+    device = usable_device(args.device, "step profile")
+    if device is None:
         return 2
     prepare(device)
     if device.type == "cpu":
