@@ -18,8 +18,10 @@
    that setting (its runs stop at the same budget), for both.
 4. **steps** (``--steps``, on the CPU): one local SGD step of W stacked clients, per client, in the
    three forms a CPU can train them: the per-client loop (what ``--stack 1`` runs, channels-last),
-   ``vmap`` over the model (the stacked form on a GPU) and the written-out grouped form the CPU's
-   stacks use (training._GroupedNet), at the demo's shape and at larger ones, medians of 5.
+   ``vmap`` over the model (what a user's plug-in model steps through) and the written-out form
+   every shipped model's stacks use (emulator.stacked.GroupedNet), at the demo's shape, at larger
+   ones and at the full-size Group-FEL step (resnet-1, 1x28x28, B = 5, W = 8 and 64): medians of 5,
+   the three forms interleaved, with the load average beside each row.
 5. **emulator** (``--emulator``): the emulator's own Python per run-round of full-size
    groupfel-base (300 clients, K = 5), at K = 20 and with SCAFFOLD, with training and evaluation
    stubbed (:func:`emulator_round`): SimPy, the group-round loop, pricing, sampling, aggregation,
@@ -81,44 +83,114 @@ def full_size(device: str, stack: int, rounds: int, tmp: Path) -> dict:
 
     jobs = [(parse_config({**base, "seed": s}).model_dump_json(), tmp / f"full-{stack}" / str(s), 0)
             for s in range(stack)]
-    try:
-        execute_stack(jobs, stack, on_round=on_round) if stack > 1 else execute_alone(jobs[0], on_round)
-    except Enough:
-        pass
+    with SamplePasses() as passes:
+        try:
+            execute_stack(jobs, stack, on_round=on_round) if stack > 1 else execute_alone(jobs[0], on_round)
+        except Enough:
+            pass
     start = max(s[0][0] for s in seen.values())
     end = max(s[-1][0] for s in seen.values())
     cost = sum(s[-1][1] - s[0][1] for s in seen.values())
     return {"seconds_per_cost": (end - start) / cost, "budget": base["train"]["budget"],
-            "model": base["train"]["model"], "batch": base["train"]["batch_size"]}
+            "model": base["train"]["model"], "batch": base["train"]["batch_size"],
+            "passes_per_cost": passes.total / sum(s[-1][1] for s in seen.values())}
+
+
+class SamplePasses:
+    """Counts the training sample-passes (epochs x samples of every client of every engine call)
+    while it is entered: the outermost ``train`` of an engine only (a batched engine's call of the
+    sequential loop, or a stack's batcher calling its engine, counts once)."""
+
+    def __init__(self):
+        import threading
+
+        self.total, self._inside = 0, threading.local()
+
+    def __enter__(self):
+        from groupfel.emulator.training import BatchedEngine, TorchEngine
+
+        self._saved = {cls: cls.__dict__["train"] for cls in (TorchEngine, BatchedEngine)}
+        for cls, train in self._saved.items():
+            setattr(cls, "train", self._counting(train))
+        return self
+
+    def _counting(self, train):
+        def counted(engine, start, clients, epochs, seeds, **kw):
+            outermost = not getattr(self._inside, "depth", 0)
+            self._inside.depth = getattr(self._inside, "depth", 0) + 1
+            try:
+                return train(engine, start, clients, epochs, seeds, **kw)
+            finally:
+                self._inside.depth -= 1
+                if outermost:
+                    self.total += int(epochs) * sum(len(engine.client_samples[int(c)]) for c in clients)
+        return counted
+
+    def __exit__(self, *exc):
+        for cls, train in self._saved.items():
+            setattr(cls, "train", train)
+
+
+def physical_limit(fit: dict, device: str) -> dict:
+    """The fp32 limit of the full-size step: forward + backward FLOPs of one sample of the run's
+    model (torch's FlopCounterMode over a real batch), times the measured sample-passes per unit
+    of Eq. 5 cost, at the device's float32 peak (a measured float32 matmul, TF32 off; one thread
+    on a CPU, as a training process runs): the milliseconds per unit of cost no engine beats."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from gpu import matmul_tflops   # benchmarks/gpu.py
+
+    from groupfel.emulator.models import build_model
+
+    on = torch.device(device)
+    model = build_model(fit["model"], (1, 28, 28), 10).to(on)
+    B = fit["batch"]
+    x, y = torch.randn(B, 1, 28, 28, device=on), torch.randint(0, 10, (B,), device=on)
+    with FlopCounterMode(display=False) as counter:
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    flop = counter.get_total_flops() / B
+    peak = matmul_tflops(on, 8192 if on.type == "cuda" else 1024)
+    seconds = flop * fit["passes_per_cost"] / (peak * 1e12)
+    return {"flop_per_sample": flop, "peak_tflops": peak, "seconds_per_cost": seconds}
+
+
+STEP_ROWS = [("cnn", (1, 8, 8), 16, 48), ("mlp", (1, 8, 8), 16, 48), ("cnn", (1, 16, 16), 64, 48),
+             ("cnn", (1, 28, 28), 32, 48), ("cnn", (1, 28, 28), 5, 64),
+             # the full-size Group-FEL step: resnet-1 on 1x28x28 at B = 5, a narrow and a wide stack
+             ("resnet-1", (1, 28, 28), 5, 8), ("resnet-1", (1, 28, 28), 5, 64)]
+
+
+def interleaved_ms(fs, repeats: int) -> list[float]:
+    """Median milliseconds of each of ``fs``, run in turn ``repeats`` times after one warm-up each
+    (interleaved, so that a loaded machine's slow spells fall on every form alike)."""
+    import statistics
+
+    for f in fs:
+        f()
+    times: list[list[float]] = [[] for _ in fs]
+    for _ in range(repeats):
+        for f, t in zip(fs, times):
+            t0 = time.perf_counter()
+            f()
+            t.append(time.perf_counter() - t0)
+    return [statistics.median(t) * 1e3 for t in times]
 
 
 def steps(repeats: int = 5) -> None:
     """Per client-step milliseconds of the three CPU forms, side by side (see the docstring)."""
-    import statistics
-
     import torch
     import torch.nn.functional as F
     from torch.func import functional_call, grad, vmap
 
     from groupfel.emulator.models import build_model
-    from groupfel.emulator.training import _GroupedNet
+    from groupfel.emulator.stacked import GroupedNet
 
     torch.set_num_threads(1)   # as every training process runs
 
-    def median_ms(f, n=repeats):
-        f()
-        times = []
-        for _ in range(n):
-            t = time.perf_counter()
-            f()
-            times.append(time.perf_counter() - t)
-        return statistics.median(times) * 1e3
-
-    print(f"\n{'model':6} {'input':>8} {'B':>3} {'W':>4} {'per-client':>11} {'vmap':>8} {'grouped':>8} "
-          f"{'per-client / grouped':>21}  (ms per client-step)")
-    for name, shape, batch, width in [("cnn", (1, 8, 8), 16, 48), ("mlp", (1, 8, 8), 16, 48),
-                                      ("cnn", (1, 16, 16), 64, 48), ("cnn", (1, 28, 28), 32, 48),
-                                      ("cnn", (1, 28, 28), 5, 64)]:
+    print(f"\n{'model':8} {'input':>8} {'B':>3} {'W':>4} {'per-client':>11} {'vmap':>8} {'grouped':>8} "
+          f"{'vmap / grouped':>15} {'per-client / grouped':>21}  (ms per client-step)")
+    for name, shape, batch, width in STEP_ROWS:
         torch.manual_seed(0)
         model = build_model(name, shape, 10)
         names = [n for n, _ in model.named_parameters()]
@@ -128,7 +200,7 @@ def steps(repeats: int = 5) -> None:
         def loss(ps, x, y, m):
             ce = F.cross_entropy(functional_call(model, dict(zip(names, ps)), (x,)), y, reduction="none")
             return (ce * m).sum() / m.sum().clamp(min=1.0)
-        vmapped, grouped = vmap(grad(loss)), _GroupedNet.of(model)
+        vmapped, grouped = vmap(grad(loss)), GroupedNet.of(model)
         alone = build_model(name, shape, 10).to(memory_format=torch.channels_last)
         opt = torch.optim.SGD(alone.parameters(), lr=0.01)
         x0 = x[0].contiguous(memory_format=torch.channels_last)
@@ -138,10 +210,34 @@ def steps(repeats: int = 5) -> None:
                 opt.zero_grad()
                 F.cross_entropy(alone(x0), y[0]).backward()
                 opt.step()
-        t = [median_ms(per_client, 3) / width, median_ms(lambda: vmapped(tuple(params), x, y, m)) / width,
-             median_ms(lambda: grouped(params, x, y, m)) / width]
-        print(f"{name:6} {'x'.join(map(str, shape[1:])):>8} {batch:3d} {width:4d} {t[0]:11.2f} {t[1]:8.2f} {t[2]:8.2f} "
-              f"{t[0] / t[2]:20.2f}x", flush=True)
+        t = [ms / width for ms in interleaved_ms([per_client, lambda: vmapped(tuple(params), x, y, m),
+                                                  lambda: grouped(params, x, y, m)], repeats)]
+        print(f"{name:8} {'x'.join(map(str, shape[1:])):>8} {batch:3d} {width:4d} {t[0]:11.2f} {t[1]:8.2f} {t[2]:8.2f} "
+              f"{t[1] / t[2]:14.2f}x {t[0] / t[2]:20.2f}x  load {os.getloadavg()[0]:.1f}", flush=True)
+
+
+def print_full_size(device: str, rounds: int, stack: int, fits: dict, rows: dict) -> None:
+    """Each stack's ms per unit of Eq. 5 cost and its share of the fp32 limit, then every pending
+    reproduction's projected hours beside the hours at the limit."""
+    from gpu import pending_projection   # benchmarks/gpu.py
+
+    limit = physical_limit(fits[stack], device)
+    at_limit = {r["name"]: r for r in pending_projection({**fits[stack], "seconds_per_cost": limit["seconds_per_cost"]})}
+    print(f"\nfull-size groupfel-base on {device}, {rounds} rounds: {fits[stack]['passes_per_cost']:.2f} sample-passes "
+          f"per unit of Eq. 5 cost x {limit['flop_per_sample'] / 1e6:.2f} MFLOP forward+backward a sample "
+          f"({fits[stack]['model']}, B = {fits[stack]['batch']}); fp32 peak {limit['peak_tflops']:.3g} TFLOP/s "
+          f"(a float32 matmul{', one thread' if device == 'cpu' else ''}): the limit is "
+          f"{limit['seconds_per_cost'] * 1e3:.5f} ms per unit of cost")
+    for s, f in fits.items():
+        print(f"  stack {s}: {f['seconds_per_cost'] * 1e3:.3f} ms per unit of Eq. 5 cost, "
+              f"{100 * limit['seconds_per_cost'] / f['seconds_per_cost']:.2f} % of fp32 peak")
+    print(f"{'pending reproduction':26} {'runs':>5} {'hours, stack 1':>14} {f'hours, stack {stack}':>15} "
+          f"{'hours at the limit':>18}")
+    many_of = {r["name"]: r for r in rows[stack]}
+    for one in rows[1]:
+        many, best = many_of[one["name"]], at_limit[one["name"]]
+        hours = [f"{r['projected_hours']:.2f}" if r["projected_hours"] else "not projected" for r in (one, many, best)]
+        print(f"{one['name']:26} {one['runs']:5d} {hours[0]:>14} {hours[1]:>15} {hours[2]:>18}")
 
 
 # -- the emulator's own time per run-round (--emulator) ----------------------------------------------
@@ -287,15 +383,7 @@ def main() -> None:
         device = "cuda" if cuda else "cpu"
         fits = {stack: full_size(device, stack, rounds, tmp) for stack in (1, args.stack)}
         rows = {stack: pending_projection(fit) for stack, fit in fits.items()}
-        print(f"\nfull-size groupfel-base on {device}, {rounds} rounds: "
-              + ", ".join(f"stack {s}: {f['seconds_per_cost'] * 1e3:.3f} ms per unit of Eq. 5 cost"
-                          for s, f in fits.items()))
-        print(f"{'pending reproduction':26} {'runs':>5} {'hours, stack 1':>14} {f'hours, stack {args.stack}':>15}")
-        many_of = {r["name"]: r for r in rows[args.stack]}
-        for one in rows[1]:
-            many = many_of[one["name"]]
-            hours = [f"{r['projected_hours']:.2f}" if r["projected_hours"] else "not projected" for r in (one, many)]
-            print(f"{one['name']:26} {one['runs']:5d} {hours[0]:>14} {hours[1]:>15}")
+        print_full_size(device, rounds, args.stack, fits, rows)
 
 
 if __name__ == "__main__":

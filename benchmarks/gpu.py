@@ -229,6 +229,20 @@ def pending_projection(full: dict) -> list[dict]:
     return sorted(out, key=lambda r: -(r["projected_hours"] or 0))
 
 
+def usable_device(name: str, program: str) -> torch.device | None:
+    """``--device name`` as a torch device, or None after one line on stderr saying why not."""
+    try:
+        device = torch.device(resolve(check(name, "--device")))
+    except InputError as exc:
+        print(f"{program}: {exc}", file=sys.stderr)
+        return None
+    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
+        print(f"{program}: --device {name}: torch {torch.__version__} sees no such CUDA GPU here; run it on a "
+              "GPU machine, or check the same code on the CPU with --device cpu --quick", file=sys.stderr)
+        return None
+    return device
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
@@ -239,14 +253,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=None, help="full-size rounds timed (default 3; quick: 1)")
     ap.add_argument("--json", default="gpu.json", help="where the results go (default gpu.json)")
     args = ap.parse_args()
-    try:
-        device = torch.device(resolve(check(args.device, "--device")))
-    except InputError as exc:
-        print(f"gpu benchmark: {exc}", file=sys.stderr)
-        return 2
-    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
-        print(f"gpu benchmark: --device {args.device}: torch {torch.__version__} sees no such CUDA GPU here; run it on a "
-              "GPU machine, or check the same code on the CPU with --device cpu --quick", file=sys.stderr)
+    device = usable_device(args.device, "gpu benchmark")
+    if device is None:
         return 2
     prepare(device)   # the engine's settings (TF32 off, deterministic) before any CUDA work, the peak matmul's too
     models = (args.models or ("mlp" if args.quick else "cnn,resnet-1,mlp")).split(",")

@@ -10,14 +10,16 @@ every engine call of every run goes to one :class:`Batcher`:
   train in one stacked call of one engine (:class:`~groupfel.emulator.training.BatchedEngine`'s
   stacked formulation), and each run gets its own rows back. Runs that finish leave; the others
   go on without them.
-* The gathered calls are ordered by run; calls of different local epochs, learning rates or
-  optimiser state (SCAFFOLD's corrections, persistent momentum) go to separate engine calls. So
+* The gathered calls are ordered by run. Local epochs and learning rates are per-row inputs of
+  the stacked formulation: calls that differ in them (Table 2's E = 2/5/10, a decayed learning
+  rate) share one engine call. Calls of different optimiser state (SCAFFOLD's corrections,
+  persistent momentum) go to separate engine calls, as does everything on the per-client loop. So
   the k-th stacked call holds the k-th call of every run that makes one: a stacked campaign
   gives the same numbers every time, whichever thread asks first.
 * A run's own engine (:class:`StackMember`) keeps its own model for everything but training
   (evaluation, scoring, the personal algorithms' steps): only ``train`` goes to the batcher.
 * Runs whose engine settings differ (model, batch size, momentum, weight decay, μ, device,
-  precision, engine) get different batchers (:class:`Stacks`).
+  precision, kernel settings, engine) get different batchers (:class:`Stacks`).
 
 A client's result does not depend on its partners where the kernels compute each stacked client
 alone. On this project's CPU (x86-64, portable numerics) a client's models are bitwise the same in
@@ -38,6 +40,7 @@ import torch
 
 from groupfel.topologies import Dataset
 
+from .stacked import Kernels
 from .training import BatchedEngine, TorchEngine
 
 
@@ -123,17 +126,22 @@ class Batcher:
         self.cond.notify_all()
 
     def _train(self, batch: dict[int, _Request]) -> dict[int, torch.Tensor]:
+        # the stacked formulation takes each client's epochs and learning rate (per-row inputs):
+        # runs that differ only in those share one call; the per-client loop takes one of each
+        per_row = getattr(self.engine, "formulation", None) == "stacked"
         calls: dict[tuple, list[int]] = {}
         for run, r in batch.items():
-            key = (r.epochs, r.lr, r.correction is not None, r.momentum is not None)
+            key = (r.correction is not None, r.momentum is not None) + (() if per_row else (r.epochs, r.lr))
             calls.setdefault(key, []).append(run)
         out = {}
-        for (epochs, lr, corrected, with_momentum), runs in calls.items():
+        for (corrected, with_momentum, *_), runs in calls.items():
             reqs = [batch[run] for run in runs]
             starts = np.cumsum([0] + [len(r.table) for r in reqs])
             rows = [start + row for r, start in zip(reqs, starts) for row in r.rows]
             cat = lambda name: torch.cat([getattr(r, name) for r in reqs])   # noqa: E731
             momentum = cat("momentum") if with_momentum else None
+            epochs = [r.epochs for r in reqs for _ in r.clients] if per_row else reqs[0].epochs
+            lr = [r.lr for r in reqs for _ in r.clients] if per_row else reqs[0].lr
             trained = self.engine.train(torch.cat([r.table.to(self.engine.device) for r in reqs]),
                                         [c for r in reqs for c in r.clients], epochs,
                                         [s for r in reqs for s in r.seeds], lr=lr, rows=rows,
@@ -174,13 +182,16 @@ class Stacks:
         self.runs = 0
 
     def member(self, engine_kind: str, dataset: Dataset, client_samples, model: str, lr: float, batch_size: int,
-               device: str, *, momentum: float, weight_decay: float, mu: float, precision: str) -> StackMember:
+               device: str, *, momentum: float, weight_decay: float, mu: float, precision: str,
+               kernels: Kernels | None = None) -> StackMember:
         """The engine of the next run of the shard, joined to the batcher of its settings."""
         kw = dict(momentum=momentum, weight_decay=weight_decay, mu=mu, precision=precision)
+        kernels = kernels or Kernels()
         key = (engine_kind, model, tuple(dataset.input_shape), dataset.num_classes, batch_size, device,
-               *kw.values())
+               *kw.values(), kernels)
         if key not in self.batchers:
-            engine = (BatchedEngine(dataset, [], model, lr, batch_size, device, workers=1, formulation="stacked", **kw)
+            engine = (BatchedEngine(dataset, [], model, lr, batch_size, device, workers=1, formulation="stacked",
+                                    kernels=kernels, **kw)
                       if engine_kind == "batched" else TorchEngine(dataset, [], model, lr, batch_size, device, **kw))
             self.batchers[key] = Batcher(engine)
         batcher = self.batchers[key]

@@ -15,8 +15,8 @@ place; otherwise each client starts from zero buffers, which is what a fresh tor
 
 Engines: :class:`TorchEngine` (``sequential``) trains one client after another, the readable
 reference. :class:`BatchedEngine` (``batched``) trains a whole group round per call, either with
-the clients stacked into one network (``torch.func.vmap``; linear layers become one batched
-matmul, the fast way on a GPU and for MLPs) or client by client with oneDNN's channels-last
+the clients stacked into one step (the model written out over all of them,
+:mod:`groupfel.emulator.stacked`: the fast way on a GPU, and for runs that train together) or client by client with oneDNN's channels-last
 convolutions split over worker processes (the fast way for CNNs on a CPU).
 """
 from __future__ import annotations
@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
-import gc
 import logging
 import os
 import pickle
@@ -46,34 +45,15 @@ from groupfel.topologies import Dataset
 from . import devices, procs
 from .io import exit_with_parent
 from .models import build_model
+from .precision import PRECISIONS, autocast, set_precision
+from .stacked import GroupedNet, Kernels, Stack, bucket
 
 log = logging.getLogger(__name__)
-# ``train.precision``: fp32 everywhere (the default: a GPU's numbers track the CPU's), or on a GPU
-# TF32 matrix products and convolutions, or bfloat16 autocast of the training steps' forward passes
-PRECISIONS = ("fp32", "tf32", "bf16")
-
-
-def set_precision(device: torch.device, precision: str) -> None:
-    """Set this process's float32 matmul and convolution precision for ``precision`` (after
-    :func:`groupfel.emulator.devices.prepare`, which turns TF32 off); only a GPU has the others."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if precision != "fp32" and device.type != "cuda":
-        raise ValueError(f"precision {precision!r} needs a CUDA device, not {device.type}")
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "tf32"
-
-
-def autocast(device: torch.device, precision: str):
-    """The context of a training step's forward pass: bfloat16 autocast for ``bf16``, else none
-    (parameters, gradients and the optimiser state stay float32 either way)."""
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
-
-
 # torch's global generator seeds the initial weights: runs sharing a process (emulator.stacking) take turns
 _GLOBAL_RNG = threading.Lock()
 
-__all__ = ["TrainingEngine", "TorchEngine", "BatchedEngine", "ENGINES", "build_model", "load_flat", "flatten"]
+__all__ = ["TrainingEngine", "TorchEngine", "BatchedEngine", "ENGINES", "PRECISIONS", "autocast", "build_model",
+           "flatten", "load_flat", "set_precision"]
 
 
 @torch.no_grad()
@@ -315,193 +295,21 @@ def _has_conv(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
 
 
-class _GroupedNet:
-    """The loss gradients of a stack of clients' copies of a plain CNN or MLP on a CPU, written out
-    layer by layer instead of ``vmap``: convolutions as one grouped convolution (a group per client)
-    over the batch-major layout (B, clients × channels, H, W) in channels-last memory, linear layers
-    as batched matmuls. The layout never changes between layers (``vmap`` moves the client axis
-    around every layer, one copy each), and channels-last pooling runs vectorised over all the
-    stack's channels: measured 1.3-1.8x faster a step than ``vmap`` on this project's CPU
-    (benchmarks/campaign.py). Each client is computed alone in every kernel, so its gradients do
-    not depend on its partners (tests/test_stacking.py), except that oneDNN takes another
-    convolution kernel for exactly 3 input channels: :meth:`rows` never stacks to that."""
-
-    LAYERS = (nn.Conv2d, nn.MaxPool2d, nn.ReLU, nn.Flatten, nn.Linear, nn.AdaptiveAvgPool2d)
-
-    def __init__(self, layers: list[nn.Module], in_channels: int):
-        self.layers, self.in_channels = layers, in_channels
-
-    @classmethod
-    def of(cls, model: nn.Module) -> _GroupedNet | None:
-        """The grouped form of ``model``, or None where it is not a plain sequence of these layers."""
-        if not isinstance(model, nn.Sequential):
-            return None
-        layers, flat = list(model), False
-        if len({id(layer) for layer in layers}) != len(layers):   # a layer used twice shares its parameters
-            return None
-        for layer in layers:
-            if type(layer) not in cls.LAYERS:
-                return None
-            if isinstance(layer, nn.Conv2d) and (flat or layer.groups != 1 or layer.padding_mode != "zeros"
-                                                 or isinstance(layer.padding, str)):
-                return None
-            if isinstance(layer, nn.MaxPool2d) and layer.return_indices:
-                return None
-            if isinstance(layer, nn.AdaptiveAvgPool2d) and layer.output_size not in (1, (1, 1)):
-                return None
-            if isinstance(layer, nn.Flatten):
-                if flat or (layer.start_dim, layer.end_dim) != (1, -1):
-                    return None
-                flat = True
-            if isinstance(layer, (nn.MaxPool2d, nn.AdaptiveAvgPool2d)) and flat:
-                return None
-            if isinstance(layer, nn.Linear) and not flat:
-                return None
-        first = layers[0] if layers else None
-        return cls(layers, first.in_channels if isinstance(first, nn.Conv2d) else 0)
-
-    def rows(self, live: int) -> int:
-        """How many of the stack's first rows a step computes to serve ``live`` clients."""
-        rows = max(live, 2)
-        return 4 if rows * self.in_channels == 3 else rows
-
-    def __call__(self, params, x, y, m):
-        """The same as ``vmap(grad(loss))``: each client's gradient of its masked mean loss."""
-        params = [p.detach().requires_grad_() for p in params]
-        n, b = x.shape[:2]
-        it = iter(params)
-        if self.in_channels:
-            h = x.transpose(0, 1).reshape(b, n * x.shape[2], *x.shape[3:]).contiguous(
-                memory_format=torch.channels_last)
-        else:
-            h = x
-        for layer in self.layers:
-            if isinstance(layer, nn.Conv2d):
-                w = next(it)
-                bias = next(it).reshape(-1) if layer.bias is not None else None
-                h = F.conv2d(h, w.reshape(-1, *w.shape[2:]), bias, layer.stride, layer.padding, layer.dilation, n)
-            elif isinstance(layer, nn.MaxPool2d):
-                h = F.max_pool2d(h, layer.kernel_size, layer.stride, layer.padding, layer.dilation, layer.ceil_mode)
-            elif isinstance(layer, nn.AdaptiveAvgPool2d):
-                h = F.adaptive_avg_pool2d(h, 1)
-            elif isinstance(layer, nn.ReLU):
-                h = h.relu()
-            elif isinstance(layer, nn.Flatten):   # each client's (C, H, W) flattened as nn.Flatten does
-                h = h.reshape(b, n, -1).transpose(0, 1) if self.in_channels else h.reshape(n, b, -1)
-            else:
-                w = next(it)
-                h = (torch.baddbmm(next(it).unsqueeze(1), h, w.transpose(1, 2)) if layer.bias is not None
-                     else torch.bmm(h, w.transpose(1, 2)))
-        ce = F.cross_entropy(h.reshape(n * b, -1), y.reshape(-1), reduction="none").view(n, b)
-        loss = ((ce * m).sum(1) / m.sum(1).clamp(min=1.0)).sum()
-        return torch.autograd.grad(loss, params)
-
-
-class _Stack:
-    """A stack of ``width`` clients' models and optimiser state in fixed tensors, and one local
-    SGD step of all of them (``torch.func.vmap`` over the model). On a GPU the step is captured
-    once as a CUDA graph and replayed: the step reads its minibatch and learning rate from the
-    tensors it was captured with, so each replay is one launch."""
-
-    def __init__(self, engine: BatchedEngine, width: int, corrected: bool):
-        dev = engine.device
-        self.engine = engine
-        self.params = [torch.zeros(width, *p.shape, device=dev) for p in engine.model.parameters()]
-        self.anchor = [torch.zeros_like(p) for p in self.params] if engine.mu else None
-        self.corr = [torch.zeros_like(p) for p in self.params] if corrected else None
-        self.bufs = [torch.zeros_like(p) for p in self.params] if engine.momentum else None
-        self.batch = torch.zeros(width, engine.batch_size, dtype=torch.long, device=dev)
-        self.mask = torch.zeros(width, engine.batch_size, device=dev)
-        self.lr = torch.zeros((), device=dev)
-        # on a GPU vmap's step is one captured graph; on a CPU the written-out one is faster
-        self.grouped = _GroupedNet.of(engine.model) if dev.type == "cpu" else None
-        if self.grouped is not None:
-            self._grad = self.grouped
-        else:
-            from torch.func import grad, vmap
-            self._grad = vmap(grad(engine._loss_fn()))
-        self._graph = None
-
-    def _step(self, rows: int | None = None) -> None:
-        """One step of the stack's first ``rows`` clients (all: None); the rest wait unchanged."""
-        e = self.engine
-        n = len(self.batch) if rows is None else rows
-        params, batch, m = tuple(p[:n] for p in self.params), self.batch[:n], self.mask[:n]
-        with autocast(e.device, e.precision):
-            grads = self._grad(params, e.x[batch], e.y[batch], m)
-        active = m.sum(1) > 0                                # clients with a real step here
-        with torch.no_grad():
-            for j, (p, g) in enumerate(zip(params, grads)):
-                if e.weight_decay:
-                    g = g.add(p, alpha=e.weight_decay)
-                if self.anchor is not None:
-                    g = g.add(p - self.anchor[j][:n], alpha=e.mu)
-                if self.corr is not None:
-                    g = g + self.corr[j][:n]
-                act = active.view(-1, *[1] * (p.dim() - 1))
-                if self.bufs is not None:
-                    buf = self.bufs[j][:n]
-                    g = torch.where(act, buf * e.momentum + g, buf)
-                    buf.copy_(g)
-                p.sub_(torch.where(act, g, torch.zeros_like(g)) * self.lr)
-
-    def rows(self, live: int) -> int:
-        """How many of the stack's first rows a CPU step computes to serve ``live`` clients (a
-        stack of one takes other kernels than a wider one: never fewer than two)."""
-        return self.grouped.rows(live) if self.grouped is not None else max(live, 2)
-
-    def step(self, rows: int | None = None) -> None:
-        """On a CPU only the first ``rows`` clients compute (the caller orders the clients with
-        steps left first); on a GPU the whole stack replays one captured graph, masked."""
-        if self.engine.device.type != "cuda":
-            self._step(rows)
-            return
-        if self._graph is None:
-            self._graph = self._capture()
-        self._graph.replay()
-
-    def _capture(self):
-        """The step as a CUDA graph. Warm-up steps run first (as CUDA graphs require) and are
-        undone, so every step of every call is the graph's: a resumed run computes as the
-        uninterrupted one did."""
-        state = [t.clone() for t in self.params + (self.bufs or [])]
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self._step()
-        torch.cuda.current_stream().wait_stream(side)
-        for t, saved in zip(self.params + (self.bufs or []), state):
-            t.copy_(saved)
-        # A finished run's engine and its graphs are cyclic garbage; a graph freed while another is
-        # being captured invalidates that capture, so collect first and never during it. Runs that
-        # train together evaluate in threads of their own: their CUDA calls must not void it either.
-        gc.collect()
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                self._step()
-        finally:
-            if collecting:
-                gc.enable()
-        return graph
-
-
 class BatchedEngine(TorchEngine):
     """Trains every client of a call (a whole group round) at once.
 
     Two formulations, chosen per device and model (``formulation``):
 
-    * ``stacked``: the clients' parameters stacked into (C, ...) tensors and the model run over all
-      of them with ``torch.func.vmap`` (on a CPU, a plain CNN or MLP is written out as grouped
-      convolutions and batched matmuls instead, :class:`_GroupedNet`, and each step computes only
-      the clients that still have a batch in it). Ragged sample counts are padded to a common step count;
-      each client's step averages its loss over its own samples only, and a client past its last
-      step is masked out of the update (weights and momentum unchanged), so the result is the
-      sequential engine's up to float rounding. Default on a GPU (linear layers become one
-      batched matmul, convolutions grouped ones), where each step is one CUDA graph replay.
+    * ``stacked``: the clients' parameters stacked into (C, ...) tensors and every shipped model
+      written out as one step over all of them (grouped convolutions, GroupNorm over the stacked
+      channels, residual adds, batched-matmul heads: :mod:`groupfel.emulator.stacked`); a user's
+      plug-in model runs under ``torch.func.vmap``. The clients with the most steps go first and
+      each step computes only the rows that still have a batch in it (on a GPU, their bucket, one
+      captured CUDA graph each). Each client's step averages its loss over its own samples only,
+      and a row past its client's last step is masked out of the update (weights and momentum
+      unchanged), so the result is the sequential engine's up to float rounding. ``epochs`` and
+      ``lr`` may be one per client (runs of other local epochs or rates in one call, each client's
+      epochs one after another from the first step). Default on a GPU.
     * ``per-client``: the sequential loop with channels-last convolutions (oneDNN's fast kernels)
       and glibc's allocator told to keep freed memory, the clients split over ``workers``
       processes of one torch thread each, started by the server of :mod:`groupfel.emulator.procs`
@@ -509,31 +317,33 @@ class BatchedEngine(TorchEngine):
       models shared with them through anonymous memory, never copied. Default on a CPU, where it
       measured fastest for the MLP and the CNN (benchmarks/engines.py --formulation).
 
-    A model that ``vmap`` cannot run (e.g. BatchNorm updating running statistics) falls back to
+    A plug-in model that ``vmap`` cannot run (e.g. BatchNorm updating running statistics) falls back to
     the per-client loop, with one log line saying so.
 
     Runs that train together (``train.stack``, :mod:`groupfel.emulator.stacking`): the runs of a
     shard run in one process, each run's loop in its own thread, and one stacked engine of this
     class serves them all: a batcher gathers one call from every live run (a run that finished
     leaves), orders them by run and trains all their clients in one stacked call, then hands each
-    run its rows. The stack is padded to at least two clients on a CPU, where a client's numbers
-    then do not depend on its partners, bit for bit.
+    run its rows. A CPU step computes at least two rows, where a client's numbers then do not
+    depend on its partners, bit for bit.
     """
 
     def __init__(self, dataset: Dataset, client_samples: Sequence[np.ndarray], model: str,
                  lr: float, batch_size: int, device: str = "cpu", *, momentum: float = 0.0,
                  weight_decay: float = 0.0, mu: float = 0.0, workers: int | None = None,
-                 formulation: str | None = None, precision: str = "fp32"):
+                 formulation: str | None = None, precision: str = "fp32", kernels: Kernels | None = None):
         super().__init__(dataset, client_samples, model, lr, batch_size, device, momentum=momentum,
                          weight_decay=weight_decay, mu=mu, precision=precision)
+        self.kernels = kernels or Kernels()
+        self.kernels.apply(self.device)
         if self.device.type == "cpu":
             keep_freed_memory()
         conv = _has_conv(self.model)
         cpu = self.device.type == "cpu"
         if formulation is None:   # measured on a 2-core CPU: per-client beat stacked for the MLP and the CNN
             formulation = "per-client" if cpu else "stacked"
-        # a plain CNN or MLP stacks on a CPU without vmap (_GroupedNet): no trial step (nor functorch) needed
-        reason = None if formulation != "stacked" or (cpu and _GroupedNet.of(self.model)) else self._stack_failure()
+        # a model with a written-out form (every shipped one) stacks without vmap: no trial step needed
+        reason = None if formulation != "stacked" or GroupedNet.of(self.model) else self._stack_failure()
         if formulation == "stacked" and reason is not None:
             log.warning("batched engine: cannot stack model %r (%s); training its clients one by one",
                         model, reason)
@@ -550,7 +360,9 @@ class BatchedEngine(TorchEngine):
             log.warning("batched engine: model %r is defined in %s, which worker processes cannot import; "
                         "training its clients in this process", model, where)
             self.workers = 1
-        self._stacks: dict[tuple, _Stack] = {}
+        self._stacks: dict[tuple, Stack] = {}
+        # on a GPU a step computes its bucket of rows as one captured graph (emulator.stacked.step)
+        self.buckets = self.device.type == "cuda"
         self._cpu_samples = [s.cpu() for s in self.client_samples]
         self._pool = None
         self._data: procs.SharedArrays | None = None      # the training set, shared with the workers
@@ -585,17 +397,15 @@ class BatchedEngine(TorchEngine):
 
     def _train_stacked(self, table, rows, clients, epochs, seeds, lr, correction, momentum):
         C, dev = len(clients), self.device
-        # on a GPU one CUDA graph per stack width replays each step (one launch, no Python per
-        # kernel); padding the stack to a multiple of 8 masked clients keeps the widths few. On a CPU
-        # a step computes only the rows it needs (_Stack.rows: never a width whose kernels differ),
-        # so a client's numbers do not depend on how many others train beside it (emulator.stacking)
-        width = -(-C // 8) * 8 if dev.type == "cuda" else max(C, 4)
-        # On a CPU the clients with the most steps go first, so that each step computes only the
-        # prefix of clients that still have a batch in it (ragged sizes: most of a wide stack's
-        # last steps would otherwise be masked work). A client's numbers do not depend on its row.
+        # The clients with the most steps go first, so that each step computes only the prefix of
+        # rows that still have a batch in it (ragged sizes: most of a wide stack's last steps would
+        # otherwise be masked work); a client's numbers do not depend on its row. On a CPU a step
+        # computes exactly those rows (Stack.rows: never a width whose kernels differ), on a GPU
+        # its bucket of them, one captured graph each (emulator.stacked.step).
+        width = bucket(C, 1 << 30) if self.buckets else max(C, 4)
         B = self.batch_size
-        n_steps = [-(-len(self._cpu_samples[c]) // B) for c in clients]
-        perm = sorted(range(C), key=lambda i: -n_steps[i]) if dev.type != "cuda" else list(range(C))
+        n_steps = [e * -(-len(self._cpu_samples[c]) // B) for c, e in zip(clients, epochs)]
+        perm = sorted(range(C), key=lambda i: -n_steps[i])
         inverse = torch.as_tensor(np.argsort(perm), device=dev)
         pick = torch.as_tensor(perm, device=dev)
         st = self._stack(width, correction is not None)
@@ -619,8 +429,10 @@ class BatchedEngine(TorchEngine):
             else:
                 for b in st.bufs:
                     b.zero_()
-        order, mask, live = self._schedule([clients[i] for i in perm], [seeds[i] for i in perm], epochs, width)
-        st.lr.fill_(lr)
+        order, mask, live = self._schedule([clients[i] for i in perm], [seeds[i] for i in perm],
+                                           [epochs[i] for i in perm], width)
+        st.lr.zero_()
+        st.lr[:C].copy_(torch.as_tensor([lr[i] for i in perm], dtype=st.lr.dtype, device=dev))
         self.model.train()
         for b in range(len(order)):
             st.batch.copy_(order[b])
@@ -632,30 +444,34 @@ class BatchedEngine(TorchEngine):
 
     def _schedule(self, clients, seeds, epochs, width) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """Every step's sample indices and mask, (steps, width, B) each, on the device, and how
-        many clients have a batch in each step: each client's epochs shuffled by its own seed as
-        the sequential engine does, padded to the longest client's step count (a pad: sample 0
-        with weight 0)."""
+        many clients have a batch in each step: each client's ``epochs[i]`` epochs shuffled by its
+        own seed as the sequential engine does, one after another from the first step (its last
+        batch of an epoch partial), padded to the longest client's step count (a pad: sample 0
+        with weight 0). A client's updates are the same whichever its partners' epochs."""
         B = self.batch_size
         idx = [self._cpu_samples[c] for c in clients]
-        per_client = [-(-len(i) // B) for i in idx]
-        steps = max(per_client)
-        order = torch.zeros(epochs, width, steps * B, dtype=torch.long, device="cpu")
-        mask = torch.zeros(epochs, width, steps * B, device="cpu")
-        for r, (i, seed) in enumerate(zip(idx, seeds)):
+        per_epoch = [-(-len(i) // B) for i in idx]
+        total = [e * s for e, s in zip(epochs, per_epoch)]
+        steps = max(total)
+        order = torch.zeros(width, steps * B, dtype=torch.long, device="cpu")
+        mask = torch.zeros(width, steps * B, device="cpu")
+        for r, (i, seed, e, s) in enumerate(zip(idx, seeds, epochs, per_epoch)):
             gen = torch.Generator().manual_seed(int(seed))
-            for e in range(epochs):
-                order[e, r, :len(i)] = i[torch.randperm(len(i), generator=gen, device="cpu")]
-                mask[e, r, :len(i)] = 1.0
-        as_steps = lambda t: t.view(epochs, width, steps, B).transpose(1, 2).reshape(epochs * steps, width, B)  # noqa: E731
-        live = [sum(n > s for n in per_client) for s in range(steps)] * epochs
+            for k in range(e):
+                at = k * s * B
+                order[r, at:at + len(i)] = i[torch.randperm(len(i), generator=gen, device="cpu")]
+                mask[r, at:at + len(i)] = 1.0
+        as_steps = lambda t: t.view(width, steps, B).transpose(0, 1)  # noqa: E731
+        live = [sum(t > s for t in total) for s in range(steps)]
         return as_steps(order).to(self.device), as_steps(mask).to(self.device), live
 
-    def _stack(self, width: int, corrected: bool) -> _Stack:
+    def _stack(self, width: int, corrected: bool) -> Stack:
         key = (width, corrected)
         if key not in self._stacks:
             if len(self._stacks) >= 8:   # few widths recur; an old one's memory goes back
                 self._stacks.pop(next(iter(self._stacks)))
-            self._stacks[key] = _Stack(self, width, corrected)
+            self._stacks[key] = Stack(self, width, corrected, self._loss_fn, buckets=self.buckets,
+                                      graphs=self.device.type == "cuda", channels_last=self.kernels.layout(self.device))
         return self._stacks[key]
 
     # ---- per-client formulation ----------------------------------------------------------------
@@ -696,8 +512,10 @@ class BatchedEngine(TorchEngine):
         table, rows = self._inputs(start, len(clients), rows)
         lr = self.lr if lr is None else lr
         clients, seeds = [int(c) for c in clients], [int(s) for s in seeds]
-        if self.formulation == "stacked":
-            return self._train_stacked(table, rows, clients, epochs, seeds, lr, correction, momentum)
+        if self.formulation == "stacked":   # epochs and lr: one for all, or one per client (emulator.stacking)
+            per_row = lambda v, kind: [kind(x) for x in v] if isinstance(v, Sequence) else [kind(v)] * len(clients)  # noqa: E731
+            return self._train_stacked(table, rows, clients, per_row(epochs, int), seeds, per_row(lr, float),
+                                       correction, momentum)
         if self.workers == 1 or len(clients) == 1:
             return super().train(table, clients, epochs, seeds, lr=lr, correction=correction,
                                  momentum=momentum, rows=rows)

@@ -21,6 +21,7 @@ from groupfel.errors import InputError
 from .algorithms import Algorithm, FedAvg, algorithms, make_algorithm
 from .contention import EdgeNetwork, build_network
 from .devices import resolve as resolve_device
+from .stacked import Kernels
 from .stacking import Stacks
 from .training import ENGINES, TorchEngine
 from . import rng as streams
@@ -204,11 +205,12 @@ def build_engine(config: RunConfig, dataset: Dataset, topology: Topology, algori
                  stacks: Stacks | None = None) -> TorchEngine:
     t = config.train
     kwargs = dict(momentum=t.momentum, weight_decay=t.weight_decay, mu=algorithm.proximal_mu, precision=t.precision)
+    kernels = Kernels(autotune=t.autotune, channels_last=t.channels_last)
     if stacks is not None:   # a run of a stack: its training goes to the stack's batcher
         return stacks.member(t.engine, dataset, topology.client_samples, t.model, t.lr, t.batch_size, t.device,
-                             **kwargs)
+                             kernels=kernels, **kwargs)
     if t.engine != "sequential":
-        kwargs["workers"] = t.workers
+        kwargs.update(workers=t.workers, kernels=kernels)
     return ENGINES[t.engine](dataset, topology.client_samples, t.model, t.lr, t.batch_size, t.device, **kwargs)
 
 
@@ -306,5 +308,8 @@ def build_world(config: RunConfig, dataset: Dataset | None = None, stacks: Stack
     if t.precision != "fp32" and not resolve_device(t.device).startswith("cuda"):
         raise InputError(f"train.precision: {t.precision!r} is a GPU's faster arithmetic and means nothing on "
                          f"{resolve_device(t.device)!r}; use precision = \"fp32\" (the default) or train on cuda")
+    if t.autotune and not resolve_device(t.device).startswith("cuda"):
+        raise InputError(f"train.autotune: cuDNN's autotuning needs a CUDA device, not {resolve_device(t.device)!r}; "
+                         f"set autotune = false (the default) or train on cuda")
     return World(config, dataset, topology, cost, build_engine(config, dataset, topology, algorithm, stacks),
                  placement.local_test, plugins, notes, algorithm, network, power)

@@ -121,7 +121,8 @@ def _stack_key(task) -> tuple:
     raw = json.loads(task.config_json)
     t = raw["train"]
     return (json.dumps(raw["data"], sort_keys=True), t.get("device"), t.get("engine"), t.get("model"),
-            t.get("batch_size"), t.get("momentum"), t.get("weight_decay"), t.get("mu"), t.get("precision"))
+            t.get("batch_size"), t.get("momentum"), t.get("weight_decay"), t.get("mu"), t.get("precision"),
+            t.get("autotune"), t.get("channels_last"))
 
 
 def shards(tasks: Sequence, stack: int | None, slots: int) -> list[tuple[tuple, int]]:

@@ -35,6 +35,15 @@ class TrainConfig(_Strict):
         "(float32 range, 10-bit mantissa); bf16: the forward passes under bfloat16 autocast (weights, gradients "
         "and optimiser state stay float32). Faster on NVIDIA GPUs since Ampere, other numbers than fp32 gives; "
         "recorded in the manifest; a CPU run refuses tf32 and bf16. Evaluation is always float32.")
+    autotune: bool = Field(
+        False, description="cuDNN autotuning of the stacked step's convolutions, among deterministic algorithms "
+        "(a GPU's; the batched engine's stacked formulation). A run repeats its numbers within a process; another "
+        "process may time another algorithm fastest, so runs of one seed then agree within float rounding, not "
+        "bitwise. A CPU run refuses it. See Benchmarks: the physical limit.")
+    channels_last: bool | None = Field(
+        None, description="The stacked step's memory layout: channels-last (true) or NCHW (false); unset: "
+        "channels-last on a CPU (oneDNN's fast grouped kernels), NCHW on a GPU. Other kernels sum in another order: "
+        "a run's numbers change with it, within float rounding.")
     numerics: Literal["portable", "native"] = Field(
         "native", description="portable: torch's CPU kernels pinned (ATen and oneDNN at AVX2, MKL's compatible "
         "branch) and one torch thread, so a seed gives the same numbers on every x86-64 CPU with AVX2 (same "

@@ -1,0 +1,199 @@
+"""Every shipped model written out as one stacked step (the loss gradients of W clients' copies).
+
+The layout never changes between layers: images are batch-major and channel-stacked, (B, W × C,
+H, W') with client k's channels at k·C … (k+1)·C − 1, in channels-last memory; after ``Flatten``
+each client's features are (W, B, F). Over that layout
+
+* a convolution of W clients is one grouped convolution (a group per client);
+* GroupNorm(G, C) of W clients is GroupNorm(W·G, W·C): each sample's groups are W·G runs of C/G
+  stacked channels, the same statistics per client;
+* a residual add, ReLU and pooling are elementwise or per channel: one kernel over all clients;
+* a linear layer is one batched matmul (``baddbmm``) over the clients.
+
+``vmap`` instead moves the client axis around every layer (a copy each) and decomposes
+GroupNorm's backward into elementwise passes: the written-out ResNet step measured 2-3x faster a
+client-step than ``vmap`` on this project's CPU (benchmarks/campaign.py --steps).
+
+Each client is computed alone in every kernel, so its gradients do not depend on its partners,
+bit for bit on the CPU (tests/test_stacking.py), except that oneDNN takes another convolution
+kernel for exactly 3 input channels: :meth:`GroupedNet.rows` never stacks to that.
+
+A model is written out when it is built only of the modules below (``nn.Sequential`` of them,
+and :mod:`groupfel.emulator.models`' ResNet and BasicBlock, whose ``forward`` is known); any
+other module (a user's plug-in model) returns None from :meth:`GroupedNet.of`, and the engine
+steps it through ``vmap``.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..models import BasicBlock, ResNet
+
+# an op maps the layout ``h`` to the next one; it reads its parameters from ``p`` (the call's
+# per-parameter stacks, in ``model.parameters()`` order) and the stack's width ``n`` and batch ``b``
+Op = Callable[[torch.Tensor, Sequence[torch.Tensor], int, int], torch.Tensor]
+
+
+class _Unsupported(Exception):
+    """The model (or one of its modules) has no written-out form."""
+
+
+class _Compiler:
+    """Turns a model into one op over the stacked layout, checking every module on the way."""
+
+    def __init__(self, model: nn.Module):
+        self.index = {name: i for i, (name, _) in enumerate(model.named_parameters())}
+        self.used: set[int] = set()
+        self.seen: set[int] = set()
+        self.flat = False
+        self.spatial = False          # an image layer came before (the input is an image)
+        self.conv_channels: set[int] = set()   # each convolution's input channels per client
+
+    def param(self, prefix: str, name: str) -> int | None:
+        i = self.index.get(f"{prefix}{name}")
+        if i is not None:
+            if i in self.used:   # a parameter shared by two layers: not a plain stack of them
+                raise _Unsupported
+            self.used.add(i)
+        return i
+
+    def compile(self, module: nn.Module, prefix: str = "") -> Op:
+        if id(module) in self.seen:   # a module used twice shares its parameters
+            raise _Unsupported
+        self.seen.add(id(module))
+        kind = type(module)
+        if kind is nn.Sequential:
+            # _modules, not named_children(): that skips a module's second use (shared parameters)
+            ops = [self.compile(m, f"{prefix}{name}.") for name, m in module._modules.items()]
+            return _chain(ops)
+        if kind is ResNet:
+            return _chain([self.compile(getattr(module, name), f"{prefix}{name}.") for name in ("stem", "stages", "head")])
+        if kind is BasicBlock:
+            return self._block(module, prefix)
+        if kind is nn.Conv2d:
+            return self._conv(module, prefix)
+        if kind is nn.GroupNorm:
+            return self._group_norm(module, prefix)
+        if kind is nn.Linear:
+            if not self.flat:
+                raise _Unsupported
+            w, bias = self.param(prefix, "weight"), self.param(prefix, "bias")
+            if bias is None:
+                return lambda h, p, n, b: torch.bmm(h, p[w].transpose(1, 2))
+            return lambda h, p, n, b: torch.baddbmm(p[bias].unsqueeze(1), h, p[w].transpose(1, 2))
+        if kind is nn.ReLU:
+            return lambda h, p, n, b: h.relu()
+        if kind is nn.Identity:
+            return lambda h, p, n, b: h
+        if kind is nn.Flatten:
+            if self.flat or (module.start_dim, module.end_dim) != (1, -1):
+                raise _Unsupported
+            self.flat = True
+            if self.spatial:   # each client's (C, H, W) flattened as nn.Flatten does
+                return lambda h, p, n, b: h.reshape(b, n, -1).transpose(0, 1)
+            return lambda h, p, n, b: h.reshape(n, b, -1)
+        if kind is nn.MaxPool2d:
+            if self.flat or module.return_indices:
+                raise _Unsupported
+            self.spatial = True
+            m = module
+            return lambda h, p, n, b: F.max_pool2d(h, m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode)
+        if kind is nn.AdaptiveAvgPool2d:
+            if self.flat or module.output_size not in (1, (1, 1)):
+                raise _Unsupported
+            self.spatial = True
+            return lambda h, p, n, b: F.adaptive_avg_pool2d(h, 1)
+        raise _Unsupported
+
+    def _conv(self, conv: nn.Conv2d, prefix: str) -> Op:
+        if self.flat or conv.groups != 1 or conv.padding_mode != "zeros" or isinstance(conv.padding, str):
+            raise _Unsupported
+        self.conv_channels.add(conv.in_channels)
+        self.spatial = True
+        w, bias = self.param(prefix, "weight"), self.param(prefix, "bias")
+        stride, padding, dilation = conv.stride, conv.padding, conv.dilation
+
+        def op(h, p, n, b):
+            weight = p[w]
+            return F.conv2d(h, weight.reshape(-1, *weight.shape[2:]), None if bias is None else p[bias].reshape(-1),
+                            stride, padding, dilation, n)
+        return op
+
+    def _group_norm(self, norm: nn.GroupNorm, prefix: str) -> Op:
+        if self.flat:
+            raise _Unsupported
+        self.spatial = True
+        w, bias = self.param(prefix, "weight"), self.param(prefix, "bias")
+        groups, eps = norm.num_groups, norm.eps
+
+        def op(h, p, n, b):
+            return F.group_norm(h, n * groups, None if w is None else p[w].reshape(-1),
+                                None if bias is None else p[bias].reshape(-1), eps)
+        return op
+
+    def _block(self, block: BasicBlock, prefix: str) -> Op:
+        conv1, n1 = self.compile(block.conv1, f"{prefix}conv1."), self.compile(block.n1, f"{prefix}n1.")
+        conv2, n2 = self.compile(block.conv2, f"{prefix}conv2."), self.compile(block.n2, f"{prefix}n2.")
+        short = self.compile(block.short, f"{prefix}short.")
+
+        def op(h, p, n, b):
+            out = n1(conv1(h, p, n, b), p, n, b).relu()
+            return (n2(conv2(out, p, n, b), p, n, b) + short(h, p, n, b)).relu()
+        return op
+
+
+def _chain(ops: list[Op]) -> Op:
+    def op(h, p, n, b):
+        for f in ops:
+            h = f(h, p, n, b)
+        return h
+    return op
+
+
+class GroupedNet:
+    """The loss gradients of a stack of clients' copies of a model, written out over the
+    channel-stacked layout (the module docstring); the same as ``vmap(grad(loss))``."""
+
+    def __init__(self, forward: Op, conv_channels: set[int], image: bool, memory_format: torch.memory_format):
+        self.forward, self.conv_channels, self.image = forward, conv_channels, image
+        self.memory_format = memory_format
+
+    @classmethod
+    def of(cls, model: nn.Module, *, channels_last: bool = True) -> GroupedNet | None:
+        """The written-out form of ``model``, or None where it has a module without one.
+        ``channels_last``: the images' memory layout (oneDNN's fast kernels on a CPU)."""
+        compiler = _Compiler(model)
+        try:
+            forward = compiler.compile(model)
+        except _Unsupported:
+            return None
+        if len(compiler.used) != len(compiler.index) or not compiler.flat:
+            return None   # a parameter no written-out layer reads, or no per-sample logits
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        # the input is an image where an image layer reads it (else the flat layout from the start)
+        return cls(forward, compiler.conv_channels, compiler.spatial, fmt)
+
+    def rows(self, live: int) -> int:
+        """How many of the stack's first rows a CPU step computes to serve ``live`` clients: never
+        one (a stack of one takes other kernels), never 3 input channels in all (oneDNN's own)."""
+        rows = max(live, 2)
+        return 4 if rows == 3 and 1 in self.conv_channels else rows
+
+    def logits(self, params: Sequence[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """(W, B, classes) logits of the stack's clients on their minibatches ``x`` (W, B, ...)."""
+        n, b = x.shape[:2]
+        h = x.transpose(0, 1).reshape(b, n * x.shape[2], *x.shape[3:]).contiguous(
+            memory_format=self.memory_format) if self.image else x
+        return self.forward(h, params, n, b)
+
+    def __call__(self, params, x, y, m):
+        """Each client's gradient of its masked mean cross-entropy (as ``vmap(grad(loss))``)."""
+        params = [p.detach().requires_grad_() for p in params]
+        n, b = x.shape[:2]
+        ce = F.cross_entropy(self.logits(params, x).reshape(n * b, -1), y.reshape(-1), reduction="none").view(n, b)
+        loss = ((ce * m).sum(1) / m.sum(1).clamp(min=1.0)).sum()
+        return torch.autograd.grad(loss, params)

@@ -1,0 +1,226 @@
+"""The engine's stacked forms (emulator.stacked): every shipped model written out as one step.
+
+* every shipped model has a written-out form, and a user's plug-in model of other modules has
+  none (it steps through ``vmap``);
+* the written-out gradients are within 1e-5 (relative, per client) of a float64 per-client
+  reference, for every shipped model, ragged masks included;
+* a GPU step computes its bucket of rows (:func:`bucket`); the bucketed step, run eagerly on the
+  CPU, gives every client bitwise the numbers of the exact-rows step, and every tensor the step
+  makes lives on the engine's device (tests/test_devices.py's discipline).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from groupfel.emulator import models
+from groupfel.emulator.stacked import GroupedNet, bucket
+from groupfel.emulator.training import BatchedEngine
+from groupfel.topologies import load_dataset
+
+from test_devices import DeviceDiscipline
+
+SHAPES = {"audio-cnn": (1, 12, 9), "resnet-3": (3, 8, 8)}   # others: (1, 12, 12)
+
+
+def _stack(name: str, width: int, seed: int = 0):
+    shape = SHAPES.get(name, (1, 12, 12))
+    torch.manual_seed(seed)
+    net = models.build_model(name, shape, 10)
+    params = [p.detach().unsqueeze(0) + 0.05 * torch.randn(width, *p.shape) for p in net.parameters()]
+    x, y, m = torch.randn(width, 5, *shape), torch.randint(0, 10, (width, 5)), torch.ones(width, 5)
+    m[1, 2:] = 0   # a partial last batch
+    return net, params, x, y, m
+
+
+@pytest.mark.parametrize("name", sorted(models.MODELS))
+def test_every_shipped_model_is_written_out_and_its_gradients_match_a_float64_reference(name):
+    """Each client's gradient of its masked mean loss, against the module itself in float64, one
+    client at a time: within 1e-5 of the reference's norm, every parameter of every client."""
+    net, params, x, y, m = _stack(name, 3)
+    grouped = GroupedNet.of(net)
+    assert grouped is not None
+    got = grouped(params, x, y, m)
+    ref_net = models.build_model(name, tuple(x.shape[2:]), 10).double()
+    for k in range(3):
+        for p, own in zip(ref_net.parameters(), params):
+            p.data.copy_(own[k].double())
+        ref_net.zero_grad(set_to_none=True)
+        keep = m[k] > 0
+        F.cross_entropy(ref_net(x[k][keep].double()), y[k][keep]).backward()
+        for g, p in zip(got, ref_net.parameters()):
+            ref = p.grad
+            assert float((g[k].double() - ref).norm() / ref.norm().clamp(min=1e-12)) <= 1e-5, (name, k, p.shape)
+
+
+def test_a_plug_in_model_of_other_modules_has_no_written_out_form():
+    class Doubling(nn.Module):
+        def forward(self, x):
+            return 2 * x
+
+    assert GroupedNet.of(nn.Sequential(nn.Flatten(), nn.Linear(4, 2), Doubling())) is None
+    assert GroupedNet.of(nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(8, 2))) is None
+    shared = nn.Linear(4, 4)
+    assert GroupedNet.of(nn.Sequential(nn.Flatten(), shared, shared)) is None
+    assert GroupedNet.of(nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU())) is None   # no per-sample logits
+    assert GroupedNet.of(nn.Sequential(nn.Flatten(), nn.Linear(4, 2))) is not None
+
+
+def test_buckets_round_up_by_at_most_an_eighth_and_never_past_the_stack():
+    for width in (8, 56, 416, 1000):
+        sizes = [bucket(live, width) for live in range(1, width + 1)]
+        assert all(live <= b <= width for live, b in zip(range(1, width + 1), sizes))
+        assert all(b - live < max(8, live / 8 + 1) for live, b in zip(range(1, width + 1), sizes))
+        assert sizes == sorted(sizes)          # fewer live rows never take a wider bucket
+    assert len({bucket(live, 416) for live in range(1, 417)}) <= 32   # a graph each: few of them
+    assert bucket(3, 416) == 8 and bucket(65, 416) == 72 and bucket(129, 416) == 144 and bucket(400, 416) == 416
+
+
+@pytest.mark.parametrize("name", ["cnn", "resnet-1"])
+def test_a_bucketed_call_gives_every_client_the_exact_rows_numbers_and_stays_on_the_device(name):
+    """The GPU's bucketing, eager on the CPU: ragged clients ordered by step count, each step
+    computing its bucket's rows; every client's model and momentum bitwise those of the CPU's
+    exact rows, each step's rows its bucket of the live clients, and no tensor factory of the
+    engine without its device."""
+    data = load_dataset("digits")
+    rng = np.random.default_rng(1)
+    parts = [np.sort(rng.choice(len(data.y_train), size=int(n), replace=False)) for n in rng.integers(3, 40, 19)]
+    eng = BatchedEngine(data, parts, name, lr=0.05, batch_size=8, formulation="stacked", workers=1, momentum=0.9)
+    start = eng.initial_weights(0)
+    clients, seeds = list(range(19)), list(range(100, 119))
+    exact_m = torch.zeros(19, eng.n_params)
+    exact = eng.train(start, clients, 2, seeds, momentum=exact_m)
+    eng.buckets = True
+    steps: list[tuple[int, int]] = []
+    real_step = type(eng._stack(bucket(19, 1 << 30), False)).step
+
+    def record(stack, rows):
+        steps.append((int((stack.mask.sum(1) > 0).sum()), rows))
+        real_step(stack, rows)
+    bucketed_m = torch.zeros(19, eng.n_params)
+    with pytest.MonkeyPatch.context() as mp, DeviceDiscipline() as discipline:
+        mp.setattr(type(eng._stack(bucket(19, 1 << 30), False)), "step", record)
+        bucketed = eng.train(start, clients, 2, seeds, momentum=bucketed_m)
+    assert not discipline.found, sorted(discipline.found)
+    assert torch.equal(exact, bucketed) and torch.equal(exact_m, bucketed_m)
+    assert steps and all(rows == bucket(live, 24) for live, rows in steps)
+    assert len({rows for _, rows in steps}) > 1   # ragged: the buckets shrink as clients finish
+
+
+def test_a_cpu_run_refuses_autotune_in_one_line_before_any_work(tmp_path, tiny_dict, capsys):
+    from groupfel.experiments.cli import main
+
+    from conftest import write_toml
+
+    tiny_dict["train"]["autotune"] = True
+    cfg = write_toml(tmp_path, tiny_dict, "c.toml")
+    assert main(["run", str(cfg), "--output", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("groupfel: error: train.autotune:") and "\n" not in err and "false" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_layout_setting_reaches_the_step_and_changes_no_client_beyond_rounding():
+    """``channels_last`` unset is channels-last on a CPU; NCHW computes the same models within the
+    engines' 1e-5, and runs with other kernel settings never share a batcher."""
+    from groupfel.emulator.stacked import Kernels
+    from groupfel.emulator.stacking import Stacks
+
+    data = load_dataset("digits")
+    parts = [np.arange(i * 20, i * 20 + 9 + 3 * i) for i in range(4)]
+    out = {}
+    for layout in (None, False):
+        eng = BatchedEngine(data, parts, "resnet-1", lr=0.05, batch_size=8, formulation="stacked", workers=1,
+                            kernels=Kernels(channels_last=layout))
+        out[layout] = eng.train(eng.initial_weights(0), [0, 1, 2, 3], 1, [1, 2, 3, 4])
+        stack = next(iter(eng._stacks.values()))
+        assert stack.grouped.memory_format == (torch.channels_last if layout is None else torch.contiguous_format)
+    assert float((out[None] - out[False]).abs().max()) <= 1e-5
+    stacks = Stacks()
+    kw = dict(momentum=0.0, weight_decay=0.0, mu=0.0, precision="fp32")
+    a = stacks.member("batched", data, parts, "mlp", 0.05, 8, "cpu", **kw)
+    b = stacks.member("batched", data, parts, "mlp", 0.05, 8, "cpu", kernels=Kernels(channels_last=False), **kw)
+    assert a.batcher is not b.batcher
+    with pytest.raises(ValueError, match="autotune"):
+        Kernels(autotune=True).apply(torch.device("cpu"))
+
+
+def test_the_gpu_step_profile_runs_on_a_cpu_in_quick_mode(tmp_path, monkeypatch):
+    """benchmarks/step_profile.py, the first script a lent GPU runs: its tiny CPU mode, so it cannot rot."""
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    path = list(sys.path)
+    spec = importlib.util.spec_from_file_location("step_profile", root / "benchmarks" / "step_profile.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.path[:] = path   # it puts benchmarks/ first, where pfl.py would shadow the pfl package
+    monkeypatch.setattr(sys, "argv", ["step_profile.py", "--device", "cpu", "--quick", "--json", str(tmp_path / "p.json")])
+    assert module.main() == 0
+    got = json.loads((tmp_path / "p.json").read_text())
+    assert {r["setting"] for r in got["step"]} == {"fp32", "channels-last"}
+    assert all(r["rows_computed"] <= r["rows_padded"] for r in got["engine"])
+    monkeypatch.setattr(sys, "argv", ["step_profile.py", "--device", "cuda:99"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert module.main() == 2
+
+
+@pytest.mark.parametrize("corrected", [False, True])
+def test_clients_of_other_epochs_and_learning_rates_share_a_call_with_their_own_numbers(corrected):
+    """Local epochs and learning rate are per-row inputs of one stacked call: each client's model
+    and momentum bitwise those of a call of its own epochs and rate alone (on the CPU)."""
+    data = load_dataset("digits")
+    rng = np.random.default_rng(2)
+    parts = [np.sort(rng.choice(len(data.y_train), size=int(n), replace=False)) for n in rng.integers(3, 30, 6)]
+    eng = BatchedEngine(data, parts, "cnn", lr=0.05, batch_size=8, formulation="stacked", workers=1, momentum=0.9)
+    start = eng.initial_weights(0)
+    epochs, lrs = [2, 3, 1, 2, 4, 3], [0.05, 0.01, 0.05, 0.02, 0.05, 0.01]
+    corr = 0.01 * torch.randn(6, eng.n_params, generator=torch.Generator().manual_seed(0)) if corrected else None
+    mixed_m = torch.zeros(6, eng.n_params)
+    mixed = eng.train(start, list(range(6)), epochs, list(range(6)), lr=lrs, momentum=mixed_m, correction=corr)
+    for k in range(6):
+        own_m = torch.zeros(1, eng.n_params)
+        own = eng.train(start, [k], epochs[k], [k], lr=lrs[k], momentum=own_m,
+                        correction=None if corr is None else corr[k:k + 1])
+        assert torch.equal(own[0], mixed[k]) and torch.equal(own_m[0], mixed_m[k]), k
+
+
+def test_runs_of_other_epochs_and_learning_rates_share_the_batchers_call():
+    """Two runs of one stack, E = 1 at lr 0.05 and E = 3 at lr 0.01: one engine call, and each
+    run's models bitwise those of its own call alone."""
+    import threading
+
+    from groupfel.emulator.stacking import Stacks
+
+    data = load_dataset("digits")
+    parts = [np.arange(i * 20, i * 20 + 5 + 4 * i) for i in range(4)]
+    stacks = Stacks()
+    kw = dict(momentum=0.0, weight_decay=0.0, mu=0.0, precision="fp32")
+    runs = [stacks.member("batched", data, parts, "mlp", 0.05, 8, "cpu", **kw) for _ in range(2)]
+    engine = runs[0].batcher.engine
+    calls = []
+    real = engine.train
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(engine, "train", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    start = runs[0].initial_weights(0)
+    settings = [(1, 0.05), (3, 0.01)]
+    got = {}
+
+    def train(i):
+        got[i] = runs[i].train(start, [0, 1, 2, 3], settings[i][0], [1, 2, 3, 4], lr=settings[i][1])
+    threads = [threading.Thread(target=train, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    monkey.undo()
+    assert calls == [[1] * 4 + [3] * 4]
+    for i, (epochs, lr) in enumerate(settings):
+        alone = engine.train(start, [4 * i + c for c in range(4)], epochs, [1, 2, 3, 4], lr=lr)
+        assert torch.equal(alone, got[i])
