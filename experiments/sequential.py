@@ -216,8 +216,9 @@ def repeated_p_path(p: np.ndarray, ns: tuple[int, ...], n_max: int, two_sided: b
     """The repeated p-value after each look, (..., looks): the chance under the null that some look
     of the planned schedule (:func:`plan`: the looks at ``ns`` pairs, then every ``batch`` more up to
     ``n_max``) crosses its boundary at the smallest level this study's looks so far crossed. ``p``:
-    each look's t-test p-value (..., looks; NaN: no test at that look). Non-increasing along the
-    looks. One look at the full information: ``p`` itself (the t-test is exact). Otherwise read from
+    each look's p-value (..., looks; NaN: no test at that look; a look of :func:`untested` counts
+    as no evidence, and its repeated p-value is 1 where no look before had one). Non-increasing
+    along the looks. One look at the full information: ``p`` itself (the t-test is exact). Otherwise read from
     :func:`_calibration`'s simulated law, at its upper 97.5 % confidence bound (so the simulation's
     own error errs on the safe side), and proportionally below the 100th smallest simulated value."""
     p = np.asarray(p, dtype=float)
@@ -225,7 +226,8 @@ def repeated_p_path(p: np.ndarray, ns: tuple[int, ...], n_max: int, two_sided: b
     if len(ns) == 1 and ns[0] >= n_max:
         return p.copy()
     full = plan(ns, int(n_max), int(batch))
-    p = np.where(untested(np.array(ns), int(n_max)), np.nan, p)
+    before = np.isnan(np.fmin.accumulate(p, axis=-1))       # no look had a test yet
+    p = np.where(untested(np.array(ns), int(n_max)), np.nan, p)   # a look without one: no evidence yet
     raw = np.minimum.accumulate(_levels(p, full, int(n_max), two_sided), axis=-1)
     null = _calibration(full, int(n_max), two_sided)
     cdf = np.searchsorted(null, raw, side="right") / len(null)
@@ -233,7 +235,7 @@ def repeated_p_path(p: np.ndarray, ns: tuple[int, ...], n_max: int, two_sided: b
     floor = null[99]
     tail = raw * (100 / len(null) + 1.96 * np.sqrt(100) / len(null)) / floor
     out = np.minimum(np.where(raw < floor, tail, cdf), 1.0)
-    return np.where(np.isnan(np.fmin.accumulate(p, axis=-1)), np.nan, out)
+    return np.where(before, np.nan, out)
 
 
 def repeated_p(p: np.ndarray, ns: tuple[int, ...], n_max: int, two_sided: bool, batch: int = 2) -> np.ndarray:

@@ -356,9 +356,10 @@ def summarize_seeds(per_seed: pd.DataFrame, arms: list[str], level: float = LEVE
                 diffs = (other[:n_look] - ref[:n_look])[okk]
                 delta = share * abs(float(ref[:n_look][okk].mean())) if relative and okk.any() else share
                 means.append(float(diffs.mean()) if len(diffs) else np.nan)
-                tested = not (sequential and untested(len(diffs), max_seeds, n_look))
-                if len(diffs) >= MIN_PAIRS and tested:
+                if len(diffs) >= MIN_PAIRS:
                     p[:, k] = look_pvalues(diffs, delta, seeds=labels[:n_look][okk])
+                    if sequential and untested(len(diffs), max_seeds, n_look):   # pending: no evidence yet
+                        p[:, k] = np.where(np.isnan(p[:, k]), np.nan, 1.0)
             row[f"{m}_margin"] = delta
             row[f"{m}_diff_skew"] = skewness(other[ok] - ref[ok])
             n_max = max_seeds if sequential else looks[-1]
