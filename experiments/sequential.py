@@ -532,7 +532,8 @@ def simulate(n_studies: int, sd: np.ndarray, margin: np.ndarray, true_diff: np.n
     each arm's true difference from the reference; ``margin`` (M,): δ, as a share of the reference
     arm's observed mean where ``relative`` (M,) is true (its true mean: ``ref_mean``); ``noise``: one
     of :data:`NOISE` (``tails`` = 3: "t3"); ``resamples``: each bootstrap's. Returns the decisions
-    (studies, A, M) and the seeds each study used. A look's tests run on the studies still open."""
+    (studies, A, M) and the seeds each study used. A look's tests run on the comparisons still open
+    (a decided one keeps its last p-values: a little conservative, through the divisor only)."""
     rng = np.random.default_rng(seed)
     margin = np.asarray(margin, float)
     true_diff = np.asarray(true_diff, float)
@@ -557,8 +558,14 @@ def simulate(n_studies: int, sd: np.ndarray, margin: np.ndarray, true_diff: np.n
         v = values[idx]
         d = np.moveaxis(v[:, 1:, :n] - v[:, :1, :n], 2, -1)                     # (open, A, M, n)
         delta = np.where(relative, margin * np.abs(v[:, 0, :n].mean(axis=1)), margin)[:, None, :]
-        if not untested(np.array([n]), max_seeds)[0]:
-            p[..., k][:, idx] = np.stack(look_pvalues(d, delta, resamples=resamples, above=0.2))
+        # a decided comparison keeps its last p-values (they only fall, and count only through the
+        # Holm-Shaffer divisor of the others): testing the open ones alone keeps the bootstrap cheap
+        todo = decisions[idx] == UNDECIDED
+        if not untested(np.array([n]), max_seeds)[0] and todo.any():
+            now = np.full((3, *todo.shape), np.nan)
+            now[:, todo] = np.stack(look_pvalues(d[todo], np.broadcast_to(delta, todo.shape)[todo],
+                                                 resamples=resamples, above=0.2))
+            p[..., k][:, idx] = now
         # the repeated p-values after this look: each depends on the looks up to it only
         q_diff = repeated_p_path(p[0, idx, ..., :k + 1], ns[:k + 1], max_seeds, True, batch)[..., -1]
         q_eq = np.maximum(repeated_p_path(p[1, idx, ..., :k + 1], ns[:k + 1], max_seeds, False, batch),
