@@ -1,6 +1,6 @@
 """MkDocs hooks: pages generated at build time, so they cannot drift from the code.
 
-* ``reference/config.md``: every field of the run config (emulator/config.py's pydantic models)
+* ``reference/config.md``: every field of the run config (the pydantic models of emulator/config/)
   with its type, default, constraints and description, and every registered grouping, sampling
   and aggregation policy with its parameters. A field without a description fails the build.
 * ``reference/api/*.md``: one mkdocstrings page per public module that exists.
@@ -256,7 +256,7 @@ def config_reference() -> str:
     missing: list[str] = []
     out = ["# Config reference", "",
            "Every key of a run config (TOML), generated at build time from the pydantic models in "
-           "`emulator/config.py`. An unknown key, a wrong type or a value outside its constraints is "
+           "`emulator/config/`. An unknown key, a wrong type or a value outside its constraints is "
            "refused with one line naming the key, before anything runs. See "
            "[Config files](../guide/config.md) for a commented example.", ""]
     for title, where, model in sections:
@@ -267,7 +267,7 @@ def config_reference() -> str:
         out += _model_table(model, where, missing) + [""]
     if missing:
         log.warning("config reference: fields without a description (add Field(description=...) "
-                    "in emulator/config.py): %s", ", ".join(missing))
+                    "in emulator/config/): %s", ", ".join(missing))
 
     from groupfel.policies import aggregations, groupings, samplings
     out += ["## Policies", "",

@@ -1,0 +1,23 @@
+"""The `[cost]` section: the device profiles, curves and group operations of the Eq. 5 charges."""
+from __future__ import annotations
+
+from pydantic import Field
+
+from .base import _Strict
+
+
+class CostConfig(_Strict):
+    task: str = Field("cifar10-resnet", description="The task half of each device's profile name "
+                      "`<device>/<task>`.")
+    training: str | None = Field(None, description="The training curve H (sgd, fedprox, scaffold, ...); "
+                                 "unset: train.algorithm's curve where every profile has one, else sgd.")
+    group_operations: list[str] | None = Field(None, description="The group operations O_g charged, each "
+                                               "its own ledger component; unset: [\"secagg\"], or "
+                                               "[\"scaffold-secagg\"] (model + variates) under scaffold.")
+    profiles_file: str | None = Field(None, description="A CSV or TOML file of your own curves (the shipped "
+                                      "file's columns). A profile named like a shipped one replaces only the "
+                                      "curves it has; the shipped profile supplies the rest.")
+    energy: bool = Field(False, description="Charge energy too: each client's joules per state (training, "
+                         "group_operation, transmit, receive, idle) = the device's power in the state × the "
+                         "simulated seconds it spent there, from the shipped power profile (raspberry-pi-4: idle "
+                         "and training) and cost.profiles_file's [[power]] tables. Off: no energy columns.")

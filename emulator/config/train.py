@@ -1,0 +1,100 @@
+"""The `[train]` section: model, engine, device, algorithm, optimiser, rounds and budgets."""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from .base import PartName, _Strict
+from .limits import Count, Rounds
+
+
+class TrainConfig(_Strict):
+    model: PartName = Field(
+        "cnn", description="The model every client trains: mlp, mlp3, cnn, audio-cnn, resnet-1, resnet-3 (see "
+        "Algorithms: models), an installed plug-in's short name (entry point `groupfel.models`), or an import "
+        "path \"module:function\" of an `(input_shape, num_classes) -> torch.nn.Module`.")
+    engine: Literal["sequential", "batched"] = Field(
+        "batched", description="batched: a whole group round per engine call (measured faster for every "
+        "model); sequential: one client after another (the readable reference).")
+    workers: int | None = Field(None, ge=1, le=1024, description="The batched engine's processes on a CPU; unset: one "
+                                "per core.")
+    device: str = Field("cpu", description="The torch device the clients train on: cpu, cuda, cuda:N, mps or "
+                        "auto (the first CUDA GPU if torch sees one, else cpu). On a GPU, deterministic algorithms "
+                        "and no TF32: one GPU and one set of library versions give a seed the same numbers. "
+                        "`--device` on run, sweep and reproduce overrides it.")
+    stack: int | None = Field(None, ge=1, le=1024, description="The most runs of a study (its seeds, arms, sweep "
+                              "points) that train together in one process, their clients in the same stacked steps "
+                              "(`--stack N` on run, sweep and reproduce overrides it); 1: each run alone. Unset: the "
+                              "width measured fastest on the device. A run's numbers do not depend on its partners; "
+                              "stacked and alone they agree to float rounding (see Benchmarks: runs that train "
+                              "together). A single-seed run trains its arms one after another.")
+    precision: Literal["fp32", "tf32", "bf16"] = Field(
+        "fp32", description="The GPU's arithmetic in training steps: fp32 (the default: float32 throughout, so a "
+        "GPU's numbers track the CPU's within float rounding); tf32: TF32 matrix products and convolutions "
+        "(float32 range, 10-bit mantissa); bf16: the forward passes under bfloat16 autocast (weights, gradients "
+        "and optimiser state stay float32). Faster on NVIDIA GPUs since Ampere, other numbers than fp32 gives; "
+        "recorded in the manifest; a CPU run refuses tf32 and bf16. Evaluation is always float32.")
+    numerics: Literal["portable", "native"] = Field(
+        "native", description="portable: torch's CPU kernels pinned (ATen and oneDNN at AVX2, MKL's compatible "
+        "branch) and one torch thread, so a seed gives the same numbers on every x86-64 CPU with AVX2 (same "
+        "library versions; GPUs excluded), at a cost on AVX-512 CPUs (a Table 1 round: +25 to +53 %); native: the "
+        "machine's fastest kernels, whose numbers depend on the CPU. The demo and the reproductions run "
+        "portable. See Verdicts, intervals and safe runs: numerics.")
+    algorithm: PartName = Field(
+        "fedavg", description="The training algorithm: a shipped one (fedavg, fedprox, scaffold, fednova, ditto, "
+        "pfedme, perfedavg, finetune, fedfa, maxfl, flsc, fedper; see Training algorithms below), an installed "
+        "plug-in's short name (entry point `groupfel.algorithms`), or an import path \"module:Class\" of an "
+        "`groupfel.emulator.algorithms.Algorithm` dataclass.")
+    algorithm_params: dict[str, Any] = Field(default_factory=dict, description="The algorithm's parameters "
+                                             "(its dataclass fields), checked when the run starts.")
+    mu: float = Field(0.0, ge=0, le=1e3, description="FedProx's proximal weight (algorithm = \"fedprox\"; 0 gives "
+                      "FedAvg exactly); given to an algorithm with a `mu` parameter.")
+    lr: float = Field(0.05, gt=0, le=10, description="The clients' SGD learning rate.")
+    lr_decay: float = Field(1.0, gt=0, le=1, description="The learning rate in global round t is "
+                            "lr × lr_decay^t.")
+    momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum (the Group-FEL authors: 0.9).")
+    weight_decay: float = Field(0.0, ge=0, le=1, description="SGD weight decay (the Group-FEL authors: 1e-4).")
+    client_state: Literal["fresh", "persistent"] = Field(
+        "fresh", description="persistent: each client keeps its momentum buffers across rounds (the "
+        "Group-FEL authors' code); fresh: new buffers every round.")
+    batch_size: Count = Field(32, description="Local mini-batch size.")
+    group_rounds: int = Field(5, ge=1, le=10**4, description="K: group rounds per global round.")
+    local_epochs: int = Field(2, ge=1, le=10**4, description="E: local epochs per group round.")
+    rounds: Rounds | None = Field(100, description="T: the most global rounds (100 when left out); with a budget "
+                               "the run stops at whichever comes first. From Python, None: run until the "
+                               "budget is spent.")
+    budget: float | None = Field(None, gt=0, le=1e300, description="Eq. 5 cost budget (the paper: 1e6): a round that "
+                                 "would cross it is not run; an error if the first round would.")
+    energy_budget: float | None = Field(None, gt=0, le=1e300, description="Energy budget of the run in joules "
+                                        "(needs cost.energy): a round that would cross it is not run; an error if "
+                                        "the first round would.")
+    client_energy_budget: float | None = Field(None, gt=0, le=1e300, description="Each client's battery in joules "
+                                               "(needs cost.energy): a client whose spent energy reaches it goes "
+                                               "offline (checked at each group round's start, as "
+                                               "topology.availability; turns on the shared-edge model).")
+    eval_every: Rounds = Field(1, description="Evaluate the global model every this many rounds.")
+    report_best: bool = Field(False, description="Per-group mode: also report each client's best local test "
+                              "accuracy over the evaluations after round 0 (local_error_best_* columns; the HCCT "
+                              "authors' main_cluster.py reports it).")
+    local_reference: bool = Field(True, description="Per-group mode: train every client alone for the run's "
+                                  "rounds as the reference of ipr, rsd and local_accuracy_reference (FedCollab "
+                                  "Eqs. 11-12). false: skip it (those columns are empty), about half the training "
+                                  "of a study that reports none of them.")
+    target_accuracy: float | None = Field(None, gt=0, le=1, description="The summary reports the cost to "
+                                          "first reach this test accuracy.")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        from ..devices import HELP, PATTERN
+
+        if not PATTERN.match(value):
+            raise ValueError(f"{value!r} is not a device; give {HELP}")
+        return value
+
+    @model_validator(mode="after")
+    def _stop(self):
+        if self.rounds is None and self.budget is None and self.energy_budget is None:
+            raise ValueError("set rounds or budget (or both) so the run can stop")
+        return self
