@@ -480,7 +480,7 @@ def render_summary(summary: pd.DataFrame, target: float | None) -> str:
             lines.append(f"seeds added until decided: {stopped(summary)}; O'Brien-Fleming-type alpha spending over "
                          f"the planned looks (docs: statistics-and-safety); these "
                          f"decisions replace those of any fixed-seed table of the same seeds")
-        lines.append(tests_note(summary, metrics))
+        lines.append(tests_note(summary))
         if target is not None:
             lines.append(f"cost_to_target: over the seeds where both arms reached accuracy {target:g}")
     return "\n".join(lines)
@@ -499,7 +499,7 @@ def stopped(summary: pd.DataFrame) -> str:
     return f"every comparison with a test decided at look {looks}, after {n} of at most {planned} seeds"
 
 
-def tests_note(summary: pd.DataFrame, metrics) -> str:
+def tests_note(summary: pd.DataFrame) -> str:
     """Which test each look ran: a bootstrap-t from BOOT_MIN pairs on (a skewed law of the
     differences included), a t-test below it (near-normal differences assumed)."""
     from .sequential import BOOT_MIN
