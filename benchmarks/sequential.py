@@ -1,26 +1,38 @@
-"""Seeds added until decided: simulated error rates where studies stop early, and expected seeds
-against a fixed design of equal power.
+"""Seeds added until decided: simulated error rates where studies stop early, power and expected
+seeds against a fixed design, and AdaStop on the same simulated studies.
 
-    nice python benchmarks/sequential.py [--studies 10000]
+    nice python benchmarks/sequential.py [--studies 10000] [--power-studies N] [--adastop 1000]
 
 Simulates whole studies run with :mod:`groupfel.experiments.sequential` (looks after 3 seeds and
 every 2 more up to max_seeds, stopping when every comparison is decided; Holm-Shaffer over the
 family) and prints, for each setting, the share of studies with a false decision and its Monte
-Carlo standard error:
+Carlo standard error, twice: with the per-look test of before (a paired t-test at every look) and
+with today's (bootstrap-t from 8 pairs, each tail at least the t-test's; no test before 8 pairs):
 
-- false ``higher``/``lower`` (family-wise, identical arms on the comparisons whose true difference
-  is 0) where the others are decided early and one comparison is left open (max 20 and 50), with one
-  arm and a small spread, with two open accuracies, with the demo's family and spread; normal,
-  Student t3 and skewed (centred chi-square, 4 df) noise;
+- false ``higher``/``lower`` (family-wise, on the comparisons whose true difference is 0) where the
+  others are decided early and one comparison is left open (max 20 and 50), with two open
+  accuracies, with the demo's family and spread;
 - false ``equivalent`` with the true difference exactly at the margin;
-- for true differences of a few sizes (the demo's family and spread): the share of comparisons
-  decided right (the power), the mean seeds the study took, and the seeds a fixed design (one look,
-  Bonferroni over the 12 comparisons) needs for the same power, exact from the noncentral t law.
+- noise: normal and Student t3 in every part of every arm; the skewed kinds (chi2_4, gamma(0.5),
+  lognormal, 10 % bad seeds) in the compared arms' own noise only, so the paired differences are
+  skewed (the column ``skew`` is their skewness, measured on 200,000 simulated seeds);
+- power (share of studies deciding ``higher``) and mean seeds for one comparison at 0.5, 1 and 2
+  paired sd, and the demo's family with all 12 comparisons shifted by 1 sd, against the seeds a
+  fixed design (one look, t-test, Bonferroni over the family) needs for the same power (exact,
+  noncentral t);
+- with ``adastop`` installed (``pip install groupfel[adastop]``): AdaStop (Mathieu et al. 2024,
+  group-sequential permutation tests, looks after 4, 8, ..., 20 seeds, alpha 5 %, unpaired) on the
+  same simulated studies as ours, one comparison.
+
+``--resamples`` sets each bootstrap's (default: the tool's own 9,999; fewer floor each tail's
+p-value at 1/(resamples + 1), which early boundaries, at 10⁻⁵ to 10⁻³, cannot cross).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
+from functools import partial
 
 import numpy as np
 
@@ -40,32 +52,47 @@ def _closing(arms: int, metrics: int, open_: list[tuple[int, int]], open_sd: flo
     """A family of ``arms`` x ``metrics`` comparisons (margin 1) where every comparison but the
     ``open_`` ones has a true difference of half the margin and a small spread (both its hypotheses
     are soon rejected: it leaves the family), and the open ones a true difference of 0 and spread
-    ``open_sd`` (each arm's sd; the reference arm's is small)."""
+    ``open_sd`` (each arm's sd; the reference arm's is small, and no noise is shared, so the open
+    comparisons' paired differences are the open arm's own noise, skew included)."""
     sd = np.full((arms + 1, metrics), 0.02)
     true = np.full((arms, metrics), 0.5)
     for a, m in open_:
         sd[a + 1, m], true[a, m] = open_sd, 0.0
-    return {"sd": sd, "margin": np.ones(metrics), "true_diff": true}
+    return {"sd": sd, "margin": np.ones(metrics), "true_diff": true, "corr": 0.0}
 
 
-# name -> (simulate's keyword arguments, the false decision counted, (arm, metric) cells it counts in)
-SETTINGS: dict[str, tuple[dict, int, list[tuple[int, int]] | None]] = {
-    "one open comparison left, max 20": ({**_closing(3, 4, [(0, 0)], 2.0), "max_seeds": 20}, seq.HIGHER, [(0, 0)]),
-    "one open comparison left, max 50": ({**_closing(3, 4, [(0, 0)], 2.0), "max_seeds": 50}, seq.HIGHER, [(0, 0)]),
-    "one arm, small spread": ({"sd": np.array([0.6]), "margin": np.ones(1), "true_diff": np.zeros((1, 1)),
-                               "max_seeds": 20}, seq.HIGHER, None),
+DEMO = {"sd": SD, "margin": MARGIN, "ref_mean": REF, "relative": RELATIVE, "corr": CORR, "max_seeds": 20}
+SKEWED = ("chi2_4", "gamma(0.5)", "lognormal", "bad seeds")
+# name -> (simulate's keyword arguments, the false decision counted, (arm, metric) cells it counts in, noise kinds)
+SETTINGS: dict[str, tuple[dict, int, list[tuple[int, int]] | None, tuple[str, ...]]] = {
+    "one open comparison left, max 20": ({**_closing(3, 4, [(0, 0)], 2.0), "max_seeds": 20}, seq.HIGHER, [(0, 0)],
+                                         ("normal", "t3", *SKEWED)),
+    "one open comparison left, max 50": ({**_closing(3, 4, [(0, 0)], 2.0), "max_seeds": 50}, seq.HIGHER, [(0, 0)],
+                                         ("normal", "gamma(0.5)", "lognormal")),
     "two open accuracies": ({**_closing(1, 4, [(0, 0), (0, 1)], 2.0), "max_seeds": 20}, seq.HIGHER,
-                            [(0, 0), (0, 1)]),
-    "demo family and spread, identical arms": ({"sd": SD, "margin": MARGIN, "true_diff": np.zeros((ARMS, 4)),
-                                                "ref_mean": REF, "relative": RELATIVE, "corr": CORR,
-                                                "max_seeds": 20}, seq.HIGHER, None),
-    "difference at the margin, one arm": ({"sd": np.array([1.5]), "margin": np.ones(1),
-                                           "true_diff": np.ones((1, 1)), "max_seeds": 20}, seq.EQUIVALENT, None),
-    "difference at the margin, demo family": ({"sd": SD / 3, "margin": MARGIN,
-                                               "true_diff": np.tile(np.where(RELATIVE, MARGIN * REF, MARGIN), (ARMS, 1)),
-                                               "ref_mean": REF, "relative": RELATIVE, "corr": CORR,
-                                               "max_seeds": 20}, seq.EQUIVALENT, None),
+                            [(0, 0), (0, 1)], ("normal", "gamma(0.5)", "lognormal")),
+    "demo family and spread, identical arms": ({**DEMO, "true_diff": np.zeros((ARMS, 4))}, seq.HIGHER, None,
+                                               ("normal", "lognormal")),
+    "difference at the margin, one arm": ({"sd": np.array([[0.02], [1.5]]), "margin": np.ones(1), "corr": 0.0,
+                                           "true_diff": np.ones((1, 1)), "max_seeds": 20}, seq.EQUIVALENT, None,
+                                          ("normal", "chi2_4", "gamma(0.5)", "lognormal")),
+    "difference at the margin, demo family": ({**DEMO, "sd": SD / 3,
+                                               "true_diff": np.tile(np.where(RELATIVE, MARGIN * REF, MARGIN), (ARMS, 1))},
+                                              seq.EQUIVALENT, None, ("normal", "lognormal")),
 }
+
+
+@contextlib.contextmanager
+def t_tests_at_every_look():
+    """The per-look test of before, for comparison: a paired t-test at every look, none left out."""
+    saved = seq.BOOT_MIN, seq.untested
+    seq.BOOT_MIN, seq.untested = 10 ** 9, lambda pairs, n_max, seeds=None: np.zeros(np.shape(pairs), bool)
+    seq._calibration.cache_clear()
+    try:
+        yield
+    finally:
+        seq.BOOT_MIN, seq.untested = saved
+        seq._calibration.cache_clear()
 
 
 def false_rate(decisions: np.ndarray, wrong: int, cells) -> np.ndarray:
@@ -75,43 +102,106 @@ def false_rate(decisions: np.ndarray, wrong: int, cells) -> np.ndarray:
     return bad.reshape(len(d), -1).any(axis=1)
 
 
-def rate(simulate, studies: int, name: str, noise: str = "normal", seed: int = 1) -> tuple[float, float, float]:
+def _kwargs(setting: dict) -> dict:
+    return {k: setting[k] for k in ("corr", "ref_mean", "relative", "max_seeds") if k in setting}
+
+
+def rate(simulate, studies: int, name: str, noise: str, seed: int = 1) -> tuple[float, float, float]:
     """(false rate, its MC standard error, mean seeds) of setting ``name`` under ``simulate``."""
-    kwargs, wrong, cells = SETTINGS[name]
+    kwargs, wrong, cells, _ = SETTINGS[name]
     decisions, used = simulate(studies, kwargs["sd"], kwargs["margin"], kwargs["true_diff"], first=3, batch=2,
-                               corr=kwargs.get("corr", 0.5), ref_mean=kwargs.get("ref_mean"),
-                               relative=kwargs.get("relative"), max_seeds=kwargs["max_seeds"], noise=noise, seed=seed)
+                               noise=noise, seed=seed, **_kwargs(kwargs))
     bad = false_rate(decisions, wrong, cells)
     return float(bad.mean()), float(np.sqrt(bad.mean() * (1 - bad.mean()) / studies)), float(used.mean())
 
 
-def fixed_for(power: float, sd: float, diff: float, m: int) -> float:
-    """The fewest seeds a fixed design (one look, Bonferroni over ``m``) needs for ``power``
-    showing a difference ``diff`` with paired spread ``sd`` (exact: noncentral t)."""
-    return seq.fixed_seeds_needed(sd, diff, 0.0, m, power=power)
+def paired_skewness(name: str, noise: str) -> float:
+    """Skewness of the counted comparisons' paired differences in setting ``name`` (200,000 seeds)."""
+    kwargs, _, cells, _ = SETTINGS[name]
+    true = np.asarray(kwargs["true_diff"], float)
+    sd = np.broadcast_to(np.asarray(kwargs["sd"], float), (true.shape[0] + 1, true.shape[1]))
+    values = seq.simulated_values(np.random.default_rng(9), 10_000, sd, true, np.zeros(true.shape[1]),
+                                  kwargs.get("corr", 0.5), noise, 20)
+    a, m = (cells or [(0, 0)])[0]
+    return seq.skewness((values[:, a + 1, :, m] - values[:, 0, :, m]).ravel())
+
+
+def adastop_study(ref: np.ndarray, arm: np.ndarray, comparator) -> tuple[str, int]:
+    """AdaStop on one simulated study: looks after 4, 8, ..., 20 seeds of both arms."""
+    c = comparator(n=4, K=5, B=2000, alpha=0.05, seed=1)
+    for k in range(5):
+        c.partial_compare({"ref": ref[:4 * (k + 1)], "arm": arm[:4 * (k + 1)]}, False)
+        if c.is_finished:
+            break
+    return next(iter(c.decisions.values())), max(c.n_iters.values())
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--studies", type=int, default=10_000)
+    ap.add_argument("--resamples", type=int, default=seq.BOOTSTRAP)
+    ap.add_argument("--adastop", type=int, default=1000, help="studies per AdaStop row (0: none)")
+    ap.add_argument("--power-studies", type=int, default=None, help="studies per power row (default: --studies / 2)")
     args = ap.parse_args()
     n = args.studies
+    simulate = partial(seq.simulate, resamples=args.resamples)
     t0 = time.perf_counter()
-    print(f"false decisions, share of {n} simulated studies (MC standard error); looks after 3, 5, 7, ... seeds")
-    print(f"{'setting':42s} {'noise':7s} {'false':>7s} {'(se)':>7s} {'mean seeds':>10s}")
-    for name in SETTINGS:
-        for noise in seq.NOISE:
-            r, se, used = rate(seq.simulate, n, name, noise)
-            print(f"{name:42s} {noise:7s} {r:7.2%} {se:7.2%} {used:10.1f}")
+    print(f"false decisions, share of {n} simulated studies (MC standard error); looks after 3, 5, 7, ... seeds",
+          flush=True)
+    print(f"{'setting':40s} {'noise':10s} {'skew':>5s} {'before':>7s} {'(se)':>6s} {'now':>7s} {'(se)':>6s} "
+          f"{'seeds':>6s}")
+    cases = [(name, noise) for name, (_, _, _, kinds) in SETTINGS.items() for noise in kinds]
+    with t_tests_at_every_look():     # every row of before first: each mode simulates its calibrations once
+        before = [rate(simulate, n, name, noise) for name, noise in cases]
+    for (name, noise), (old, se_b, _) in zip(cases, before):
+        now, se, used = rate(simulate, n, name, noise)
+        print(f"{name:40s} {noise:10s} {paired_skewness(name, noise):5.2f} {old:7.2%} {se_b:6.2%} {now:7.2%} "
+              f"{se:6.2%} {used:6.1f}", flush=True)
+
+    print("\npower (decided higher) and mean seeds, normal noise, max 20; fixed design: seeds for the same power")
+    print(f"{'setting':44s} {'power before':>12s} {'now':>6s} {'mean seeds before':>17s} {'now':>5s} {'fixed':>5s}")
+    rows = [(f"one comparison, {k:g} paired sd", {"sd": np.array([[0.0], [1.0]]), "margin": np.array([0.05]),
+                                                 "true_diff": np.array([[k]]), "corr": 0.0}, 1, k) for k in (0.5, 1, 2)]
     paired_sd = SD * np.sqrt(2 * (1 - CORR))
-    print("\ndemo family: true difference (x paired sd)  decided right  mean seeds (max 20)  fixed design, equal power")
-    for k in (0.75, 1.0, 1.5, 2.0):
-        true = np.tile(k * paired_sd, (ARMS, 1))
-        d, used = seq.simulate(n // 4, SD, MARGIN, true, ref_mean=REF, relative=RELATIVE, corr=CORR, seed=3)
-        power = float((d == seq.HIGHER).mean())
+    rows.append(("demo family, all 12 shifted by 1 paired sd", {**DEMO, "true_diff": np.tile(paired_sd, (ARMS, 1))},
+                 ARMS * 4, 1.0))
+    def power_of(kw):
+        d, used = simulate(args.power_studies or n // 2, kw["sd"], kw["margin"], kw["true_diff"], seed=3, **_kwargs(kw))
+        return (d == seq.HIGHER).mean(), used.mean()
+
+    with t_tests_at_every_look():
+        before = [power_of(kw) for _, kw, _, _ in rows]
+    for (label, kw, family, k), old in zip(rows, before):
+        out = [old, power_of(kw)]
+        power = out[1][0]
         # near 100 % the power curve is flat and a fixed design's count meaningless: 99.9 % at most
-        fixed = fixed_for(min(power, 0.999), 1.0, k, ARMS * 4) if power > 0 else float("nan")
-        print(f"  {k:<40g} {power:13.1%}  {used.mean():18.1f}  {fixed:.0f}")
+        fixed = seq.fixed_seeds_needed(1.0, k, 0.0, family, power=min(power, 0.999)) if power > 0 else np.nan
+        print(f"{label:44s} {out[0][0]:12.1%} {power:6.1%} {out[0][1]:17.1f} {out[1][1]:5.1f} {fixed:5.0f}", flush=True)
+
+    try:
+        from adastop import MultipleAgentsComparator
+    except ImportError:
+        print("\nAdaStop: not installed (pip install groupfel[adastop])")
+        MultipleAgentsComparator = None
+    if MultipleAgentsComparator is not None and args.adastop:
+        import logging
+
+        logging.getLogger().setLevel(logging.WARNING)
+        m = args.adastop
+        print(f"\nAdaStop and this tool on the same {m} simulated studies, one comparison, max 20 seeds, "
+              f"paired sd 1 (AdaStop's test is unpaired: no noise is shared here)")
+        print(f"{'true difference, noise':34s} {'AdaStop: higher/lower':>21s} {'mean seeds':>10s} "
+              f"{'ours: higher/lower':>18s} {'mean seeds':>10s}")
+        for k, noise in ((0.0, "normal"), (0.0, "gamma(0.5)"), (0.0, "lognormal"), (1.0, "normal"), (2.0, "normal")):
+            sd, true = np.array([[np.sqrt(0.5)], [np.sqrt(0.5)]]), np.array([[k]])
+            values = seq.simulated_values(np.random.default_rng(11), m, sd, true, np.zeros(1), 0.0, noise, 20)
+            ada = [adastop_study(values[i, 0, :, 0], values[i, 1, :, 0], MultipleAgentsComparator) for i in range(m)]
+            a_dec = np.mean([dec in ("larger", "smaller") for dec, _ in ada])
+            a_used = np.mean([u for _, u in ada])
+            d, used = simulate(m, sd, np.array([0.05]), true, corr=0.0, noise=noise, seed=11)
+            ours = np.isin(d, (seq.HIGHER, seq.LOWER)).mean()
+            print(f"{f'{k:g} sd, {noise}':34s} {a_dec:21.1%} {a_used:10.1f} {ours:18.1%} {used.mean():10.1f}",
+                  flush=True)
     print(f"\n({time.perf_counter() - t0:.0f} s)")
 
 

@@ -152,8 +152,19 @@ def _same_run(saved: RunConfig | None, config: RunConfig) -> bool:
 def _same_schedule(saved: RunConfig | None, config: RunConfig, run_dir: Path, where: str) -> None:
     """A study that adds seeds continues only on the schedule it was planned with: its decisions
     spend their 5 % over exactly those looks, and another max_seeds or seed_batch chosen after
-    looking would spend it again (a fixed-seed run may become such a study: see conclusion)."""
-    if saved is None or saved.seeds != "auto" or config.seeds is None:
+    looking would spend it again. A finished fixed-seed study continues only as such a study (see
+    conclusion): rerun on other seeds, it would be a second test at 5 %."""
+    if saved is None or config.seeds is None:
+        return
+    if isinstance(saved.seeds, list) and config.seeds != "auto":
+        if sorted(saved.seed_list) != sorted(config.seed_list) and (Path(run_dir) / "summary.csv").exists():
+            raise InputError(f"{where}{len(config.seed_list)} seeds: {run_dir} holds a finished study of "
+                             f"{len(saved.seed_list)} fixed seeds whose decisions were tested at 5 %, and testing "
+                             f"again on other seeds would be a second test at 5 % (false decisions add up); add "
+                             f"seeds with --seeds auto --max-seeds {config.seed_cap}, whose looks count these seeds "
+                             f"as the first, or start a new study in another directory")
+        return
+    if saved.seeds != "auto":
         return
     plan = (saved.seed_cap, saved.seed_batch)
     if config.seeds == "auto" and (config.seed_cap, config.seed_batch) == plan:

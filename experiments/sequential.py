@@ -178,7 +178,29 @@ def _null_p(ns: tuple[int, ...], two_sided: bool) -> np.ndarray:
         sd = np.sqrt(np.maximum(squares - n * mean ** 2, 0) / (n - 1))
         t = mean / (sd / np.sqrt(n))
         out[:, k] = 2 * sp.stdtr(n - 1, -np.abs(t)) if two_sided else sp.stdtr(n - 1, -t)
-    return out
+    return np.where(untested(np.array(ns), ns[-1]), np.nan, out)
+
+
+def untested(pairs, n_max: int, seeds=None):
+    """Which looks of a plan of several looks (with ``pairs``, after ``seeds`` seeds, default as
+    many, up to ``n_max``) have no test: those with fewer than :data:`BOOT_MIN` pairs, where only a
+    t-test is possible and a skewed law of the differences makes its far tail, the one early
+    boundaries read, wrong by orders of magnitude. The last look keeps its t-test, so a plan of
+    fewer seeds still decides."""
+    pairs = np.asarray(pairs)
+    return (pairs < BOOT_MIN) & (np.asarray(pairs if seeds is None else seeds) < n_max)
+
+
+def skewness(d) -> float:
+    """Sample skewness of paired differences (adjusted Fisher-Pearson G1); NaN with fewer than 3
+    or without spread."""
+    d = np.asarray(d, dtype=float)
+    n = len(d)
+    if n < MIN_PAIRS or no_spread(d.std(ddof=1), d.mean()):
+        return float("nan")
+    c = d - d.mean()
+    g1 = (c ** 3).mean() / (c ** 2).mean() ** 1.5
+    return float(g1 * np.sqrt(n * (n - 1)) / (n - 2))
 
 
 @lru_cache(maxsize=64)
@@ -194,8 +216,9 @@ def repeated_p_path(p: np.ndarray, ns: tuple[int, ...], n_max: int, two_sided: b
     """The repeated p-value after each look, (..., looks): the chance under the null that some look
     of the planned schedule (:func:`plan`: the looks at ``ns`` pairs, then every ``batch`` more up to
     ``n_max``) crosses its boundary at the smallest level this study's looks so far crossed. ``p``:
-    each look's t-test p-value (..., looks; NaN: no test at that look). Non-increasing along the
-    looks. One look at the full information: ``p`` itself (the t-test is exact). Otherwise read from
+    each look's p-value (..., looks; NaN: no test at that look; a look of :func:`untested` counts
+    as no evidence, and its repeated p-value is 1 where no look before had one). Non-increasing
+    along the looks. One look at the full information: ``p`` itself (the t-test is exact). Otherwise read from
     :func:`_calibration`'s simulated law, at its upper 97.5 % confidence bound (so the simulation's
     own error errs on the safe side), and proportionally below the 100th smallest simulated value."""
     p = np.asarray(p, dtype=float)
@@ -203,6 +226,8 @@ def repeated_p_path(p: np.ndarray, ns: tuple[int, ...], n_max: int, two_sided: b
     if len(ns) == 1 and ns[0] >= n_max:
         return p.copy()
     full = plan(ns, int(n_max), int(batch))
+    before = np.isnan(np.fmin.accumulate(p, axis=-1))       # no look had a test yet
+    p = np.where(untested(np.array(ns), int(n_max)), np.nan, p)   # a look without one: no evidence yet
     raw = np.minimum.accumulate(_levels(p, full, int(n_max), two_sided), axis=-1)
     null = _calibration(full, int(n_max), two_sided)
     cdf = np.searchsorted(null, raw, side="right") / len(null)
@@ -210,7 +235,7 @@ def repeated_p_path(p: np.ndarray, ns: tuple[int, ...], n_max: int, two_sided: b
     floor = null[99]
     tail = raw * (100 / len(null) + 1.96 * np.sqrt(100) / len(null)) / floor
     out = np.minimum(np.where(raw < floor, tail, cdf), 1.0)
-    return np.where(np.isnan(np.fmin.accumulate(p, axis=-1)), np.nan, out)
+    return np.where(before, np.nan, out)
 
 
 def repeated_p(p: np.ndarray, ns: tuple[int, ...], n_max: int, two_sided: bool, batch: int = 2) -> np.ndarray:
@@ -258,10 +283,16 @@ def step_down_fast(q: np.ndarray, comparison: np.ndarray) -> np.ndarray:
     return out
 
 
-def look_pvalues(d: np.ndarray, margin: np.ndarray | float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Paired t-test p-values of differences ``d`` (..., n) with ``margin`` δ (...): two-sided p for
-    μ = 0, and the one-sided TOST p-values for μ <= −δ and for μ >= δ. NaN with fewer than
-    MIN_PAIRS pairs or no spread (:func:`no_spread`: no test is meaningful there)."""
+def look_pvalues(d: np.ndarray, margin: np.ndarray | float, seeds=None, resamples: int | None = None,
+                 above: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """p-values of paired differences ``d`` (..., n) with ``margin`` δ (...): two-sided p for μ = 0,
+    and the one-sided TOST p-values for μ <= −δ and for μ >= δ. From :data:`BOOT_MIN` pairs on, a
+    bootstrap-t (:func:`bootstrap_t`, resamples drawn from ``seeds``, the pairs' seed numbers:
+    default 0, …, n − 1), which follows a skewed law of the differences; below, the paired
+    t-test, which assumes them near normal. NaN with fewer than MIN_PAIRS pairs or no spread
+    (:func:`no_spread`: no test is meaningful there). ``above``: rows whose t-test p-values of
+    both hypotheses (μ = 0, and TOST's larger) exceed it keep those (smaller, so still above it):
+    the simulations need only whether a p-value can reach a boundary at 5 %."""
     from scipy import stats
 
     d = np.asarray(d, dtype=float)
@@ -275,10 +306,70 @@ def look_pvalues(d: np.ndarray, margin: np.ndarray | float) -> tuple[np.ndarray,
         lo = (mean + margin) / se
         hi = (mean - margin) / se
     df = max(n - 1, 1)
-    p_diff = 2 * stats.t.sf(np.abs(t0), df)
-    p_lo, p_hi = stats.t.sf(lo, df), stats.t.cdf(hi, df)
+    up, down, p_lo, p_hi = (np.array(np.broadcast_to(x, mean.shape), dtype=float) for x in
+                            (stats.t.sf(t0, df), stats.t.cdf(t0, df), stats.t.sf(lo, df), stats.t.cdf(hi, df)))
+    if n >= BOOT_MIN:   # each tail: the larger of the t-test's and the bootstrap-t's
+        rows = np.broadcast_to(np.minimum(2 * np.minimum(up, down), np.maximum(p_lo, p_hi)) <= above, mean.shape)
+        cuts = (np.broadcast_to(x, mean.shape)[rows] for x in (t0, lo, hi))
+        tails = bootstrap_t(d[rows], *cuts, range(n) if seeds is None else seeds, resamples or BOOTSTRAP)
+        for x, b in zip((up, down, p_lo, p_hi), tails):
+            x[rows] = np.maximum(x[rows], b)
+    p_diff = np.minimum(1.0, 2 * np.minimum(up, down))
     nan = np.nan
     return (np.where(bad, nan, p_diff), np.where(bad, nan, p_lo), np.where(bad, nan, p_hi))
+
+
+# Resamples of a look's bootstrap-t: the smallest two-sided p-value it gives is 2 / 10,000, so
+# Holm's step-down over up to 250 comparisons can still reach 5 %.
+BOOTSTRAP = 9_999
+# Pairs from which a look's test is the bootstrap-t: with fewer, the resamples are too few and too
+# often constant to tell the statistic's tails (3 pairs have 10 distinct resamples).
+BOOT_MIN = 8
+# Mixed into the seeds of a bootstrap's generator, so that it draws its own stream.
+_BOOT_STREAM = 0xB007
+_CHUNK = 2048   # rows of differences resampled at once (memory: rows x resamples floats)
+
+
+def bootstrap_weights(seeds, resamples: int = BOOTSTRAP) -> np.ndarray:
+    """How often each pair appears in each resample, (resamples, pairs): multinomial counts from a
+    generator seeded by the pairs' seed numbers, so a study's bootstrap is a function of its seeds
+    (the same data give the same p-values on every machine and every rerun)."""
+    seeds = [int(s) for s in seeds]
+    rng = np.random.default_rng([_BOOT_STREAM, len(seeds), *seeds])
+    return rng.multinomial(len(seeds), np.full(len(seeds), 1.0 / len(seeds)), size=resamples).astype(float)
+
+
+def bootstrap_t(d: np.ndarray, t0, t_lo, t_hi, seeds, resamples: int = BOOTSTRAP):
+    """Bootstrap-t p-values (Efron & Tibshirani 1993, ch. 12; Hall 1992, §3.10) of differences
+    ``d`` (..., n): the law of the studentised mean (m − μ)/se is read off resamples of the pairs,
+    T* = (m* − m)/se*, whose skew follows the data's (a t-test's symmetric law makes one tail too
+    light for skewed differences). Two-sided p for μ = 0 (equal-tailed: twice the smaller tail at
+    ``t0`` = m/se), and the TOST tails P(T* >= ``t_lo``), P(T* <= ``t_hi``); each tail counts the
+    observed statistic itself ((k + 1) / (B + 1)). A resample of one repeated pair has no spread:
+    its T* is infinite (or 0), so it counts against the test. Resampling uses counts
+    (:func:`bootstrap_weights`) and matrix products, so thousands of simulated studies are cheap."""
+    d = np.asarray(d, dtype=float)
+    shape, n = d.shape[:-1], d.shape[-1]
+    w = bootstrap_weights(seeds, resamples)                   # (B, n)
+    flat = d.reshape(-1, n)
+    centred = flat - flat.mean(axis=1, keepdims=True)         # less cancellation in the sums
+    cuts = [np.broadcast_to(np.asarray(x, dtype=float), shape).reshape(-1) for x in (t0, t_lo, t_hi)]
+    up0, down0, up_lo, down_hi = (np.zeros(len(flat)) for _ in range(4))
+    for a in range(0, len(flat), _CHUNK):
+        c = centred[a:a + _CHUNK]
+        m = c @ w.T / n                                        # (rows, B): m* − m
+        ss = (c ** 2) @ w.T
+        var = np.maximum(ss - n * m ** 2, 0.0) / (n - 1)
+        flat_ = var <= 1e-12 * np.maximum(ss / n, 1e-300)      # one repeated pair: no spread
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = np.where(flat_, np.sign(m) * np.inf, m / np.sqrt(var / n))
+        t = np.nan_to_num(t, nan=0.0)
+        s = slice(a, a + len(c))
+        up0[s] = (t >= cuts[0][s, None]).sum(axis=1)
+        down0[s] = (t <= cuts[0][s, None]).sum(axis=1)
+        up_lo[s] = (t >= cuts[1][s, None]).sum(axis=1)
+        down_hi[s] = (t <= cuts[2][s, None]).sum(axis=1)
+    return tuple(((k + 1) / (resamples + 1)).reshape(shape) for k in (up0, down0, up_lo, down_hi))
 
 
 # A spread below this share of the mean difference is rounding (a constant difference computed
@@ -388,23 +479,51 @@ def keep(before: np.ndarray, now: np.ndarray) -> np.ndarray:
 
 # -- simulated studies -------------------------------------------------------------------------------
 
-NOISE = ("normal", "t3", "skewed")
+# Noise of simulated seeds: "normal" and "t3" (Student t, 3 degrees of freedom) in every part of
+# every arm's value; the skewed kinds in the compared arms' own noise only (the reference arm's and
+# the shared part normal), so that the paired differences are skewed too (the same skewed noise in
+# both arms would leave them symmetric).
+SKEWED = {"chi2_4": 1.41, "gamma(0.5)": 2.83, "lognormal": 6.18, "bad seeds": -1.78}   # kind: skewness
+NOISE = ("normal", "t3", *SKEWED)
 
 
 def noise_draw(rng: np.random.Generator, kind: str, shape) -> np.ndarray:
-    """Standardised noise (mean 0, sd 1): normal, Student t with 3 degrees of freedom, or skewed
-    (a centred chi-square with 4 degrees of freedom: skewness 1.41)."""
+    """Standardised noise (mean 0, sd 1) of one of :data:`NOISE`: normal; Student t3; centred
+    chi-square with 4 degrees of freedom; gamma with shape 0.5; lognormal(0, 1); normal with a 10 %
+    chance of a bad seed 6 sd down (accuracy-like: a rare run that went wrong)."""
     if kind == "t3":
         return rng.standard_t(3.0, shape) / np.sqrt(3.0)
-    if kind == "skewed":
+    if kind == "chi2_4":
         return (rng.chisquare(4.0, shape) - 4.0) / np.sqrt(8.0)
+    if kind == "gamma(0.5)":
+        return (rng.gamma(0.5, 1.0, shape) - 0.5) / np.sqrt(0.5)
+    if kind == "lognormal":
+        return (rng.lognormal(0.0, 1.0, shape) - np.exp(0.5)) / np.sqrt((np.e - 1) * np.e)
+    if kind == "bad seeds":
+        return (rng.standard_normal(shape) - 6.0 * (rng.uniform(size=shape) < 0.1) + 0.6) / np.sqrt(1 + 36 * 0.09)
     return rng.standard_normal(shape)
+
+
+def simulated_values(rng: np.random.Generator, n_studies: int, sd: np.ndarray, true_diff: np.ndarray,
+                     ref_mean: np.ndarray, corr: float, kind: str, max_seeds: int) -> np.ndarray:
+    """Every seed's metric values of every arm, (studies, A + 1, seeds, M), the reference arm first
+    (see :func:`simulate`)."""
+    n_arms, n_metrics = true_diff.shape
+    skewed = kind in SKEWED
+    shared = noise_draw(rng, "normal" if skewed else kind, (n_studies, 1, max_seeds, n_metrics))
+    own = noise_draw(rng, "normal" if skewed else kind, (n_studies, n_arms + 1, max_seeds, n_metrics))
+    if skewed:
+        own[:, 1:] = noise_draw(rng, kind, (n_studies, n_arms, max_seeds, n_metrics))
+    values = sd[None, :, None, :] * (np.sqrt(corr) * shared + np.sqrt(1 - corr) * own)
+    values[:, 0] += ref_mean
+    values[:, 1:] += (ref_mean[None, :] + true_diff)[None, :, None, :]
+    return values
 
 
 def simulate(n_studies: int, sd: np.ndarray, margin: np.ndarray, true_diff: np.ndarray, *, first: int = 3,
              batch: int = 2, max_seeds: int = 20, ref_mean: np.ndarray | None = None, relative: np.ndarray | None = None,
              corr: float = 0.5, tails: float | None = None, noise: str = "normal", seed: int = 0,
-             alpha: float = ALPHA) -> tuple[np.ndarray, np.ndarray]:
+             alpha: float = ALPHA, resamples: int = BOOTSTRAP) -> tuple[np.ndarray, np.ndarray]:
     """``n_studies`` simulated studies of ``A`` arms against a reference on ``M`` metrics, run with
     the procedure of this module: looks after ``first`` seeds and every ``batch`` more up to
     ``max_seeds``, stopping when every comparison is decided. ``sd`` (M,) or (A + 1, M), the first
@@ -412,8 +531,9 @@ def simulate(n_studies: int, sd: np.ndarray, margin: np.ndarray, true_diff: np.n
     values within a seed (the seed's data placement and costs are shared); ``true_diff`` (A, M):
     each arm's true difference from the reference; ``margin`` (M,): δ, as a share of the reference
     arm's observed mean where ``relative`` (M,) is true (its true mean: ``ref_mean``); ``noise``: one
-    of :data:`NOISE` (``tails`` = 3: "t3"). Returns the decisions (studies, A, M) and the seeds each
-    study used."""
+    of :data:`NOISE` (``tails`` = 3: "t3"); ``resamples``: each bootstrap's. Returns the decisions
+    (studies, A, M) and the seeds each study used. A look's tests run on the comparisons still open
+    (a decided one keeps its last p-values: a little conservative, through the divisor only)."""
     rng = np.random.default_rng(seed)
     margin = np.asarray(margin, float)
     true_diff = np.asarray(true_diff, float)
@@ -425,38 +545,39 @@ def simulate(n_studies: int, sd: np.ndarray, margin: np.ndarray, true_diff: np.n
     if tails not in (None, 3) or kind not in NOISE:
         raise ValueError(f"simulate: noise is one of {NOISE}")
 
-    shared = noise_draw(rng, kind, (n_studies, 1, max_seeds, n_metrics))
-    own = noise_draw(rng, kind, (n_studies, n_arms + 1, max_seeds, n_metrics))
-    values = sd[None, :, None, :] * (np.sqrt(corr) * shared + np.sqrt(1 - corr) * own)
-    values[:, 0] += ref_mean
-    values[:, 1:] += (ref_mean[None, :] + true_diff)[None, :, None, :]
+    values = simulated_values(rng, n_studies, sd, true_diff, ref_mean, corr, kind, max_seeds)
     ns = tuple(looks(first, batch, max_seeds))
     p = np.full((3, n_studies, n_arms, n_metrics, len(ns)), np.nan)
-    means = np.zeros((n_studies, n_arms, n_metrics, len(ns)))
-    for k, n in enumerate(ns):
-        d = np.moveaxis(values[:, 1:, :n] - values[:, :1, :n], 2, -1)          # (N, A, M, n)
-        delta = np.where(relative, margin * np.abs(values[:, 0, :n].mean(axis=1)), margin)[:, None, :]
-        p[..., k] = look_pvalues(d, delta)
-        means[..., k] = d.mean(axis=-1)
-    # every look's repeated p-values at once: each depends on the looks up to it only
-    q_diff = repeated_p_path(p[0], ns, max_seeds, True, batch)
-    q_eq = np.maximum(repeated_p_path(p[1], ns, max_seeds, False, batch),
-                      repeated_p_path(p[2], ns, max_seeds, False, batch))
     comparison = np.tile(np.arange(n_arms * n_metrics), 2)
     c = n_arms * n_metrics
     decisions = np.zeros((n_studies, n_arms, n_metrics), int)
     used = np.full(n_studies, ns[-1])
     open_ = np.ones(n_studies, bool)
     for k, n in enumerate(ns):
-        q = np.nan_to_num(np.concatenate([q_diff[..., k].reshape(n_studies, -1), q_eq[..., k].reshape(n_studies, -1)],
-                                         axis=1), nan=1.0)
-        adj = step_down_fast(q[open_], comparison)
-        now = decide(means[open_, ..., k], adj[:, :c].reshape(-1, n_arms, n_metrics),
+        idx = np.flatnonzero(open_)
+        v = values[idx]
+        d = np.moveaxis(v[:, 1:, :n] - v[:, :1, :n], 2, -1)                     # (open, A, M, n)
+        delta = np.where(relative, margin * np.abs(v[:, 0, :n].mean(axis=1)), margin)[:, None, :]
+        # a decided comparison keeps its last p-values (they only fall, and count only through the
+        # Holm-Shaffer divisor of the others): testing the open ones alone keeps the bootstrap cheap
+        todo = decisions[idx] == UNDECIDED
+        if not untested(np.array([n]), max_seeds)[0] and todo.any():
+            now = np.full((3, *todo.shape), np.nan)
+            now[:, todo] = np.stack(look_pvalues(d[todo], np.broadcast_to(delta, todo.shape)[todo],
+                                                 resamples=resamples, above=0.2))
+            p[..., k][:, idx] = now
+        # the repeated p-values after this look: each depends on the looks up to it only
+        q_diff = repeated_p_path(p[0, idx, ..., :k + 1], ns[:k + 1], max_seeds, True, batch)[..., -1]
+        q_eq = np.maximum(repeated_p_path(p[1, idx, ..., :k + 1], ns[:k + 1], max_seeds, False, batch),
+                          repeated_p_path(p[2, idx, ..., :k + 1], ns[:k + 1], max_seeds, False, batch))[..., -1]
+        q = np.nan_to_num(np.concatenate([q_diff.reshape(len(idx), -1), q_eq.reshape(len(idx), -1)], axis=1), nan=1.0)
+        adj = step_down_fast(q, comparison)
+        now = decide(d.mean(axis=-1), adj[:, :c].reshape(-1, n_arms, n_metrics),
                      adj[:, c:].reshape(-1, n_arms, n_metrics), alpha)
-        decisions[open_] = keep(decisions[open_], now)
-        stop = open_ & (decisions != UNDECIDED).all(axis=(1, 2))
-        used[stop] = n
-        open_ &= ~stop
+        decisions[idx] = keep(decisions[idx], now)
+        stop = (decisions[idx] != UNDECIDED).all(axis=(1, 2))
+        used[idx[stop]] = n
+        open_[idx[stop]] = False
         if not open_.any():
             break
     return decisions, used

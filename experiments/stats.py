@@ -50,6 +50,10 @@ MIN_PAIRS = 3
 # table sets its own (docs/statistics-and-safety.md says where the defaults come from).
 MARGINS: dict[str, tuple[float, bool]] = {"final_acc": (0.01, False), "acc_at_common_cost": (0.01, False),
                                           "cost_to_target": (0.05, True), "sim_time_s": (0.05, True)}
+# Paired differences at least this skewed (|G1|) are flagged beside their decision: the
+# simulations (benchmarks/sequential.py) hold 5 % up to a skewness of about 3 but not beyond, and a
+# single extreme seed among 10 to 20 gives a sample skewness of 2.5 to 4.
+SKEW_WARN = 2.0
 # A Holm p within this factor of the line (0.025 to 0.1 at 95 %) is called close to it.
 CLOSE = 2.0
 TOO_FEW = "too few seeds"
@@ -245,6 +249,9 @@ def decision_words(r, m: str, decision: str, qd: float, qe: float, level: float 
     fixed design would need at the observed spread; for one without a test, what the seeds show."""
     n = int(r[f"{m}_diff_n"])
     after = f" after {int(r[f'{m}_seeds'])} seeds" if r.get("looks", 1) > 1 and np.isfinite(r.get(f"{m}_seeds", np.nan)) else ""
+    skew = r.get(f"{m}_diff_skew", np.nan)
+    flag = f"; skewness {skew:+.1f}: 5 % not held" if np.isfinite(skew) and abs(skew) >= SKEW_WARN else ""
+    after += flag
     if decision in ("higher", "lower"):
         return f"{decision} (Holm p = {_p(qd)}{_close(qd, level)}{after})"
     if decision == "equivalent":
@@ -258,9 +265,11 @@ def decision_words(r, m: str, decision: str, qd: float, qe: float, level: float 
         return f"constant difference {'+' if d > 0 else ''}{_fmt(d)}{UNITS.get(m, '')} in every seed ({n} pairs: no test)"
     if not (np.isfinite(qd) or np.isfinite(qe)):
         return f"undecided: {TOO_FEW} ({n} pair{'s' if n != 1 else ''})"
-    need = r.get(f"{m}_seeds_needed", np.nan)
-    more = f"; fixed design: ~{int(need)} seeds" if np.isfinite(need) else ""
-    return f"undecided (Holm p = {_p(qd)}{_close(qd, level)}{more})"
+    need, cap = r.get(f"{m}_seeds_needed", np.nan), r.get("max_seeds", np.nan)
+    more = "" if not np.isfinite(need) else (
+        f"; fixed design: ~{int(need)} seeds" if not (np.isfinite(cap) and need > cap) else
+        f"; fixed design: ~{int(need)} seeds, more than this study's {int(cap)}")
+    return f"undecided (Holm p = {_p(qd)}{_close(qd, level)}{more}{flag})"
 
 
 def margin_text(r, m: str) -> str:
@@ -305,7 +314,7 @@ def summarize_seeds(per_seed: pd.DataFrame, arms: list[str], level: float = LEVE
     ``seed_batch`` seeds (default: the step between its first two looks, else 2); default one look
     at every seed (a fixed design). ``margins``: metric -> δ (a share of the reference's mean for
     costs and times; :data:`MARGINS`)."""
-    from .sequential import fixed_seeds_needed, look_pvalues, repeated_p_path
+    from .sequential import fixed_seeds_needed, look_pvalues, repeated_p_path, skewness, untested
 
     wide = {m: per_seed.pivot(index="seed", columns="arm", values=m).sort_index() for m in METRICS}
     n_seeds = len(wide["final_acc"])
@@ -336,29 +345,28 @@ def summarize_seeds(per_seed: pd.DataFrame, arms: list[str], level: float = LEVE
             ok = np.isfinite(ref) & np.isfinite(other)
             row[f"{m}_diff_sd"] = float(np.std(other[ok] - ref[ok], ddof=1)) if n > 1 else np.nan
             share, relative = margins[m], MARGINS[m][1]
-            ns, p, at = [], [], []   # pairs at each look with a test, its p-values, the look's index
+            # one test per planned look (NaN: none there), so a repeated p-value reads every look
+            # against the same schedule whatever pairs are missing
+            p = np.full((3, len(looks)), np.nan)
             means = []
             delta = share
+            labels = wide[m].index.to_numpy()
             for k, n_look in enumerate(looks):
                 okk = ok[:n_look]
                 diffs = (other[:n_look] - ref[:n_look])[okk]
                 delta = share * abs(float(ref[:n_look][okk].mean())) if relative and okk.any() else share
                 means.append(float(diffs.mean()) if len(diffs) else np.nan)
-                if len(diffs) >= MIN_PAIRS and (not ns or len(diffs) > ns[-1]):
-                    ns.append(len(diffs))
-                    p.append(look_pvalues(diffs, delta))
-                    at.append(k)
+                if len(diffs) >= MIN_PAIRS:
+                    p[:, k] = look_pvalues(diffs, delta, seeds=labels[:n_look][okk])
+                    if sequential and untested(len(diffs), max_seeds, n_look):   # pending: no evidence yet
+                        p[:, k] = np.where(np.isnan(p[:, k]), np.nan, 1.0)
             row[f"{m}_margin"] = delta
-            after = [(np.nan, np.nan, mu) for mu in means]
-            if ns:
-                n_max = max_seeds if sequential else ns[-1]
-                pd_, plo, phi = (np.array([x[j] for x in p], dtype=float) for j in range(3))
-                qd = repeated_p_path(pd_, tuple(ns), n_max, True, batch)
-                qe = np.maximum(repeated_p_path(plo, tuple(ns), n_max, False, batch),
-                                repeated_p_path(phi, tuple(ns), n_max, False, batch))
-                for j, k in enumerate(at):      # a look without a new test keeps the last one's
-                    for kk in range(k, len(looks)):
-                        after[kk] = (float(qd[j]), float(qe[j]), means[kk])
+            row[f"{m}_diff_skew"] = skewness(other[ok] - ref[ok])
+            n_max = max_seeds if sequential else looks[-1]
+            qd = repeated_p_path(p[0], tuple(looks), n_max, True, batch)
+            qe = np.maximum(repeated_p_path(p[1], tuple(looks), n_max, False, batch),
+                            repeated_p_path(p[2], tuple(looks), n_max, False, batch))
+            after = [(float(qd[k]), float(qe[k]), means[k]) for k in range(len(looks))]
             row[f"{m}_margin_share"] = share
             row[f"{m}_diff_p"], row[f"{m}_eq_p"] = after[-1][:2]
             history[(len(rows), m)] = after
@@ -469,12 +477,39 @@ def render_summary(summary: pd.DataFrame, target: float | None) -> str:
                   if k else f"decision: undecided, {TOO_FEW} to test any difference (fewer than {MIN_PAIRS} paired seeds)"]
         looks = int(summary["looks"].max()) if "looks" in summary else 1
         if looks > 1 or "max_seeds" in summary:
-            planned = int(summary["max_seeds"].max()) if "max_seeds" in summary else n
-            lines.append(f"seeds added until decided: stopped at look {looks}, after {n} of at most {planned} seeds; "
-                         f"O'Brien-Fleming-type alpha spending over the planned looks (docs: statistics-and-safety)")
+            lines.append(f"seeds added until decided: {stopped(summary)}; O'Brien-Fleming-type alpha spending over "
+                         f"the planned looks (docs: statistics-and-safety); these "
+                         f"decisions replace those of any fixed-seed table of the same seeds")
+        lines.append(tests_note(summary))
         if target is not None:
             lines.append(f"cost_to_target: over the seeds where both arms reached accuracy {target:g}")
     return "\n".join(lines)
+
+
+def stopped(summary: pd.DataFrame) -> str:
+    """How a study that added seeds ended: every comparison decided at a look, or at its maximum
+    with some open."""
+    n, looks = int(summary["seeds"].max()), int(summary["looks"].max()) if "looks" in summary else 1
+    planned = int(summary["max_seeds"].max()) if "max_seeds" in summary else n
+    open_ = sum(is_open(r, m) for _, r in summary.iloc[1:].iterrows() for m in METRICS if f"{m}_decision" in r)
+    if open_ and n >= planned:
+        return f"ran to its maximum ({planned} seeds) with {open_} comparison{'s' if open_ != 1 else ''} open"
+    if open_:
+        return f"look {looks}, after {n} of at most {planned} seeds, {open_} comparison{'s' if open_ != 1 else ''} open"
+    return f"every comparison with a test decided at look {looks}, after {n} of at most {planned} seeds"
+
+
+def tests_note(summary: pd.DataFrame) -> str:
+    """Which test each look ran: a bootstrap-t from BOOT_MIN pairs on (a skewed law of the
+    differences included), a t-test below it (near-normal differences assumed)."""
+    from .sequential import BOOT_MIN
+
+    few = int(summary["seeds"].max()) < BOOT_MIN
+    return (f"tests: paired t-tests (with fewer than {BOOT_MIN} pairs they assume near-normal differences: one "
+            f"skewed seed breaks them); from {BOOT_MIN} pairs on, bootstrap-t" if few else
+            f"tests: bootstrap-t from {BOOT_MIN} pairs on, each tail at least the t-test's (paired t-tests below); "
+            f"'skewness' beside a decision: its paired differences are skewed (|skewness| >= {SKEW_WARN:g}) beyond "
+            f"what keeps 5 %")
 
 
 def _decided(summary: pd.DataFrame, metrics) -> pd.DataFrame:
@@ -547,10 +582,11 @@ def conclusion(summary: pd.DataFrame, target: float | None, command: str | None 
         text += f", each needing more than {CONTINUE_CAP} seeds in a fixed design at the observed spread (or never)"
     planned = summary["max_seeds"].max() if "max_seeds" in summary else np.nan
     if np.isfinite(planned):        # a study that added seeds ran to its planned maximum
-        text += (f"; this study's 5 % is spent over its planned {int(planned)} seeds: deciding the rest takes a "
+        text += (f"; this study {stopped(summary)}, and its 5 % is spent over them: deciding the rest takes a "
                  f"new study")
     elif command and max_seeds and max_seeds > n:
-        text += f"; continue until decided with '{command} --seeds auto --max-seeds {int(max_seeds)}'"
+        text += (f"; continue until decided with '{command} --seeds auto --max-seeds {int(max_seeds)}', whose "
+                 f"decisions replace this table's")
     return text + "."
 
 
