@@ -44,7 +44,7 @@ from groupfel.cost_models import TRAINING
 from .config import DAY_S, AvailabilityConfig, HeterogeneityConfig, RunConfig
 from groupfel.errors import InputError
 from groupfel.usercsv import read_user_csv
-from .federation import Federation, Group, RoundContext, draw_faults
+from .federation import Federation, Group, RoundContext, airtime, draw_faults
 from .fedscale import KBIT, assign, read_behaviour, read_capacity
 from .ledger import CostLedger
 from .links import SharedLink
@@ -539,10 +539,10 @@ class ContendedFederation(Federation):
             members = [env.process(self._c_client(where, e, int(c), i, charges, slow[i], bool(lost[i]), down, up))
                        for i, c in enumerate(g.clients) if not off[i]]
             yield env.all_of(members)
-            spans, radio = np.zeros((g.size, len(charges), 2)), np.zeros((g.size, 2))
+            spans, radio = np.zeros((g.size, len(charges), 2)), np.zeros((g.size, 2, 2))
             if members:
                 spans[~off] = np.array([p.value[0] for p in members]).reshape(n_here, len(charges), 2)
-                radio[~off] = np.array([p.value[1] for p in members])
+                radio[~off] = np.array([p.value[1] for p in members]).reshape(n_here, 2, 2)
             n_alive = int((~lost).sum())
             hold = net.server_time(n_alive, int(lost.sum()) if n_alive else 0)
             if n_alive and (e.cores is not None or hold > 0):
@@ -589,8 +589,9 @@ class ContendedFederation(Federation):
         self._bytes["edge_to_client"] += down
         yield from self._send(e.down, down, bps, lat)
         self.trace.append(dict(zip(TRACE_COLUMNS, ("download", *where, client, down, t0, t0, env.now))))
-        a, spans, up_s = env.now, [], 0.0
+        a, spans, up_s, up_air = env.now, [], 0.0, 0.0
         down_s = a - t0
+        down_air = min(float(airtime(down, cn.bandwidth_mbps[client])), down_s)
         for comp, amounts in charges.items():   # the compute steps back to back: one timeout
             d = 0.0 if dropped and comp != TRAINING else slow * float(amounts[member])
             spans.append((a - t0, a + d - t0))
@@ -603,7 +604,8 @@ class ContendedFederation(Federation):
             yield from self._send(e.up, up, bps, lat)
             self.trace.append(dict(zip(TRACE_COLUMNS, ("upload", *where, client, up, a, a, env.now))))
             up_s = env.now - a
-        return spans, (down_s, up_s)
+            up_air = min(float(airtime(up, cn.bandwidth_mbps[client])), up_s)
+        return spans, ((down_s, down_air), (up_s, up_air))
 
     def _flat(self, c: int) -> bool:
         """Whether client c's battery (``train.client_energy_budget``) is empty."""

@@ -280,7 +280,8 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path, on_round: OnRound | None
         "arm": plan.arm.name, "seed": cfg.seed, **({"mode": "per-group"} if cfg.mode == "per-group" else {}),
         "complete": True, "stop_reason": stop_reason, **({"message": str(diverged)} if diverged else {}),
         "rounds_run": state.t, "total_cost_eq5": state.ledger.total, "sim_time_s": state.sim_time,
-        **({"total_energy_j": state.ledger.energy_total, "power_sources": world.power.sources()}
+        **({"total_energy_j": state.ledger.energy_total, "power_sources": world.power.sources(),
+            "power_assumed": world.power.assumed()}
            if world.power is not None else {}),
         **strategy.manifest(), **strategy.fed.manifest(state.ledger), "algorithm": world.algorithm.name,
         "model_parameters": world.engine.n_params, "wall_seconds_last_session": time.perf_counter() - wall0,

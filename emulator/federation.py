@@ -98,6 +98,11 @@ def client_seeds(seed: int, t: int, k: int, clients: np.ndarray) -> np.ndarray:
     return word.astype(np.uint32)
 
 
+def airtime(nbytes, mbps) -> np.ndarray:
+    """Seconds a radio at ``mbps`` (its own link rate) is on the air to move ``nbytes``."""
+    return 8.0 * np.asarray(nbytes, dtype=float) / (np.asarray(mbps, dtype=float) * 1e6)
+
+
 def draw_faults(faults: FaultsConfig | None, seed: int, t: int, k: int, clients: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(dropped, slowdown) per client of one group round, each from its own (seed, t, k, client)
     stream so a resumed run draws the same faults."""
@@ -181,31 +186,35 @@ class Federation:
                                   start=start + spans[:, ci, 0], end=start + spans[:, ci, 1])
             if ctx.ledger.power is not None:
                 transfer = np.array([self._transfer[int(c)] for c in g.clients])
-                radio = np.stack([transfer, np.where(dropped, 0.0, transfer)], axis=1)
                 rate = np.array([ctx.topology.client_link(int(c)).bandwidth_mbps for c in g.clients])
-                self.charge_energy((t, j, gid, k), g, devices, list(charges), spans, radio, rate,
-                                   np.ones(g.size, bool), ~dropped, env.now - start)
+                sent = np.stack([transfer, np.where(dropped, 0.0, transfer)], axis=1)
+                air = np.minimum(airtime(ctx.model_bytes, rate)[:, None], sent) * (sent > 0)
+                self.charge_energy((t, j, gid, k), g, devices, list(charges), spans, np.stack([sent, air], axis=2),
+                                   rate, np.ones(g.size, bool), ~dropped, env.now - start)
 
     def charge_energy(self, where: tuple, g: Group, devices: list[str], components: list[str], spans: np.ndarray,
                       radio: np.ndarray, rate: np.ndarray, present: np.ndarray, completed: np.ndarray,
                       duration: float) -> None:
         """Energy of one group round, per member and state: power × the seconds the SimPy play
-        spent in it (``spans``: each component's (start, end); ``radio``: (receive, transmit)
-        seconds; ``rate``: each member's link Mbit/s). A member that completed the group round
-        was idle while online for the rest of its ``duration``; an absent one is charged nothing."""
+        spent in it (``spans``: each component's (start, end); ``radio[:, d]``: (seconds, airtime)
+        of the download (d = 0) and upload (d = 1); ``rate``: each member's link Mbit/s). The radio
+        receives or transmits for its airtime and listens for the rest of the transfer (its share
+        of a shared medium, the latency). A member that completed the group round was idle while
+        online for the rest of its ``duration``; an absent one is charged nothing."""
         t, j, gid, k = where
         led = self.ctx.ledger
         comp = spans[:, :, 1] - spans[:, :, 0]
         ti = components.index(TRAINING)
-        seconds = {"receive": radio[:, 0], "training": comp[:, ti],
-                   "group_operation": comp.sum(axis=1) - comp[:, ti], "transmit": radio[:, 1]}
+        seconds = {"receive": radio[:, 0, 1], "training": comp[:, ti],
+                   "group_operation": comp.sum(axis=1) - comp[:, ti], "transmit": radio[:, 1, 1],
+                   "listen": np.maximum(radio[:, :, 0] - radio[:, :, 1], 0.0).sum(axis=1)}
         busy = sum(seconds.values())
         seconds["idle"] = np.where(completed, np.maximum(duration - busy, 0.0), 0.0)
         x = {"training": g.n_samples, "group_operation": np.full(g.size, g.size), "transmit": rate, "receive": rate}
         clients, devs = g.clients[present], [d for d, p in zip(devices, present) if p]
         for state, sec in seconds.items():
             led.charge_energy(round=t, edge=j, group=gid, group_round=k, clients=clients, devices=devs, state=state,
-                              seconds=sec[present], x=None if state == "idle" else np.asarray(x[state])[present])
+                              seconds=sec[present], x=np.asarray(x[state])[present] if state in x else None)
 
     def charges(self, t: int, k: int, g: Group) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
         """Group round k of round t: each member's Eq. 5 charge per component, who drops, and

@@ -393,6 +393,26 @@ def finish_seed(config: RunConfig, run_dir: Path, replot: bool = True) -> pd.Dat
     return summary
 
 
+def assumed_powers(root: Path) -> str | None:
+    """One line naming the assumed powers (``power_assumed``) of every arm under ``root``, None
+    where every power is measured or the run measured no energy."""
+    from groupfel.cost_models.power import assumed_line
+    from groupfel.emulator.runfiles import load_json
+
+    merged: dict[str, list[str]] = {}
+    for path in sorted(Path(root).rglob("manifest.json")):
+        manifest = load_json(path)
+        for device, states in (manifest.get("power_assumed") or {}).items() if isinstance(manifest, dict) else ():
+            merged[device] = sorted(set(merged.get(device, [])) | set(states), key=states_order)
+    return assumed_line(merged)
+
+
+def states_order(state: str) -> int:
+    from groupfel.cost_models.power import STATES
+
+    return STATES.index(state) if state in STATES else len(STATES)
+
+
 def diverged_runs(root: Path) -> list[str]:
     """'<arm dir>: <message>' for every arm under ``root`` (a run, multi-seed run or sweep) that
     stopped because its model diverged or collapsed."""
