@@ -266,6 +266,39 @@ class Availability:
             time = time % self._period[c]
         return any(a <= time < b for a, b in self._iv[c])
 
+    def online_until(self, c: int, time: float) -> float:
+        """When client c's online stretch that holds ``time`` ends (``time`` itself if it is
+        offline then; inf if it never ends: a trace online over its whole period)."""
+        end = time
+        for _ in range(len(self._iv[c]) + 2):   # adjacent intervals, and across a period's end
+            if not self.online(c, end):
+                return end
+            if self._period is not None:
+                p = float(self._period[c])
+                base, local = end - end % p, end % p
+                b = next(b for a, b in self._iv[c] if a <= local < b)
+                end = base + b if b < p else base + p
+            else:
+                end = next(b for a, b in self._iv[c] if a <= end < b)
+        return math.inf
+
+    def next_online(self, c: int, time: float) -> float | None:
+        """The first time ≥ ``time`` at which client c is online, None if never again."""
+        if self.online(c, time):
+            return time
+        if self._gen:
+            while not any(a > time for a, _ in self._iv[c]):
+                self._extend(c, self._gen[c][1])
+            return next(a for a, _ in self._iv[c] if a > time)
+        iv = self._iv[c]
+        if self._period is None:
+            return next((a for a, _ in iv if a > time), None)
+        if not iv:
+            return None
+        p = float(self._period[c])
+        base, local = time - time % p, time % p
+        return next((base + a for a, _ in iv if a > local), base + p + iv[0][0])
+
 
 # -- the network of a run ----------------------------------------------------------------------------
 
@@ -355,6 +388,7 @@ class ContendedFederation(Federation):
         self.net = net
         self.stats = stats if stats is not None else []      # one dict per round (the manifest's)
         self._offline: dict[int, dict[tuple[int, int], float]] = {}   # round -> {(k, client): time}
+        self._left: dict[int, dict[tuple[int, int], float]] = {}      # went offline during group round k
         self._planned: dict[int, tuple] = {}
         self.trace: list[dict] = []                           # transfers and core holds (timeline)
 
@@ -398,10 +432,47 @@ class ContendedFederation(Federation):
             dry = self.scratch()
             dry.run_round(t, sampled)
             self._offline[t] = dry._offline.get(t, {})
+            self._left[t] = dry._left.get(t, {})
             self._planned = {t: (key_, dry)}   # run_round replays it: the same clock, charges and stats
             if t == 0:
                 self._refuse_empty_start(sampled)
-        return frozenset(self._offline.get(t, {}))
+        return frozenset(self._offline.get(t, {})) | frozenset(self._left.get(t, {}))
+
+    def absent(self, t: int) -> set[int]:
+        return {c for k, c in self._offline.get(t, {}) if k == 0}
+
+    def online_now(self) -> np.ndarray | None:
+        """Which clients are online (and have charge left) at the clock's time; None: all, always."""
+        net = self.net
+        if net.availability is None and net.battery_j is None:
+            return None
+        now = float(self.ctx.env.now)
+        return np.array([not self._flat(c) and (net.availability is None or net.availability.online(c, now))
+                         for c in range(self.ctx.topology.n_clients)], dtype=bool)
+
+    def await_online(self, clients: np.ndarray | None = None) -> str | None:
+        """Where nobody is online, move the clock to the first time someone is (no charge, no
+        round); where nobody ever will be, say why (the run stops): FedScale's rounds sample the
+        clients online at the round's time and never play a round with nobody. ``clients``: those
+        a round can sample (default every client)."""
+        online = self.online_now()
+        clients = np.arange(self.ctx.topology.n_clients) if clients is None else np.asarray(clients)
+        if online is None or online[clients].any():
+            return None
+        env, net, n = self.ctx.env, self.net, len(clients)
+        now = float(env.now)
+        alive = [int(c) for c in clients if not self._flat(int(c))]
+        if not alive:
+            return (f"batteries: every client's battery (train.client_energy_budget = {net.battery_j:g} J) is empty "
+                    f"at {now:g} s simulated")
+        times = [net.availability.next_online(c, now) for c in alive] if net.availability is not None else []
+        times = [x for x in times if x is not None]
+        if not times:
+            flat = n - len(alive)
+            return (f"availability: no client is online at or after {now:g} s simulated"
+                    f"{f' ({flat} more have an empty battery)' if flat else ''} (topology.availability)")
+        env.run(until=min(times))
+        return None
 
     def scratch(self) -> "ContendedFederation":
         ctx = self.ctx
@@ -524,9 +595,10 @@ class ContendedFederation(Federation):
             start = env.now
             for c in g.clients:
                 c = int(c)
-                if (k - 1, c) in gone or (net.availability is not None and not net.availability.online(c, start)) \
+                if (k - 1, c) in gone or (k - 1, c) in self._left.get(t, {}) or (net.availability is not None and not net.availability.online(c, start)) \
                         or self._flat(c):
-                    if (k - 1, c) not in gone:   # found offline now: a zero charge says who and when
+                    if (k - 1, c) not in gone and (k - 1, c) not in self._left.get(t, {}):
+                        # found offline now: a zero charge says who and when
                         ctx.ledger.charge(round=t, edge=j, group=gid, group_round=k, clients=np.array([c]),
                                           devices=[ctx.topology.client_device[c]], component=OFFLINE,
                                           amounts=np.zeros(1), start=np.array([start]), end=np.array([start]))
@@ -543,8 +615,16 @@ class ContendedFederation(Federation):
             if members:
                 spans[~off] = np.array([p.value[0] for p in members]).reshape(n_here, len(charges), 2)
                 radio[~off] = np.array([p.value[1] for p in members]).reshape(n_here, 2, 2)
-            n_alive = int((~lost).sum())
-            hold = net.server_time(n_alive, int(lost.sum()) if n_alive else 0)
+            left_at = dict(zip(g.clients[~off].tolist(), [p.value[2] for p in members]))
+            left = np.array([left_at.get(int(c)) is not None for c in g.clients], dtype=bool)
+            for c in g.clients[left]:     # left before finishing: out from this group round on
+                at = left_at[int(c)]
+                self._left.setdefault(t, {})[(k, int(c))] = at
+                ctx.ledger.charge(round=t, edge=j, group=gid, group_round=k, clients=np.array([c]),
+                                  devices=[ctx.topology.client_device[c]], component=OFFLINE,
+                                  amounts=np.zeros(1), start=np.array([at]), end=np.array([at]))
+            n_alive = int((~(lost | left)).sum())
+            hold = net.server_time(n_alive, int((lost | left).sum()) if n_alive else 0)
             if n_alive and (e.cores is not None or hold > 0):
                 queued = env.now
                 if e.cores is not None:
@@ -560,12 +640,13 @@ class ContendedFederation(Federation):
                 self.trace.append({"kind": "core", "round": t + 1, "edge": j, "group": gid, "group_round": k,
                                    "client": -1, "bytes": 0, "queued": queued, "start": got, "end": env.now})
             for ci, comp in enumerate(charges):
+                amounts = charges[comp] if comp == TRAINING or not left.any() else np.where(left, 0.0, charges[comp])
                 ctx.ledger.charge(round=t, edge=j, group=gid, group_round=k, clients=g.clients,
-                                  devices=devices, component=comp, amounts=charges[comp],
+                                  devices=devices, component=comp, amounts=amounts,
                                   start=start + spans[:, ci, 0], end=start + spans[:, ci, 1])
             if ctx.ledger.power is not None:
                 self.charge_energy((t, j, gid, k), g, devices, list(charges), spans, radio,
-                                   net.clients.bandwidth_mbps[g.clients], ~off, ~lost, env.now - start)
+                                   net.clients.bandwidth_mbps[g.clients], ~off, ~(lost | left), env.now - start)
         if net.cloud_shared:
             up = ctx.model_bytes * net.vectors
             self._bytes["edge_to_cloud"] += up
@@ -596,16 +677,22 @@ class ContendedFederation(Federation):
             d = 0.0 if dropped and comp != TRAINING else slow * float(amounts[member])
             spans.append((a - t0, a + d - t0))
             a += d
+        avail = self.net.availability
+        gone_at = avail.online_until(client, t0) if avail is not None and not dropped else math.inf
+        left = gone_at < a      # offline before it finished its work: it drops out then, sending nothing
+        if left:
+            a = max(gone_at, env.now)
+            spans = [(min(x, a - t0), min(y, a - t0)) for x, y in spans]
         if a > env.now:
             yield env.timeout(a - env.now)
-        if not dropped:
+        if not (dropped or left):
             a = env.now
             self._bytes["client_to_edge"] += up
             yield from self._send(e.up, up, bps, lat)
             self.trace.append(dict(zip(TRACE_COLUMNS, ("upload", *where, client, up, a, a, env.now))))
             up_s = env.now - a
             up_air = min(float(airtime(up, cn.bandwidth_mbps[client])), up_s)
-        return spans, ((down_s, down_air), (up_s, up_air))
+        return spans, ((down_s, down_air), (up_s, up_air)), a if left else None
 
     def _flat(self, c: int) -> bool:
         """Whether client c's battery (``train.client_energy_budget``) is empty."""

@@ -279,6 +279,7 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path, on_round: OnRound | None
     write_json(arm_dir / "manifest.json", {
         "arm": plan.arm.name, "seed": cfg.seed, **({"mode": "per-group"} if cfg.mode == "per-group" else {}),
         "complete": True, "stop_reason": stop_reason, **({"message": str(diverged)} if diverged else {}),
+        **({"stop_message": state.stop_message} if state.stop_message else {}),
         "rounds_run": state.t, "total_cost_eq5": state.ledger.total, "sim_time_s": state.sim_time,
         **({"total_energy_j": state.ledger.energy_total, "power_sources": world.power.sources(),
             "power_assumed": world.power.assumed()}
@@ -303,6 +304,10 @@ def _rounds(strategy: RoundStrategy, fresh: bool, ckpt: Path, on_round: OnRound 
     while tc.rounds is None or state.t < tc.rounds:
         t = state.t
         strategy.before_round(t)
+        nobody = strategy.fed.await_online(strategy.members())   # never a round with nobody
+        if nobody is not None:
+            stop, state.stop_message = nobody.split(":")[0], nobody
+            break
         groups = strategy.select(t)
         if tc.budget is not None:
             cost = strategy.fed.round_cost(t, groups)

@@ -253,6 +253,19 @@ class Federation:
         :class:`groupfel.emulator.contention.ContendedFederation`)."""
         return frozenset()
 
+    def absent(self, t: int) -> set[int]:
+        """The sampled clients of round t offline at its start (none here)."""
+        return set()
+
+    def online_now(self) -> np.ndarray | None:
+        """Which clients are online at the clock's time: None, everyone (see
+        :class:`groupfel.emulator.contention.ContendedFederation`)."""
+        return None
+
+    def await_online(self, clients: np.ndarray | None = None) -> str | None:
+        """Wait until someone is online, or say why nobody will be: everyone always is here."""
+        return None
+
     def manifest(self, ledger: CostLedger | None = None) -> dict:
         """The federation's own manifest entries (none here)."""
         return {}

@@ -60,6 +60,9 @@ def _cmd_run(args) -> int:
     print(f"results: {run_dir}/  (summary.csv, <arm>/results.csv, <arm>/ledger.parquet)")
     print(f"plot:    {run_dir / 'accuracy_vs_cost.png'}")
     print(*_energy_lines(config, run_dir), sep="\n", end="\n" if config.cost.energy else "")
+    from .runner import stop_messages
+
+    print(*stop_messages(run_dir), sep="\n", end="\n" if stop_messages(run_dir) else "")
     return 0
 
 

@@ -407,6 +407,19 @@ def assumed_powers(root: Path) -> str | None:
     return assumed_line(merged)
 
 
+def stop_messages(root: Path) -> list[str]:
+    """'stopped early: <arm dir>: <why>' for every arm under ``root`` that stopped because nobody
+    was online any more (availability, batteries)."""
+    from groupfel.emulator.runfiles import load_json
+
+    out = []
+    for path in sorted(Path(root).rglob("manifest.json")):
+        manifest = load_json(path)
+        if isinstance(manifest, dict) and manifest.get("stop_message"):
+            out.append(f"stopped early: {path.parent.relative_to(root)}: {manifest['stop_message']}")
+    return out
+
+
 def states_order(state: str) -> int:
     from groupfel.cost_models.power import STATES
 

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import TINY, one_error_line, write_toml
+from conftest import TINY, one_arm, one_error_line, write_toml
 from groupfel.emulator.config import AvailabilityConfig, HeterogeneityConfig, parse_config
 from groupfel.emulator.contention import Availability, client_net
 from groupfel.errors import InputError
@@ -248,3 +248,63 @@ def test_a_run_on_a_trace_is_the_run_on_the_same_numbers_in_groupfels_csvs(tmp_p
     assert net["clients"]["fedscale_ids"] == [str(i) for i in ids] == net["availability_fedscale_ids"]
     assert net["clients"]["slowdown"][:4] == pytest.approx([30 / 52.5, 90 / 52.5, 60 / 52.5, 45 / 52.5])
     assert net["offline"], "some sampled client is offline at a group round's start"
+
+
+# -- availability that acts like FedScale's: only online clients, never a round with nobody --------
+
+def _stretch(tmp_path: Path, d: dict, intervals: list[tuple[float, float]], period: float | None = 3600.0) -> dict:
+    """``d`` with every client online during ``intervals`` only (a FedScale CSV trace repeating
+    every ``period`` s, or groupfel's own availability file where ``period`` is None)."""
+    n = d["topology"]["edges"] * d["topology"]["clients_per_edge"]
+    if period is None:
+        rows = ["client,start_s,end_s"] + [f"{c},{a:g},{b:g}" for c in range(n) for a, b in intervals]
+        (tmp_path / "avail.csv").write_text("\n".join(rows) + "\n")
+        d["topology"]["availability"] = {"file": str(tmp_path / "avail.csv")}
+    else:
+        rows = ["client_id,active,inactive,finish_time"] + [f"{c},{a:g},{b:g},{period:g}" for c in range(n)
+                                                            for a, b in intervals]
+        (tmp_path / "behaviour.csv").write_text("\n".join(rows) + "\n")
+        d["topology"]["availability"] = {"fedscale_file": str(tmp_path / "behaviour.csv")}
+    return d
+
+
+def test_online_until_and_next_online_follow_a_repeating_trace(tmp_path):
+    trace = _stretch(tmp_path, {"topology": {"edges": 1, "clients_per_edge": 1}}, [(0, 25), (1000, 3600)])
+    a = Availability(AvailabilityConfig(**trace["topology"]["availability"]), 1, 0)
+    assert a.next_online(0, 10.0) == 10.0 and a.next_online(0, 25.0) == 1000.0
+    assert a.next_online(0, 3600 + 30.0) == 3600 + 1000.0
+    assert a.online_until(0, 10.0) == 25.0 and a.online_until(0, 30.0) == 30.0
+    # online from 1000 s to the period's end runs on into the next period's [0, 25)
+    assert a.online_until(0, 1500.0) == 3600 + 25.0
+    always = _stretch(tmp_path, {"topology": {"edges": 1, "clients_per_edge": 1}}, [(0, 3600)])
+    assert Availability(AvailabilityConfig(**always["topology"]["availability"]), 1, 0).online_until(0, 5.0) == np.inf
+
+
+def test_the_offline_stretch_is_waited_out_never_played(tmp_path, tiny_dict):
+    """Every client online 0-25 s and 1000-3600 s (FedScale trace): rounds run while they are
+    online; the round that reaches 25 s loses its members then (they drop out, their work after
+    25 s never charged); the next round starts at 1000 s, when they are back. No round starts in
+    the offline stretch, and each samples online clients."""
+    d = _stretch(tmp_path, one_arm(tiny_dict, rounds=10), [(0, 25), (1000, 3600)])
+    assert main(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "r"), "--quiet"]) == 0
+    res = pd.read_csv(next((tmp_path / "r").rglob("results.csv")))
+    manifest = json.loads(next((tmp_path / "r").rglob("manifest.json")).read_text())
+    starts = [r["start_s"] for r in manifest["network"]["rounds"]]
+    assert len(starts) == 10 and not any(25 <= s < 1000 for s in starts)
+    assert any(s >= 1000 for s in starts) and manifest["stop_reason"] == "rounds"
+    assert (res["clients_sampled"].iloc[1:] > 0).all()
+    # the members that were mid-work at 25 s left then (a zero "offline" charge at 25 s)
+    left = [o for o in manifest["network"]["offline"] if o["time_s"] == pytest.approx(25.0)]
+    assert left and all(o["round"] == 1 + starts.index(max(s for s in starts if s < 25)) for o in left)
+    # every round made progress in simulated time that someone worked in
+    led = pd.read_parquet(next((tmp_path / "r").rglob("ledger.parquet")))
+    assert set(led.loc[led.component == "training", "round"]) == set(range(1, 11))
+
+
+def test_nobody_online_again_stops_the_run_naming_availability(tmp_path, tiny_dict, capsys):
+    d = _stretch(tmp_path, one_arm(tiny_dict, rounds=20), [(0, 12)], period=None)
+    assert main(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "r"), "--quiet"]) == 0
+    manifest = json.loads(next((tmp_path / "r").rglob("manifest.json")).read_text())
+    assert manifest["stop_reason"] == "availability" and manifest["rounds_run"] < 20
+    assert manifest["stop_message"].startswith("availability: no client is online at or after")
+    assert "stopped early: rg-random: availability: no client is online" in capsys.readouterr().out
