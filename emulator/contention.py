@@ -438,6 +438,25 @@ class ContendedFederation(Federation):
                 self._refuse_empty_start(sampled)
         return frozenset(self._offline.get(t, {})) | frozenset(self._left.get(t, {}))
 
+    def online_seconds(self, start: float, end: float) -> np.ndarray:
+        avail = self.net.availability
+        out = super().online_seconds(start, end)
+        for c in range(len(out)):
+            if self._flat(c):       # an empty battery: offline since it emptied (within this stretch)
+                out[c] = 0.0
+            elif avail is not None:
+                out[c], x = 0.0, start
+                while x < end:
+                    if avail.online(c, x):
+                        y = min(avail.online_until(c, x), end)
+                        out[c], x = out[c] + (y - x), y
+                    else:
+                        nxt = avail.next_online(c, x)
+                        if nxt is None or nxt >= end:
+                            break
+                        x = nxt
+        return out
+
     def absent(self, t: int) -> set[int]:
         return {c for k, c in self._offline.get(t, {}) if k == 0}
 

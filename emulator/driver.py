@@ -303,6 +303,9 @@ def _rounds(strategy: RoundStrategy, fresh: bool, ckpt: Path, on_round: OnRound 
     stop = "rounds"
     while tc.rounds is None or state.t < tc.rounds:
         t = state.t
+        fleet = world.power is not None and world.power.accounting == "full-fleet"
+        charged = state.ledger.seconds_of(world.topology.n_clients) if fleet else None
+        start = float(strategy.env.now)
         strategy.before_round(t)
         nobody = strategy.fed.await_online(strategy.members())   # never a round with nobody
         if nobody is not None:
@@ -325,6 +328,8 @@ def _rounds(strategy: RoundStrategy, fresh: bool, ckpt: Path, on_round: OnRound 
                 break
         before = state.sim_time
         strategy.train(t)
+        if fleet:
+            strategy.fed.charge_fleet_idle(t, start, charged)
         state.round_time = float(strategy.env.now) - before
         state.t, state.sim_time = t + 1, float(strategy.env.now)
         acc = None

@@ -257,6 +257,25 @@ class Federation:
         """The sampled clients of round t offline at its start (none here)."""
         return set()
 
+    def online_seconds(self, start: float, end: float) -> np.ndarray:
+        """Each client's seconds online in [start, end): all of them here."""
+        return np.full(self.ctx.topology.n_clients, max(end - start, 0.0))
+
+    def charge_fleet_idle(self, t: int, start: float, charged: np.ndarray) -> None:
+        """The full-fleet accounting (``cost.energy_accounting``): every client online in round t's
+        stretch of the clock [``start``, now) and not accounted for in it (its seconds ``charged``
+        before the stretch) was idle for the rest: charged idle power (group −1)."""
+        led, topo = self.ctx.ledger, self.ctx.topology
+        n = topo.n_clients
+        rest = self.online_seconds(start, float(self.ctx.env.now)) - (led.seconds_of(n) - charged)
+        for j in range(topo.n_edges):
+            members = topo.clients_of(j)
+            members = members[rest[members] > 0]
+            if len(members):
+                led.charge_energy(round=t, edge=j, group=-1, group_round=-1, clients=members,
+                                  devices=[topo.client_device[c] for c in members], state="idle",
+                                  seconds=rest[members])
+
     def online_now(self) -> np.ndarray | None:
         """Which clients are online at the clock's time: None, everyone (see
         :class:`groupfel.emulator.contention.ContendedFederation`)."""

@@ -389,7 +389,10 @@ def finish_seed(config: RunConfig, run_dir: Path, replot: bool = True) -> pd.Dat
 
         plot_curves(results, run_dir / "accuracy_vs_cost.png", title=config.name)
         if "energy_j" in results:
-            plot_curves(results, run_dir / "accuracy_vs_energy.png", x="energy_j", title=config.name)
+            from .plots import energy_label
+
+            plot_curves(results, run_dir / "accuracy_vs_energy.png", x="energy_j", title=config.name,
+                        xlabel=energy_label(config.cost.energy_accounting))
     return summary
 
 
@@ -486,9 +489,10 @@ def finish(config: RunConfig, run_dir: Path, replot: bool = True,
     energy = (("accuracy_vs_energy.png", "energy_j"),) if "energy_j" in results else ()
     for name, x in (("accuracy_vs_cost.png", "cost"), ("accuracy_vs_time.png", "sim_time_s"), *energy):
         if replot or not (run_dir / name).exists():
-            from .plots import plot_bands
+            from .plots import energy_label, plot_bands
 
-            plot_bands({config.name: results}, run_dir / name, x=x, title=config.name)
+            plot_bands({config.name: results}, run_dir / name, x=x, title=config.name,
+                       xlabel=energy_label(config.cost.energy_accounting) if x == "energy_j" else None)
     summary.attrs["target"] = config.train.target_accuracy
     summary.attrs["common_cost"] = per_seed.groupby("seed")["common_cost"].first().tolist()
     return summary

@@ -364,3 +364,33 @@ def test_the_radio_is_charged_its_airtime_and_listens_for_the_rest_of_a_shared_t
     assert r["energy_training_j"] == pytest.approx(2 * 3.0)
     assert r["energy_idle_j"] == pytest.approx(0.0, abs=1e-6)
     assert r["edge_energy_j"] == pytest.approx(20.0)
+
+
+@pytest.mark.parametrize("accounting, expected", [("group-rounds", {0: 48.6, 1: 69.0}),
+                                                  ("full-fleet", {0: 51.8, 1: 72.2, 2: 27.2}),
+                                                  ("marginal", {0: 20.4 + 4.2, 1: 40.8 + 4.2})])
+def test_the_three_accountings_by_hand(accounting, expected):
+    """Three clients; clients 0 and 1 (10 and 30 samples) form the sampled group, client 2 is not
+    sampled; the worked example's round (training 6 s and 12 s, O(2) = 3 s each, the group round
+    15 s) inside a 17 s round (the edge link 1 s each way). Training 5 W, group operation 3 W,
+    idle 1.6 W. group-rounds: client 0 30 + 9 + 6 × 1.6 = 48.6 J, client 1 60 + 9 = 69 J;
+    full-fleet adds the round's other 2 s of each sampled client (3.2 J) and client 2's 17 s
+    (27.2 J); marginal charges the power above idle: training 3.4 W (20.4 J, 40.8 J), group
+    operation 1.4 W (4.2 J each), idle nothing."""
+    topo = build_topology([3], ["dev"] * 3, [np.arange(1) for _ in range(3)], np.ones((3, 1), dtype=int),
+                          client_link=Link(1e15, 0.0), edge_link=Link(1e15, 1.0))
+    prof = DeviceProfile("dev", "t", training={"sgd": linear(0.1, 1.0)}, group_overhead={"secagg": quadratic(0.5, 0, 1)})
+    ledger = CostLedger()
+    ledger.power = _power({"training": 5.0, "group_operation": 3.0, "transmit": 0.0, "receive": 0.0, "idle": 1.6},
+                          accounting)
+    env = simpy.Environment()
+    fed = Federation(RoundContext(env, 1000, CostModel({"dev": prof}, "sgd", ("secagg",)), ledger, topo, seed=0,
+                                  group_rounds=1, local_epochs=3))
+    charged = ledger.seconds_of(3)
+    fed.run_round(0, [(0, Group(0, np.arange(2), np.array([10, 30]), 0.0))])
+    assert env.now == pytest.approx(17.0)
+    if accounting == "full-fleet":
+        fed.charge_fleet_idle(0, 0.0, charged)
+    per_client = ledger.energy_frame().groupby("client")["joules"].sum()
+    assert per_client[per_client != 0].to_dict() == pytest.approx(expected)
+    assert ledger.energy_total == pytest.approx(sum(expected.values()))
