@@ -289,6 +289,45 @@ def test_rapl_reader_on_a_fake_sysfs_tree_with_wraparound(tmp_path):
     assert advance(10, 4, 10) == 4 and advance(4, 10, 10) == 6
 
 
+def _zone(path, name, uj, top=2**32):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "name").write_text(f"{name}\n")
+    (path / "energy_uj").write_text(f"{uj}\n")
+    (path / "max_energy_range_uj").write_text(f"{top}\n")
+
+
+def test_rapl_counts_each_joule_once_psys_alone_or_package_and_dram(tmp_path):
+    """A laptop's tree: package-0 (with core and dram sub-zones) and psys, the platform, which
+    contains the package. The platform used 3 J while the package used 2 J (1.5 J of it in the
+    cores) and DRAM 0.5 J: psys alone reads 3 J (adding the package gave 5 J). Without psys: the
+    package and its DRAM, 2.5 J (never the cores again)."""
+    pkg = tmp_path / "intel-rapl:0"
+    _zone(pkg, "package-0", 1_000_000)
+    _zone(pkg / "intel-rapl:0:0", "core", 0)
+    _zone(pkg / "intel-rapl:0:1", "dram", 0)
+    _zone(tmp_path / "intel-rapl:1", "psys", 10_000_000)
+
+    def spend(meter):
+        mark = meter.start()
+        for z, uj in (("intel-rapl:0", 3_000_000), ("intel-rapl:0/intel-rapl:0:0", 1_500_000),
+                      ("intel-rapl:0/intel-rapl:0:1", 500_000), ("intel-rapl:1", 13_000_000)):
+            if (tmp_path / z).exists():
+                (tmp_path / z / "energy_uj").write_text(f"{uj}\n")
+        return meter.stop(mark)[0]
+
+    meter, said = open_meter(None, tmp_path)
+    assert [z.name for z in meter.zones] == ["psys"] and "the whole platform" in said
+    assert spend(meter) == pytest.approx(3.0)
+    import shutil
+
+    shutil.rmtree(tmp_path / "intel-rapl:1")
+    for z, uj in (("intel-rapl:0", 1_000_000), ("intel-rapl:0/intel-rapl:0:0", 0), ("intel-rapl:0/intel-rapl:0:1", 0)):
+        (tmp_path / z / "energy_uj").write_text(f"{uj}\n")
+    meter, said = open_meter(None, tmp_path)
+    assert [z.name for z in meter.zones] == ["package-0", "dram"]
+    assert spend(meter) == pytest.approx(2.5)
+
+
 def test_no_counter_says_so_in_one_line(tmp_path):
     meter, said = open_meter(None, tmp_path / "none")
     assert meter is None and said.startswith("energy: not recorded: no energy counter is readable here")
@@ -301,7 +340,7 @@ def test_measure_with_a_power_log_and_calibrate_fits_power(tmp_path, capsys):
 
     t0 = time.time()
     log = tmp_path / "log.csv"
-    log.write_text("timestamp,watts\n" + "".join(f"{t0 - 5 + i * 0.25:.3f},4.0\n" for i in range(2000)))
+    log.write_text("timestamp,watts\n" + "".join(f"{t0 - 5 + i * 0.01:.3f},4.0\n" for i in range(3000)))
     out = tmp_path / "m.csv"
     assert main(["measure", "backdoor", "--sizes", "2,4,8", "--params", "64", "--repeats", "2",
                  "--power-log", str(log), "--out", str(out)]) == 0
@@ -312,6 +351,26 @@ def test_measure_with_a_power_log_and_calibrate_fits_power(tmp_path, capsys):
     assert "local/group_operation: power = b·x + c (W)" in said and "c =  4" in said
     assert float(read_power(tmp_path / "cal" / "profile.csv")["local"].states["group_operation"].curve(4)) == \
         pytest.approx(4.0)
+
+
+def test_a_log_too_coarse_for_a_reading_is_refused_and_short_calls_are_batched(tmp_path):
+    """A 1 Hz log cannot integrate a 0.3 ms call: refused in one line. Where the log's interval
+    is known when measuring starts, a short call is repeated until its reading spans 10 samples
+    and the reading is per call: here 4 W × each call's share of the span."""
+    from groupfel.cost_models.energy_meter import MIN_SAMPLES, PowerLog
+    from groupfel.cost_models.measure import _sweep
+
+    log = tmp_path / "log.csv"
+    log.write_text("timestamp,watts\n" + "".join(f"{1000 + i}.0,4.0\n" for i in range(100)))
+    meter = PowerLog(log)
+    assert meter.min_span_s == MIN_SAMPLES * 1.0
+    with pytest.raises(InputError, match=r"samples every 1 s, but a measured reading spans 0.0003 s, under 10 "):
+        meter.joules([(1010.0, 1010.0003, 1)])
+    assert meter.joules([(1010.0, 1030.0, 4)]) == pytest.approx([4.0 * 20 / 4])
+    meter.min_span_s = 0.05     # a fast log: batch until 50 ms
+    got = list(_sweep([3], 1, lambda n: 1e-4, meter))
+    (a, b, calls), per_call = got[0][2]
+    assert calls > 1 and b - a >= 0.05 and per_call == pytest.approx((b - a) / calls)
 
 
 def test_measure_without_a_meter_writes_no_energy_columns(tmp_path, capsys, monkeypatch):
