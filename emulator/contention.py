@@ -33,6 +33,7 @@ group rounds end, sharing the edge link with the edge's other groups' uploads.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,7 +43,7 @@ import simpy
 from groupfel.cost_models import TRAINING
 
 from .config import DAY_S, AvailabilityConfig, HeterogeneityConfig, RunConfig
-from groupfel.errors import InputError
+from groupfel.errors import InputError, InputWarning
 from groupfel.usercsv import read_user_csv
 from .federation import Federation, Group, RoundContext, airtime, draw_faults
 from .fedscale import KBIT, assign, read_behaviour, read_capacity
@@ -219,7 +220,13 @@ class Availability:
         self.trace_ids: list[str] | None = None
         if cfg.fedscale_file is not None:
             trace = read_behaviour(cfg.fedscale_file, "topology.availability.fedscale_file")
-            idx = assign(len(trace.ids), n)
+            idx = trace.pair(n, cfg.fedscale_pairing)
+            used = [int(i) for i in idx if int(i) in trace.bad]
+            if used:
+                raise InputError(trace.bad[used[0]])
+            for i in sorted(trace.bad):    # an id no client takes: reported, never read
+                warnings.warn(f"{trace.bad[i]} (client id {trace.ids[i]!r} is paired with none of the {n} "
+                              f"clients, so it is ignored)", InputWarning, stacklevel=2)
             self._iv = [list(trace.intervals[i]) for i in idx]
             self._period = trace.period_s[idx]
             self.trace_ids = [trace.ids[i] for i in idx]

@@ -18,7 +18,7 @@ import pytest
 from conftest import TINY, one_arm, one_error_line, write_toml
 from groupfel.emulator.config import AvailabilityConfig, HeterogeneityConfig, parse_config
 from groupfel.emulator.contention import Availability, client_net
-from groupfel.errors import InputError
+from groupfel.errors import InputError, InputWarning
 from groupfel.experiments.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -226,14 +226,15 @@ def test_a_run_on_a_trace_is_the_run_on_the_same_numbers_in_groupfels_csvs(tmp_p
     d = _one_round(TINY)
     d["topology"].update(heterogeneity={"fedscale_file": _pickle(tmp_path / "client_device_capacity", cap)},
                          availability={"fedscale_file": _pickle(tmp_path / "client_behave_trace", beh)})
-    # by hand: median computation 52.5 ms; bandwidth kbit/s × 1024 / 1e6; the trace repeats every 7 s
-    ids = [1, 2, 3, 4] * 3
+    # by hand: median computation 52.5 ms; bandwidth kbit/s × 1024 / 1e6; the trace repeats every 7 s;
+    # capacity ids sorted from client 0, behaviour ids as FedScale pairs them (client c: (c + 1) mod 4)
+    ids, beh_ids = [1, 2, 3, 4] * 3, [2, 3, 4, 1] * 3
     links = tmp_path / "links.csv"
     links.write_text("client,bandwidth_mbps,latency_s,slowdown\n" + "".join(
         f"{c},{cap[i]['communication'] * 1024 / 1e6!r},0.02,{cap[i]['computation'] / 52.5!r}\n" for c, i in enumerate(ids)))
     online = tmp_path / "online.csv"
     online.write_text("client,start_s,end_s\n" + "".join(
-        f"{c},{a + 7 * k},{b + 7 * k}\n" for c, i in enumerate(ids) for k in range(20)
+        f"{c},{a + 7 * k},{b + 7 * k}\n" for c, i in enumerate(beh_ids) for k in range(20)
         for a, b in zip(beh[i]["active"], beh[i]["inactive"])))
     mine = copy.deepcopy(d)
     mine["topology"].update(heterogeneity={"file": str(links)}, availability={"file": str(online)})
@@ -245,7 +246,8 @@ def test_a_run_on_a_trace_is_the_run_on_the_same_numbers_in_groupfels_csvs(tmp_p
     pd.testing.assert_frame_equal(a, b)
     assert a["end"].max() > 7          # the run outlasts one period of the trace
     net = json.loads((tmp_path / "trace" / arm / "manifest.json").read_text())["network"]
-    assert net["clients"]["fedscale_ids"] == [str(i) for i in ids] == net["availability_fedscale_ids"]
+    assert net["clients"]["fedscale_ids"] == [str(i) for i in ids]
+    assert net["availability_fedscale_ids"] == [str(i) for i in beh_ids]
     assert net["clients"]["slowdown"][:4] == pytest.approx([30 / 52.5, 90 / 52.5, 60 / 52.5, 45 / 52.5])
     assert net["offline"], "some sampled client is offline at a group round's start"
 
@@ -308,3 +310,28 @@ def test_nobody_online_again_stops_the_run_naming_availability(tmp_path, tiny_di
     assert manifest["stop_reason"] == "availability" and manifest["rounds_run"] < 20
     assert manifest["stop_message"].startswith("availability: no client is online at or after")
     assert "stopped early: rg-random: availability: no client is online" in capsys.readouterr().out
+
+
+def test_behaviour_ids_pair_as_fedscales_client_manager_or_sorted(tmp_path):
+    """FedScale's client j (from 1) takes the (j mod M)-th id in the file's order: with ids in
+    the order 7, 3, 10, our clients 0..3 (FedScale's 1..4) take 3, 10, 7, 3; sorted pairing takes
+    3, 7, 10, 3."""
+    trace = {k: BEHAVIOUR[k] for k in (7, 3, 10)}
+    f = _pickle(tmp_path / "beh", trace)
+    assert Availability(AvailabilityConfig(fedscale_file=f), 4, 0).trace_ids == ["3", "10", "7", "3"]
+    assert Availability(AvailabilityConfig(fedscale_file=f, fedscale_pairing="sorted"), 4, 0).trace_ids == \
+        ["3", "7", "10", "3"]
+
+
+def test_a_bad_interval_on_an_id_no_client_takes_is_reported_not_fatal(tmp_path):
+    trace = {1: {"active": [0], "inactive": [50], "finish_time": 100},
+             2: {"active": [0], "inactive": [50], "finish_time": 100},
+             3: {"active": [60], "inactive": [10], "finish_time": 100}}
+    f = _pickle(tmp_path / "beh", trace)
+    # FedScale pairing: clients 0, 1 take ids 2, 3 (positions 1, 2): id 3 is used, refused
+    with pytest.raises(InputError, match="client id '3'.*online from 60 s until 10 s is reversed"):
+        Availability(AvailabilityConfig(fedscale_file=f), 2, 0)
+    # one client takes id 2 only: id 3's bad interval is reported and ignored
+    with pytest.warns(InputWarning, match="client id '3' is paired with none of the 1 clients, so it is ignored"):
+        a = Availability(AvailabilityConfig(fedscale_file=f), 1, 0)
+    assert a.trace_ids == ["2"] and a.online(0, 10.0) and not a.online(0, 60.0)

@@ -2,7 +2,7 @@
 arrivals."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -76,9 +76,13 @@ class AvailabilityConfig(_Strict):
     file: str | None = Field(None, description="A CSV with columns client, start_s, end_s: the intervals each "
                              "client is online; every client needs at least one row.")
     fedscale_file: str | None = Field(None, description="A FedScale behaviour trace (its client_behave_trace "
-                                      "pickle, or the same as .json or .csv): client c takes the c-th id in "
-                                      "sorted order (cycling when the trace is shorter) and is online within "
-                                      "[active[i], inactive[i]) seconds, repeating every finish_time seconds.")
+                                      "pickle, or the same as .json or .csv): each client takes one id (see "
+                                      "fedscale_pairing) and is online within [active[i], inactive[i]) seconds, "
+                                      "repeating every finish_time seconds.")
+    fedscale_pairing: Literal["fedscale", "sorted"] = Field(
+        "fedscale", description="With fedscale_file: which id each client takes. fedscale: as FedScale's client "
+        "manager, client c the ((c + 1) mod M)-th id in the file's order (its clients count from 1); sorted: "
+        "the (c mod M)-th id in sorted order.")
     mean_on_s: Seconds | None = Field(None, description="Without file: online periods last Exp(mean_on_s).")
     mean_off_s: Seconds | None = Field(None, description="Without file: offline periods last Exp(mean_off_s).")
 
