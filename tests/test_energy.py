@@ -349,6 +349,7 @@ def test_measure_with_a_power_log_and_calibrate_fits_power(tmp_path, capsys):
     assert main(["calibrate", str(out), "--out", str(tmp_path / "cal")]) == 0
     said = capsys.readouterr().out
     assert "local/group_operation: power = b·x + c (W)" in said and "c =  4" in said
+    assert "R² = n/a (every y equal)" in said      # a perfect constant fit: no R² to give
     assert float(read_power(tmp_path / "cal" / "profile.csv")["local"].states["group_operation"].curve(4)) == \
         pytest.approx(4.0)
 
