@@ -203,6 +203,14 @@ def test_energy_budget_stops_the_run_and_batteries_take_clients_offline(tmp_path
     # a battery is checked at each group round's start: no client starts one with an empty battery,
     # so none spends more than its budget plus one group round
     assert (spent <= d["train"]["client_energy_budget"] + per_client.max()).all()
+    # batteries so small that every one empties: the run stops saying so, never plays a round with nobody
+    d["train"].update(client_energy_budget=1.0, rounds=30)
+    assert main(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "flat"), "--quiet"]) == 0
+    manifest = json.loads(next((tmp_path / "flat").rglob("manifest.json")).read_text())
+    assert manifest["stop_reason"] == "batteries" and manifest["rounds_run"] < 30
+    assert manifest["stop_message"].startswith("batteries: every client's battery (train.client_energy_budget = 1 J)")
+    flat = pd.read_csv(next((tmp_path / "flat").rglob("results.csv")))
+    assert (flat["clients_sampled"].iloc[1:] > 0).all()
 
 
 @pytest.mark.parametrize("text, says", [
