@@ -35,6 +35,7 @@ from groupfel.errors import InputError
 POWERCAP = Path("/sys/class/powercap")
 RAPL_MIN_SPAN_S = 0.05   # RAPL updates about every 1 ms: 50 updates per reading
 MIN_SAMPLES = 10         # a log's samples per reading (the trapezoid's error is about one sample's share)
+CLOCK_SLACK_S = 1.0      # how far a log's last timestamp may lie ahead of this machine's clock
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,11 @@ class PowerLog:
         too short for its sampling interval, is refused."""
         t, w = self.read()
         step = float(np.median(np.diff(t)))
+        ahead = t[-1] - time.time()
+        if ahead > max(CLOCK_SLACK_S, step):   # a log from the future: the meter's clock is ahead of ours
+            raise InputError(f"--power-log {self.path}: its last timestamp is {ahead:.3g} s ahead of this machine's "
+                             f"clock; the meter's clock and this one must agree (sync both, e.g. with NTP, or shift "
+                             f"the timestamps)")
         out = []
         for a, b, calls in spans:
             if a < t[0] or b > t[-1]:

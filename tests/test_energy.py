@@ -343,8 +343,12 @@ def test_no_counter_says_so_in_one_line(tmp_path):
     assert "no intel-rapl:N zone" in open_meter(None, tmp_path / "empty")[1]
 
 
-def test_measure_with_a_power_log_and_calibrate_fits_power(tmp_path, capsys):
+def test_measure_with_a_power_log_and_calibrate_fits_power(tmp_path, capsys, monkeypatch):
     import time
+
+    from groupfel.cost_models import energy_meter
+
+    monkeypatch.setattr(energy_meter, "CLOCK_SLACK_S", 60.0)   # the log is written ahead, as no live meter's is
 
     t0 = time.time()
     log = tmp_path / "log.csv"
@@ -376,6 +380,13 @@ def test_a_log_too_coarse_for_a_reading_is_refused_and_short_calls_are_batched(t
     with pytest.raises(InputError, match=r"samples every 1 s, but a measured reading spans 0.0003 s, under 10 "):
         meter.joules([(1010.0, 1010.0003, 1)])
     assert meter.joules([(1010.0, 1030.0, 4)]) == pytest.approx([4.0 * 20 / 4])
+    # the meter's clock checked: a log whose timestamps lie an hour ahead of ours is refused
+    import time
+
+    ahead = tmp_path / "ahead.csv"
+    ahead.write_text("timestamp,watts\n" + "".join(f"{time.time() + 3600 + i},4.0\n" for i in range(20)))
+    with pytest.raises(InputError, match=r"ahead of this machine's clock; the meter's clock and this one must agree"):
+        PowerLog(ahead).joules([(time.time() + 3600, time.time() + 3615, 1)])
     meter.min_span_s = 0.05     # a fast log: batch until 50 ms
     got = list(_sweep([3], 1, lambda n: 1e-4, meter))
     (a, b, calls), per_call = got[0][2]
