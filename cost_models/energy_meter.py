@@ -12,7 +12,8 @@ the whole machine's package (or platform), so other work on it is included; the 
 file's header says so.
 
 A power-meter log: a CSV with columns ``timestamp`` (Unix seconds) and ``watts``; the energy of a
-call is the trapezoidal integral of the log over the call's start and end.
+call is the trapezoidal integral of the log over the call's start and end, on this machine's clock:
+a log whose last timestamp lies ahead of that clock (beyond :data:`CLOCK_SLACK_S`) is refused.
 
 A reading must span several of the meter's updates: RAPL's counters update about every millisecond
 and a log every sampling interval, so a call shorter than the meter's ``min_span_s`` is repeated
