@@ -46,7 +46,7 @@ from .config import DAY_S, AvailabilityConfig, HeterogeneityConfig, RunConfig
 from groupfel.errors import InputError, InputWarning
 from groupfel.usercsv import read_user_csv
 from .federation import Federation, Group, RoundContext, airtime, draw_faults
-from .fedscale import KBIT, assign, read_behaviour, read_capacity
+from .fedscale import FEDSCALE_DEFAULT, KBIT, assign, read_behaviour, read_capacity
 from .ledger import CostLedger
 from .links import SharedLink
 from .rng import rng as stream
@@ -188,7 +188,12 @@ def _fedscale_net(h: HeterogeneityConfig, n: int, latency: np.ndarray) -> Client
     where = "topology.heterogeneity.fedscale_file"
     cap = read_capacity(h.fedscale_file, where)
     ref = h.reference_ms_per_sample if h.reference_ms_per_sample is not None else float(np.median(cap.ms_per_sample))
-    idx = assign(len(cap.ids), n)
+    if h.fedscale_pairing == "fedscale":     # key (c + 1) mod M, FedScale's default entry where no key is that
+        cap = cap.with_default(FEDSCALE_DEFAULT)
+        pos = {k: i for i, k in enumerate(cap.ids[:-1])}
+        idx = np.array([pos.get(str((c + 1) % (len(cap.ids) - 1)), len(cap.ids) - 1) for c in range(n)])
+    else:
+        idx = assign(len(cap.ids), n)
     bw = cap.kbps[idx] * KBIT / 1e6
     slowdown = cap.ms_per_sample[idx] / ref
     for c, i in enumerate(idx):

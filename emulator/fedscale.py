@@ -161,8 +161,16 @@ class Capacity:
     def at(self, i: int) -> str:
         return f"{self.names[i]} (client id {self.ids[i]!r})" if self.csv else f"{self.names[i]}: client id {self.ids[i]!r}"
 
+    def with_default(self, entry: dict[str, float]) -> "Capacity":
+        """These entries and, last, FedScale's default one (id ``default``)."""
+        return Capacity([*self.ids, "default"], np.append(self.ms_per_sample, entry["computation"]),
+                        np.append(self.kbps, entry["communication"]), [*self.names, "FedScale's default"], self.csv)
+
 
 _MISSING = object()
+# what FedScale's aggregator gives a client whose key the capacity trace lacks
+# (client_register_handler: client_profiles.get(mapped_id, {'computation': 1.0, 'communication': 1.0}))
+FEDSCALE_DEFAULT = {"computation": 1.0, "communication": 1.0}
 
 
 def read_capacity(path: str, where: str) -> Capacity:

@@ -335,3 +335,19 @@ def test_a_bad_interval_on_an_id_no_client_takes_is_reported_not_fatal(tmp_path)
     with pytest.warns(InputWarning, match="client id '3' is paired with none of the 1 clients, so it is ignored"):
         a = Availability(AvailabilityConfig(fedscale_file=f), 1, 0)
     assert a.trace_ids == ["2"] and a.online(0, 10.0) and not a.online(0, 60.0)
+
+
+def test_capacity_pairs_by_key_as_fedscales_aggregator_where_asked(tmp_path):
+    """Keys 3, 7, 10 (M = 3): FedScale's client j takes key j mod 3, so our clients 0..3 (its
+    1..4) look up keys 1, 2, 0, 1, none of which exists: each takes FedScale's default entry
+    (1 ms per sample, 1 kbit/s). With keys 1..3: clients 0, 1 take keys 1, 2; client 2 (FedScale's
+    3, key 0) the default; client 3 key 1 again."""
+    f = _pickle(tmp_path / "cap", CAPACITY)
+    net = client_net(HeterogeneityConfig(fedscale_file=f, fedscale_pairing="fedscale"), 4, 20.0, 0.05, 0)
+    assert net.trace_ids == ["default"] * 4
+    g = _pickle(tmp_path / "cap2", {1: CAPACITY[10], 2: CAPACITY[3], 3: CAPACITY[7]})
+    net = client_net(HeterogeneityConfig(fedscale_file=g, fedscale_pairing="fedscale", reference_ms_per_sample=20.0),
+                     4, 20.0, 0.05, 0)
+    assert net.trace_ids == ["1", "2", "default", "1"]
+    assert net.bandwidth_mbps.tolist() == pytest.approx([1.024, 0.256, 1024 / 1e6, 1.024])
+    assert net.slowdown.tolist() == pytest.approx([1.0, 2.0, 1.0 / 20.0, 1.0])

@@ -643,6 +643,7 @@ OTHER_MODE = {
     "faults.straggler.sigma": (lambda d: d["faults"].update(straggler={"distribution": "pareto"}), 0.7),
     "faults.straggler.shape": (lambda d: d["faults"].update(straggler={"distribution": "lognormal"}), 2.5),
     "topology.heterogeneity.reference_ms_per_sample": (lambda d: None, 50.0),
+    "topology.heterogeneity.fedscale_pairing": (lambda d: None, "fedscale"),
     "topology.availability.fedscale_pairing": (
         lambda d: d["topology"].update(availability={"mean_on_s": 40.0, "mean_off_s": 10.0}), "sorted"),
     "train.report_best": (lambda d: None, True),          # _tiny() runs in global mode
