@@ -45,9 +45,12 @@ class GlobalRounds(RoundStrategy):
                 or plan.grouping.needs_distances:
             return
         grouping = form_groups(world, plan.grouping, 0)
-        _, _, chosen = sample_groups(world, plan, grouping.groups, 0)
         fed = new_federation(world, Federation.environment(), CostLedger())
-        groups = [grouping.groups[g] for g in chosen]
+        if fed.await_online(np.concatenate([g.clients for g in grouping.groups])) is not None:
+            return      # nobody ever online: the run stops before its first round, saying so
+        pool = online_groups(fed, grouping.groups)    # as the run samples: the groups online then
+        _, _, chosen = sample_groups(world, plan, [grouping.groups[i] for i in pool], 0)
+        groups = [grouping.groups[pool[g]] for g in chosen]
         first = fed.round_cost(0, groups) if tc.budget is not None else 0.0
         if tc.budget is not None and first > tc.budget:
             raise budget_error(tc.budget, first, f"arm {plan.arm.name!r}")
