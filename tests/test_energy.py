@@ -169,8 +169,11 @@ def test_whatif_prices_energy_by_group_size_and_access_capacity(tmp_path, capsys
     # a slower access link: the same Eq. 5 cost, more time on the radio and waiting, more joules
     slow, fast = df[df.access_mbps == 8].set_index("group_size"), df[df.access_mbps == 50].set_index("group_size")
     assert (slow["edge_cost"] == fast["edge_cost"]).all() and (slow["edge_energy_j"] > fast["edge_energy_j"]).all()
-    # the shipped profile alone gives every state
+    # the shipped profile alone gives every state, and the printout names those assumed
+    capsys.readouterr()
     assert main([*args[:-1], str(tmp_path / "w2")]) == 0
+    assert "power assumed, not measured: raspberry-pi-4 group_operation, transmit, receive, listen" in \
+        capsys.readouterr().out
     shipped = pd.read_csv(tmp_path / "w2" / "whatif.csv")
     assert (shipped["edge_energy_j"] > 0).all() and shipped["energy_listen_j"].gt(0).all()
     from groupfel.experiments import api
