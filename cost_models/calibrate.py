@@ -167,7 +167,9 @@ def fit_weighted(x: np.ndarray, y: np.ndarray, degree: int, where: str, weights:
     sse = float(resid @ resid)
     rmse = float(np.sqrt(sse / len(x)))
     sst = float(((y - y.mean()) ** 2).sum())
-    r2 = 1.0 - sse / sst if sst > 0 else 1.0
+    # R² is undefined where y does not vary: rounding leaves sst ~1e-30 there, and 1 − sse/sst
+    # would print any number (−14.7 for a perfect constant fit)
+    r2 = 1.0 - sse / sst if sst > 1e-12 * float(y @ y) else float("nan")
     if dof > 0:
         wr = sw * resid
         cov = float(wr @ wr) / dof * np.linalg.inv((X * w[:, None]).T @ X)
@@ -231,6 +233,10 @@ def power_fits(df: pd.DataFrame) -> list[Fit]:
     return fits
 
 
+def r2_text(r2: float) -> str:
+    return "n/a (every y equal)" if r2 != r2 else f"{r2:.4f}"
+
+
 def report(fits: list[Fit]) -> str:
     lines = []
     for f in fits:
@@ -240,7 +246,7 @@ def report(fits: list[Fit]) -> str:
             names = "bc"
         unit = "W" if f.operation == "power" else "s"
         lines.append(f"{f.device}/{f.method}: {f.operation} = {form}  ({len(f.x)} points, "
-                     f"R² = {f.r2:.4f}, RMSE = {f.rmse:.4g} {unit})")
+                     f"R² = {r2_text(f.r2)}, RMSE = {f.rmse:.4g} {unit})")
         how = "relative (weights 1/fitted², noise proportional to the time)" if f.weighting == "relative" else \
             "none (ordinary least squares, constant noise)"
         lines.append(f"  weights: {how}; {f.why}")
@@ -265,7 +271,7 @@ def profile_csv(fits: list[Fit], task: str) -> str:
         if f.operation == "power":   # a·x² + b·x + c watts with a = 0
             c = ["0", *c]
         note = (f"{'robust soft-L1' if f.has_outliers else 'least-squares'} fit of {len(f.x)} points, "
-                f"{f.x_name} {f.x.min():g}..{f.x.max():g}, R2 {f.r2:.4f}, weights {f.weighting}")
+                f"{f.x_name} {f.x.min():g}..{f.x.max():g}, R2 {r2_text(f.r2)}, weights {f.weighting}")
         w.writerow([f.device, task, f.operation, f.method, *c, note])
     return buf.getvalue()
 
@@ -285,7 +291,7 @@ def plot_fit(f: Fit):
     if f.has_outliers:
         ax.scatter(f.x[f.outliers], f.y[f.outliers], s=24, marker="x", color="tab:red", label="outlier")
         ax.plot(grid, np.polyval(f.robust, grid), "--", color="tab:green", label="robust fit")
-    ax.plot(grid, np.polyval(f.coef, grid), color="tab:orange", label=f"least squares (R² {f.r2:.3f})")
+    ax.plot(grid, np.polyval(f.coef, grid), color="tab:orange", label=f"least squares (R² {r2_text(f.r2)})")
     ax.set_ylabel("watts" if f.operation == "power" else "seconds")
     ax.set_title(f"{f.device} / {f.method}")
     ax.legend()

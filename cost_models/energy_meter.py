@@ -1,15 +1,25 @@
 """Energy meters for ``groupfel measure``: Linux powercap (Intel/AMD RAPL) counters, or a user's
 power-meter log of timestamps and watts.
 
-RAPL: every top-level zone ``/sys/class/powercap/intel-rapl:N`` (one per CPU package; its
-sub-zones ``intel-rapl:N:M`` are parts of it and are not added again) has a cumulative
-``energy_uj`` counter that wraps at ``max_energy_range_uj``. A reading is the sum over packages of
-the counter's advance, with one wrap allowed per reading (a package at 200 W wraps a 2^32 µJ
-counter in about 6 h, far longer than one measured call). The counter covers the whole package,
-so other work on the machine is in it; the measurement file's header says so.
+RAPL: each zone has a cumulative ``energy_uj`` counter that wraps at ``max_energy_range_uj``. The
+zones overlap, so they are summed without counting anything twice: where a top-level zone named
+``psys`` (the platform: the SoC and more, which contains the packages) is present, it alone is
+read; else every package zone ``intel-rapl:N`` plus each of its ``dram`` sub-zones (DRAM is
+outside the package; the core, uncore and other sub-zones are inside it and are not added again).
+A reading is the sum of the counters' advances, with one wrap allowed per reading (a package at
+200 W wraps a 2^32 µJ counter in about 6 h, far longer than one measured call). The counters cover
+the whole machine's package (or platform), so other work on it is included; the measurement
+file's header says so.
 
 A power-meter log: a CSV with columns ``timestamp`` (Unix seconds) and ``watts``; the energy of a
-call is the trapezoidal integral of the log over the call's start and end.
+call is the trapezoidal integral of the log over the call's start and end, on this machine's clock:
+a log whose last timestamp lies ahead of that clock (beyond :data:`CLOCK_SLACK_S`) is refused.
+
+A reading must span several of the meter's updates: RAPL's counters update about every millisecond
+and a log every sampling interval, so a call shorter than the meter's ``min_span_s`` is repeated
+until the reading spans it (the reading is then per call). A log whose sampling interval is not
+known when ``measure`` starts (fewer than two rows yet) is checked once read: a reading that spans
+fewer than :data:`MIN_SAMPLES` of its intervals is refused in one line.
 
 Where neither is readable, :func:`open_meter` says why in one line; nothing records a zero.
 """
@@ -24,6 +34,9 @@ import numpy as np
 from groupfel.errors import InputError
 
 POWERCAP = Path("/sys/class/powercap")
+RAPL_MIN_SPAN_S = 0.05   # RAPL updates about every 1 ms: 50 updates per reading
+MIN_SAMPLES = 10         # a log's samples per reading (the trapezoid's error is about one sample's share)
+CLOCK_SLACK_S = 1.0      # how far a log's last timestamp may lie ahead of this machine's clock
 
 
 @dataclass(frozen=True)
@@ -36,19 +49,31 @@ class RaplZone:
         return int((self.path / "energy_uj").read_text().strip())
 
 
+def _name(p: Path) -> str:
+    try:
+        return (p / "name").read_text().strip() if (p / "name").exists() else p.name
+    except OSError:
+        return p.name
+
+
 def rapl_zones(root: Path = POWERCAP) -> tuple[list[RaplZone], str | None]:
-    """The readable top-level RAPL zones under ``root``, or ([], why none is)."""
+    """The readable RAPL zones under ``root`` that together count each joule once (psys alone, or
+    the packages and their DRAM), or ([], why none is)."""
     root = Path(root)
     if not root.is_dir():
         return [], f"{root} does not exist (no powercap driver, or not Linux)"
     tops = sorted(p for p in root.glob("intel-rapl:*") if p.name.count(":") == 1)
     if not tops:
         return [], f"{root} has no intel-rapl:N zone (no RAPL on this CPU, or the intel_rapl driver is not loaded)"
+    psys = [p for p in tops if _name(p) == "psys"]
+    if psys:
+        chosen = psys      # the platform contains the packages: adding them would count them twice
+    else:
+        chosen = [q for p in tops for q in (p, *sorted(d for d in p.glob(f"{p.name}:*") if _name(d) == "dram"))]
     zones, why = [], []
-    for p in tops:
+    for p in chosen:
         try:
-            name = (p / "name").read_text().strip() if (p / "name").exists() else p.name
-            zone = RaplZone(p, name, int((p / "max_energy_range_uj").read_text().strip()))
+            zone = RaplZone(p, _name(p), int((p / "max_energy_range_uj").read_text().strip()))
             zone.read_uj()
         except PermissionError:
             why.append(f"{p / 'energy_uj'} is not readable by this user (root only since Linux 5.10; "
@@ -70,6 +95,7 @@ class RaplMeter:
     """Joules over a span: read every package's counter at its start and end."""
 
     kind = "rapl"
+    min_span_s = RAPL_MIN_SPAN_S
 
     def __init__(self, zones: list[RaplZone]):
         self.zones = zones
@@ -77,14 +103,15 @@ class RaplMeter:
     def start(self):
         return [z.read_uj() for z in self.zones], time.perf_counter()
 
-    def stop(self, mark) -> tuple[float, float]:
-        """(joules, the seconds they cover)."""
+    def stop(self, mark, calls: int = 1) -> tuple[float, float]:
+        """(joules, the seconds they cover), per call of the ``calls`` the reading spans."""
         before, t0 = mark
         joules = sum(advance(b, z.read_uj(), z.max_range_uj) for b, z in zip(before, self.zones)) * 1e-6
-        return joules, time.perf_counter() - t0
+        return joules / calls, (time.perf_counter() - t0) / calls
 
     def describe(self) -> str:
-        return (f"RAPL {', '.join(f'{z.path.name} ({z.name})' for z in self.zones)}: the whole package, other "
+        what = "the whole platform" if any(z.name == "psys" for z in self.zones) else "the whole package"
+        return (f"RAPL {', '.join(f'{z.path.name} ({z.name})' for z in self.zones)}: {what}, other "
                 f"work on the machine included")
 
 
@@ -96,14 +123,21 @@ class PowerLog:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self.min_span_s = 0.0
+        try:    # the log so far: its sampling interval sets how long a reading must be
+            t, _ = self.read()
+            self.min_span_s = MIN_SAMPLES * float(np.median(np.diff(t)))
+        except InputError:
+            pass   # not two rows yet: checked once the calls have run
 
     def start(self):
         return time.time()
 
-    def stop(self, mark) -> tuple[tuple[float, float], float]:
-        """((start, end) in Unix seconds, to integrate once the log is complete; the seconds)."""
+    def stop(self, mark, calls: int = 1) -> tuple[tuple[float, float, int], float]:
+        """((start, end) in Unix seconds and the calls, to integrate once the log is complete; the
+        seconds per call)."""
         end = time.time()
-        return (mark, end), end - mark
+        return (mark, end, calls), (end - mark) / calls
 
     def describe(self) -> str:
         return f"power-meter log {self.path}"
@@ -125,16 +159,27 @@ class PowerLog:
             raise InputError(f"--power-log {self.path}: needs at least two rows with increasing timestamps")
         return t, w
 
-    def joules(self, spans: list[tuple[float, float]]) -> list[float]:
-        """The energy of each (start, end) span; a span outside the log is refused."""
+    def joules(self, spans: list[tuple[float, float, int]]) -> list[float]:
+        """The energy per call of each (start, end, calls) span; a span outside the log, or one
+        too short for its sampling interval, is refused."""
         t, w = self.read()
+        step = float(np.median(np.diff(t)))
+        ahead = t[-1] - time.time()
+        if ahead > max(CLOCK_SLACK_S, step):   # a log from the future: the meter's clock is ahead of ours
+            raise InputError(f"--power-log {self.path}: its last timestamp is {ahead:.3g} s ahead of this machine's "
+                             f"clock; the meter's clock and this one must agree (sync both, e.g. with NTP, or shift "
+                             f"the timestamps)")
         out = []
-        for a, b in spans:
+        for a, b, calls in spans:
             if a < t[0] or b > t[-1]:
                 raise InputError(f"--power-log {self.path}: covers {t[0]:.3f}..{t[-1]:.3f} but a measured call ran "
                                  f"{a:.3f}..{b:.3f}; log the meter for the whole measure run")
+            if b - a < MIN_SAMPLES * step:
+                raise InputError(f"--power-log {self.path}: samples every {step:g} s, but a measured reading spans "
+                                 f"{b - a:.3g} s, under {MIN_SAMPLES} samples; start the log before measure so its "
+                                 f"interval is known and short calls are batched, or log faster")
             grid = np.concatenate([[a], t[(t > a) & (t < b)], [b]])
-            out.append(float(np.trapezoid(np.interp(grid, t, w), grid)))
+            out.append(float(np.trapezoid(np.interp(grid, t, w), grid)) / calls)
         return out
 
 

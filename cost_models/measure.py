@@ -72,7 +72,9 @@ def _sweep(sizes: list[int], repeats: int, work: Callable[[int], float],
     """(size, seconds, energy) for every repeat of every size. One untimed pass first, because the
     first calls pay one-off costs (allocator, oneDNN kernel selection) that would bend the fit;
     repeats go round all sizes so slow drift (other load, clock scaling) hits every size alike.
-    ``energy``: (the meter's reading over the call, the call's wall seconds), or () without a meter."""
+    ``energy``: (the meter's reading over the call, the call's wall seconds), or () without a meter;
+    a call shorter than the meter's ``min_span_s`` is repeated until the reading spans it, and the
+    reading is per call (the batch's energy and seconds over its calls)."""
     for n in sizes:
         work(n)
     for _ in range(repeats):
@@ -82,7 +84,11 @@ def _sweep(sizes: list[int], repeats: int, work: Callable[[int], float],
                 continue
             mark = meter.start()
             seconds = work(n)
-            yield n, seconds, meter.stop(mark)
+            calls, t0 = 1, time.perf_counter() - seconds
+            while time.perf_counter() - t0 < meter.min_span_s:   # a call shorter than the meter resolves:
+                work(n)                                        # batch it until the reading spans enough
+                calls += 1
+            yield n, seconds, meter.stop(mark, calls)
 
 
 def measure_secagg(sizes: list[int], params: int, repeats: int, device: str, server: bool = False,

@@ -1,14 +1,18 @@
 """Power per client state: watts beside the seconds, so energy = power(state) × time in state.
 
 A client of a sampled group is in one state at a time (:data:`STATES`): receiving the group model,
-training, running the group operations, transmitting its update, or idle while online (waiting in
-its group round for the slowest member and the edge's aggregation). Each device's power in each
+training, running the group operations, transmitting its update, listening (its radio on during a
+shared transfer, waiting for its share of the medium), or idle while online (waiting in its group
+round for the slowest member and the edge's aggregation). Each device's power in each
 state is a constant or a curve of the state's own x, in watts:
 
 * training: the client's sample count n_i (like H_i);
 * group_operation: the group size |g| (like O_g);
 * transmit, receive: the client's link rate in Mbit/s (a radio draws more at higher rates);
-* idle: a constant only.
+* idle, listen: constants only (listen defaults to the device's idle power).
+
+A number that is not a measurement is marked ``assumed = true`` (its ``source`` says how it was
+derived); a run names every assumed state it used.
 
 Two hand-writable formats, the time curves' (:mod:`groupfel.cost_models.profiles`), in the same file:
 
@@ -22,6 +26,7 @@ Two hand-writable formats, the time curves' (:mod:`groupfel.cost_models.profiles
       # coefficients = [0.001, 4.2]     # a polynomial in x, highest power first, or
       # points = [[20, 4.6], [200, 5.0]] # a measured table (interpolated)
       source = "https://..."            # where the number comes from (kept in the manifest)
+      # assumed = true                  # not a measurement: reports name it
 
 * CSV: rows with operation ``power``, method the state and a, b, c the polynomial a·x² + b·x + c
   in watts (task is ignored; power belongs to the device).
@@ -36,7 +41,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 
 from groupfel.errors import InputError
 from groupfel.userfile import parse_toml, read_text
@@ -44,10 +49,12 @@ from groupfel.userfile import parse_toml, read_text
 from .curves import Curve, PiecewiseLinear, Polynomial, table_error
 from .profiles import Number
 
-STATES = ("training", "group_operation", "transmit", "receive", "idle")
+STATES = ("training", "group_operation", "transmit", "receive", "listen", "idle")
+StateName = Literal["training", "group_operation", "transmit", "receive", "listen", "idle"]
+CONSTANT_STATES = ("idle", "listen")
 # what each state's curve is a function of (error messages and docs)
 X_OF = {"training": "samples", "group_operation": "group size", "transmit": "Mbit/s", "receive": "Mbit/s",
-        "idle": None}
+        "listen": None, "idle": None}
 POWER_UNITS = {"W": 1.0, "mW": 1e-3}
 MAX_WATTS = 1e6     # a megawatt client is a typo (the limits harness)
 SHIPPED_POWER = "raspberry-pi-4-power.toml"
@@ -58,6 +65,7 @@ class PowerCurve:
     curve: Curve
     source: str | None = None
     where: str = ""
+    assumed: bool = False       # not a measurement (the profile says so): reports name it
 
 
 @dataclass
@@ -71,12 +79,13 @@ class DevicePower:
 class _PowerSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     device: str
-    state: Literal["training", "group_operation", "transmit", "receive", "idle"]
+    state: StateName
     units: str = "W"
     value: Number | None = None
     coefficients: list[Number] | None = Field(None, min_length=1)
     points: list[tuple[Number, Number]] | None = None
     source: str | None = None
+    assumed: StrictBool = False
 
     @model_validator(mode="after")
     def _one(self):
@@ -84,8 +93,8 @@ class _PowerSpec(BaseModel):
             raise ValueError(f"units: power is in W or mW, got {self.units!r}")
         if sum(v is not None for v in (self.value, self.coefficients, self.points)) != 1:
             raise ValueError("give exactly one of value, coefficients or points")
-        if self.state == "idle" and self.value is None:
-            raise ValueError("idle power is a constant: give value")
+        if self.state in CONSTANT_STATES and self.value is None:
+            raise ValueError(f"{self.state} power is a constant: give value")
         if self.points is not None and len(self.points) < 2:
             raise ValueError("points needs at least two [x, watts] pairs")
         return self
@@ -137,7 +146,7 @@ def parse_power_toml(data: dict, source: str) -> dict[str, DevicePower]:
         pts = np.asarray(curve.x) if isinstance(curve, PiecewiseLinear) else np.zeros(1)
         given = "value" if spec.value is not None else "points" if spec.points else "coefficients"
         check_watts(curve, pts, f"{where}.{given}")
-        _add(out, spec.device, spec.state, PowerCurve(curve, spec.source, where))
+        _add(out, spec.device, spec.state, PowerCurve(curve, spec.source, where, spec.assumed))
     return out
 
 
@@ -183,9 +192,12 @@ def shipped_power() -> dict[str, DevicePower]:
 
 @dataclass(frozen=True)
 class PowerModel:
-    """Each device's watts per state; :meth:`joules` is power × seconds, per client."""
+    """Each device's watts per state; :meth:`joules` is power × seconds, per client. Under the
+    ``marginal`` accounting (``cost.energy_accounting``) a state's joules are those above idle:
+    (power − idle power) × seconds, so idle costs nothing."""
 
     devices: dict[str, DevicePower]
+    accounting: str = "group-rounds"
 
     def watts(self, devices, state: str, x=None) -> np.ndarray:
         x = np.zeros(len(devices)) if x is None else np.broadcast_to(np.asarray(x, dtype=float), (len(devices),))
@@ -197,11 +209,27 @@ class PowerModel:
         return out
 
     def joules(self, devices, state: str, seconds, x=None) -> np.ndarray:
-        return self.watts(devices, state, x) * np.asarray(seconds, dtype=float)
+        w = self.watts(devices, state, x)
+        if self.accounting == "marginal":
+            w = w - self.watts(devices, "idle")
+        return w * np.asarray(seconds, dtype=float)
 
     def sources(self) -> dict:
         """The manifest's record: device → state → source (None: the user's own number)."""
         return {d: {s: pc.source for s, pc in p.states.items()} for d, p in self.devices.items()}
+
+    def assumed(self) -> dict[str, list[str]]:
+        """device → the states whose power is an assumption, not a measurement (none: left out)."""
+        out = {d: [s for s in STATES if p.states[s].assumed] for d, p in self.devices.items()}
+        return {d: s for d, s in out.items() if s}
+
+
+def assumed_line(assumed: dict[str, list[str]]) -> str | None:
+    """One printable line naming the assumed powers of a run (None where every power is measured)."""
+    if not assumed:
+        return None
+    return "power assumed, not measured: " + "; ".join(f"{d} {', '.join(s)}" for d, s in sorted(assumed.items())) \
+        + " (docs/energy.md)"
 
 
 def build_power(devices: list[str], extra: dict[str, DevicePower] | None, uses: dict[str, dict[str, np.ndarray]],
@@ -213,6 +241,12 @@ def build_power(devices: list[str], extra: dict[str, DevicePower] | None, uses: 
     out = {}
     for d in devices:
         states = {**(shipped[d].states if d in shipped else {}), **(extra[d].states if d in extra else {})}
+        if "idle" in states and (d in extra and "idle" in extra[d].states and "listen" not in extra[d].states
+                                 or "listen" not in states):
+            # listening defaults to the device's idle power (the user's, where the user gave idle)
+            idle = states["idle"]
+            states["listen"] = PowerCurve(idle.curve, f"idle power ({idle.source or idle.where})", idle.where,
+                                          idle.assumed)
         missing = [s for s in STATES if s not in states]
         if missing:
             have = f"the shipped profile gives {sorted(shipped[d].states)}" if d in shipped else "no shipped power"

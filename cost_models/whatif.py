@@ -115,17 +115,29 @@ def plot_sweep(df: pd.DataFrame, path, title: str) -> None:
 
 def plot_makespan(df: pd.DataFrame, path, title: str) -> None:
     """The shared edge's round: its makespan, one line per access capacity, and its Eq. 5 cost,
-    against the size of the groups it actually forms (each point labelled groups × size)."""
+    against the size of the groups it actually forms (each point labelled groups × size); with
+    ``edge_energy_j`` (``whatif --energy``) a third panel: its joules, one line per capacity."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.6), dpi=110, layout="constrained")
+    energy = "edge_energy_j" in df
+    fig, axes = plt.subplots(1, 3 if energy else 2, figsize=(17 if energy else 12, 4.6), dpi=110,
+                             layout="constrained")
+    ax, ax2 = axes[0], axes[1]
     mean_size = df["edge_group_sizes"].map(lambda t: np.mean([float(v) for v in str(t).split("-")]))
     for cap, part in df.assign(x=mean_size).groupby("access_mbps", dropna=False, sort=False):
         label = "dedicated links" if cap != cap else f"access {cap:g} Mbit/s"
         ax.plot(part["x"], part["makespan_s"], marker="o", ms=3.5, label=label)
+        if energy:
+            axes[2].plot(part["x"], part["edge_energy_j"], marker="o", ms=3.5, label=label)
+    if energy:
+        axes[2].set_xlabel("size of the groups the edge forms (clients)")
+        axes[2].set_ylabel("the edge's clients' energy per round (J)")
+        axes[2].set_title("energy: one line per access capacity", fontsize=9)
+        axes[2].legend(fontsize=8)
+        axes[2].grid(alpha=0.3)
     one = df.assign(x=mean_size).drop_duplicates("edge_group_sizes")
     last, gap = -np.inf, 0.05 * (one["x"].max() - one["x"].min())
     for x, y, g, s in zip(one["x"], df.loc[one.index, "makespan_s"], one["edge_groups"], one["edge_group_sizes"]):

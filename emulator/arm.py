@@ -137,9 +137,10 @@ class ArmState:
     # not checkpointed: recomputed each session
     groups_per_round: int | None = None     # S of the last round
     warnings: list[str] = field(default_factory=list)   # input accepted with an adjustment
+    stop_message: str | None = None         # why the run stopped early (availability, batteries)
 
 
-TRANSIENT = ("groups_per_round", "warnings")
+TRANSIENT = ("groups_per_round", "warnings", "stop_message")
 
 
 # -- the round strategy interface ------------------------------------------------------------------
@@ -179,12 +180,25 @@ class RoundStrategy(ABC):
         """Append the result row of the current state; returns its accuracy (``final``: after the
         loop, the last round not evaluated yet)."""
 
+    def members(self) -> np.ndarray | None:
+        """The clients a round can sample (None: every client)."""
+        return None
+
     def manifest(self) -> dict:
         """The mode's own manifest entries."""
         return {}
 
     def write_outputs(self) -> None:
         """Files besides results, ledger and manifest."""
+
+
+def online_groups(fed: Federation, groups: list[Group]) -> np.ndarray:
+    """Indices of the groups with a member online at the clock's time (every group where
+    availability and batteries do not apply): FedScale samples only the clients online then."""
+    online = fed.online_now()
+    if online is None:
+        return np.arange(len(groups))
+    return np.flatnonzero([online[g.clients].any() for g in groups])
 
 
 def input_warnings(world: World, plan: ArmPlan, n_groups: int) -> list[str]:

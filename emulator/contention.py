@@ -35,6 +35,7 @@ group rounds end, sharing the edge link with the edge's other groups' uploads.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,11 +45,11 @@ import simpy
 from groupfel.cost_models import TRAINING
 
 from .config import DAY_S, AvailabilityConfig, HeterogeneityConfig, RunConfig
-from groupfel.errors import InputError
+from groupfel.errors import InputError, InputWarning
 from groupfel.userfile import short
 from groupfel.usercsv import read_user_csv
-from .federation import Federation, Group, RoundContext, draw_faults
-from .fedscale import KBIT, assign, read_behaviour, read_capacity
+from .federation import Federation, Group, RoundContext, airtime, draw_faults
+from .fedscale import FEDSCALE_DEFAULT, KBIT, assign, read_behaviour, read_capacity
 from .ledger import CostLedger
 from .links import SharedLink
 from .rng import rng as stream
@@ -245,7 +246,12 @@ def _fedscale_net(h: HeterogeneityConfig, n: int, latency: np.ndarray) -> Client
     where = "topology.heterogeneity.fedscale_file"
     cap = read_capacity(h.fedscale_file, where)
     ref = h.reference_ms_per_sample if h.reference_ms_per_sample is not None else float(np.median(cap.ms_per_sample))
-    idx = assign(len(cap.ids), n)
+    if h.fedscale_pairing == "fedscale":     # key (c + 1) mod M, FedScale's default entry where no key is that
+        cap = cap.with_default(FEDSCALE_DEFAULT)
+        pos = {k: i for i, k in enumerate(cap.ids[:-1])}
+        idx = np.array([pos.get(str((c + 1) % (len(cap.ids) - 1)), len(cap.ids) - 1) for c in range(n)])
+    else:
+        idx = assign(len(cap.ids), n)
     bw = cap.kbps[idx] * KBIT / 1e6
     slowdown = cap.ms_per_sample[idx] / ref
     for c, i in enumerate(idx):
@@ -277,7 +283,13 @@ class Availability:
         self.trace_ids: list[str] | None = None
         if cfg.fedscale_file is not None:
             trace = read_behaviour(cfg.fedscale_file, "topology.availability.fedscale_file")
-            idx = assign(len(trace.ids), n)
+            idx = trace.pair(n, cfg.fedscale_pairing)
+            used = [int(i) for i in idx if int(i) in trace.bad]
+            if used:
+                raise InputError(trace.bad[used[0]])
+            for i in sorted(trace.bad):    # an id no client takes: reported, never read
+                warnings.warn(f"{trace.bad[i]} (client id {trace.ids[i]!r} is paired with none of the {n} "
+                              f"clients, so it is ignored)", InputWarning, stacklevel=2)
             self._iv = [list(trace.intervals[i]) for i in idx]
             self._period = trace.period_s[idx]
             self.trace_ids = [trace.ids[i] for i in idx]
@@ -323,6 +335,39 @@ class Availability:
         if self._period is not None:
             time = time % self._period[c]
         return any(a <= time < b for a, b in self._iv[c])
+
+    def online_until(self, c: int, time: float) -> float:
+        """When client c's online stretch that holds ``time`` ends (``time`` itself if it is
+        offline then; inf if it never ends: a trace online over its whole period)."""
+        end = time
+        for _ in range(len(self._iv[c]) + 2):   # adjacent intervals, and across a period's end
+            if not self.online(c, end):
+                return end
+            if self._period is not None:
+                p = float(self._period[c])
+                base, local = end - end % p, end % p
+                b = next(b for a, b in self._iv[c] if a <= local < b)
+                end = base + b if b < p else base + p
+            else:
+                end = next(b for a, b in self._iv[c] if a <= end < b)
+        return math.inf
+
+    def next_online(self, c: int, time: float) -> float | None:
+        """The first time ≥ ``time`` at which client c is online, None if never again."""
+        if self.online(c, time):
+            return time
+        if self._gen:
+            while not any(a > time for a, _ in self._iv[c]):
+                self._extend(c, self._gen[c][1])
+            return next(a for a, _ in self._iv[c] if a > time)
+        iv = self._iv[c]
+        if self._period is None:
+            return next((a for a, _ in iv if a > time), None)
+        if not iv:
+            return None
+        p = float(self._period[c])
+        base, local = time - time % p, time % p
+        return next((base + a for a, _ in iv if a > local), base + p + iv[0][0])
 
 
 # -- the network of a run ----------------------------------------------------------------------------
@@ -413,6 +458,7 @@ class ContendedFederation(Federation):
         self.net = net
         self.stats = stats if stats is not None else []      # one dict per round (the manifest's)
         self._offline: dict[int, dict[tuple[int, int], float]] = {}   # round -> {(k, client): time}
+        self._left: dict[int, dict[tuple[int, int], float]] = {}      # went offline during group round k
         self._planned: dict[int, tuple] = {}
         self.trace: list[dict] = []                           # transfers and core holds (timeline)
 
@@ -456,10 +502,66 @@ class ContendedFederation(Federation):
             dry = self.scratch()
             dry.run_round(t, sampled)
             self._offline[t] = dry._offline.get(t, {})
+            self._left[t] = dry._left.get(t, {})
             self._planned = {t: (key_, dry)}   # run_round replays it: the same clock, charges and stats
             if t == 0:
                 self._refuse_empty_start(sampled)
-        return frozenset(self._offline.get(t, {}))
+        return frozenset(self._offline.get(t, {})) | frozenset(self._left.get(t, {}))
+
+    def online_seconds(self, start: float, end: float) -> np.ndarray:
+        avail = self.net.availability
+        out = super().online_seconds(start, end)
+        for c in range(len(out)):
+            if self._flat(c):       # an empty battery: offline since it emptied (within this stretch)
+                out[c] = 0.0
+            elif avail is not None:
+                out[c], x = 0.0, start
+                while x < end:
+                    if avail.online(c, x):
+                        y = min(avail.online_until(c, x), end)
+                        out[c], x = out[c] + (y - x), y
+                    else:
+                        nxt = avail.next_online(c, x)
+                        if nxt is None or nxt >= end:
+                            break
+                        x = nxt
+        return out
+
+    def absent(self, t: int) -> set[int]:
+        return {c for k, c in self._offline.get(t, {}) if k == 0}
+
+    def online_now(self) -> np.ndarray | None:
+        """Which clients are online (and have charge left) at the clock's time; None: all, always."""
+        net = self.net
+        if net.availability is None and net.battery_j is None:
+            return None
+        now = float(self.ctx.env.now)
+        return np.array([not self._flat(c) and (net.availability is None or net.availability.online(c, now))
+                         for c in range(self.ctx.topology.n_clients)], dtype=bool)
+
+    def await_online(self, clients: np.ndarray | None = None) -> str | None:
+        """Where nobody is online, move the clock to the first time someone is (no charge, no
+        round); where nobody ever will be, say why (the run stops): FedScale's rounds sample the
+        clients online at the round's time and never play a round with nobody. ``clients``: those
+        a round can sample (default every client)."""
+        online = self.online_now()
+        clients = np.arange(self.ctx.topology.n_clients) if clients is None else np.asarray(clients)
+        if online is None or online[clients].any():
+            return None
+        env, net, n = self.ctx.env, self.net, len(clients)
+        now = float(env.now)
+        alive = [int(c) for c in clients if not self._flat(int(c))]
+        if not alive:
+            return (f"batteries: every client's battery (train.client_energy_budget = {net.battery_j:g} J) is empty "
+                    f"at {now:g} s simulated")
+        times = [net.availability.next_online(c, now) for c in alive] if net.availability is not None else []
+        times = [x for x in times if x is not None]
+        if not times:
+            flat = n - len(alive)
+            return (f"availability: no client is online at or after {now:g} s simulated"
+                    f"{f' ({flat} more have an empty battery)' if flat else ''} (topology.availability)")
+        env.run(until=min(times))
+        return None
 
     def scratch(self) -> "ContendedFederation":
         ctx = self.ctx
@@ -582,9 +684,10 @@ class ContendedFederation(Federation):
             start = env.now
             for c in g.clients:
                 c = int(c)
-                if (k - 1, c) in gone or (net.availability is not None and not net.availability.online(c, start)) \
+                if (k - 1, c) in gone or (k - 1, c) in self._left.get(t, {}) or (net.availability is not None and not net.availability.online(c, start)) \
                         or self._flat(c):
-                    if (k - 1, c) not in gone:   # found offline now: a zero charge says who and when
+                    if (k - 1, c) not in gone and (k - 1, c) not in self._left.get(t, {}):
+                        # found offline now: a zero charge says who and when
                         ctx.ledger.charge(round=t, edge=j, group=gid, group_round=k, clients=np.array([c]),
                                           devices=[ctx.topology.client_device[c]], component=OFFLINE,
                                           amounts=np.zeros(1), start=np.array([start]), end=np.array([start]))
@@ -597,12 +700,20 @@ class ContendedFederation(Federation):
             members = [env.process(self._c_client(where, e, int(c), i, charges, slow[i], bool(lost[i]), down, up))
                        for i, c in enumerate(g.clients) if not off[i]]
             yield env.all_of(members)
-            spans, radio = np.zeros((g.size, len(charges), 2)), np.zeros((g.size, 2))
+            spans, radio = np.zeros((g.size, len(charges), 2)), np.zeros((g.size, 2, 2))
             if members:
                 spans[~off] = np.array([p.value[0] for p in members]).reshape(n_here, len(charges), 2)
-                radio[~off] = np.array([p.value[1] for p in members])
-            n_alive = int((~lost).sum())
-            hold = net.server_time(n_alive, int(lost.sum()) if n_alive else 0)
+                radio[~off] = np.array([p.value[1] for p in members]).reshape(n_here, 2, 2)
+            left_at = dict(zip(g.clients[~off].tolist(), [p.value[2] for p in members]))
+            left = np.array([left_at.get(int(c)) is not None for c in g.clients], dtype=bool)
+            for c in g.clients[left]:     # left before finishing: out from this group round on
+                at = left_at[int(c)]
+                self._left.setdefault(t, {})[(k, int(c))] = at
+                ctx.ledger.charge(round=t, edge=j, group=gid, group_round=k, clients=np.array([c]),
+                                  devices=[ctx.topology.client_device[c]], component=OFFLINE,
+                                  amounts=np.zeros(1), start=np.array([at]), end=np.array([at]))
+            n_alive = int((~(lost | left)).sum())
+            hold = net.server_time(n_alive, int((lost | left).sum()) if n_alive else 0)
             if n_alive and (e.cores is not None or hold > 0):
                 queued = env.now
                 if e.cores is not None:
@@ -618,12 +729,13 @@ class ContendedFederation(Federation):
                 self.trace.append({"kind": "core", "round": t + 1, "edge": j, "group": gid, "group_round": k,
                                    "client": -1, "bytes": 0, "queued": queued, "start": got, "end": env.now})
             for ci, comp in enumerate(charges):
+                amounts = charges[comp] if comp == TRAINING or not left.any() else np.where(left, 0.0, charges[comp])
                 ctx.ledger.charge(round=t, edge=j, group=gid, group_round=k, clients=g.clients,
-                                  devices=devices, component=comp, amounts=charges[comp],
+                                  devices=devices, component=comp, amounts=amounts,
                                   start=start + spans[:, ci, 0], end=start + spans[:, ci, 1])
             if ctx.ledger.power is not None:
                 self.charge_energy((t, j, gid, k), g, devices, list(charges), spans, radio,
-                                   net.clients.bandwidth_mbps[g.clients], ~off, ~lost, env.now - start)
+                                   net.clients.bandwidth_mbps[g.clients], ~off, ~(lost | left), env.now - start)
         if net.cloud_shared:
             up = ctx.model_bytes * net.vectors
             self._bytes["edge_to_cloud"] += up
@@ -647,8 +759,9 @@ class ContendedFederation(Federation):
         self._bytes["edge_to_client"] += down
         yield from self._send(e.down, down, bps, lat)
         self.trace.append(dict(zip(TRACE_COLUMNS, ("download", *where, client, down, t0, t0, env.now))))
-        a, spans, up_s = env.now, [], 0.0
+        a, spans, up_s, up_air = env.now, [], 0.0, 0.0
         down_s = a - t0
+        down_air = min(float(airtime(down, cn.bandwidth_mbps[client])), down_s)
         begin, steady = a, 0.0
         for comp, amounts in charges.items():   # the compute steps back to back: one timeout
             d = 0.0 if dropped and comp != TRAINING else slow * float(amounts[member])
@@ -660,15 +773,22 @@ class ContendedFederation(Federation):
                 end = begin + cn.compute_seconds(client, steady)
                 spans.append((a - t0, end - t0))
                 a = end
+        avail = self.net.availability
+        gone_at = avail.online_until(client, t0) if avail is not None and not dropped else math.inf
+        left = gone_at < a      # offline before it finished its work: it drops out then, sending nothing
+        if left:
+            a = max(gone_at, env.now)
+            spans = [(min(x, a - t0), min(y, a - t0)) for x, y in spans]
         if a > env.now:
             yield env.timeout(a - env.now)
-        if not dropped:
+        if not (dropped or left):
             a = env.now
             self._bytes["client_to_edge"] += up
             yield from self._send(e.up, up, bps, lat)
             self.trace.append(dict(zip(TRACE_COLUMNS, ("upload", *where, client, up, a, a, env.now))))
             up_s = env.now - a
-        return spans, (down_s, up_s)
+            up_air = min(float(airtime(up, cn.bandwidth_mbps[client])), up_s)
+        return spans, ((down_s, down_air), (up_s, up_air)), a if left else None
 
     def _flat(self, c: int) -> bool:
         """Whether client c's battery (``train.client_energy_budget``) is empty."""

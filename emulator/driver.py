@@ -281,8 +281,10 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path, on_round: OnRound | None
     write_json(arm_dir / "manifest.json", {
         "arm": plan.arm.name, "seed": cfg.seed, **({"mode": "per-group"} if cfg.mode == "per-group" else {}),
         "complete": True, "stop_reason": stop_reason, **({"message": str(diverged)} if diverged else {}),
+        **({"stop_message": state.stop_message} if state.stop_message else {}),
         "rounds_run": state.t, "total_cost_eq5": state.ledger.total, "sim_time_s": state.sim_time,
-        **({"total_energy_j": state.ledger.energy_total, "power_sources": world.power.sources()}
+        **({"total_energy_j": state.ledger.energy_total, "power_sources": world.power.sources(),
+            "power_assumed": world.power.assumed()}
            if world.power is not None else {}),
         **strategy.manifest(), **strategy.fed.manifest(state.ledger), "algorithm": world.algorithm.name,
         "model_parameters": world.engine.n_params, "wall_seconds_last_session": time.perf_counter() - wall0,
@@ -303,7 +305,14 @@ def _rounds(strategy: RoundStrategy, fresh: bool, ckpt: Path, on_round: OnRound 
     stop = "rounds"
     while tc.rounds is None or state.t < tc.rounds:
         t = state.t
+        fleet = world.power is not None and world.power.accounting == "full-fleet"
+        charged = state.ledger.seconds_of(world.topology.n_clients) if fleet else None
+        start = float(strategy.env.now)
         strategy.before_round(t)
+        nobody = strategy.fed.await_online(strategy.members())   # never a round with nobody
+        if nobody is not None:
+            stop, state.stop_message = nobody.split(":")[0], nobody
+            break
         groups = strategy.select(t)
         if tc.budget is not None:
             cost = strategy.fed.round_cost(t, groups)
@@ -321,6 +330,8 @@ def _rounds(strategy: RoundStrategy, fresh: bool, ckpt: Path, on_round: OnRound 
                 break
         before = state.sim_time
         strategy.train(t)
+        if fleet:
+            strategy.fed.charge_fleet_idle(t, start, charged)
         state.round_time = float(strategy.env.now) - before
         state.t, state.sim_time = t + 1, float(strategy.env.now)
         acc = None

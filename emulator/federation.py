@@ -98,6 +98,11 @@ def client_seeds(seed: int, t: int, k: int, clients: np.ndarray) -> np.ndarray:
     return word.astype(np.uint32)
 
 
+def airtime(nbytes, mbps) -> np.ndarray:
+    """Seconds a radio at ``mbps`` (its own link rate) is on the air to move ``nbytes``."""
+    return 8.0 * np.asarray(nbytes, dtype=float) / (np.asarray(mbps, dtype=float) * 1e6)
+
+
 def draw_faults(faults: FaultsConfig | None, seed: int, t: int, k: int, clients: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(dropped, slowdown) per client of one group round, each from its own (seed, t, k, client)
     stream so a resumed run draws the same faults."""
@@ -188,10 +193,11 @@ class Federation:
                                   start=start + spans[:, ci, 0], end=start + spans[:, ci, 1])
             if ctx.ledger.power is not None:
                 transfer = np.array([self._transfer[int(c)] for c in g.clients])
-                radio = np.stack([transfer, np.where(dropped, 0.0, transfer)], axis=1)
                 rate = np.array([ctx.topology.client_link(int(c)).bandwidth_mbps for c in g.clients])
-                self.charge_energy((t, j, gid, k), g, devices, list(charges), spans, radio, rate,
-                                   np.ones(g.size, bool), ~dropped, env.now - start)
+                sent = np.stack([transfer, np.where(dropped, 0.0, transfer)], axis=1)
+                air = np.minimum(airtime(ctx.model_bytes, rate)[:, None], sent) * (sent > 0)
+                self.charge_energy((t, j, gid, k), g, devices, list(charges), spans, np.stack([sent, air], axis=2),
+                                   rate, np.ones(g.size, bool), ~dropped, env.now - start)
 
     def _transfers(self, g: Group) -> np.ndarray:
         """Seconds of a model over each member's link."""
@@ -236,22 +242,25 @@ class Federation:
                       radio: np.ndarray, rate: np.ndarray, present: np.ndarray, completed: np.ndarray,
                       duration: float) -> None:
         """Energy of one group round, per member and state: power × the seconds the SimPy play
-        spent in it (``spans``: each component's (start, end); ``radio``: (receive, transmit)
-        seconds; ``rate``: each member's link Mbit/s). A member that completed the group round
-        was idle while online for the rest of its ``duration``; an absent one is charged nothing."""
+        spent in it (``spans``: each component's (start, end); ``radio[:, d]``: (seconds, airtime)
+        of the download (d = 0) and upload (d = 1); ``rate``: each member's link Mbit/s). The radio
+        receives or transmits for its airtime and listens for the rest of the transfer (its share
+        of a shared medium, the latency). A member that completed the group round was idle while
+        online for the rest of its ``duration``; an absent one is charged nothing."""
         t, j, gid, k = where
         led = self.ctx.ledger
         comp = spans[:, :, 1] - spans[:, :, 0]
         ti = components.index(TRAINING)
-        seconds = {"receive": radio[:, 0], "training": comp[:, ti],
-                   "group_operation": comp.sum(axis=1) - comp[:, ti], "transmit": radio[:, 1]}
+        seconds = {"receive": radio[:, 0, 1], "training": comp[:, ti],
+                   "group_operation": comp.sum(axis=1) - comp[:, ti], "transmit": radio[:, 1, 1],
+                   "listen": np.maximum(radio[:, :, 0] - radio[:, :, 1], 0.0).sum(axis=1)}
         busy = sum(seconds.values())
         seconds["idle"] = np.where(completed, np.maximum(duration - busy, 0.0), 0.0)
         x = {"training": g.n_samples, "group_operation": np.full(g.size, g.size), "transmit": rate, "receive": rate}
         clients, devs = g.clients[present], [d for d, p in zip(devices, present) if p]
         for state, sec in seconds.items():
             led.charge_energy(round=t, edge=j, group=gid, group_round=k, clients=clients, devices=devs, state=state,
-                              seconds=sec[present], x=None if state == "idle" else np.asarray(x[state])[present])
+                              seconds=sec[present], x=np.asarray(x[state])[present] if state in x else None)
 
     def charges(self, t: int, k: int, g: Group) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
         """Group round k of round t: each member's Eq. 5 charge per component, who drops, and
@@ -289,6 +298,38 @@ class Federation:
         """(group round, client) pairs of round t whose client is offline: none here (see
         :class:`groupfel.emulator.contention.ContendedFederation`)."""
         return frozenset()
+
+    def absent(self, t: int) -> set[int]:
+        """The sampled clients of round t offline at its start (none here)."""
+        return set()
+
+    def online_seconds(self, start: float, end: float) -> np.ndarray:
+        """Each client's seconds online in [start, end): all of them here."""
+        return np.full(self.ctx.topology.n_clients, max(end - start, 0.0))
+
+    def charge_fleet_idle(self, t: int, start: float, charged: np.ndarray) -> None:
+        """The full-fleet accounting (``cost.energy_accounting``): every client online in round t's
+        stretch of the clock [``start``, now) and not accounted for in it (its seconds ``charged``
+        before the stretch) was idle for the rest: charged idle power (group −1)."""
+        led, topo = self.ctx.ledger, self.ctx.topology
+        n = topo.n_clients
+        rest = self.online_seconds(start, float(self.ctx.env.now)) - (led.seconds_of(n) - charged)
+        for j in range(topo.n_edges):
+            members = topo.clients_of(j)
+            members = members[rest[members] > 0]
+            if len(members):
+                led.charge_energy(round=t, edge=j, group=-1, group_round=-1, clients=members,
+                                  devices=[topo.client_device[c] for c in members], state="idle",
+                                  seconds=rest[members])
+
+    def online_now(self) -> np.ndarray | None:
+        """Which clients are online at the clock's time: None, everyone (see
+        :class:`groupfel.emulator.contention.ContendedFederation`)."""
+        return None
+
+    def await_online(self, clients: np.ndarray | None = None) -> str | None:
+        """Wait until someone is online, or say why nobody will be: everyone always is here."""
+        return None
 
     def manifest(self, ledger: CostLedger | None = None) -> dict:
         """The federation's own manifest entries (none here)."""

@@ -181,8 +181,16 @@ class Capacity:
     def at(self, i: int) -> str:
         return f"{self.names[i]} (client id {short(self.ids[i])})" if self.csv else f"{self.names[i]}: client id {short(self.ids[i])}"
 
+    def with_default(self, entry: dict[str, float]) -> "Capacity":
+        """These entries and, last, FedScale's default one (id ``default``)."""
+        return Capacity([*self.ids, "default"], np.append(self.ms_per_sample, entry["computation"]),
+                        np.append(self.kbps, entry["communication"]), [*self.names, "FedScale's default"], self.csv)
+
 
 _MISSING = object()
+# what FedScale's aggregator gives a client whose key the capacity trace lacks
+# (client_register_handler: client_profiles.get(mapped_id, {'computation': 1.0, 'communication': 1.0}))
+FEDSCALE_DEFAULT = {"computation": 1.0, "communication": 1.0}
 
 
 def read_capacity(path: str, where: str) -> Capacity:
@@ -220,21 +228,34 @@ def read_capacity(path: str, where: str) -> Capacity:
 
 @dataclass(frozen=True)
 class Behaviour:
-    ids: list[str]
+    ids: list[str]                                # in the file's order (FedScale pairs by it)
     intervals: list[list[tuple[float, float]]]   # online [start, end) within [0, period), sorted
     period_s: np.ndarray                          # FedScale's finish_time: the trace repeats
+    order: list[int]                              # positions of the ids in sorted order (see sorted_order)
+    bad: dict[int, str]                           # position -> why its intervals are unusable
+
+    def pair(self, n_clients: int, pairing: str) -> np.ndarray:
+        """The entry (position) of each of our clients 0..n−1. ``fedscale``: as FedScale's
+        client manager pairs them, its client j (from 1) takes the (j mod M)-th id in the
+        file's order, so our client c takes position (c + 1) mod M. ``sorted``: client c takes
+        the (c mod M)-th id in sorted order."""
+        if pairing == "fedscale":
+            return (np.arange(n_clients) + 1) % len(self.ids)
+        return np.asarray(self.order)[assign(len(self.ids), n_clients)]
 
 
 def _behaviour(ids: list[str], integers: bool, finish: list, owner: np.ndarray, active: list, inactive: list,
                at_id, at_interval) -> Behaviour:
-    """Checks the flattened intervals (interval j belongs to id ``owner[j]``) all at once."""
+    """Checks the flattened intervals (interval j belongs to id ``owner[j]``) all at once; a
+    reversed or overlapping interval marks its id unusable (:attr:`Behaviour.bad`), refused only
+    where a run uses that id."""
     period = _numbers(finish, at_id, "finish_time", "s", 0, MAX_TIME_S, True)
     a = _numbers(active, at_interval, "active time", "s", 0, MAX_TIME_S)
     b = _numbers(inactive, at_interval, "inactive time", "s", 0, MAX_TIME_S)
-    if (b < a).any():
-        j = int(np.argmax(b < a))
-        raise InputError(f"{at_interval(j)}: online from {a[j]:g} s until {b[j]:g} s is reversed; each inactive "
-                         f"time must follow its active time")
+    bad: dict[int, str] = {}
+    for j in np.flatnonzero(b < a).tolist():
+        bad.setdefault(int(owner[j]), f"{at_interval(j)}: online from {a[j]:g} s until {b[j]:g} s is reversed; "
+                                      f"each inactive time must follow its active time")
     # FedScale reads time modulo finish_time, so what lies beyond it is never reached
     p = period[owner]
     b = np.minimum(b, p)
@@ -243,15 +264,13 @@ def _behaviour(ids: list[str], integers: bool, finish: list, owner: np.ndarray, 
     order = np.lexsort((a, owner))
     owner, a, b = owner[order], a[order], b[order]
     clash = (owner[1:] == owner[:-1]) & (a[1:] < b[:-1])
-    if clash.any():
-        j = int(np.argmax(clash))
-        raise InputError(f"{at_id(int(owner[j]))}: online intervals [{a[j]:g}, {b[j]:g}) and [{a[j + 1]:g}, "
-                         f"{b[j + 1]:g}) overlap; merge them")
+    for j in np.flatnonzero(clash).tolist():
+        bad.setdefault(int(owner[j]), f"{at_id(int(owner[j]))}: online intervals [{a[j]:g}, {b[j]:g}) and "
+                                      f"[{a[j + 1]:g}, {b[j + 1]:g}) overlap; merge them")
     intervals: list[list[tuple[float, float]]] = [[] for _ in ids]
     for o, x, y in zip(owner.tolist(), a.tolist(), b.tolist()):
         intervals[o].append((x, y))
-    idx = sorted_order(ids, integers)
-    return Behaviour([ids[i] for i in idx], [intervals[i] for i in idx], period[idx])
+    return Behaviour(list(ids), intervals, period, sorted_order(ids, integers), bad)
 
 
 def read_behaviour(path: str, where: str) -> Behaviour:

@@ -67,6 +67,7 @@ class CostLedger:
         self.energy_total = 0.0
         self.energy_by_state: dict[str, float] = {}
         self.client_energy = np.zeros(0)    # joules spent so far by each client (a battery's level)
+        self.client_seconds = np.zeros(0)   # seconds charged energy this session (full-fleet accounting's mark)
 
     @property
     def measures_energy(self) -> bool:
@@ -81,17 +82,27 @@ class CostLedger:
         joules = self.power.joules(list(devices), state, seconds, x)
         self._energy.append((round, edge, group, group_round, clients, np.asarray(devices, dtype=object), state,
                              seconds, joules))
-        self._add_energy(clients, state, joules)
+        self._add_energy(clients, state, joules, seconds)
         return joules
 
-    def _add_energy(self, clients: np.ndarray, state: str, joules: np.ndarray) -> None:
+    def _add_energy(self, clients: np.ndarray, state: str, joules: np.ndarray, seconds: np.ndarray) -> None:
         total = float(joules.sum())
         self.energy_total += total
         self.energy_by_state[state] = self.energy_by_state.get(state, 0.0) + total
         if len(clients) and clients.max() >= len(self.client_energy):
             grow = np.zeros(clients.max() + 1 - len(self.client_energy))
             self.client_energy = np.concatenate([self.client_energy, grow])
+        if len(clients) and clients.max() >= len(self.client_seconds):
+            grow = np.zeros(clients.max() + 1 - len(self.client_seconds))
+            self.client_seconds = np.concatenate([self.client_seconds, grow])
         np.add.at(self.client_energy, clients, joules)
+        np.add.at(self.client_seconds, clients, seconds)
+
+    def seconds_of(self, n: int) -> np.ndarray:
+        """Each of ``n`` clients' seconds charged energy so far this session."""
+        out = np.zeros(n)
+        out[:min(n, len(self.client_seconds))] = self.client_seconds[:n]
+        return out
 
     def energy_row(self) -> dict:
         """A results row's energy columns (none where the run measures no energy)."""
@@ -114,7 +125,7 @@ class CostLedger:
                                     "amounts", "start", "end"), block)))
         for block in other._energy:
             self._energy.append(block)
-            self._add_energy(block[4], block[6], block[8])
+            self._add_energy(block[4], block[6], block[8], block[7])
 
     def energy_frame(self) -> pd.DataFrame | None:
         """Every energy charge, rounds numbered from 1; None where the run measures no energy."""

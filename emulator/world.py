@@ -197,8 +197,9 @@ def build_power_model(config: RunConfig, topology: Topology, counts: np.ndarray,
         np.array([topology.client_link(c).bandwidth_mbps for c in range(topology.n_clients)])
     sizes = np.arange(1, max(config.topology.sizes) + 1)
     uses = {d: {"training": counts[devices == d], "group_operation": sizes, "transmit": rates[devices == d],
-                "receive": rates[devices == d], "idle": np.zeros(1)} for d in set(devices.tolist())}
-    return build_power(sorted(config.topology.devices), extra, uses)
+                "receive": rates[devices == d], "listen": np.zeros(1), "idle": np.zeros(1)} for d in set(devices.tolist())}
+    model = build_power(sorted(config.topology.devices), extra, uses)
+    return replace(model, accounting=config.cost.energy_accounting)
 
 
 def build_engine(config: RunConfig, dataset: Dataset, topology: Topology, algorithm: Algorithm,

@@ -50,8 +50,8 @@ def _cmd_run(args) -> int:
                  *(["--resume", str(run_dir)] if args.resume else ["--output", str(run_dir)] if args.output else [])]
         print(seeds_printout(summary, config, run_dir, shlex.join(again)))
         return report_diverged(run_dir)
-    with_cols = ["arm", "groups", "group_size", "avg_cov", "rounds", "cost", "sim_time_s", "final_acc",
-                 "acc_at_common_cost", "stop"]
+    with_cols = ["arm", "groups", "group_size", "avg_cov", "rounds", "cost", "sim_time_s",
+                 *(["energy_j"] if "energy_j" in summary else []), "final_acc", "acc_at_common_cost", "stop"]
     if "cost_to_target" in summary:
         with_cols.insert(-1, "cost_to_target")
     print(summary[with_cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
@@ -60,7 +60,22 @@ def _cmd_run(args) -> int:
     print(f"acc_at_common_cost: accuracy at cost {summary.attrs.get('common_cost'):.6g}, the smallest final cost of any arm")
     print(f"results: {run_dir}/  (summary.csv, <arm>/results.csv, <arm>/ledger.parquet)")
     print(f"plot:    {run_dir / 'accuracy_vs_cost.png'}")
+    print(*_energy_lines(config, run_dir), sep="\n", end="\n" if config.cost.energy else "")
+    from .runner import stop_messages
+
+    print(*stop_messages(run_dir), sep="\n", end="\n" if stop_messages(run_dir) else "")
     return 0
+
+
+def _energy_lines(config, run_dir: Path) -> list[str]:
+    """The energy plot and the powers that are assumptions (a run with ``cost.energy``), else none."""
+    if not config.cost.energy:
+        return []
+    from .runner import assumed_powers
+
+    line = assumed_powers(run_dir)
+    return [f"energy:  {run_dir / 'accuracy_vs_energy.png'} (energy_j: joules, {config.cost.energy_accounting} "
+            f"accounting)", *([line] if line else [])]
 
 
 def _with_seeds(config, seeds: str | int | None, max_seeds: int | None):
@@ -88,7 +103,7 @@ def seeds_printout(summary, config, run_dir: Path, command: str = "groupfel run"
         render_summary(summary, target), "", conclusion(summary, target, command, config.seed_cap), "",
         "acc_at_common_cost: accuracy at the smallest final cost of any arm of the same seed",
         f"results: {run_dir}/  (summary.csv, runs.csv, seed-<s>/<arm>/results.csv, ledger.parquet)",
-        f"plot:    {run_dir / 'accuracy_vs_cost.png'}"])
+        f"plot:    {run_dir / 'accuracy_vs_cost.png'}", *_energy_lines(config, run_dir)])
 
 
 def _cmd_plot(args) -> int:

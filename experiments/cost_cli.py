@@ -236,6 +236,8 @@ def _cmd_whatif(args) -> int:
     print(f"\ncheapest per round: group size {int(best.group_size)} ({best.total_per_round:.4g} device s/round)")
     print(f"swept {len(group_sizes)} group sizes × {sc.rounds} rounds × {sc.clients} clients in {elapsed:.2f} s")
     print(f"table: {out / 'whatif.csv'}\nplot:  {out / 'whatif.png'}")
+    if getattr(args, "power_note", None):
+        print(args.power_note)
     return 0
 
 
@@ -249,16 +251,18 @@ def _whatif_power(args, prof, n_samples, edge_clients: int, caps):
     --profiles-file's [[power]] tables), checked where the what-if uses it."""
     import numpy as np
 
-    from groupfel.cost_models.power import build_power, read_power
+    from groupfel.cost_models.power import assumed_line, build_power, read_power
 
     extra = read_power(args.profiles_file) if args.profiles_file else None
     rates = np.array([args.client_mbps] + [c for c in caps if c is not None])
     uses = {prof.device: {"training": n_samples, "group_operation": np.arange(1, edge_clients + 1),
-                          "transmit": rates, "receive": rates, "idle": np.zeros(1)}}
+                          "transmit": rates, "receive": rates, "listen": np.zeros(1), "idle": np.zeros(1)}}
     try:
-        return build_power([prof.device], extra, uses, "--energy").devices[prof.device]
+        model = build_power([prof.device], extra, uses, "--energy")
     except InputError as exc:
         raise InputError(str(exc).replace("cost.profiles_file", "--profiles-file")) from None
+    args.power_note = assumed_line(model.assumed())
+    return model.devices[prof.device]
 
 
 def _with_makespan(df, args, prof, overhead, sc):

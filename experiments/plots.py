@@ -13,7 +13,15 @@ from groupfel.emulator.io import atomic_write  # noqa: E402
 
 AXES = {"cost": "cumulative cost, Eq. 5 (device seconds)", "sim_time_s": "simulated wall-clock time (s)",
         "round": "global round (rounds)", "accuracy": "test accuracy", "loss": "test loss",
-        "local_error_mean": "mean local test error", "energy_j": "cumulative energy, all clients (J)"}
+        "local_error_mean": "mean local test error", "energy_j": "cumulative energy (J)"}
+# what each cost.energy_accounting counts (every energy label names it)
+ACCOUNTING = {"group-rounds": "sampled clients in their group rounds",
+              "full-fleet": "every online client, idle between its work",
+              "marginal": "above idle power"}
+
+
+def energy_label(accounting: str) -> str:
+    return f"cumulative energy (J), {accounting}: {ACCOUNTING.get(accounting, accounting)}"
 
 
 def save_png(fig, path: Path) -> Path:
@@ -23,12 +31,13 @@ def save_png(fig, path: Path) -> Path:
     return Path(path)
 
 
-def plot_curves(results: pd.DataFrame, path: Path, x: str = "cost", y: str = "accuracy", title: str = "") -> Path:
+def plot_curves(results: pd.DataFrame, path: Path, x: str = "cost", y: str = "accuracy", title: str = "",
+                xlabel: str | None = None) -> Path:
     """One line per arm of ``y`` against ``x`` (the paper's accuracy-versus-cost figures)."""
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
     for arm, df in results.groupby("arm", sort=False):
         ax.plot(df[x], df[y], marker="o", markersize=2.5, linewidth=1.4, label=str(arm))
-    ax.set_xlabel(AXES.get(x, x))
+    ax.set_xlabel(xlabel or AXES.get(x, x))
     ax.set_ylabel(AXES.get(y, y))
     ax.grid(alpha=0.3)
     ax.legend()
@@ -39,16 +48,17 @@ def plot_curves(results: pd.DataFrame, path: Path, x: str = "cost", y: str = "ac
 
 
 def plot_bands(runs: dict[str, pd.DataFrame], path: Path, x: str = "cost", y: str = "accuracy",
-               title: str = "") -> Path:
+               title: str = "", xlabel: str | None = None) -> Path:
     """Mean curve with its 95 % band per arm of each run (label -> rows with a ``seed`` column),
     on a common ``x`` grid (:func:`groupfel.experiments.stats.curves_on_grid`); one seed gives a bare line."""
-    return save_png(band_figure(runs, x, y, title), path)
+    return save_png(band_figure(runs, x, y, title, xlabel), path)
 
 
 SMALL_MULTIPLES = 4   # more series than this: one panel each, not one crowded plot
 
 
-def band_figure(runs: dict[str, pd.DataFrame], x: str = "cost", y: str = "accuracy", title: str = ""):
+def band_figure(runs: dict[str, pd.DataFrame], x: str = "cost", y: str = "accuracy", title: str = "",
+                xlabel: str | None = None):
     from .stats import curves_on_grid
 
     series = []
@@ -83,7 +93,7 @@ def band_figure(runs: dict[str, pd.DataFrame], x: str = "cost", y: str = "accura
             continue
         ax.grid(alpha=0.3)
         if j >= (len(series) if many else 1) - cols:   # the bottom row of panels names the x-axis
-            ax.set_xlabel(AXES.get(x, x))
+            ax.set_xlabel(xlabel or AXES.get(x, x))
         if j % cols == 0:
             ax.set_ylabel(AXES.get(y, y) + ("" if many else band), fontsize=8)   # the band note fits the height
     if many:

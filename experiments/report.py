@@ -174,8 +174,15 @@ def _energy(study: Study, bands: dict) -> str:
     cols = [c for c in last.columns if c.startswith("energy_") and c.endswith("_j") and c != "energy_j"]
     by_state = last[["energy_j", *cols]].groupby(level="arm", sort=False).mean()
     by_state.columns = ["total (J)", *[c.removeprefix("energy_").removesuffix("_j") + " (J)" for c in cols]]
+    from .plots import ACCOUNTING
+    from .runner import assumed_powers
+
+    acc = study.config.cost.energy_accounting
+    assumed = assumed_powers(study.root)
     return (f"<h2>Accuracy against energy</h2><p>Energy: each client's power in each state × the simulated "
-            f"seconds it spent there (cost.energy), summed over clients; line: mean, band: 95 % CI over seeds.</p>"
+            f"seconds it spent there (cost.energy), summed over clients under the {acc} accounting "
+            f"(cost.energy_accounting: {ACCOUNTING.get(acc, acc)}); line: mean, band: 95 % CI over seeds.</p>"
+            f"<p>{html.escape(assumed) if assumed else 'Every power used is a measurement (power_sources in each manifest).'}</p>"
             f"{bands['energy_j']}<p>Energy by state at the end of each arm run, mean over seeds:</p>"
             f"{_table(by_state.round(4).reset_index())}")
 
@@ -307,14 +314,16 @@ def build_report(root: Path, out: Path | None = None) -> Path:
     """Write the HTML page of a run or sweep directory; returns its path."""
     import time
 
-    from .plots import band_figure
+    from .plots import band_figure, energy_label
 
     t0 = time.perf_counter()
     study = load_study(Path(root))
     _check_numerics(study)
     out = Path(out) if out else study.root / "report.html"
     energy = "energy_j" in study.results
-    bands = {x: _png(band_figure({study.root.name: study.results}, x=x, title=f"{study.root.name}: accuracy"))
+    accounting = study.config.cost.energy_accounting
+    bands = {x: _png(band_figure({study.root.name: study.results}, x=x, title=f"{study.root.name}: accuracy",
+                                 xlabel=energy_label(accounting) if x == "energy_j" else None))
              for x in ("cost", "sim_time_s", *(("energy_j",) if energy else ()))}
     makespan, versions = _makespan(study)
     seeds = study.config.seed_list
@@ -325,7 +334,7 @@ def build_report(root: Path, out: Path | None = None) -> Path:
     config_json = json.dumps(json.loads((study.root / ("sweep.json" if study.kind == "sweep" else "config.json"))
                                         .read_text()), indent=2)
     body = f"""<h1>{html.escape(title)}</h1>
-<p>{html.escape(str(study.root.resolve()))} · seeds {seeds} · {len(study.arms)} arm runs ·
+<p>{html.escape(study.root.name)} · seeds {seeds} · {len(study.arms)} arm runs ·
 generated {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}</p>
 {_opening(study)}
 <h2>What was run</h2>

@@ -444,8 +444,44 @@ def finish_seed(config: RunConfig, run_dir: Path, replot: bool = True) -> pd.Dat
 
         plot_curves(results, run_dir / "accuracy_vs_cost.png", title=config.name)
         if "energy_j" in results:
-            plot_curves(results, run_dir / "accuracy_vs_energy.png", x="energy_j", title=config.name)
+            from .plots import energy_label
+
+            plot_curves(results, run_dir / "accuracy_vs_energy.png", x="energy_j", title=config.name,
+                        xlabel=energy_label(config.cost.energy_accounting))
     return summary
+
+
+def assumed_powers(root: Path) -> str | None:
+    """One line naming the assumed powers (``power_assumed``) of every arm under ``root``, None
+    where every power is measured or the run measured no energy."""
+    from groupfel.cost_models.power import assumed_line
+    from groupfel.emulator.runfiles import load_json
+
+    merged: dict[str, list[str]] = {}
+    for path in sorted(Path(root).rglob("manifest.json")):
+        manifest = load_json(path)
+        for device, states in (manifest.get("power_assumed") or {}).items() if isinstance(manifest, dict) else ():
+            merged[device] = sorted(set(merged.get(device, [])) | set(states), key=states_order)
+    return assumed_line(merged)
+
+
+def stop_messages(root: Path) -> list[str]:
+    """'stopped early: <arm dir>: <why>' for every arm under ``root`` that stopped because nobody
+    was online any more (availability, batteries)."""
+    from groupfel.emulator.runfiles import load_json
+
+    out = []
+    for path in sorted(Path(root).rglob("manifest.json")):
+        manifest = load_json(path)
+        if isinstance(manifest, dict) and manifest.get("stop_message"):
+            out.append(f"stopped early: {path.parent.relative_to(root)}: {manifest['stop_message']}")
+    return out
+
+
+def states_order(state: str) -> int:
+    from groupfel.cost_models.power import STATES
+
+    return STATES.index(state) if state in STATES else len(STATES)
 
 
 def diverged_runs(root: Path) -> list[str]:
@@ -508,9 +544,10 @@ def finish(config: RunConfig, run_dir: Path, replot: bool = True,
     energy = (("accuracy_vs_energy.png", "energy_j"),) if "energy_j" in results else ()
     for name, x in (("accuracy_vs_cost.png", "cost"), ("accuracy_vs_time.png", "sim_time_s"), *energy):
         if replot or not (run_dir / name).exists():
-            from .plots import plot_bands
+            from .plots import energy_label, plot_bands
 
-            plot_bands({config.name: results}, run_dir / name, x=x, title=config.name)
+            plot_bands({config.name: results}, run_dir / name, x=x, title=config.name,
+                       xlabel=energy_label(config.cost.energy_accounting) if x == "energy_j" else None)
     summary.attrs["target"] = config.train.target_accuracy
     summary.attrs["common_cost"] = per_seed.groupby("seed")["common_cost"].first().tolist()
     return summary

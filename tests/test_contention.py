@@ -100,12 +100,12 @@ def test_half_bandwidth_client_in_a_group_sharing_the_edge():
 
 
 def test_offline_client_drops_and_is_charged_nothing_after(tmp_path):
-    # client 1 is online [0, 3) and [100, 1000): online at group round 0's start (1 s), offline at
-    # group round 1's start (5 s: 1 + download 1 + train 1 + op 1 + upload 1). It pays group
+    # client 1 is online [0, 5) and [100, 1000): online through group round 0 (1 s to 5 s: 1 +
+    # download 1 + train 1 + op 1 + upload 1), offline at group round 1's start (5 s). It pays group
     # round 0 (1 + 1) and nothing after; client 0 alone runs group round 1 (5..9), the edge sends
     # one model up 9..10.
     csv = tmp_path / "avail.csv"
-    csv.write_text("client,start_s,end_s\n0,0,1000\n1,0,3\n1,100,1000\n")
+    csv.write_text("client,start_s,end_s\n0,0,1000\n1,0,5\n1,100,1000\n")
     avail = Availability(AvailabilityConfig(file=str(csv)), 2, 0)
     fed, env = _fed(2, avail=avail, group_rounds=2)
     sampled = _groups([0, 1])
@@ -122,6 +122,28 @@ def test_offline_client_drops_and_is_charged_nothing_after(tmp_path):
     assert fed.ctx.ledger.total == pytest.approx(6.0)
     assert fed.manifest(fed.ctx.ledger)["network"]["offline"] == [
         {"round": 1, "group_round": 1, "client": 1, "edge": 0, "group": 0, "time_s": 5.0}]
+
+
+def test_a_client_offline_before_it_finishes_drops_out_then(tmp_path):
+    """Client 1 is online [0, 3) only: group round 0 starts at 1 s, its download ends at 2 s, it
+    trains 2..3 s and goes offline at 3 s, before its group operation: it drops out at 3 s (an
+    offline charge then), pays its training (Eq. 5, as a fault's dropout) and no group operation,
+    sends nothing, and is out of group round 1; its update is left out (the compute's set)."""
+    csv = tmp_path / "avail.csv"
+    csv.write_text("client,start_s,end_s\n0,0,1000\n1,0,3\n")
+    avail = Availability(AvailabilityConfig(file=str(csv)), 2, 0)
+    fed, env = _fed(2, avail=avail, group_rounds=2)
+    sampled = _groups([0, 1])
+    assert fed.offline(0, sampled) == {(0, 1), (1, 1)}
+    fed.run_round(0, sampled)
+    led = fed.ctx.ledger.frame()
+    c1 = led[(led.client == 1) & (led.group_round == 0)].set_index("component")
+    assert c1.loc["training", "amount"] == pytest.approx(1.0) and c1.loc["backdoor", "amount"] == 0.0
+    off = led[led.component == OFFLINE]
+    assert off[["client", "group_round", "start"]].values.tolist() == [[1, 0, 3.0]]
+    assert fed.ctx.ledger.total == pytest.approx(1.0 + 2.0 * 2)   # client 1's training, client 0's two rounds
+    # client 0 alone in both group rounds: 1..5 and 5..9, the edge sends one model up 9..10
+    assert env.now == pytest.approx(10.0)
 
 
 def test_generated_availability_is_seeded_and_alternates():
@@ -344,7 +366,9 @@ def test_a_killed_shared_edge_run_resumes_to_the_same_tables(tmp_path):
     led = pd.read_parquet(tmp_path / "full" / "ledger.parquet")
     for ev in m["offline"]:
         later = led[(led.client == ev["client"]) & (led["round"] == ev["round"]) & (led.group_round >= ev["group_round"])]
-        assert (later["amount"] == 0).all()
+        # one that left mid-work keeps the training it did in that group round, nothing else
+        assert (later.loc[(later.group_round > ev["group_round"]) | (later.component != "training"), "amount"]
+                == 0).all()
     from groupfel.experiments.cli import main
 
     assert main(["timeline", str(tmp_path / "full"), "--round", "1", "--out", str(tmp_path / "t.png")]) == 0

@@ -21,8 +21,10 @@ from groupfel.topologies import Link, build_topology
 POWER = os.path.join(os.path.dirname(__file__), "fixtures", "power-rpi4-rest.toml")
 
 
-def _power(watts: dict[str, float]) -> PowerModel:
-    return PowerModel({"dev": DevicePower("dev", {s: PowerCurve(Polynomial((w,))) for s, w in watts.items()})})
+def _power(watts: dict[str, float], accounting: str = "group-rounds") -> PowerModel:
+    watts = {"listen": watts["idle"], **watts}     # listening defaults to idle power
+    return PowerModel({"dev": DevicePower("dev", {s: PowerCurve(Polynomial((w,))) for s, w in watts.items()})},
+                      accounting)
 
 
 def _play(n_samples, watts, group_rounds=1, latency=0.5, rounds=1):
@@ -59,30 +61,38 @@ def test_one_group_round_two_states_by_hand(train_w, idle_w, expected):
     assert e.groupby("client")["joules"].sum().to_dict() == pytest.approx(expected)
     sec = e.pivot_table(index="client", columns="state", values="seconds", observed=True)
     assert sec.loc[0].to_dict() == pytest.approx({"training": 6, "group_operation": 3, "idle": 6, "receive": 0,
-                                                  "transmit": 0})
+                                                  "transmit": 0, "listen": 0})
     total = sum(expected.values())
     assert ledger.energy_row() == pytest.approx({"energy_j": total, "energy_training_j": train_w * 18,
                                                  "energy_idle_j": idle_w * 6, "energy_group_operation_j": 0.0,
-                                                 "energy_transmit_j": 0.0, "energy_receive_j": 0.0})
+                                                 "energy_transmit_j": 0.0, "energy_receive_j": 0.0,
+                                                 "energy_listen_j": 0.0})
 
 
-def test_the_shipped_pi_power_cites_its_sources():
+def test_the_shipped_pi_power_gives_every_state_and_marks_the_assumed():
     from groupfel.cost_models.power import shipped_power
 
     pi = shipped_power()["raspberry-pi-4"].states
-    assert sorted(pi) == ["idle", "training"]        # the states with a public measurement, no others
-    assert float(pi["idle"].curve(0)) == 1.6 and float(pi["training"].curve(0)) == 5.0
-    assert all("https://github.com/geerlingguy/sbc-reviews/issues/4" in p.source for p in pi.values())
+    assert sorted(pi) == sorted(STATES)
+    watts = {s: float(pc.curve(0)) for s, pc in pi.items()}
+    assert watts == {"idle": 1.6, "training": 5.0, "group_operation": 5.0, "transmit": 2.3, "receive": 2.3,
+                     "listen": 1.6}
+    measured = {s for s, pc in pi.items() if not pc.assumed}
+    assert measured == {"idle", "training"}
+    assert all("https://github.com/geerlingguy/sbc-reviews/issues/4" in pi[s].source for s in measured)
+    assert all(pc.source.startswith("assumed: ") for s, pc in pi.items() if s not in measured)
+    assert all("chipwired" in pi[s].source for s in ("transmit", "receive"))
 
 
-WATTS = {"training": 2.0, "group_operation": 3.0, "transmit": 4.0, "receive": 1.0, "idle": 0.5}
+WATTS = {"training": 2.0, "group_operation": 3.0, "transmit": 4.0, "receive": 1.0, "listen": 2.5, "idle": 0.5}
 
 
 def test_every_state_by_hand_over_two_group_rounds():
-    """Three clients (10, 20, 30 samples), K = 2, 0.5 s each way: per group round client 0
-    receives 0.5 s (0.5 J), trains 6 s (12 J), runs secagg O(3) = 5.5 s (16.5 J), transmits 0.5 s
-    (2 J) and idles 21.5... the slowest member's 0.5 + 12 + 5.5 + 0.5 = 18.5 s less its 12.5 s:
-    6 s (3 J): 34 J; client 1: 0.5 + 18 + 16.5 + 2 + 1.5 = 38.5 J; client 2: 0.5 + 24 + 16.5 + 2 = 43 J."""
+    """Three clients (10, 20, 30 samples), K = 2, links so fast that the airtime is nil and each
+    transfer is its 0.5 s latency, which the radio spends listening: per group round client 0
+    listens 2 × 0.5 s (2.5 J), trains 6 s (12 J), runs secagg O(3) = 5.5 s (16.5 J) and idles the
+    slowest member's 0.5 + 12 + 5.5 + 0.5 = 18.5 s less its 12.5 s: 6 s (3 J): 34 J; client 1:
+    2.5 + 18 + 16.5 + 1.5 = 38.5 J; client 2: 2.5 + 24 + 16.5 = 43 J."""
     ledger, _ = _play([10, 20, 30], WATTS, group_rounds=2)
     per_client = ledger.energy_frame().groupby("client")["joules"].sum()
     assert per_client.to_dict() == pytest.approx({0: 68.0, 1: 77.0, 2: 86.0})
@@ -159,11 +169,13 @@ def test_whatif_prices_energy_by_group_size_and_access_capacity(tmp_path, capsys
     # a slower access link: the same Eq. 5 cost, more time on the radio and waiting, more joules
     slow, fast = df[df.access_mbps == 8].set_index("group_size"), df[df.access_mbps == 50].set_index("group_size")
     assert (slow["edge_cost"] == fast["edge_cost"]).all() and (slow["edge_energy_j"] > fast["edge_energy_j"]).all()
+    # the shipped profile alone gives every state, and the printout names those assumed
     capsys.readouterr()
-    assert main(args) == 2
-    err = one_error_line(capsys)
-    assert "--energy: device 'raspberry-pi-4' has no power for group_operation, transmit, receive" in err
-    assert "to --profiles-file" in err and not (tmp_path / "w2").exists()
+    assert main([*args[:-1], str(tmp_path / "w2")]) == 0
+    assert "power assumed, not measured: raspberry-pi-4 group_operation, transmit, receive, listen" in \
+        capsys.readouterr().out
+    shipped = pd.read_csv(tmp_path / "w2" / "whatif.csv")
+    assert (shipped["edge_energy_j"] > 0).all() and shipped["energy_listen_j"].gt(0).all()
     from groupfel.experiments import api
 
     same = api.whatif([2, 4], clients=40, rounds=1, edge_clients=8, access_mbps=[8, 50], profiles_file=POWER,
@@ -194,6 +206,14 @@ def test_energy_budget_stops_the_run_and_batteries_take_clients_offline(tmp_path
     # a battery is checked at each group round's start: no client starts one with an empty battery,
     # so none spends more than its budget plus one group round
     assert (spent <= d["train"]["client_energy_budget"] + per_client.max()).all()
+    # batteries so small that every one empties: the run stops saying so, never plays a round with nobody
+    d["train"].update(client_energy_budget=1.0, rounds=30)
+    assert main(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "flat"), "--quiet"]) == 0
+    manifest = json.loads(next((tmp_path / "flat").rglob("manifest.json")).read_text())
+    assert manifest["stop_reason"] == "batteries" and manifest["rounds_run"] < 30
+    assert manifest["stop_message"].startswith("batteries: every client's battery (train.client_energy_budget = 1 J)")
+    flat = pd.read_csv(next((tmp_path / "flat").rglob("results.csv")))
+    assert (flat["clients_sampled"].iloc[1:] > 0).all()
 
 
 @pytest.mark.parametrize("text, says", [
@@ -222,13 +242,28 @@ def test_power_units_and_csv_rows(tmp_path):
     assert float(read_power(csv)["d"].states["training"].curve(100)) == pytest.approx(4.0)
 
 
-def test_a_missing_state_is_asked_for(tmp_path, tiny_dict, capsys):
+def test_energy_alone_runs_on_the_shipped_power_and_names_the_assumed_states(tmp_path, tiny_dict, capsys):
     d = one_arm(tiny_dict, rounds=1)
     d["cost"]["energy"] = True
-    assert main(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "r"), "--quiet"]) == 2
-    err = one_error_line(capsys)
-    assert "cost.energy: device 'raspberry-pi-4' has no power for group_operation, transmit, receive" in err
-    assert not (tmp_path / "r").exists()
+    assert main(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "r"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "energy_j" in out and "accuracy_vs_energy.png (energy_j: joules, group-rounds accounting)" in out
+    assert "power assumed, not measured: raspberry-pi-4 group_operation, transmit, receive, listen" in out
+    manifest = json.loads(next((tmp_path / "r").rglob("manifest.json")).read_text())
+    assert manifest["power_assumed"] == {"raspberry-pi-4": ["group_operation", "transmit", "receive", "listen"]}
+    assert manifest["total_energy_j"] > 0
+
+
+def test_a_missing_state_is_asked_for():
+    from groupfel.cost_models.power import build_power
+
+    mine = {"mine": DevicePower("mine", {s: PowerCurve(Polynomial((1.0,))) for s in ("idle", "training")})}
+    with pytest.raises(InputError, match="cost.energy: device 'mine' has no power for group_operation, transmit, "
+                                         "receive \\(no shipped power\\)"):
+        build_power(["mine"], mine, {})
+    # listening defaults to the device's own idle power
+    mine["mine"].states.update({s: PowerCurve(Polynomial((2.0,))) for s in ("group_operation", "transmit", "receive")})
+    assert float(build_power(["mine"], mine, {}).devices["mine"].states["listen"].curve(0)) == 1.0
 
 
 def test_energy_budget_needs_energy(tiny_dict):
@@ -265,6 +300,45 @@ def test_rapl_reader_on_a_fake_sysfs_tree_with_wraparound(tmp_path):
     assert advance(10, 4, 10) == 4 and advance(4, 10, 10) == 6
 
 
+def _zone(path, name, uj, top=2**32):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "name").write_text(f"{name}\n")
+    (path / "energy_uj").write_text(f"{uj}\n")
+    (path / "max_energy_range_uj").write_text(f"{top}\n")
+
+
+def test_rapl_counts_each_joule_once_psys_alone_or_package_and_dram(tmp_path):
+    """A laptop's tree: package-0 (with core and dram sub-zones) and psys, the platform, which
+    contains the package. The platform used 3 J while the package used 2 J (1.5 J of it in the
+    cores) and DRAM 0.5 J: psys alone reads 3 J (adding the package gave 5 J). Without psys: the
+    package and its DRAM, 2.5 J (never the cores again)."""
+    pkg = tmp_path / "intel-rapl:0"
+    _zone(pkg, "package-0", 1_000_000)
+    _zone(pkg / "intel-rapl:0:0", "core", 0)
+    _zone(pkg / "intel-rapl:0:1", "dram", 0)
+    _zone(tmp_path / "intel-rapl:1", "psys", 10_000_000)
+
+    def spend(meter):
+        mark = meter.start()
+        for z, uj in (("intel-rapl:0", 3_000_000), ("intel-rapl:0/intel-rapl:0:0", 1_500_000),
+                      ("intel-rapl:0/intel-rapl:0:1", 500_000), ("intel-rapl:1", 13_000_000)):
+            if (tmp_path / z).exists():
+                (tmp_path / z / "energy_uj").write_text(f"{uj}\n")
+        return meter.stop(mark)[0]
+
+    meter, said = open_meter(None, tmp_path)
+    assert [z.name for z in meter.zones] == ["psys"] and "the whole platform" in said
+    assert spend(meter) == pytest.approx(3.0)
+    import shutil
+
+    shutil.rmtree(tmp_path / "intel-rapl:1")
+    for z, uj in (("intel-rapl:0", 1_000_000), ("intel-rapl:0/intel-rapl:0:0", 0), ("intel-rapl:0/intel-rapl:0:1", 0)):
+        (tmp_path / z / "energy_uj").write_text(f"{uj}\n")
+    meter, said = open_meter(None, tmp_path)
+    assert [z.name for z in meter.zones] == ["package-0", "dram"]
+    assert spend(meter) == pytest.approx(2.5)
+
+
 def test_no_counter_says_so_in_one_line(tmp_path):
     meter, said = open_meter(None, tmp_path / "none")
     assert meter is None and said.startswith("energy: not recorded: no energy counter is readable here")
@@ -272,12 +346,16 @@ def test_no_counter_says_so_in_one_line(tmp_path):
     assert "no intel-rapl:N zone" in open_meter(None, tmp_path / "empty")[1]
 
 
-def test_measure_with_a_power_log_and_calibrate_fits_power(tmp_path, capsys):
+def test_measure_with_a_power_log_and_calibrate_fits_power(tmp_path, capsys, monkeypatch):
     import time
+
+    from groupfel.cost_models import energy_meter
+
+    monkeypatch.setattr(energy_meter, "CLOCK_SLACK_S", 60.0)   # the log is written ahead, as no live meter's is
 
     t0 = time.time()
     log = tmp_path / "log.csv"
-    log.write_text("timestamp,watts\n" + "".join(f"{t0 - 5 + i * 0.25:.3f},4.0\n" for i in range(2000)))
+    log.write_text("timestamp,watts\n" + "".join(f"{t0 - 5 + i * 0.01:.3f},4.0\n" for i in range(3000)))
     out = tmp_path / "m.csv"
     assert main(["measure", "backdoor", "--sizes", "2,4,8", "--params", "64", "--repeats", "2",
                  "--power-log", str(log), "--out", str(out)]) == 0
@@ -286,8 +364,36 @@ def test_measure_with_a_power_log_and_calibrate_fits_power(tmp_path, capsys):
     assert main(["calibrate", str(out), "--out", str(tmp_path / "cal")]) == 0
     said = capsys.readouterr().out
     assert "local/group_operation: power = b·x + c (W)" in said and "c =  4" in said
+    assert "R² = n/a (every y equal)" in said      # a perfect constant fit: no R² to give
     assert float(read_power(tmp_path / "cal" / "profile.csv")["local"].states["group_operation"].curve(4)) == \
         pytest.approx(4.0)
+
+
+def test_a_log_too_coarse_for_a_reading_is_refused_and_short_calls_are_batched(tmp_path):
+    """A 1 Hz log cannot integrate a 0.3 ms call: refused in one line. Where the log's interval
+    is known when measuring starts, a short call is repeated until its reading spans 10 samples
+    and the reading is per call: here 4 W × each call's share of the span."""
+    from groupfel.cost_models.energy_meter import MIN_SAMPLES, PowerLog
+    from groupfel.cost_models.measure import _sweep
+
+    log = tmp_path / "log.csv"
+    log.write_text("timestamp,watts\n" + "".join(f"{1000 + i}.0,4.0\n" for i in range(100)))
+    meter = PowerLog(log)
+    assert meter.min_span_s == MIN_SAMPLES * 1.0
+    with pytest.raises(InputError, match=r"samples every 1 s, but a measured reading spans 0.0003 s, under 10 "):
+        meter.joules([(1010.0, 1010.0003, 1)])
+    assert meter.joules([(1010.0, 1030.0, 4)]) == pytest.approx([4.0 * 20 / 4])
+    # the meter's clock checked: a log whose timestamps lie an hour ahead of ours is refused
+    import time
+
+    ahead = tmp_path / "ahead.csv"
+    ahead.write_text("timestamp,watts\n" + "".join(f"{time.time() + 3600 + i},4.0\n" for i in range(20)))
+    with pytest.raises(InputError, match=r"ahead of this machine's clock; the meter's clock and this one must agree"):
+        PowerLog(ahead).joules([(time.time() + 3600, time.time() + 3615, 1)])
+    meter.min_span_s = 0.05     # a fast log: batch until 50 ms
+    got = list(_sweep([3], 1, lambda n: 1e-4, meter))
+    (a, b, calls), per_call = got[0][2]
+    assert calls > 1 and b - a >= 0.045 and per_call == pytest.approx((b - a) / calls)   # two clocks: a little slack
 
 
 def test_measure_without_a_meter_writes_no_energy_columns(tmp_path, capsys, monkeypatch):
@@ -315,3 +421,58 @@ def test_a_checkpoint_keeps_the_energy(tmp_path):
     plain = CostLedger()
     save_checkpoint(tmp_path / "p.pt", ArmState(ledger=plain))
     assert load_checkpoint(tmp_path / "p.pt").ledger.energy_frame() is None
+
+
+def test_the_radio_is_charged_its_airtime_and_listens_for_the_rest_of_a_shared_transfer():
+    """Two clients with 8 Mbit/s radios share an edge whose access is 8 Mbit/s each way; the model
+    is 10^6 bytes (8 Mbit), no latency, no secure aggregation, training 1 s, no group operation.
+    Both downloads share the medium at 4 Mbit/s each: they end at 2 s, of which each radio was on
+    the air 8 Mbit / 8 Mbit/s = 1 s (receive) and listened 1 s; training ends at 3 s; the uploads
+    likewise end at 5 s: 1 s transmitting, 1 s listening. Per client at receive 2 W, transmit 4 W,
+    listen 0.5 W, training 3 W: 2 + 4 + 2 × 0.5 + 3 = 10 J, no idle (the group round is 5 s, all
+    of it accounted). Charging the radio its power for the whole stretched transfer would give
+    2 × 2 + 2 × 4 + 3 = 15 J."""
+    from groupfel.emulator.contention import edge_makespan
+
+    watts = {"receive": 2.0, "transmit": 4.0, "listen": 0.5, "training": 3.0, "group_operation": 1.0, "idle": 0.1}
+    power = DevicePower("d", {s: PowerCurve(Polynomial((w,))) for s, w in watts.items()})
+    r = edge_makespan([2], np.array([5, 5]), linear(0.0, 1.0), quadratic(0, 0, 0), group_rounds=1, local_epochs=1,
+                      model_bytes=10**6, client_mbps=8.0, latency_s=0.0, access_mbps=8.0, cores=None, secagg=False,
+                      edge_mbps=1e9, edge_latency_s=0.0, power=power)
+    assert r["makespan_s"] == pytest.approx(5.0, abs=1e-6)
+    assert r["energy_receive_j"] == pytest.approx(2 * 2.0 * 1.0)
+    assert r["energy_transmit_j"] == pytest.approx(2 * 4.0 * 1.0)
+    assert r["energy_listen_j"] == pytest.approx(2 * 0.5 * 2.0)
+    assert r["energy_training_j"] == pytest.approx(2 * 3.0)
+    assert r["energy_idle_j"] == pytest.approx(0.0, abs=1e-6)
+    assert r["edge_energy_j"] == pytest.approx(20.0)
+
+
+@pytest.mark.parametrize("accounting, expected", [("group-rounds", {0: 48.6, 1: 69.0}),
+                                                  ("full-fleet", {0: 51.8, 1: 72.2, 2: 27.2}),
+                                                  ("marginal", {0: 20.4 + 4.2, 1: 40.8 + 4.2})])
+def test_the_three_accountings_by_hand(accounting, expected):
+    """Three clients; clients 0 and 1 (10 and 30 samples) form the sampled group, client 2 is not
+    sampled; the worked example's round (training 6 s and 12 s, O(2) = 3 s each, the group round
+    15 s) inside a 17 s round (the edge link 1 s each way). Training 5 W, group operation 3 W,
+    idle 1.6 W. group-rounds: client 0 30 + 9 + 6 × 1.6 = 48.6 J, client 1 60 + 9 = 69 J;
+    full-fleet adds the round's other 2 s of each sampled client (3.2 J) and client 2's 17 s
+    (27.2 J); marginal charges the power above idle: training 3.4 W (20.4 J, 40.8 J), group
+    operation 1.4 W (4.2 J each), idle nothing."""
+    topo = build_topology([3], ["dev"] * 3, [np.arange(1) for _ in range(3)], np.ones((3, 1), dtype=int),
+                          client_link=Link(1e15, 0.0), edge_link=Link(1e15, 1.0))
+    prof = DeviceProfile("dev", "t", training={"sgd": linear(0.1, 1.0)}, group_overhead={"secagg": quadratic(0.5, 0, 1)})
+    ledger = CostLedger()
+    ledger.power = _power({"training": 5.0, "group_operation": 3.0, "transmit": 0.0, "receive": 0.0, "idle": 1.6},
+                          accounting)
+    env = simpy.Environment()
+    fed = Federation(RoundContext(env, 1000, CostModel({"dev": prof}, "sgd", ("secagg",)), ledger, topo, seed=0,
+                                  group_rounds=1, local_epochs=3))
+    charged = ledger.seconds_of(3)
+    fed.run_round(0, [(0, Group(0, np.arange(2), np.array([10, 30]), 0.0))])
+    assert env.now == pytest.approx(17.0)
+    if accounting == "full-fleet":
+        fed.charge_fleet_idle(0, 0.0, charged)
+    per_client = ledger.energy_frame().groupby("client")["joules"].sum()
+    assert per_client[per_client != 0].to_dict() == pytest.approx(expected)
+    assert ledger.energy_total == pytest.approx(sum(expected.values()))

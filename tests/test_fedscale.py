@@ -15,10 +15,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import TINY, one_error_line, write_toml
+from conftest import TINY, one_arm, one_error_line, write_toml
 from groupfel.emulator.config import AvailabilityConfig, HeterogeneityConfig, parse_config
 from groupfel.emulator.contention import Availability, client_net
-from groupfel.errors import InputError
+from groupfel.errors import InputError, InputWarning
 from groupfel.experiments.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -226,14 +226,15 @@ def test_a_run_on_a_trace_is_the_run_on_the_same_numbers_in_groupfels_csvs(tmp_p
     d = _one_round(TINY)
     d["topology"].update(heterogeneity={"fedscale_file": _pickle(tmp_path / "client_device_capacity", cap)},
                          availability={"fedscale_file": _pickle(tmp_path / "client_behave_trace", beh)})
-    # by hand: median computation 52.5 ms; bandwidth kbit/s × 1024 / 1e6; the trace repeats every 7 s
-    ids = [1, 2, 3, 4] * 3
+    # by hand: median computation 52.5 ms; bandwidth kbit/s × 1024 / 1e6; the trace repeats every 7 s;
+    # capacity ids sorted from client 0, behaviour ids as FedScale pairs them (client c: (c + 1) mod 4)
+    ids, beh_ids = [1, 2, 3, 4] * 3, [2, 3, 4, 1] * 3
     links = tmp_path / "links.csv"
     links.write_text("client,bandwidth_mbps,latency_s,slowdown\n" + "".join(
         f"{c},{cap[i]['communication'] * 1024 / 1e6!r},0.02,{cap[i]['computation'] / 52.5!r}\n" for c, i in enumerate(ids)))
     online = tmp_path / "online.csv"
     online.write_text("client,start_s,end_s\n" + "".join(
-        f"{c},{a + 7 * k},{b + 7 * k}\n" for c, i in enumerate(ids) for k in range(20)
+        f"{c},{a + 7 * k},{b + 7 * k}\n" for c, i in enumerate(beh_ids) for k in range(20)
         for a, b in zip(beh[i]["active"], beh[i]["inactive"])))
     mine = copy.deepcopy(d)
     mine["topology"].update(heterogeneity={"file": str(links)}, availability={"file": str(online)})
@@ -245,6 +246,108 @@ def test_a_run_on_a_trace_is_the_run_on_the_same_numbers_in_groupfels_csvs(tmp_p
     pd.testing.assert_frame_equal(a, b)
     assert a["end"].max() > 7          # the run outlasts one period of the trace
     net = json.loads((tmp_path / "trace" / arm / "manifest.json").read_text())["network"]
-    assert net["clients"]["fedscale_ids"] == [str(i) for i in ids] == net["availability_fedscale_ids"]
+    assert net["clients"]["fedscale_ids"] == [str(i) for i in ids]
+    assert net["availability_fedscale_ids"] == [str(i) for i in beh_ids]
     assert net["clients"]["slowdown"][:4] == pytest.approx([30 / 52.5, 90 / 52.5, 60 / 52.5, 45 / 52.5])
     assert net["offline"], "some sampled client is offline at a group round's start"
+
+
+# -- availability that acts like FedScale's: only online clients, never a round with nobody --------
+
+def _stretch(tmp_path: Path, d: dict, intervals: list[tuple[float, float]], period: float | None = 3600.0) -> dict:
+    """``d`` with every client online during ``intervals`` only (a FedScale CSV trace repeating
+    every ``period`` s, or groupfel's own availability file where ``period`` is None)."""
+    n = d["topology"]["edges"] * d["topology"]["clients_per_edge"]
+    if period is None:
+        rows = ["client,start_s,end_s"] + [f"{c},{a:g},{b:g}" for c in range(n) for a, b in intervals]
+        (tmp_path / "avail.csv").write_text("\n".join(rows) + "\n")
+        d["topology"]["availability"] = {"file": str(tmp_path / "avail.csv")}
+    else:
+        rows = ["client_id,active,inactive,finish_time"] + [f"{c},{a:g},{b:g},{period:g}" for c in range(n)
+                                                            for a, b in intervals]
+        (tmp_path / "behaviour.csv").write_text("\n".join(rows) + "\n")
+        d["topology"]["availability"] = {"fedscale_file": str(tmp_path / "behaviour.csv")}
+    return d
+
+
+def test_online_until_and_next_online_follow_a_repeating_trace(tmp_path):
+    trace = _stretch(tmp_path, {"topology": {"edges": 1, "clients_per_edge": 1}}, [(0, 25), (1000, 3600)])
+    a = Availability(AvailabilityConfig(**trace["topology"]["availability"]), 1, 0)
+    assert a.next_online(0, 10.0) == 10.0 and a.next_online(0, 25.0) == 1000.0
+    assert a.next_online(0, 3600 + 30.0) == 3600 + 1000.0
+    assert a.online_until(0, 10.0) == 25.0 and a.online_until(0, 30.0) == 30.0
+    # online from 1000 s to the period's end runs on into the next period's [0, 25)
+    assert a.online_until(0, 1500.0) == 3600 + 25.0
+    always = _stretch(tmp_path, {"topology": {"edges": 1, "clients_per_edge": 1}}, [(0, 3600)])
+    assert Availability(AvailabilityConfig(**always["topology"]["availability"]), 1, 0).online_until(0, 5.0) == np.inf
+
+
+def test_the_offline_stretch_is_waited_out_never_played(tmp_path, tiny_dict):
+    """Every client online 0-25 s and 1000-3600 s (FedScale trace): rounds run while they are
+    online; the round that reaches 25 s loses its members then (they drop out, their work after
+    25 s never charged); the next round starts at 1000 s, when they are back. No round starts in
+    the offline stretch, and each samples online clients."""
+    d = _stretch(tmp_path, one_arm(tiny_dict, rounds=10), [(0, 25), (1000, 3600)])
+    assert main(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "r"), "--quiet"]) == 0
+    res = pd.read_csv(next((tmp_path / "r").rglob("results.csv")))
+    manifest = json.loads(next((tmp_path / "r").rglob("manifest.json")).read_text())
+    starts = [r["start_s"] for r in manifest["network"]["rounds"]]
+    assert len(starts) == 10 and not any(25 <= s < 1000 for s in starts)
+    assert any(s >= 1000 for s in starts) and manifest["stop_reason"] == "rounds"
+    assert (res["clients_sampled"].iloc[1:] > 0).all()
+    # the members that were mid-work at 25 s left then (a zero "offline" charge at 25 s)
+    left = [o for o in manifest["network"]["offline"] if o["time_s"] == pytest.approx(25.0)]
+    assert left and all(o["round"] == 1 + starts.index(max(s for s in starts if s < 25)) for o in left)
+    # every round made progress in simulated time that someone worked in
+    led = pd.read_parquet(next((tmp_path / "r").rglob("ledger.parquet")))
+    assert set(led.loc[led.component == "training", "round"]) == set(range(1, 11))
+
+
+def test_nobody_online_again_stops_the_run_naming_availability(tmp_path, tiny_dict, capsys):
+    d = _stretch(tmp_path, one_arm(tiny_dict, rounds=20), [(0, 12)], period=None)
+    assert main(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "r"), "--quiet"]) == 0
+    manifest = json.loads(next((tmp_path / "r").rglob("manifest.json")).read_text())
+    assert manifest["stop_reason"] == "availability" and manifest["rounds_run"] < 20
+    assert manifest["stop_message"].startswith("availability: no client is online at or after")
+    assert "stopped early: rg-random: availability: no client is online" in capsys.readouterr().out
+
+
+def test_behaviour_ids_pair_as_fedscales_client_manager_or_sorted(tmp_path):
+    """FedScale's client j (from 1) takes the (j mod M)-th id in the file's order: with ids in
+    the order 7, 3, 10, our clients 0..3 (FedScale's 1..4) take 3, 10, 7, 3; sorted pairing takes
+    3, 7, 10, 3."""
+    trace = {k: BEHAVIOUR[k] for k in (7, 3, 10)}
+    f = _pickle(tmp_path / "beh", trace)
+    assert Availability(AvailabilityConfig(fedscale_file=f), 4, 0).trace_ids == ["3", "10", "7", "3"]
+    assert Availability(AvailabilityConfig(fedscale_file=f, fedscale_pairing="sorted"), 4, 0).trace_ids == \
+        ["3", "7", "10", "3"]
+
+
+def test_a_bad_interval_on_an_id_no_client_takes_is_reported_not_fatal(tmp_path):
+    trace = {1: {"active": [0], "inactive": [50], "finish_time": 100},
+             2: {"active": [0], "inactive": [50], "finish_time": 100},
+             3: {"active": [60], "inactive": [10], "finish_time": 100}}
+    f = _pickle(tmp_path / "beh", trace)
+    # FedScale pairing: clients 0, 1 take ids 2, 3 (positions 1, 2): id 3 is used, refused
+    with pytest.raises(InputError, match="client id '3'.*online from 60 s until 10 s is reversed"):
+        Availability(AvailabilityConfig(fedscale_file=f), 2, 0)
+    # one client takes id 2 only: id 3's bad interval is reported and ignored
+    with pytest.warns(InputWarning, match="client id '3' is paired with none of the 1 clients, so it is ignored"):
+        a = Availability(AvailabilityConfig(fedscale_file=f), 1, 0)
+    assert a.trace_ids == ["2"] and a.online(0, 10.0) and not a.online(0, 60.0)
+
+
+def test_capacity_pairs_by_key_as_fedscales_aggregator_where_asked(tmp_path):
+    """Keys 3, 7, 10 (M = 3): FedScale's client j takes key j mod 3, so our clients 0..3 (its
+    1..4) look up keys 1, 2, 0, 1, none of which exists: each takes FedScale's default entry
+    (1 ms per sample, 1 kbit/s). With keys 1..3: clients 0, 1 take keys 1, 2; client 2 (FedScale's
+    3, key 0) the default; client 3 key 1 again."""
+    f = _pickle(tmp_path / "cap", CAPACITY)
+    net = client_net(HeterogeneityConfig(fedscale_file=f, fedscale_pairing="fedscale"), 4, 20.0, 0.05, 0)
+    assert net.trace_ids == ["default"] * 4
+    g = _pickle(tmp_path / "cap2", {1: CAPACITY[10], 2: CAPACITY[3], 3: CAPACITY[7]})
+    net = client_net(HeterogeneityConfig(fedscale_file=g, fedscale_pairing="fedscale", reference_ms_per_sample=20.0),
+                     4, 20.0, 0.05, 0)
+    assert net.trace_ids == ["1", "2", "default", "1"]
+    assert net.bandwidth_mbps.tolist() == pytest.approx([1.024, 0.256, 1024 / 1e6, 1.024])
+    assert net.slowdown.tolist() == pytest.approx([1.0, 2.0, 1.0 / 20.0, 1.0])

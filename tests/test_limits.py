@@ -471,18 +471,18 @@ def test_slowdown_reads_as_a_slowdown(tmp_path):
         client_net(HeterogeneityConfig(file=str(f), slowdown_sigma=0.3), 2, 20.0, 0.02, 0)
 
 
-def test_a_run_where_no_client_is_online_is_refused_before_training(tmp_path, capsys):
-    """Before: every client offline in every round, nothing trained, exit 0."""
+def test_a_run_where_no_client_is_online_yet_waits_for_the_first_online_time(tmp_path, capsys):
+    """Before: every client offline in every round, nothing trained, exit 0; then refused. Now,
+    as FedScale's clock: nobody is online until 1000 s, so the first round starts then."""
     late = tmp_path / "late.csv"
     late.write_text("client,start_s,end_s\n" + "".join(f"{c},1000,2000\n" for c in range(12)))
     d = _tiny()
     d["topology"]["availability"] = {"file": str(late)}
     cfg = write_toml(tmp_path, d)
     out = tmp_path / "run"
-    assert main(["run", str(cfg), "--output", str(out), "--quiet"]) == 2
-    _refused(capsys.readouterr().err, ("topology.availability: all 6 clients sampled in round 1 are offline at its "
-                                       "start (0 s simulated), so nothing would train",))
-    assert not out.exists(), sorted(out.rglob("*"))
+    assert main(["run", str(cfg), "--output", str(out), "--quiet"]) == 0
+    manifest = json.loads(next(out.rglob("manifest.json")).read_text())
+    assert manifest["network"]["rounds"][0]["start_s"] == 1000.0 and not manifest["network"]["offline"]
 
 
 @pytest.fixture(scope="module")
@@ -644,6 +644,9 @@ OTHER_MODE = {
     "faults.straggler.sigma": (lambda d: d["faults"].update(straggler={"distribution": "pareto"}), 0.7),
     "faults.straggler.shape": (lambda d: d["faults"].update(straggler={"distribution": "lognormal"}), 2.5),
     "topology.heterogeneity.reference_ms_per_sample": (lambda d: None, 50.0),
+    "topology.heterogeneity.fedscale_pairing": (lambda d: None, "fedscale"),
+    "topology.availability.fedscale_pairing": (
+        lambda d: d["topology"].update(availability={"mean_on_s": 40.0, "mean_off_s": 10.0}), "sorted"),
     "train.report_best": (lambda d: None, True),          # _tiny() runs in global mode
     "train.local_reference": (lambda d: None, False),
 }

@@ -23,6 +23,7 @@ def test_report_renders_in_chromium(browser, tiny_dict, tmp_path, capsys):
     assert main(["report", str(run), "--out", str(tmp_path / "report.html")]) == 0
     page = (tmp_path / "report.html").read_text()
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)      # nothing from the network
+    assert str(tmp_path) not in page                                     # no absolute path of the run
     for section in ("What was run", "Accuracy against cost", "Summary", "Eq. 5 cost breakdown", "Grouping",
                     "Makespan", "Versions and wall time", "paired difference from covg-esrcov"):
         assert section in page

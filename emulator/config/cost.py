@@ -1,6 +1,8 @@
 """The `[cost]` section: the device profiles, curves and group operations of the Eq. 5 charges."""
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from .base import _Strict, path_of
@@ -18,6 +20,12 @@ class CostConfig(_Strict):
                                       "file's columns). A profile named like a shipped one replaces only the "
                                       "curves it has; the shipped profile supplies the rest.")
     energy: bool = Field(False, description="Charge energy too: each client's joules per state (training, "
-                         "group_operation, transmit, receive, idle) = the device's power in the state × the "
-                         "simulated seconds it spent there, from the shipped power profile (raspberry-pi-4: idle "
-                         "and training) and cost.profiles_file's [[power]] tables. Off: no energy columns.")
+                         "group_operation, transmit, receive, listen, idle) = the device's power in the state × "
+                         "the simulated seconds it spent there, from the shipped power profile (raspberry-pi-4: "
+                         "every state, those without a measurement marked assumed) and cost.profiles_file's "
+                         "[[power]] tables. Off: no energy columns.")
+    energy_accounting: Literal["group-rounds", "full-fleet", "marginal"] = Field(
+        "group-rounds", description="What cost.energy counts: group-rounds (each sampled client from its "
+        "group round's start to its end, idle while it waits), full-fleet (also every online client idle "
+        "between its work, sampled or not) or marginal (the work above idle power: idle is 0 W and every "
+        "other state its power less idle).")

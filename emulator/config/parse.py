@@ -107,6 +107,12 @@ ONLY_IN: dict[str, tuple[str, Callable[[RunConfig], bool]]] = {
     "topology.heterogeneity.reference_ms_per_sample": (
         "topology.heterogeneity.fedscale_file",
         lambda c: c.topology.heterogeneity is not None and c.topology.heterogeneity.fedscale_file is not None),
+    "topology.heterogeneity.fedscale_pairing": (
+        "topology.heterogeneity.fedscale_file",
+        lambda c: c.topology.heterogeneity is not None and c.topology.heterogeneity.fedscale_file is not None),
+    "topology.availability.fedscale_pairing": (
+        "topology.availability.fedscale_file",
+        lambda c: c.topology.availability is not None and c.topology.availability.fedscale_file is not None),
 }
 
 

@@ -2,7 +2,7 @@
 arrivals."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -29,10 +29,15 @@ class HeterogeneityConfig(_Strict):
     file: path_of("CSV file") | None = Field(None, description="A CSV with columns client, bandwidth_mbps, latency_s and "
                              "optionally slowdown; one row for every client (ids 0..N-1).")
     fedscale_file: path_of("trace file") | None = Field(None, description="A FedScale device-capacity trace (its "
-                                      "client_device_capacity pickle, or the same as .json or .csv): client c "
-                                      "takes the c-th id in sorted order (cycling when the trace is shorter); "
+                                      "client_device_capacity pickle, or the same as .json or .csv): each "
+                                      "client takes one entry (see fedscale_pairing); "
                                       "bandwidth = communication × 1024 bit/s, slowdown = computation / "
                                       "reference_ms_per_sample; latency stays client_link.latency_s.")
+    fedscale_pairing: Literal["sorted", "fedscale"] = Field(
+        "sorted", description="With fedscale_file: which entry each client takes. sorted: client c the (c mod "
+        "M)-th id in sorted order; fedscale: as FedScale's aggregator, client c the entry whose key is (c + 1) "
+        "mod M (its clients count from 1), or FedScale's default (1.0 ms per sample, 1.0 kbit/s) where no entry "
+        "has that key.")
     reference_ms_per_sample: RefMs | None = Field(None, description="With fedscale_file: the trace's "
                                                   "computation (ms per sample) of a client as fast as its device "
                                                   "profile (slowdown 1); unset: the median over the whole trace.")
@@ -76,9 +81,13 @@ class AvailabilityConfig(_Strict):
     file: path_of("CSV file") | None = Field(None, description="A CSV with columns client, start_s, end_s: the intervals each "
                              "client is online; every client needs at least one row.")
     fedscale_file: path_of("trace file") | None = Field(None, description="A FedScale behaviour trace (its client_behave_trace "
-                                      "pickle, or the same as .json or .csv): client c takes the c-th id in "
-                                      "sorted order (cycling when the trace is shorter) and is online within "
-                                      "[active[i], inactive[i]) seconds, repeating every finish_time seconds.")
+                                      "pickle, or the same as .json or .csv): each client takes one id (see "
+                                      "fedscale_pairing) and is online within [active[i], inactive[i]) seconds, "
+                                      "repeating every finish_time seconds.")
+    fedscale_pairing: Literal["fedscale", "sorted"] = Field(
+        "fedscale", description="With fedscale_file: which id each client takes. fedscale: as FedScale's client "
+        "manager, client c the ((c + 1) mod M)-th id in the file's order (its clients count from 1); sorted: "
+        "the (c mod M)-th id in sorted order.")
     mean_on_s: Seconds | None = Field(None, description="Without file: online periods last Exp(mean_on_s).")
     mean_off_s: Seconds | None = Field(None, description="Without file: offline periods last Exp(mean_off_s).")
 

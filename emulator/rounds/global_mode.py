@@ -11,7 +11,7 @@ from groupfel.cost_models import TRAINING
 from groupfel.errors import DivergenceError
 
 from ..arm import (ArmPlan, RoundStrategy, aggregation_weights, budget_error, energy_budget_error, input_warnings,
-                   new_federation, norm_growth, sample_groups)
+                   new_federation, norm_growth, online_groups, sample_groups)
 from ..compute import run_group_rounds
 from ..federation import Federation, Group
 from ..ledger import CostLedger
@@ -45,9 +45,12 @@ class GlobalRounds(RoundStrategy):
                 or plan.grouping.needs_distances:
             return
         grouping = form_groups(world, plan.grouping, 0)
-        _, _, chosen = sample_groups(world, plan, grouping.groups, 0)
         fed = new_federation(world, Federation.environment(), CostLedger())
-        groups = [grouping.groups[g] for g in chosen]
+        if fed.await_online(np.concatenate([g.clients for g in grouping.groups])) is not None:
+            return      # nobody ever online: the run stops before its first round, saying so
+        pool = online_groups(fed, grouping.groups)    # as the run samples: the groups online then
+        _, _, chosen = sample_groups(world, plan, [grouping.groups[i] for i in pool], 0)
+        groups = [grouping.groups[pool[g]] for g in chosen]
         first = fed.round_cost(0, groups) if tc.budget is not None else 0.0
         if tc.budget is not None and first > tc.budget:
             raise budget_error(tc.budget, first, f"arm {plan.arm.name!r}")
@@ -73,7 +76,7 @@ class GlobalRounds(RoundStrategy):
             grouping = form_groups(world, plan.grouping, epoch, state.weights)
             state.grouping, state.grouping_epoch = grouping.summary(), epoch
         self._use(grouping)
-        self.epoch, self.ran = epoch, []
+        self.epoch, self.ran, self.present = epoch, [], 0
         n_groups0 = state.initial_grouping["n_groups"] if state.initial_grouping else len(grouping.groups)
         state.warnings = input_warnings(world, plan, n_groups0)
         if fresh:   # results' round 0: the initial model, before anything is charged
@@ -102,10 +105,19 @@ class GlobalRounds(RoundStrategy):
         charge_client_work(state.ledger, self.env, world.topology, t, grouping.probe)
         self._use(grouping)
 
+    def members(self) -> np.ndarray:
+        return np.concatenate([g.clients for g in self.grouping.groups])
+
     def select(self, t: int) -> list[Group]:
-        S, self.log_p, self.chosen = sample_groups(self.world, self.plan, self.grouping.groups, t)
+        groups = self.grouping.groups
+        pool = online_groups(self.fed, groups)       # availability: only groups with a member online now
+        everyone = len(pool) == len(groups)
+        S, self.log_p, self.picked = sample_groups(self.world, self.plan, groups if everyone else
+                                                   [groups[i] for i in pool], t)
+        self.chosen = self.picked if everyone else pool[self.picked]
+        self.pool_total = self.n_total if everyone else float(sum(groups[i].total_samples for i in pool))
         self.state.groups_per_round = self.S = S
-        return [self.grouping.groups[g] for g in self.chosen]
+        return [groups[g] for g in self.chosen]
 
     def train(self, t: int) -> None:
         from groupfel.policies import inclusion_log_probabilities
@@ -113,8 +125,8 @@ class GlobalRounds(RoundStrategy):
         world, plan, state, chosen = self.world, self.plan, self.state, self.chosen
         groups = self.grouping.groups
         log_pi = inclusion_log_probabilities(self.log_p, self.S)
-        weights = aggregation_weights(plan, np.array([groups[g].total_samples for g in chosen]), log_pi[chosen],
-                                      self.n_total)
+        weights = aggregation_weights(plan, np.array([groups[g].total_samples for g in chosen]),
+                                      log_pi[self.picked], self.pool_total)
         sampled = {int(g): groups[g] for g in chosen}
         members = np.concatenate([g.clients for g in sampled.values()])
         algorithm, alg_state = self.training.algorithm, self.training.state
@@ -122,6 +134,7 @@ class GlobalRounds(RoundStrategy):
         clustered = state.cluster_models is not None   # after a "cluster" regroup: each cluster its own model
         starts = {g: state.cluster_models[g] if clustered else state.weights for g in sampled}
         offline = self.fed.offline(t, list(sampled.items()))   # availability: the round's clock decides
+        self.present = len(members) - len(self.fed.absent(t))
         models = run_group_rounds(world.engine, starts, sampled, t, local_spec(world, t, offline), algorithm, alg_state,
                                   scratch, state.momentum)                         # compute, then time:
         self.fed.run_round(t, list(sampled.items()))
@@ -157,7 +170,7 @@ class GlobalRounds(RoundStrategy):
             "sim_time_s": state.sim_time,
             "round_time_s": state.round_time, "accuracy": acc, "loss": loss,
             "groups_sampled": len(sampled),
-            "clients_sampled": int(sum(groups[g].size for g in sampled)),
+            "clients_sampled": self.present if len(sampled) else 0,   # online at the round's start
             "avg_sampled_cov": float(np.mean([groups[g].cov for g in sampled])) if len(sampled) else np.nan})
         collapse = collapsed(state.rows, world.dataset.num_classes)
         if collapse:

@@ -22,7 +22,7 @@ from groupfel.policies.grouping import EdgeView
 from groupfel.userfile import check_file
 
 from ..algorithms import Algorithm, FedAvg
-from ..arm import ArmPlan, ArmState, RoundStrategy, input_warnings, new_federation, sample_groups
+from ..arm import ArmPlan, ArmState, RoundStrategy, input_warnings, new_federation, online_groups, sample_groups
 from ..compute import run_group_rounds
 from ..config import arrival_rounds
 from ..federation import Federation, Group
@@ -284,10 +284,16 @@ class PerGroupRounds(RoundStrategy):
         elif self.kind == "nearest":
             self._nearest(t)
 
+    def members(self) -> np.ndarray:
+        return np.flatnonzero(self.state.assign >= 0)
+
     def select(self, t: int) -> list[Group]:
         world, plan, state = self.world, self.plan, self.state
         self.groups = current_groups(world, state)
         ids = sorted(self.groups)
+        pool = online_groups(self.fed, [self.groups[g] for g in ids])   # availability: a member online now
+        if len(pool) < len(ids):
+            ids = [ids[i] for i in pool]
         if plan.arm.sampling is not None:
             S, _, chosen = sample_groups(world, plan, [self.groups[g] for g in ids], t)
             ids = [ids[i] for i in chosen]
