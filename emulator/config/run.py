@@ -13,6 +13,7 @@ from .faults import FaultsConfig
 from .limits import DEFAULT_MAX_SEEDS, INT64, MIN_MARGIN
 from .topology import TopologyConfig, arrival_rounds
 from .train import TrainConfig
+from groupfel.userfile import short
 
 
 class MarginsConfig(_Strict):

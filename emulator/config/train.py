@@ -7,6 +7,7 @@ from pydantic import Field, field_validator, model_validator
 
 from .base import PartName, _Strict
 from .limits import Count, Rounds
+from groupfel.userfile import short
 
 
 class TrainConfig(_Strict):
