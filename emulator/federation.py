@@ -192,7 +192,6 @@ class Federation:
                                   devices=devices, component=comp, amounts=charges[comp],
                                   start=start + spans[:, ci, 0], end=start + spans[:, ci, 1])
             if ctx.ledger.power is not None:
-                transfer = np.array([self._transfer[int(c)] for c in g.clients])
                 rate = np.array([ctx.topology.client_link(int(c)).bandwidth_mbps for c in g.clients])
                 sent = np.stack([transfer, np.where(dropped, 0.0, transfer)], axis=1)
                 air = np.minimum(airtime(ctx.model_bytes, rate)[:, None], sent) * (sent > 0)
@@ -219,14 +218,9 @@ class Federation:
         n = len(transfer)
         steps = np.empty((n, len(charges) + 3))
         steps[:, 0], steps[:, 1] = t0, transfer                          # edge -> client
-        if dropped.any():
-            for c, (comp, amounts) in enumerate(charges.items()):        # E·H_i(n_i), each O_g, recovery
-                steps[:, 2 + c] = np.where(dropped & (comp != TRAINING), 0.0, slow * amounts)
-            steps[:, -1] = np.where(dropped, 0.0, transfer)              # client -> edge (a dropped one: none)
-        else:
-            for c, amounts in enumerate(charges.values()):
-                steps[:, 2 + c] = slow * amounts
-            steps[:, -1] = transfer
+        for c, (comp, amounts) in enumerate(charges.items()):            # E·H_i(n_i), each O_g, recovery
+            steps[:, 2 + c] = np.where(dropped & (comp != TRAINING), 0.0, slow * amounts)
+        steps[:, -1] = np.where(dropped, 0.0, transfer)                  # client -> edge (a dropped one: none)
         clock = np.cumsum(steps, axis=1)                                 # SimPy's own sums: now + delay
         # (member, component, [start, end]): consecutive offsets, as a view
         spans = np.lib.stride_tricks.sliding_window_view(clock[:, 1:-1] - t0, 2, axis=1)
