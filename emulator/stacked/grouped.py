@@ -52,6 +52,7 @@ class _Compiler:
         self.flat = False
         self.spatial = False          # an image layer came before (the input is an image)
         self.conv_channels: set[int] = set()   # each convolution's input channels per client
+        self.owned = False            # the layout is a tensor of the net's own (a layer's output)
 
     def param(self, prefix: str, name: str) -> int | None:
         i = self.index.get(f"{prefix}{name}")
@@ -66,6 +67,14 @@ class _Compiler:
             raise _Unsupported
         self.seen.add(id(module))
         kind = type(module)
+        op = self._compile(module, kind, prefix)
+        if kind in (nn.ReLU, BasicBlock):   # ends in a ReLU, whose backward reads its output
+            self.owned = False
+        elif kind not in (nn.Sequential, nn.Identity, nn.Flatten, ResNet):   # a fresh output
+            self.owned = True
+        return op
+
+    def _compile(self, module: nn.Module, kind: type, prefix: str) -> Op:
         if kind is nn.Sequential:
             # _modules, not named_children(): that skips a module's second use (shared parameters)
             ops = [self.compile(m, f"{prefix}{name}.") for name, m in module._modules.items()]
@@ -86,6 +95,10 @@ class _Compiler:
                 return lambda h, p, n, b: torch.bmm(h, p[w].transpose(1, 2))
             return lambda h, p, n, b: torch.baddbmm(p[bias].unsqueeze(1), h, p[w].transpose(1, 2))
         if kind is nn.ReLU:
+            # in place where the layout is a layer's own output (never the caller's input): no
+            # new tensor, and ReLU's backward reads its output, which stays as saved
+            if self.owned:
+                return lambda h, p, n, b: h.relu_()
             return lambda h, p, n, b: h.relu()
         if kind is nn.Identity:
             return lambda h, p, n, b: h
@@ -141,8 +154,10 @@ class _Compiler:
         short = self.compile(block.short, f"{prefix}short.")
 
         def op(h, p, n, b):
-            out = n1(conv1(h, p, n, b), p, n, b).relu()
-            return (n2(conv2(out, p, n, b), p, n, b) + short(h, p, n, b)).relu()
+            # in place on the norms' fresh outputs (GroupNorm's backward reads its input, not its
+            # output): the same values and gradients, bit for bit, with two tensors fewer
+            out = n1(conv1(h, p, n, b), p, n, b).relu_()
+            return n2(conv2(out, p, n, b), p, n, b).add_(short(h, p, n, b)).relu_()
         return op
 
 
