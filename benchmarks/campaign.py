@@ -264,7 +264,8 @@ class _StubEngine:
 
         return contextlib.nullcontext()
 
-    def train(self, start, clients, epochs, seeds, *, lr=None, correction=None, momentum=None, rows=None):
+    def train(self, start, clients, epochs, seeds, *, lr=None, correction=None, momentum=None, rows=None,
+              mu=None, beta=None):
         import torch
 
         if self._trained is None or len(self._trained) < len(clients):   # read, never written, by the rounds

@@ -10,16 +10,18 @@ every engine call of every run goes to one :class:`Batcher`:
   train in one stacked call of one engine (:class:`~groupfel.emulator.training.BatchedEngine`'s
   stacked formulation), and each run gets its own rows back. Runs that finish leave; the others
   go on without them.
-* The gathered calls are ordered by run. Local epochs and learning rates are per-row inputs of
-  the stacked formulation: calls that differ in them (Table 2's E = 2/5/10, a decayed learning
-  rate) share one engine call. Calls of different optimiser state (SCAFFOLD's corrections,
-  persistent momentum) go to separate engine calls, as does everything on the per-client loop. So
-  the k-th stacked call holds the k-th call of every run that makes one: a stacked campaign
-  gives the same numbers every time, whichever thread asks first.
+* The gathered calls are ordered by run. Local epochs, learning rates, FedProx's μ, momentum
+  and SCAFFOLD's corrections are per-row inputs of the stacked formulation
+  (:class:`~groupfel.emulator.stacked.Terms`): calls that differ in them (Table 2's E = 2/5/10,
+  a decayed learning rate, FedAvg beside FedProx and SCAFFOLD) share one engine call, each
+  client computed as in a call of its own. On the per-client loop calls that differ in any of
+  them go to separate engine calls. So the k-th stacked call holds the k-th call of every run
+  that makes one: a stacked campaign gives the same numbers every time, whichever thread asks
+  first.
 * A run's own engine (:class:`StackMember`) keeps its own model for everything but training
   (evaluation, scoring, the personal algorithms' steps): only ``train`` goes to the batcher.
-* Runs whose engine settings differ (model, batch size, momentum, weight decay, μ, device,
-  precision, kernel settings, engine) get different batchers (:class:`Stacks`).
+* Runs whose engine settings differ (model, batch size, weight decay, device, precision,
+  kernel settings, engine) get different batchers (:class:`Stacks`).
 
 A client's result does not depend on its partners where the kernels compute each stacked client
 alone. On this project's CPU (x86-64, portable numerics) a client's models are bitwise the same in
@@ -52,6 +54,8 @@ class _Request:
     seeds: list[int]
     epochs: int
     lr: float
+    mu: float
+    beta: float                       # the run's momentum
     correction: torch.Tensor | None
     momentum: torch.Tensor | None     # updated in place
 
@@ -126,34 +130,44 @@ class Batcher:
         self.cond.notify_all()
 
     def _train(self, batch: dict[int, _Request]) -> dict[int, torch.Tensor]:
-        # the stacked formulation takes each client's epochs and learning rate (per-row inputs):
-        # runs that differ only in those share one call; the per-client loop takes one of each
+        # the stacked formulation takes every optimiser input per row: all runs share one call;
+        # the per-client loop takes one of each, so runs that differ in any go to separate calls
         per_row = getattr(self.engine, "formulation", None) == "stacked"
         calls: dict[tuple, list[int]] = {}
         for run, r in batch.items():
-            key = (r.correction is not None, r.momentum is not None) + (() if per_row else (r.epochs, r.lr))
+            key = () if per_row else (r.correction is not None, r.momentum is not None, r.epochs, r.lr, r.mu, r.beta)
             calls.setdefault(key, []).append(run)
         out = {}
-        for (corrected, with_momentum, *_), runs in calls.items():
+        for runs in calls.values():
             reqs = [batch[run] for run in runs]
             starts = np.cumsum([0] + [len(r.table) for r in reqs])
             rows = [start + row for r, start in zip(reqs, starts) for row in r.rows]
-            cat = lambda name: torch.cat([getattr(r, name) for r in reqs])   # noqa: E731
-            momentum = cat("momentum") if with_momentum else None
-            epochs = [r.epochs for r in reqs for _ in r.clients] if per_row else reqs[0].epochs
-            lr = [r.lr for r in reqs for _ in r.clients] if per_row else reqs[0].lr
+            per = lambda name: ([getattr(r, name) for r in reqs for _ in r.clients] if per_row  # noqa: E731
+                                else getattr(reqs[0], name))
+            momentum = self._rows(reqs, "momentum")
             trained = self.engine.train(torch.cat([r.table.to(self.engine.device) for r in reqs]),
-                                        [c for r in reqs for c in r.clients], epochs,
-                                        [s for r in reqs for s in r.seeds], lr=lr, rows=rows,
-                                        correction=cat("correction") if corrected else None, momentum=momentum)
+                                        [c for r in reqs for c in r.clients], per("epochs"),
+                                        [s for r in reqs for s in r.seeds], lr=per("lr"), rows=rows,
+                                        correction=self._rows(reqs, "correction"), momentum=momentum,
+                                        mu=per("mu"), beta=per("beta"))
             pos = 0
             for run, r in zip(runs, reqs):
                 n = len(r.clients)
                 out[run] = trained[pos:pos + n]
-                if with_momentum:
+                if r.momentum is not None:
                     r.momentum.copy_(momentum[pos:pos + n])
                 pos += n
         return out
+
+    def _rows(self, reqs: list[_Request], name: str) -> torch.Tensor | None:
+        """The calls' rows of an optional input (correction, momentum), zeros for a call without
+        one (a zero correction or momentum adds exactly nothing); None where no call has one."""
+        given = [getattr(r, name) for r in reqs]
+        if all(t is None for t in given):
+            return None
+        like = next(t for t in given if t is not None)
+        return torch.cat([t if t is not None else like.new_zeros(len(r.clients), like.shape[1])
+                          for t, r in zip(given, reqs)])
 
 
 class StackMember(TorchEngine):
@@ -164,10 +178,12 @@ class StackMember(TorchEngine):
     run: int
     offset: int
 
-    def train(self, start, clients, epochs, seeds, *, lr=None, correction=None, momentum=None, rows=None):
+    def train(self, start, clients, epochs, seeds, *, lr=None, correction=None, momentum=None, rows=None,
+              mu=None, beta=None):
         table, rows = self._inputs(start, len(clients), rows)
         request = _Request(table, rows, [self.offset + int(c) for c in clients], [int(s) for s in seeds], int(epochs),
-                           self.lr if lr is None else float(lr), correction, momentum)
+                           self.lr if lr is None else float(lr), self.mu if mu is None else float(mu),
+                           self.momentum if beta is None else float(beta), correction, momentum)
         return self.batcher.train(self.run, request)
 
     def waiting(self):
@@ -184,8 +200,9 @@ class Stacks:
     def member(self, engine_kind: str, dataset: Dataset, client_samples, model: str, lr: float, batch_size: int,
                device: str, *, momentum: float, weight_decay: float, mu: float, precision: str,
                kernels: Kernels | None = None) -> StackMember:
-        """The engine of the next run of the shard, joined to the batcher of its settings."""
-        kw = dict(momentum=momentum, weight_decay=weight_decay, mu=mu, precision=precision)
+        """The engine of the next run of the shard, joined to the batcher of its settings (μ and
+        momentum are each call's own: runs of any algorithm share a batcher)."""
+        kw = dict(weight_decay=weight_decay, precision=precision)
         kernels = kernels or Kernels()
         key = (engine_kind, model, tuple(dataset.input_shape), dataset.num_classes, batch_size, device,
                *kw.values(), kernels)
@@ -195,7 +212,7 @@ class Stacks:
                       if engine_kind == "batched" else TorchEngine(dataset, [], model, lr, batch_size, device, **kw))
             self.batchers[key] = Batcher(engine)
         batcher = self.batchers[key]
-        member = StackMember(dataset, client_samples, model, lr, batch_size, device, **kw)
+        member = StackMember(dataset, client_samples, model, lr, batch_size, device, momentum=momentum, mu=mu, **kw)
         member.batcher, member.run = batcher, self.runs
         member.offset = batcher.join(self.runs, dataset, client_samples)
         self.runs += 1

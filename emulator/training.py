@@ -46,7 +46,7 @@ from . import devices, procs
 from .io import exit_with_parent
 from .models import build_model
 from .precision import PRECISIONS, autocast, set_precision
-from .stacked import GroupedNet, Kernels, Stack, bucket
+from .stacked import GroupedNet, Kernels, Stack, Terms, bucket
 
 log = logging.getLogger(__name__)
 # torch's global generator seeds the initial weights: runs sharing a process (emulator.stacking) take turns
@@ -79,13 +79,15 @@ class TrainingEngine(Protocol):
 
     def train(self, start: torch.Tensor, clients: Sequence[int], epochs: int, seeds: Sequence[int], *,
               lr: float | None = None, correction: torch.Tensor | None = None,
-              momentum: torch.Tensor | None = None, rows: Sequence[int] | None = None) -> torch.Tensor:
+              momentum: torch.Tensor | None = None, rows: Sequence[int] | None = None,
+              mu: float | None = None, beta: float | None = None) -> torch.Tensor:
         """Each client's flat weights after ``epochs`` local epochs: (len(clients), P).
 
         ``start`` is one (P,) model for every client, or one row per client, or with ``rows`` a
         (R, P) table where client i starts from ``start[rows[i]]``. ``lr`` overrides the engine's
         (learning-rate decay); ``correction`` (C, P) is added to every gradient (SCAFFOLD);
-        ``momentum`` (C, P) are the clients' buffers, updated in place."""
+        ``momentum`` (C, P) are the clients' buffers, updated in place. ``mu`` and ``beta``
+        override the engine's μ and momentum (runs of other algorithms trained in one call)."""
 
     def evaluate(self, weights: torch.Tensor) -> tuple[float, float]:
         """(accuracy, mean cross-entropy loss) on the held-out test set."""
@@ -148,22 +150,25 @@ class TorchEngine:
             rows = [0] * n_clients if start.dim() == 1 else range(n_clients)
         return table.to(self.device), [int(r) for r in rows]
 
-    def train(self, start, clients, epochs, seeds, *, lr=None, correction=None, momentum=None, rows=None):
+    def train(self, start, clients, epochs, seeds, *, lr=None, correction=None, momentum=None, rows=None,
+              mu=None, beta=None):
         table, rows = self._inputs(start, len(clients), rows)
         lr = self.lr if lr is None else lr
         out = torch.empty(len(clients), self.n_params, device=self.device)
         for i, (client, seed) in enumerate(zip(clients, seeds)):
             out[i] = self._train_client(table[rows[i]], int(client), int(seed), epochs, lr,
                                         None if correction is None else correction[i],
-                                        None if momentum is None else momentum[i])
+                                        None if momentum is None else momentum[i], mu=mu, beta=beta)
         return out
 
     def _train_client(self, start: torch.Tensor, client: int, seed: int, epochs: int, lr: float,
-                      correction: torch.Tensor | None, buf: torch.Tensor | None) -> torch.Tensor:
+                      correction: torch.Tensor | None, buf: torch.Tensor | None, *,
+                      mu: float | None = None, beta: float | None = None) -> torch.Tensor:
         """One client's local epochs from ``start``; ``buf`` (P,) is updated in place."""
         every = list(self.model.parameters())
         load_flat(every, start)
-        m, wd, mu = self.momentum, self.weight_decay, self.mu
+        m = self.momentum if beta is None else beta
+        wd, mu = self.weight_decay, self.mu if mu is None else mu
         if m and buf is None:
             buf = torch.zeros(self.n_params, device=self.device)
         # per-parameter views of the flat vectors, for torch's multi-tensor (_foreach) updates; only
@@ -395,7 +400,7 @@ class BatchedEngine(TorchEngine):
             return f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
         return None
 
-    def _train_stacked(self, table, rows, clients, epochs, seeds, lr, correction, momentum):
+    def _train_stacked(self, table, rows, clients, epochs, seeds, terms: Terms, momentum):
         C, dev = len(clients), self.device
         # The clients with the most steps go first, so that each step computes only the prefix of
         # rows that still have a batch in it (ragged sizes: most of a wide stack's last steps would
@@ -408,39 +413,22 @@ class BatchedEngine(TorchEngine):
         perm = sorted(range(C), key=lambda i: -n_steps[i])
         inverse = torch.as_tensor(np.argsort(perm), device=dev)
         pick = torch.as_tensor(perm, device=dev)
-        st = self._stack(width, correction is not None)
-        sizes = [p[0].numel() for p in st.params]
-
-        def split(flat):
-            return [v.reshape(C, *p.shape[1:]) for v, p in zip(flat.split(sizes, dim=1), st.params)]
+        st = self._stack(width)
         starts = table[torch.as_tensor(rows, device=dev)[pick]]             # (C, P)
-        for p, s in zip(st.params, split(starts)):
-            p[:C].copy_(s)
-        if st.anchor is not None:
-            for a, p in zip(st.anchor, st.params):
-                a.copy_(p)
-        if st.corr is not None:
-            for c, s in zip(st.corr, split(correction.to(dev)[pick])):
-                c[:C].copy_(s)
-        if st.bufs is not None:
-            if momentum is not None:
-                for b, s in zip(st.bufs, split(momentum[pick.to(momentum.device)])):
-                    b[:C].copy_(s)
-            else:
-                for b in st.bufs:
-                    b.zero_()
+        terms = terms.ordered(perm)
+        st.load(starts, terms, None if momentum is None else momentum[pick.to(momentum.device)])
         order, mask, live = self._schedule([clients[i] for i in perm], [seeds[i] for i in perm],
                                            [epochs[i] for i in perm], width)
-        st.lr.zero_()
-        st.lr[:C].copy_(torch.as_tensor([lr[i] for i in perm], dtype=st.lr.dtype, device=dev))
         self.model.train()
         for b in range(len(order)):
             st.batch.copy_(order[b])
             st.mask.copy_(mask[b])
             st.step(st.rows(live[b]))
-        if momentum is not None and st.bufs is not None:
-            momentum.copy_(torch.cat([b[:C].reshape(C, -1) for b in st.bufs], dim=1)[inverse])
-        return torch.cat([p[:C].reshape(C, -1) for p in st.params], dim=1)[inverse]
+        if momentum is not None and st.uses.heavy:   # a row without momentum keeps its buffer, untouched
+            heavy = torch.as_tensor(terms.beta, device=momentum.device)[inverse.to(momentum.device)] != 0
+            new = st.flat(st.bufs, C)[inverse].to(momentum.device)
+            momentum.copy_(torch.where(heavy.unsqueeze(1), new, momentum))
+        return st.flat(st.params, C)[inverse]
 
     def _schedule(self, clients, seeds, epochs, width) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """Every step's sample indices and mask, (steps, width, B) each, on the device, and how
@@ -465,12 +453,12 @@ class BatchedEngine(TorchEngine):
         live = [sum(t > s for t in total) for s in range(steps)]
         return as_steps(order).to(self.device), as_steps(mask).to(self.device), live
 
-    def _stack(self, width: int, corrected: bool) -> Stack:
-        key = (width, corrected)
+    def _stack(self, width: int) -> Stack:
+        key = width
         if key not in self._stacks:
             if len(self._stacks) >= 8:   # few widths recur; an old one's memory goes back
                 self._stacks.pop(next(iter(self._stacks)))
-            self._stacks[key] = Stack(self, width, corrected, self._loss_fn, buckets=self.buckets,
+            self._stacks[key] = Stack(self, width, self._loss_fn, buckets=self.buckets,
                                       graphs=self.device.type == "cuda", channels_last=self.kernels.layout(self.device))
         return self._stacks[key]
 
@@ -508,17 +496,22 @@ class BatchedEngine(TorchEngine):
             weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
         return torch.from_numpy(self._block["block"])
 
-    def train(self, start, clients, epochs, seeds, *, lr=None, correction=None, momentum=None, rows=None):
+    def train(self, start, clients, epochs, seeds, *, lr=None, correction=None, momentum=None, rows=None,
+              mu=None, beta=None):
         table, rows = self._inputs(start, len(clients), rows)
         lr = self.lr if lr is None else lr
+        mu, beta = self.mu if mu is None else mu, self.momentum if beta is None else beta
         clients, seeds = [int(c) for c in clients], [int(s) for s in seeds]
-        if self.formulation == "stacked":   # epochs and lr: one for all, or one per client (emulator.stacking)
-            per_row = lambda v, kind: [kind(x) for x in v] if isinstance(v, Sequence) else [kind(v)] * len(clients)  # noqa: E731
-            return self._train_stacked(table, rows, clients, per_row(epochs, int), seeds, per_row(lr, float),
-                                       correction, momentum)
+        if self.formulation == "stacked":   # epochs, lr, μ, momentum: one for all, or one per client (emulator.stacking)
+            per_row = lambda v: [float(x) for x in v] if isinstance(v, Sequence) else [float(v)] * len(clients)  # noqa: E731
+            terms = Terms(per_row(lr), per_row(mu), per_row(beta), correction)
+            return self._train_stacked(table, rows, clients, [int(e) for e in per_row(epochs)], seeds, terms, momentum)
         if self.workers == 1 or len(clients) == 1:
             return super().train(table, clients, epochs, seeds, lr=lr, correction=correction,
-                                 momentum=momentum, rows=rows)
+                                 momentum=momentum, rows=rows, mu=mu, beta=beta)
+        if (mu, beta) != (self.mu, self.momentum):   # the workers were started with the engine's
+            raise ValueError("the per-client workers train with the engine's mu and momentum; train those "
+                             "of another in a call of its own engine")
         C = len(clients)
         sections = {"table": table, "out": None, "correction": correction, "momentum": momentum}
         layout, end = {}, 0

@@ -116,13 +116,13 @@ def _on_gpu(task) -> bool:
 
 def _stack_key(task) -> tuple:
     """What must match for runs to share a stack (the worker splits finer, emulator.stacking). The
-    training algorithm need not: the sweep points of a seed that differ only in it stack together
-    and share one local-training reference (per-group mode)."""
+    training algorithm, μ and momentum need not: they are per-row inputs of a stacked call, and
+    the sweep points of a seed that differ only in them stack together and share one
+    local-training reference (per-group mode)."""
     raw = json.loads(task.config_json)
     t = raw["train"]
     return (json.dumps(raw["data"], sort_keys=True), t.get("device"), t.get("engine"), t.get("model"),
-            t.get("batch_size"), t.get("momentum"), t.get("weight_decay"), t.get("mu"), t.get("precision"),
-            t.get("autotune"), t.get("channels_last"))
+            t.get("batch_size"), t.get("weight_decay"), t.get("precision"), t.get("autotune"), t.get("channels_last"))
 
 
 def shards(tasks: Sequence, stack: int | None, slots: int) -> list[tuple[tuple, int]]:

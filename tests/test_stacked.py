@@ -18,7 +18,7 @@ from torch import nn
 
 from groupfel.emulator import models
 from groupfel.emulator.stacked import GroupedNet, bucket
-from groupfel.emulator.training import BatchedEngine
+from groupfel.emulator.training import BatchedEngine, TorchEngine
 from groupfel.topologies import load_dataset
 
 from test_devices import DeviceDiscipline
@@ -96,14 +96,14 @@ def test_a_bucketed_call_gives_every_client_the_exact_rows_numbers_and_stays_on_
     exact = eng.train(start, clients, 2, seeds, momentum=exact_m)
     eng.buckets = True
     steps: list[tuple[int, int]] = []
-    real_step = type(eng._stack(bucket(19, 1 << 30), False)).step
+    real_step = type(eng._stack(bucket(19, 1 << 30))).step
 
     def record(stack, rows):
         steps.append((int((stack.mask.sum(1) > 0).sum()), rows))
         real_step(stack, rows)
     bucketed_m = torch.zeros(19, eng.n_params)
     with pytest.MonkeyPatch.context() as mp, DeviceDiscipline() as discipline:
-        mp.setattr(type(eng._stack(bucket(19, 1 << 30), False)), "step", record)
+        mp.setattr(type(eng._stack(bucket(19, 1 << 30))), "step", record)
         bucketed = eng.train(start, clients, 2, seeds, momentum=bucketed_m)
     assert not discipline.found, sorted(discipline.found)
     assert torch.equal(exact, bucketed) and torch.equal(exact_m, bucketed_m)
@@ -225,3 +225,47 @@ def test_runs_of_other_epochs_and_learning_rates_share_the_batchers_call():
     for i, (epochs, lr) in enumerate(settings):
         alone = engine.train(start, [4 * i + c for c in range(4)], epochs, [1, 2, 3, 4], lr=lr)
         assert torch.equal(alone, got[i])
+
+
+def test_clients_of_other_algorithms_share_a_call_each_row_bitwise_as_when_alone():
+    """FedAvg, FedProx (μ), momentum and SCAFFOLD (a correction) clients in one stacked call: each
+    client's model and momentum bitwise those of a call of its own algorithm alone (on the CPU),
+    and a client without momentum keeps its buffer untouched."""
+    data = load_dataset("digits")
+    rng = np.random.default_rng(3)
+    parts = [np.sort(rng.choice(len(data.y_train), size=int(n), replace=False)) for n in rng.integers(3, 30, 6)]
+    eng = BatchedEngine(data, parts, "cnn", lr=0.05, batch_size=8, formulation="stacked", workers=1)
+    start = eng.initial_weights(0)
+    gen = torch.Generator().manual_seed(0)
+    # (μ, β, corrected) a client: FedAvg, FedProx, momentum, SCAFFOLD, FedProx with momentum, FedAvg
+    algos = [(0.0, 0.0, False), (0.1, 0.0, False), (0.0, 0.9, False), (0.0, 0.0, True), (0.01, 0.5, False),
+             (0.0, 0.0, False)]
+    own_corr = [0.01 * torch.randn(1, eng.n_params, generator=gen) if c else None for _, _, c in algos]
+    corr = torch.cat([c if c is not None else torch.zeros(1, eng.n_params) for c in own_corr])
+    buffers = 0.01 * torch.randn(6, eng.n_params, generator=gen)
+    mixed_m = buffers.clone()
+    mixed = eng.train(start, list(range(6)), [2, 1, 3, 2, 1, 2], list(range(6)), lr=0.05, momentum=mixed_m,
+                      correction=corr, mu=[a[0] for a in algos], beta=[a[1] for a in algos])
+    for k, (mu, beta, _) in enumerate(algos):
+        own_m = buffers[k:k + 1].clone()
+        own = eng.train(start, [k], [2, 1, 3, 2, 1, 2][k], [k], lr=0.05, momentum=own_m if beta else None,
+                        correction=own_corr[k], mu=mu, beta=beta)
+        assert torch.equal(own[0], mixed[k]), k
+        assert torch.equal(own_m[0], mixed_m[k]), k
+        assert beta or torch.equal(mixed_m[k], buffers[k]), k   # a client without momentum: buffer as it was
+
+
+def test_a_stacked_call_matches_the_sequential_engine_for_every_algorithm():
+    """Per-row μ, momentum and corrections compute what the sequential reference does with the
+    engine's own (within float rounding: other kernels)."""
+    data = load_dataset("digits")
+    parts = [np.arange(i * 25, i * 25 + 7 + 5 * i) for i in range(3)]
+    gen = torch.Generator().manual_seed(1)
+    eng = BatchedEngine(data, parts, "mlp", lr=0.05, batch_size=8, formulation="stacked", workers=1)
+    corr = 0.01 * torch.randn(3, eng.n_params, generator=gen)
+    mixed = eng.train(eng.initial_weights(0), [0, 1, 2], 2, [5, 6, 7], mu=[0.1, 0.0, 0.0], beta=[0.0, 0.9, 0.0],
+                      correction=corr * torch.tensor([[0.0], [0.0], [1.0]]))
+    for k, (mu, beta, c) in enumerate([(0.1, 0.0, None), (0.0, 0.9, None), (0.0, 0.0, corr[2:3])]):
+        seq = TorchEngine(data, parts, "mlp", lr=0.05, batch_size=8, mu=mu, momentum=beta)
+        ref = seq.train(eng.initial_weights(0), [k], 2, [5 + k], correction=c)
+        assert torch.allclose(ref[0], mixed[k], rtol=1e-5, atol=1e-6), k

@@ -208,3 +208,34 @@ def test_a_seeds_stacked_runs_train_one_local_reference_and_get_its_numbers(tmp_
         assert len(refs) == 2 and torch.equal(refs[0], refs[1])
     for column in ("ipr", "rsd", "local_accuracy_reference"):
         assert np.abs(tables[1][column].to_numpy() - tables[8][column].to_numpy()).max() <= BOUND, column
+
+
+def test_runs_of_other_algorithms_share_one_stacked_call_each_bitwise_as_alone(tiny_dict, tmp_path, monkeypatch):
+    """FedAvg, FedProx (μ = 0.1), SCAFFOLD and FedAvg with momentum in one stack: one engine call a
+    group round for all four runs (μ, momentum and corrections are per-row inputs), and each run's
+    results, ledger and final model bitwise those of the run stacked alone (on the CPU)."""
+    from groupfel.emulator.stacking import Batcher
+    from groupfel.experiments.tasks import execute_stack
+
+    variants = {"fedavg": {}, "fedprox": {"algorithm": "fedprox", "mu": 0.1}, "scaffold": {"algorithm": "scaffold"},
+                "momentum": {"momentum": 0.9}}
+    configs = {}
+    for name, train in variants.items():
+        raw = {**tiny_dict, "name": name, "arms": tiny_dict["arms"][:1],
+               "train": {**tiny_dict["train"], "engine": "batched", "rounds": 3, **train}}
+        configs[name] = parse_config(raw).model_dump_json()
+    calls = []
+    real = Batcher._train
+    monkeypatch.setattr(Batcher, "_train", lambda self, batch: calls.append(len(batch)) or real(self, batch))
+    execute_stack([(c, tmp_path / "together" / name, 0) for name, c in configs.items()], 4)
+    assert calls and max(calls) == 4    # the four runs' group rounds in one call
+    arm = tiny_dict["arms"][0]["name"]
+    loss = {name: pd.read_csv(tmp_path / "together" / name / arm / "results.csv")["loss"] for name in configs}
+    assert all(not loss[name].equals(loss["fedavg"]) for name in ("fedprox", "scaffold", "momentum"))   # each term acts
+    for name, c in configs.items():
+        execute_stack([(c, tmp_path / "alone" / name, 0)], 4)
+        together, alone = tmp_path / "together" / name / arm, tmp_path / "alone" / name / arm
+        pd.testing.assert_frame_equal(pd.read_csv(together / "results.csv"), pd.read_csv(alone / "results.csv"),
+                                      check_exact=True)
+        pd.testing.assert_frame_equal(pd.read_parquet(together / "ledger.parquet"),
+                                      pd.read_parquet(alone / "ledger.parquet"), check_exact=True)

@@ -9,6 +9,6 @@
 """
 from .grouped import GroupedNet
 from .kernels import Kernels
-from .step import Stack, bucket
+from .step import Stack, Terms, bucket
 
-__all__ = ["GroupedNet", "Kernels", "Stack", "bucket"]
+__all__ = ["GroupedNet", "Kernels", "Stack", "Terms", "bucket"]

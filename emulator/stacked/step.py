@@ -12,7 +12,9 @@ rate) and one memory pool. A row with no batch left costs nothing but a bucket's
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -28,6 +30,32 @@ def bucket(live: int, width: int) -> int:
     return min(width, -(-live // quantum) * quantum)
 
 
+@dataclass(frozen=True)
+class Terms:
+    """A call's optimiser inputs, one per client (row): the learning rate, FedProx's μ (the
+    gradient gains μ·(w − w_start)), the momentum β (buf = β·buf + g) and SCAFFOLD's correction
+    (C, P) added to every gradient (None: no client has one; a row of zeros: this one has none).
+    Runs of different algorithms and sweep points thus train in one call: a row whose μ, β or
+    correction is zero computes exactly as without the term (x + 0·y = x for finite y)."""
+    lr: Sequence[float]
+    mu: Sequence[float]
+    beta: Sequence[float]
+    correction: torch.Tensor | None = None
+
+    def ordered(self, perm: Sequence[int]) -> Terms:
+        """The terms of the clients in the order ``perm``."""
+        pick = lambda v: [v[i] for i in perm]   # noqa: E731
+        corr = None if self.correction is None else self.correction[torch.as_tensor(perm, device=self.correction.device)]
+        return Terms(pick(self.lr), pick(self.mu), pick(self.beta), corr)
+
+
+class Uses(NamedTuple):
+    """Which of the optional terms a call's step computes (a captured graph each)."""
+    prox: bool
+    corrected: bool
+    heavy: bool
+
+
 class Stack:
     """``width`` clients' models, optimiser state and minibatch in fixed tensors on the engine's
     device, and one local SGD step of the first rows. The step's gradients come from the model's
@@ -35,27 +63,71 @@ class Stack:
     (``loss_fn``: a user's plug-in model). ``buckets``: a step computes its bucket of rows (a GPU's);
     ``graphs``: each bucket's step is a captured CUDA graph, replayed; otherwise steps run eagerly."""
 
-    def __init__(self, engine, width: int, corrected: bool, loss_fn: Callable[[], Callable], *,
+    def __init__(self, engine, width: int, loss_fn: Callable[[], Callable], *,
                  buckets: bool, graphs: bool, channels_last: bool):
         dev = engine.device
         self.engine, self.width, self.buckets, self.graphs = engine, width, buckets, graphs
         self.params = [torch.zeros(width, *p.shape, device=dev) for p in engine.model.parameters()]
-        self.anchor = [torch.zeros_like(p) for p in self.params] if engine.mu else None
-        self.corr = [torch.zeros_like(p) for p in self.params] if corrected else None
-        self.bufs = [torch.zeros_like(p) for p in self.params] if engine.momentum else None
+        # the optional terms' tensors, made when a call first needs them
+        self.anchor: list[torch.Tensor] | None = None
+        self.corr: list[torch.Tensor] | None = None
+        self.bufs: list[torch.Tensor] | None = None
         self.batch = torch.zeros(width, engine.batch_size, dtype=torch.long, device=dev)
         self.mask = torch.zeros(width, engine.batch_size, device=dev)
-        self.lr = torch.zeros(width, device=dev)    # each row's learning rate
+        self.lr = torch.zeros(width, device=dev)    # each row's learning rate, μ and momentum
+        self.mu = torch.zeros(width, device=dev)
+        self.beta = torch.zeros(width, device=dev)
+        self.uses = Uses(False, False, False)
         self.grouped = GroupedNet.of(engine.model, channels_last=channels_last)
         if self.grouped is not None:
             self._grad = self.grouped
         else:
             from torch.func import grad, vmap
             self._grad = vmap(grad(loss_fn()))
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._graphs: dict[tuple[int, Uses], torch.cuda.CUDAGraph] = {}
         self._pool = None
 
-    def _step(self, rows: int) -> None:
+    def _split(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """(C, P) flat rows as the stack's per-parameter (C, ...) views."""
+        sizes = [p[0].numel() for p in self.params]
+        return [v.reshape(len(flat), *p.shape[1:]) for v, p in zip(flat.split(sizes, dim=1), self.params)]
+
+    @staticmethod
+    def flat(tensors: list[torch.Tensor], rows: int) -> torch.Tensor:
+        """The first ``rows`` rows of per-parameter stacks as (rows, P) flat vectors."""
+        return torch.cat([t[:rows].reshape(rows, -1) for t in tensors], dim=1)
+
+    def load(self, starts: torch.Tensor, terms: Terms, momentum: torch.Tensor | None) -> None:
+        """A call's clients into the first rows: their start models (C, P), terms (in the rows'
+        order) and momentum buffers (C, P; None: zeros). A row without momentum (β = 0) starts
+        from a zero buffer, so β·buf adds exactly nothing; the rows past the call are zeroed."""
+        C, dev = len(starts), self.lr.device
+        for p, s in zip(self.params, self._split(starts)):
+            p[:C].copy_(s)
+        for row, values in ((self.lr, terms.lr), (self.mu, terms.mu), (self.beta, terms.beta)):
+            row.zero_()
+            row[:C].copy_(torch.as_tensor(values, dtype=row.dtype, device=dev))
+        self.uses = Uses(any(terms.mu), terms.correction is not None, any(terms.beta))
+        zeros = lambda: [torch.zeros_like(p) for p in self.params]   # noqa: E731
+        if self.uses.prox:
+            self.anchor = self.anchor or zeros()
+            for a, p in zip(self.anchor, self.params):
+                a.copy_(p)
+        if self.uses.corrected:
+            self.corr = self.corr or zeros()
+            for c, s in zip(self.corr, self._split(terms.correction.to(dev))):
+                c.zero_()
+                c[:C].copy_(s)
+        if self.uses.heavy:
+            self.bufs = self.bufs or zeros()
+            for b in self.bufs:
+                b.zero_()
+            if momentum is not None:
+                heavy = (self.beta[:C] != 0).unsqueeze(1)
+                for b, s in zip(self.bufs, self._split(torch.where(heavy, momentum.to(dev), 0.0))):
+                    b[:C].copy_(s)
+
+    def _step(self, rows: int, uses: Uses) -> None:
         """One step of the stack's first ``rows`` clients; the rest wait unchanged."""
         e, n = self.engine, rows
         params, batch, m = tuple(p[:n] for p in self.params), self.batch[:n], self.mask[:n]
@@ -64,18 +136,19 @@ class Stack:
         active = m.sum(1) > 0                                # clients with a real step here
         with torch.no_grad():
             for j, (p, g) in enumerate(zip(params, grads)):
+                per_row = (-1, *[1] * (p.dim() - 1))
                 if e.weight_decay:
                     g = g.add(p, alpha=e.weight_decay)
-                if self.anchor is not None:
-                    g = g.add(p - self.anchor[j][:n], alpha=e.mu)
-                if self.corr is not None:
+                if uses.prox:
+                    g = g + (p - self.anchor[j][:n]) * self.mu[:n].view(per_row)
+                if uses.corrected:
                     g = g + self.corr[j][:n]
-                act = active.view(-1, *[1] * (p.dim() - 1))
-                if self.bufs is not None:
+                act = active.view(per_row)
+                if uses.heavy:
                     buf = self.bufs[j][:n]
-                    g = torch.where(act, buf * e.momentum + g, buf)
+                    g = torch.where(act, buf * self.beta[:n].view(per_row) + g, buf)
                     buf.copy_(g)
-                p.sub_(torch.where(act, g, torch.zeros_like(g)) * self.lr[:n].view_as(act))
+                p.sub_(torch.where(act, g, torch.zeros_like(g)) * self.lr[:n].view(per_row))
 
     def rows(self, live: int) -> int:
         """How many of the stack's first rows a step computes to serve ``live`` clients."""
@@ -86,13 +159,14 @@ class Stack:
     def step(self, rows: int) -> None:
         """One step of the first ``rows`` rows (the caller orders the clients with steps left first)."""
         if not self.graphs:
-            self._step(rows)
+            self._step(rows, self.uses)
             return
-        if rows not in self._graphs:
-            self._graphs[rows] = self._capture(rows)
-        self._graphs[rows].replay()
+        key = (rows, self.uses)
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(rows, self.uses)
+        self._graphs[key].replay()
 
-    def _capture(self, rows: int):
+    def _capture(self, rows: int, uses: Uses):
         """The step of ``rows`` rows as a CUDA graph. Warm-up steps run first (as CUDA graphs
         require) and are undone, so every step of every call is the graph's: a resumed run
         computes as the uninterrupted one did. The buckets' graphs share one memory pool: they
@@ -103,7 +177,7 @@ class Stack:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._step(rows)
+                self._step(rows, uses)
         torch.cuda.current_stream().wait_stream(side)
         for t, saved in zip(self.params + (self.bufs or []), state):
             t.copy_(saved)
@@ -116,7 +190,7 @@ class Stack:
         try:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                self._step(rows)
+                self._step(rows, uses)
             self._pool = self._pool or graph.pool()
         finally:
             if collecting:
