@@ -312,9 +312,10 @@ class BatchedEngine(TorchEngine):
       each step computes only the rows that still have a batch in it (on a GPU, their bucket, one
       captured CUDA graph each). Each client's step averages its loss over its own samples only,
       and a row past its client's last step is masked out of the update (weights and momentum
-      unchanged), so the result is the sequential engine's up to float rounding. ``epochs`` and
-      ``lr`` may be one per client (runs of other local epochs or rates in one call, each client's
-      epochs one after another from the first step). Default on a GPU.
+      unchanged), so the result is the sequential engine's up to float rounding. ``epochs``,
+      ``lr``, ``mu`` and ``beta`` (momentum) may be one per client and ``correction`` a row of
+      zeros for a client without one (runs of other local epochs, rates and algorithms in one
+      call, each client's epochs one after another from the first step). Default on a GPU.
     * ``per-client``: the sequential loop with channels-last convolutions (oneDNN's fast kernels)
       and glibc's allocator told to keep freed memory, the clients split over ``workers``
       processes of one torch thread each, started by the server of :mod:`groupfel.emulator.procs`
