@@ -185,11 +185,13 @@ def steps(repeats: int = 5) -> None:
 
     from groupfel.emulator.models import build_model
     from groupfel.emulator.stacked import GroupedNet
+    from groupfel.emulator.training import keep_freed_memory
 
     torch.set_num_threads(1)   # as every training process runs
+    keep_freed_memory()        # as every batched engine on a CPU runs
 
     print(f"\n{'model':8} {'input':>8} {'B':>3} {'W':>4} {'per-client':>11} {'vmap':>8} {'grouped':>8} "
-          f"{'vmap / grouped':>15} {'per-client / grouped':>21}  (ms per client-step)")
+          f"{'grouped-nchw':>12} {'vmap / grouped':>15} {'per-client / grouped':>21}  (ms per client-step)")
     for name, shape, batch, width in STEP_ROWS:
         torch.manual_seed(0)
         model = build_model(name, shape, 10)
@@ -200,7 +202,8 @@ def steps(repeats: int = 5) -> None:
         def loss(ps, x, y, m):
             ce = F.cross_entropy(functional_call(model, dict(zip(names, ps)), (x,)), y, reduction="none")
             return (ce * m).sum() / m.sum().clamp(min=1.0)
-        vmapped, grouped = vmap(grad(loss)), GroupedNet.of(model)
+        # grouped: the CPU's default layout (channels-last); grouped-nchw: train.channels_last = false
+        vmapped, grouped, nchw = vmap(grad(loss)), GroupedNet.of(model), GroupedNet.of(model, channels_last=False)
         alone = build_model(name, shape, 10).to(memory_format=torch.channels_last)
         opt = torch.optim.SGD(alone.parameters(), lr=0.01)
         x0 = x[0].contiguous(memory_format=torch.channels_last)
@@ -211,9 +214,10 @@ def steps(repeats: int = 5) -> None:
                 F.cross_entropy(alone(x0), y[0]).backward()
                 opt.step()
         t = [ms / width for ms in interleaved_ms([per_client, lambda: vmapped(tuple(params), x, y, m),
-                                                  lambda: grouped(params, x, y, m)], repeats)]
+                                                  lambda: grouped(params, x, y, m), lambda: nchw(params, x, y, m)],
+                                                 repeats)]
         print(f"{name:8} {'x'.join(map(str, shape[1:])):>8} {batch:3d} {width:4d} {t[0]:11.2f} {t[1]:8.2f} {t[2]:8.2f} "
-              f"{t[1] / t[2]:14.2f}x {t[0] / t[2]:20.2f}x  load {os.getloadavg()[0]:.1f}", flush=True)
+              f"{t[3]:12.2f} {t[1] / t[2]:14.2f}x {t[0] / t[2]:20.2f}x  load {os.getloadavg()[0]:.1f}", flush=True)
 
 
 def print_full_size(device: str, rounds: int, stack: int, fits: dict, rows: dict) -> None:

@@ -15,9 +15,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
 
 from groupfel.emulator import models
-from groupfel.emulator.stacked import GroupedNet, bucket
+from groupfel.emulator.stacked import GroupedNet, Stack, bucket
 from groupfel.emulator.training import BatchedEngine, TorchEngine
 from groupfel.topologies import load_dataset
 
@@ -269,3 +271,84 @@ def test_a_stacked_call_matches_the_sequential_engine_for_every_algorithm():
         seq = TorchEngine(data, parts, "mlp", lr=0.05, batch_size=8, mu=mu, momentum=beta)
         ref = seq.train(eng.initial_weights(0), [k], 2, [5 + k], correction=c)
         assert torch.allclose(ref[0], mixed[k], rtol=1e-5, atol=1e-6), k
+
+
+class _SameDevice(TorchFunctionMode):
+    """Records every op whose tensors (arguments or results) are not all on ``device``."""
+
+    def __init__(self, device: torch.device):
+        super().__init__()
+        self.device, self.found = device, set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        tensors = [t for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)]
+        if any(t.device != self.device for t in tensors):
+            self.found.add(f"{getattr(func, '__name__', func)}: {sorted({str(t.device) for t in tensors})}")
+        return out
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "resnet-1"])
+def test_every_op_of_a_stacked_step_stays_on_the_engines_device(name):
+    """The engine on the ``meta`` device (no data: shapes only), bucketed as on a GPU, with every
+    optional term (μ, momentum, corrections): every op of every step (what a GPU captures in a
+    graph) has all its tensors on the engine's device, and the call's results come back there. A
+    tensor made on the CPU by mistake fails here (on a CPU engine it would go unseen)."""
+    data = load_dataset("digits")
+    parts = [np.arange(i * 20, i * 20 + 5 + 4 * i) for i in range(5)]
+    eng = BatchedEngine(data, parts, name, lr=0.05, batch_size=8, formulation="stacked", workers=1)
+    start = eng.initial_weights(0)
+    meta = torch.device("meta")
+    eng.device, eng.buckets = meta, True
+    eng.x, eng.y, eng.model = eng.x.to(meta), eng.y.to(meta), eng.model.to(meta)
+    momentum = torch.zeros(5, eng.n_params, device=meta)
+    mode = _SameDevice(meta)
+    real = Stack._step
+    steps = []
+
+    def checked(stack, rows, uses):
+        steps.append(uses)
+        with mode:
+            real(stack, rows, uses)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Stack, "_step", checked)
+        out = eng.train(start, list(range(5)), [2, 1, 3, 1, 2], list(range(5)), momentum=momentum,
+                        mu=[0.1, 0, 0, 0, 0], beta=[0, 0.9, 0, 0, 0], correction=torch.zeros(5, eng.n_params, device=meta))
+    assert steps and all(uses == (True, True, True) for uses in steps)   # every term computed
+    assert not mode.found, sorted(mode.found)
+    assert out.device == meta and out.shape == (5, eng.n_params)
+
+
+def test_the_device_check_finds_a_tensor_made_off_the_device():
+    """The check above can fail: a step that makes a CPU tensor is caught."""
+    mode = _SameDevice(torch.device("meta"))
+    with mode:
+        torch.zeros(3, device="meta") + torch.ones(3, device="meta")
+        torch.ones(2).sum()
+    assert mode.found and all("cpu" in f for f in mode.found)
+
+
+def test_each_kernel_setting_does_what_it_says_or_refuses_in_one_line():
+    """The CPU-side logic of the kernel settings: autotune sets cuDNN's benchmark flag on a CUDA
+    device (a plain setting: a CPU-only torch holds it too) and leaves cuDNN deterministic, and a
+    CPU refuses it naming the device; the layout's default is channels-last on a CPU and NCHW on a
+    GPU, an explicit setting wins on either; a plug-in model stepped through ``vmap`` has no
+    layout of its own to set (a documented no-op)."""
+    from groupfel.emulator.stacked import Kernels
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    saved = torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
+    try:
+        torch.backends.cudnn.deterministic = True
+        for autotune in (True, False):
+            Kernels(autotune=autotune).apply(cuda)
+            assert torch.backends.cudnn.benchmark is autotune and torch.backends.cudnn.deterministic
+    finally:
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved
+    with pytest.raises(ValueError, match="^autotune is cuDNN's and needs a CUDA device, not cpu$"):
+        Kernels(autotune=True).check(cpu)
+    Kernels().apply(cpu)   # the default: nothing to set on a CPU
+    assert Kernels().layout(cpu) and not Kernels().layout(cuda)
+    assert not Kernels(channels_last=False).layout(cpu) and Kernels(channels_last=True).layout(cuda)
+    plug_in = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.LazyLinear(10))
+    assert GroupedNet.of(plug_in, channels_last=True) is None and GroupedNet.of(plug_in, channels_last=False) is None

@@ -44,7 +44,8 @@ class TrainConfig(_Strict):
     channels_last: bool | None = Field(
         None, description="The stacked step's memory layout: channels-last (true) or NCHW (false); unset: "
         "channels-last on a CPU (oneDNN's fast grouped kernels), NCHW on a GPU. Other kernels sum in another order: "
-        "a run's numbers change with it, within float rounding.")
+        "a run's numbers change with it, within float rounding. No effect on the per-client loop (a CPU's `--stack "
+        "1`: always channels-last) nor on a plug-in model stepped through vmap.")
     numerics: Literal["portable", "native"] = Field(
         "native", description="portable: torch's CPU kernels pinned (ATen and oneDNN at AVX2, MKL's compatible "
         "branch) and one torch thread, so a seed gives the same numbers on every x86-64 CPU with AVX2 (same "
