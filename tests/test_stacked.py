@@ -352,3 +352,17 @@ def test_each_kernel_setting_does_what_it_says_or_refuses_in_one_line():
     assert not Kernels(channels_last=False).layout(cpu) and Kernels(channels_last=True).layout(cuda)
     plug_in = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.LazyLinear(10))
     assert GroupedNet.of(plug_in, channels_last=True) is None and GroupedNet.of(plug_in, channels_last=False) is None
+
+
+def test_a_stack_holds_convolution_weights_channels_last_with_the_same_gradients():
+    """The stack's convolution weights are channels-last where its images are (no copy a step),
+    and their gradients are bitwise those of contiguous weights."""
+    torch.manual_seed(0)
+    net = models.build_model("resnet-1", (1, 8, 8), 10)
+    grouped = GroupedNet.of(net)
+    plain = [p.detach().unsqueeze(0) + 0.01 * torch.randn(4, *p.shape) for p in net.parameters()]
+    held = [grouped.zeros(4, i, p.shape, torch.device("cpu")).copy_(q) for i, (p, q) in enumerate(zip(net.parameters(), plain))]
+    assert held[3].dim() == 5 and held[3][0].is_contiguous(memory_format=torch.channels_last)   # a 3x3 conv weight
+    x, y, m = torch.randn(4, 5, 1, 8, 8), torch.randint(0, 10, (4, 5)), torch.ones(4, 5)
+    assert all(torch.equal(a, b) for a, b in zip(grouped(plain, x, y, m), grouped(held, x, y, m)))
+    assert GroupedNet.of(net, channels_last=False).zeros(4, 3, net.stages[0].conv1.weight.shape, torch.device("cpu")).is_contiguous()

@@ -52,6 +52,7 @@ class _Compiler:
         self.flat = False
         self.spatial = False          # an image layer came before (the input is an image)
         self.conv_channels: set[int] = set()   # each convolution's input channels per client
+        self.conv_weights: set[int] = set()    # the parameters that are convolution weights
         self.owned = False            # the layout is a tensor of the net's own (a layer's output)
 
     def param(self, prefix: str, name: str) -> int | None:
@@ -128,6 +129,7 @@ class _Compiler:
         self.conv_channels.add(conv.in_channels)
         self.spatial = True
         w, bias = self.param(prefix, "weight"), self.param(prefix, "bias")
+        self.conv_weights.add(w)
         stride, padding, dilation = conv.stride, conv.padding, conv.dilation
 
         def op(h, p, n, b):
@@ -173,14 +175,26 @@ class GroupedNet:
     """The loss gradients of a stack of clients' copies of a model, written out over the
     channel-stacked layout (the module docstring); the same as ``vmap(grad(loss))``."""
 
-    def __init__(self, forward: Op, conv_channels: set[int], image: bool, memory_format: torch.memory_format):
+    def __init__(self, forward: Op, conv_channels: set[int], image: bool, memory_format: torch.memory_format,
+                 conv_weights: set[int] = frozenset()):
         self.forward, self.conv_channels, self.image = forward, conv_channels, image
-        self.memory_format = memory_format
+        self.memory_format, self.conv_weights = memory_format, conv_weights
+
+    def zeros(self, width: int, index: int, shape: torch.Size, device: torch.device) -> torch.Tensor:
+        """A stack of ``width`` zeros for parameter ``index``. A convolution's weights (Cout, Cin,
+        kh, kw) are held channels-last where the images are, so that the grouped convolution reads
+        them, and its weight gradient comes back, without a copy each step (the same numbers:
+        oneDNN reorders them into its own blocked format either way)."""
+        if index in self.conv_weights and self.memory_format is torch.channels_last:
+            cout, cin, kh, kw = shape
+            return torch.zeros(width, cout, kh, kw, cin, device=device).permute(0, 1, 4, 2, 3)
+        return torch.zeros(width, *shape, device=device)
 
     @classmethod
     def of(cls, model: nn.Module, *, channels_last: bool = True) -> GroupedNet | None:
         """The written-out form of ``model``, or None where it has a module without one.
-        ``channels_last``: the images' memory layout (oneDNN's fast kernels on a CPU)."""
+        ``channels_last``: the images' memory layout (oneDNN's fast kernels on a CPU, and the
+        only layout whose kernels measured independent of the stack's width, bit for bit)."""
         compiler = _Compiler(model)
         try:
             forward = compiler.compile(model)
@@ -190,7 +204,7 @@ class GroupedNet:
             return None   # a parameter no written-out layer reads, or no per-sample logits
         fmt = torch.channels_last if channels_last else torch.contiguous_format
         # the input is an image where an image layer reads it (else the flat layout from the start)
-        return cls(forward, compiler.conv_channels, compiler.spatial, fmt)
+        return cls(forward, compiler.conv_channels, compiler.spatial, fmt, frozenset(compiler.conv_weights))
 
     def rows(self, live: int) -> int:
         """How many of the stack's first rows a CPU step computes to serve ``live`` clients: never

@@ -67,7 +67,9 @@ class Stack:
                  buckets: bool, graphs: bool, channels_last: bool):
         dev = engine.device
         self.engine, self.width, self.buckets, self.graphs = engine, width, buckets, graphs
-        self.params = [torch.zeros(width, *p.shape, device=dev) for p in engine.model.parameters()]
+        self.grouped = GroupedNet.of(engine.model, channels_last=channels_last)
+        self.params = [self.grouped.zeros(width, i, p.shape, dev) if self.grouped is not None
+                       else torch.zeros(width, *p.shape, device=dev) for i, p in enumerate(engine.model.parameters())]
         # the optional terms' tensors, made when a call first needs them
         self.anchor: list[torch.Tensor] | None = None
         self.corr: list[torch.Tensor] | None = None
@@ -78,7 +80,6 @@ class Stack:
         self.mu = torch.zeros(width, device=dev)
         self.beta = torch.zeros(width, device=dev)
         self.uses = Uses(False, False, False)
-        self.grouped = GroupedNet.of(engine.model, channels_last=channels_last)
         if self.grouped is not None:
             self._grad = self.grouped
         else:
