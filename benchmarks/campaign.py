@@ -19,9 +19,10 @@
 4. **steps** (``--steps``, on the CPU): one local SGD step of W stacked clients, per client, in the
    three forms a CPU can train them: the per-client loop (what ``--stack 1`` runs, channels-last),
    ``vmap`` over the model (what a user's plug-in model steps through) and the written-out form
-   every shipped model's stacks use (emulator.stacked.GroupedNet), at the demo's shape, at larger
-   ones and at the full-size Group-FEL step (resnet-1, 1x28x28, B = 5, W = 8 and 64): medians of 5,
-   the three forms interleaved, with the load average beside each row.
+   every shipped model's stacks use (emulator.stacked.GroupedNet), channels-last as on a CPU by
+   default (``grouped``) and NCHW (``grouped-nchw``, ``train.channels_last = false``), at the
+   demo's shape, at larger ones and at the full-size Group-FEL step (resnet-1, 1x28x28, B = 5,
+   W = 8 and 64): medians of 5, the forms interleaved, with the load average beside each row.
 5. **emulator** (``--emulator``): the emulator's own Python per run-round of full-size
    groupfel-base (300 clients, K = 5), at K = 20 and with SCAFFOLD, with training and evaluation
    stubbed (:func:`emulator_round`): SimPy, the group-round loop, pricing, sampling, aggregation,
@@ -202,8 +203,11 @@ def steps(repeats: int = 5) -> None:
         def loss(ps, x, y, m):
             ce = F.cross_entropy(functional_call(model, dict(zip(names, ps)), (x,)), y, reduction="none")
             return (ce * m).sum() / m.sum().clamp(min=1.0)
-        # grouped: the CPU's default layout (channels-last); grouped-nchw: train.channels_last = false
+        # grouped: the CPU's default layout (channels-last); grouped-nchw: train.channels_last = false (not
+        # bitwise independent of the width); each with the parameters as a stack holds them
         vmapped, grouped, nchw = vmap(grad(loss)), GroupedNet.of(model), GroupedNet.of(model, channels_last=False)
+        held = {id(g): [g.zeros(width, i, p.shape, p.device).copy_(q) for i, (p, q) in
+                        enumerate(zip(model.parameters(), params))] for g in (grouped, nchw)}
         alone = build_model(name, shape, 10).to(memory_format=torch.channels_last)
         opt = torch.optim.SGD(alone.parameters(), lr=0.01)
         x0 = x[0].contiguous(memory_format=torch.channels_last)
@@ -214,7 +218,8 @@ def steps(repeats: int = 5) -> None:
                 F.cross_entropy(alone(x0), y[0]).backward()
                 opt.step()
         t = [ms / width for ms in interleaved_ms([per_client, lambda: vmapped(tuple(params), x, y, m),
-                                                  lambda: grouped(params, x, y, m), lambda: nchw(params, x, y, m)],
+                                                  lambda: grouped(held[id(grouped)], x, y, m),
+                                                  lambda: nchw(held[id(nchw)], x, y, m)],
                                                  repeats)]
         print(f"{name:8} {'x'.join(map(str, shape[1:])):>8} {batch:3d} {width:4d} {t[0]:11.2f} {t[1]:8.2f} {t[2]:8.2f} "
               f"{t[3]:12.2f} {t[1] / t[2]:14.2f}x {t[0] / t[2]:20.2f}x  load {os.getloadavg()[0]:.1f}", flush=True)
