@@ -23,6 +23,7 @@
    default (``grouped``) and NCHW (``grouped-nchw``, ``train.channels_last = false``), at the
    demo's shape, at larger ones and at the full-size Group-FEL step (resnet-1, 1x28x28, B = 5,
    W = 8 and 64): medians of 5, the forms interleaved, with the load average beside each row.
+   Then four runs of other algorithms in one stacked call against one call each (:func:`mixed_call`).
 5. **emulator** (``--emulator``): the emulator's own Python per run-round of full-size
    groupfel-base (300 clients, K = 5), at K = 20 and with SCAFFOLD, with training and evaluation
    stubbed (:func:`emulator_round`): SimPy, the group-round loop, pricing, sampling, aggregation,
@@ -223,6 +224,41 @@ def steps(repeats: int = 5) -> None:
                                                  repeats)]
         print(f"{name:8} {'x'.join(map(str, shape[1:])):>8} {batch:3d} {width:4d} {t[0]:11.2f} {t[1]:8.2f} {t[2]:8.2f} "
               f"{t[3]:12.2f} {t[1] / t[2]:14.2f}x {t[0] / t[2]:20.2f}x  load {os.getloadavg()[0]:.1f}", flush=True)
+
+    mixed_call()
+
+
+def mixed_call(repeats: int = 5) -> None:
+    """Four runs' group rounds of other algorithms (FedAvg, FedProx μ = 0.1, SCAFFOLD, momentum
+    0.9), 12 digits clients each at B = 5, E = 1: one stacked call of all 48 clients (per-row
+    terms) against four calls of 12 (one per algorithm, as before they were per-row inputs)."""
+    import numpy as np
+    import torch
+
+    from groupfel.emulator.training import BatchedEngine
+    from groupfel.topologies import load_dataset
+
+    data = load_dataset("digits")
+    rng = np.random.default_rng(0)
+    parts = [np.sort(rng.choice(len(data.y_train), size=int(n), replace=False)) for n in rng.integers(10, 40, 48)]
+    print(f"\n{'model':8} {'one call of 48':>15} {'4 calls of 12':>14} {'ratio':>7}  (ms per group round of the 4 runs)")
+    for name in ("cnn", "resnet-1"):
+        eng = BatchedEngine(data, parts, name, lr=0.05, batch_size=5, formulation="stacked", workers=1)
+        start = eng.initial_weights(0)
+        corr = 0.01 * torch.randn(12, eng.n_params, generator=torch.Generator().manual_seed(0))
+        zeros = torch.zeros(12, eng.n_params)
+        algos = [dict(), dict(mu=0.1), dict(correction=corr), dict(beta=0.9, momentum=torch.zeros(12, eng.n_params))]
+
+        def separate():
+            for k, kw in enumerate(algos):
+                eng.train(start, range(12 * k, 12 * k + 12), 1, range(12), **kw)
+
+        def together():
+            eng.train(start, range(48), 1, list(range(12)) * 4, mu=[0.0] * 12 + [0.1] * 12 + [0.0] * 24,
+                      beta=[0.0] * 36 + [0.9] * 12, correction=torch.cat([zeros, zeros, corr, zeros]),
+                      momentum=torch.zeros(48, eng.n_params))
+        one, four = interleaved_ms([together, separate], repeats)
+        print(f"{name:8} {one:15.1f} {four:14.1f} {four / one:6.2f}x  load {os.getloadavg()[0]:.1f}", flush=True)
 
 
 def print_full_size(device: str, rounds: int, stack: int, fits: dict, rows: dict) -> None:
