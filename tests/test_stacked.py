@@ -313,7 +313,8 @@ def test_every_op_of_a_stacked_step_stays_on_the_engines_device(name):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Stack, "_step", checked)
         out = eng.train(start, list(range(5)), [2, 1, 3, 1, 2], list(range(5)), momentum=momentum,
-                        mu=[0.1, 0, 0, 0, 0], beta=[0, 0.9, 0, 0, 0], correction=torch.zeros(5, eng.n_params, device=meta))
+                        mu=[0.1, 0, 0, 0, 0], beta=[0, 0.9, 0, 0, 0],
+                        correction=torch.zeros(5, eng.n_params, device=meta))
     assert steps and all(uses == (True, True, True) for uses in steps)   # every term computed
     assert not mode.found, sorted(mode.found)
     assert out.device == meta and out.shape == (5, eng.n_params)
@@ -361,8 +362,9 @@ def test_a_stack_holds_convolution_weights_channels_last_with_the_same_gradients
     net = models.build_model("resnet-1", (1, 8, 8), 10)
     grouped = GroupedNet.of(net)
     plain = [p.detach().unsqueeze(0) + 0.01 * torch.randn(4, *p.shape) for p in net.parameters()]
-    held = [grouped.zeros(4, i, p.shape, torch.device("cpu")).copy_(q) for i, (p, q) in enumerate(zip(net.parameters(), plain))]
+    cpu = torch.device("cpu")
+    held = [grouped.zeros(4, i, p.shape, cpu).copy_(q) for i, (p, q) in enumerate(zip(net.parameters(), plain))]
     assert held[3].dim() == 5 and held[3][0].is_contiguous(memory_format=torch.channels_last)   # a 3x3 conv weight
     x, y, m = torch.randn(4, 5, 1, 8, 8), torch.randint(0, 10, (4, 5)), torch.ones(4, 5)
     assert all(torch.equal(a, b) for a, b in zip(grouped(plain, x, y, m), grouped(held, x, y, m)))
-    assert GroupedNet.of(net, channels_last=False).zeros(4, 3, net.stages[0].conv1.weight.shape, torch.device("cpu")).is_contiguous()
+    assert GroupedNet.of(net, channels_last=False).zeros(4, 3, net.stages[0].conv1.weight.shape, cpu).is_contiguous()

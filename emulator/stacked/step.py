@@ -45,7 +45,9 @@ class Terms:
     def ordered(self, perm: Sequence[int]) -> Terms:
         """The terms of the clients in the order ``perm``."""
         pick = lambda v: [v[i] for i in perm]   # noqa: E731
-        corr = None if self.correction is None else self.correction[torch.as_tensor(perm, device=self.correction.device)]
+        corr = self.correction
+        if corr is not None:
+            corr = corr[torch.as_tensor(perm, device=corr.device)]
         return Terms(pick(self.lr), pick(self.mu), pick(self.beta), corr)
 
 
