@@ -110,8 +110,9 @@ def run_group_rounds(engine: TrainingEngine, starts: dict[int, torch.Tensor], gr
                 trained[c] = local[r].clone()
         if type(algorithm).after_local is not Algorithm.after_local:   # FedAvg skips the gather
             steps = torch.tensor([engine.steps(c, spec.local_epochs) for c in members], dtype=local.dtype, device=dev)
-            algorithm.after_local(state, scratch, idx, table[torch.as_tensor(rows, device=dev)], local, steps, spec.lr,
-                                  correction)
+            # one start model (global mode's first group round): every row a view of it, not a copy
+            starts_k = table.expand(len(rows), -1) if len(table) == 1 else table[torch.as_tensor(rows, device=dev)]
+            algorithm.after_local(state, scratch, idx, starts_k, local, steps, spec.lr, correction)
         pos = 0
         for gid in live:
             g, alive = groups[gid], alive_of[gid]

@@ -7,6 +7,7 @@ import pandas as pd
 import simpy
 import torch
 
+from groupfel.emulator.io import read_checkpoint
 from groupfel.cost_models import CostModel, DeviceProfile, linear, quadratic
 from groupfel.emulator.config import FaultsConfig, StragglerConfig
 from groupfel.emulator.federation import Federation, Group, RoundContext
@@ -103,7 +104,7 @@ def test_a_ledger_read_between_charges_checkpoints_and_resumes_as_charged(tmp_pa
         read.state()                     # a checkpoint after every round keeps the rows expanded
     pd.testing.assert_frame_equal(whole.frame(), read.frame(), check_exact=True)
     save_checkpoint(tmp_path / "c.pt", ArmState(ledger=read))
-    blob = torch.load(tmp_path / "c.pt", weights_only=True)
+    blob = read_checkpoint(tmp_path / "c.pt")
     assert all(isinstance(v, torch.Tensor) for v in blob["ledger"]["columns"].values())   # no string per row
     back = load_checkpoint(tmp_path / "c.pt").ledger
     _charge(back, 4)
@@ -121,7 +122,7 @@ def test_a_checkpoint_with_the_text_columns_as_strings_still_resumes(tmp_path):
     for r in range(3):
         _charge(led, r)
     save_checkpoint(tmp_path / "c.pt", ArmState(ledger=led))
-    blob = torch.load(tmp_path / "c.pt", weights_only=True)
+    blob = read_checkpoint(tmp_path / "c.pt")
     names = blob["ledger"].pop("names")
     for c, v in names.items():           # the old layout
         blob["ledger"]["columns"][c] = [v[i] for i in blob["ledger"]["columns"][c].tolist()]

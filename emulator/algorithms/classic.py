@@ -40,6 +40,7 @@ class _Round:
     before: torch.Tensor                  # the sampled clients' c_i when the round started
     members: np.ndarray
     delta: torch.Tensor | None = None     # the batch's c_i⁺ − c_i of the current group round
+    old: torch.Tensor | None = None       # the batch's c_i, read by correction for after_local
 
 
 @algorithms.register("scaffold")
@@ -74,20 +75,28 @@ class Scaffold(Algorithm):
 
     def begin_round(self, state, groups, members):
         c = state.server["control"]
-        return _Round({g: c for g in groups}, state.clients["variates"][torch.as_tensor(members, device=c.device)].clone(),
+        # indexing by a tensor copies: the rows stay as they were when the round started
+        return _Round({g: c for g in groups}, state.clients["variates"][torch.as_tensor(members, device=c.device)],
                       members)
 
     def correction(self, state, scratch, clients, group_of):
-        c_table = torch.stack([scratch.control[g] for g in dict.fromkeys(group_of)])
-        position = {g: i for i, g in enumerate(dict.fromkeys(group_of))}
-        return c_table[torch.as_tensor([position[g] for g in group_of], device=c_table.device)] \
-            .sub_(state.clients["variates"].index_select(0, clients))
+        # c_g − c_i, a group's run of rows at a time against its c_g broadcast (the same
+        # differences as gathering c_g to every row first, without that copy)
+        old = state.clients["variates"].index_select(0, clients)
+        out = torch.empty_like(old)
+        start = 0
+        for end in [*(i for i in range(1, len(group_of)) if group_of[i] != group_of[i - 1]), len(group_of)]:
+            torch.sub(scratch.control[group_of[start]], old[start:end], out=out[start:end])
+            start = end
+        scratch.old = old
+        return out
 
     def after_local(self, state, scratch, clients, starts, trained, steps, lr, correction):
         # -correction + (starts - trained) / (steps·lr), in place (the same floats: x + (-c) is x - c)
         new = (starts - trained).div_(steps[:, None] * lr).sub_(correction)
         variates = state.clients["variates"]
-        scratch.delta = new - variates.index_select(0, clients)
+        old = scratch.old if scratch.old is not None else variates.index_select(0, clients)
+        scratch.delta, scratch.old = torch.sub(new, old, out=old), None   # c_i⁺ − c_i, over c_i's copy
         variates.index_copy_(0, clients, new)
 
     def aggregate_group(self, state, scratch, update):
