@@ -131,3 +131,32 @@ def test_a_checkpoint_with_the_text_columns_as_strings_still_resumes(tmp_path):
     _charge(back, 3)
     _charge(led, 3)
     pd.testing.assert_frame_equal(led.frame(), back.frame(), check_exact=True)
+
+
+def test_checkpoint_tables_survive_a_kill_while_the_next_is_written(tmp_path):
+    """A checkpoint's large tables live in one of two side files, written in place in turn: a kill
+    while the next checkpoint writes its tables (into the other one) leaves the last one whole; a
+    side file that is not the checkpoint's own is refused as damaged."""
+    import pytest
+
+    from groupfel.emulator.arm import ArmState
+    from groupfel.emulator.driver import load_checkpoint, save_checkpoint
+    from groupfel.emulator.io import checkpoint_files, remove_checkpoint
+    from groupfel.errors import InputError
+
+    path = tmp_path / "checkpoint.pt"
+    states = [ArmState(t=t, momentum=torch.full((300, 100), float(t))) for t in (1, 2)]
+    for s in states:
+        save_checkpoint(path, s)
+    main, side0, side1 = checkpoint_files(path)
+    assert side0.exists() and side1.exists() and main.stat().st_size < 100_000   # the momentum is beside it
+    side0.write_bytes(side0.read_bytes()[:1000])      # killed while writing the third checkpoint's tables
+    back = load_checkpoint(path)
+    assert back.t == 2 and torch.equal(back.momentum, states[1].momentum)
+    save_checkpoint(path, ArmState(t=3, momentum=torch.full((300, 100), 3.0)))   # the third, into side 0
+    assert load_checkpoint(path).t == 3
+    side0.write_bytes(side1.read_bytes())             # another checkpoint's tables: refused, not misread
+    with pytest.raises(InputError, match="not a readable checkpoint"):
+        load_checkpoint(path)
+    remove_checkpoint(path)
+    assert not any(p.exists() for p in checkpoint_files(path))
