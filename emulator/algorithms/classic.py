@@ -3,7 +3,7 @@ hierarchy, written through the hooks of :class:`groupfel.emulator.algorithms.bas
 registered exactly as a plug-in would be."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
@@ -41,6 +41,7 @@ class _Round:
     members: np.ndarray
     delta: torch.Tensor | None = None     # the batch's c_i⁺ − c_i of the current group round
     old: torch.Tensor | None = None       # the batch's c_i, read by correction for after_local
+    shares: dict = field(default_factory=dict)   # each group's n_i / n_g with every member alive
 
 
 @algorithms.register("scaffold")
@@ -102,8 +103,12 @@ class Scaffold(Algorithm):
     def aggregate_group(self, state, scratch, update):
         # the survivors' changes over all members (a dropped member: no change)
         dev = update.models.device
-        n = torch.as_tensor(update.n_samples, dtype=torch.float64, device=dev)
-        share = (n / n.sum())[torch.as_tensor(update.alive, device=dev)] if update.alive is not None else n / n.sum()
+        share = scratch.shares.get(update.gid) if update.alive is None else None   # a group's, every member alive
+        if share is None:
+            n = torch.as_tensor(update.n_samples, dtype=torch.float64, device=dev)
+            share = (n / n.sum())[torch.as_tensor(update.alive, device=dev)] if update.alive is not None else n / n.sum()
+            if update.alive is None:
+                scratch.shares[update.gid] = share
         delta = scratch.delta[update.rows]
         scratch.control[update.gid] = scratch.control[update.gid] + (share @ delta.double()).to(delta.dtype)
         return update.weights @ update.models
