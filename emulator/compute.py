@@ -54,6 +54,7 @@ def run_group_rounds(engine: TrainingEngine, starts: dict[int, torch.Tensor], gr
     order = list(groups)
     full_weights: dict[int, torch.Tensor] = {}            # Line 14's weights with every member alive
     steps_of: dict[int, int] = {}                         # each client's τ_i this round
+    starts_buf: torch.Tensor | None = None
     # the round's clients' momentum, gathered once and written back once (not at every group round)
     everyone = [int(c) for gid in order for c in groups[gid].clients]
     if momentum is not None:
@@ -115,7 +116,12 @@ def run_group_rounds(engine: TrainingEngine, starts: dict[int, torch.Tensor], gr
                     steps_of[c] = engine.steps(c, spec.local_epochs)
             steps = torch.tensor([steps_of[c] for c in members], dtype=local.dtype, device=dev)
             # one start model (global mode's first group round): every row a view of it, not a copy
-            starts_k = table.expand(len(rows), -1) if len(table) == 1 else table[torch.as_tensor(rows, device=dev)]
+            if len(table) == 1:
+                starts_k = table.expand(len(rows), -1)
+            else:   # the round's one table of start rows, rewritten at each group round
+                if starts_buf is None or len(starts_buf) < len(rows):
+                    starts_buf = torch.empty((len(everyone), table.shape[1]), dtype=table.dtype, device=dev)
+                starts_k = torch.index_select(table, 0, torch.as_tensor(rows, device=dev), out=starts_buf[:len(rows)])
             algorithm.after_local(state, scratch, idx, starts_k, local, steps, spec.lr, correction)
         pos = 0
         for gid in live:

@@ -42,6 +42,17 @@ class _Round:
     delta: torch.Tensor | None = None     # the batch's c_i⁺ − c_i of the current group round
     old: torch.Tensor | None = None       # the batch's c_i, read by correction for after_local
     shares: dict = field(default_factory=dict)   # each group's n_i / n_g with every member alive
+    buffers: dict = field(default_factory=dict)  # the round's row tables, reused by its group rounds
+    trained_rows: torch.Tensor | None = None     # the clients whose c_i⁺ the "new" table holds
+
+    def rows(self, name: str, n: int, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A table of ``n`` rows like ``like``'s, the same memory at every group round of the
+        round (a fresh table of 60 × P floats cost more than the arithmetic written into it)."""
+        b = self.buffers.get(name)
+        if b is None or len(b) < n or b.dtype != (dtype or like.dtype):
+            b = self.buffers[name] = torch.empty((max(n, len(self.members)), like.shape[1]),
+                                                 dtype=dtype or like.dtype, device=like.device)
+        return b[:n]   # from the table's start: aligned as a fresh one (a BLAS call may care)
 
 
 @algorithms.register("scaffold")
@@ -75,16 +86,27 @@ class Scaffold(Algorithm):
         return {"control": torch.zeros_like(weights)}
 
     def begin_round(self, state, groups, members):
-        c = state.server["control"]
-        # indexing by a tensor copies: the rows stay as they were when the round started
-        return _Round({g: c for g in groups}, state.clients["variates"][torch.as_tensor(members, device=c.device)],
-                      members)
+        c, variates = state.server["control"], state.clients["variates"]
+        # the row tables are the run's, reused round after round (a run plays one round at a time)
+        scratch = _Round({g: c for g in groups}, variates, members, buffers=self.__dict__.setdefault("_buffers", {}))
+        # the rows as they were when the round started
+        scratch.before = torch.index_select(variates, 0, torch.as_tensor(members, device=c.device),
+                                            out=scratch.rows("before", len(members), variates))
+        return scratch
 
     def correction(self, state, scratch, clients, group_of):
         # c_g − c_i, a group's run of rows at a time against its c_g broadcast (the same
         # differences as gathering c_g to every row first, without that copy)
-        old = state.clients["variates"].index_select(0, clients)
-        out = torch.empty_like(old)
+        variates = state.clients["variates"]
+        if (scratch.trained_rows is not None and torch.equal(scratch.trained_rows, clients)
+                and scratch.buffers["new"].dtype == variates.dtype):
+            # the same clients as the last group round: their c_i are the c_i⁺ it wrote, still in its table
+            b = scratch.buffers
+            b["old"], b["new"] = b["new"], b["old"]
+            old = scratch.rows("old", len(clients), variates)
+        else:
+            old = torch.index_select(variates, 0, clients, out=scratch.rows("old", len(clients), variates))
+        out = scratch.rows("correction", len(clients), variates)
         start = 0
         for end in [*(i for i in range(1, len(group_of)) if group_of[i] != group_of[i - 1]), len(group_of)]:
             torch.sub(scratch.control[group_of[start]], old[start:end], out=out[start:end])
@@ -94,11 +116,13 @@ class Scaffold(Algorithm):
 
     def after_local(self, state, scratch, clients, starts, trained, steps, lr, correction):
         # -correction + (starts - trained) / (steps·lr), in place (the same floats: x + (-c) is x - c)
-        new = (starts - trained).div_(steps[:, None] * lr).sub_(correction)
+        new = torch.sub(starts, trained, out=scratch.rows("new", len(trained), trained)) \
+            .div_(steps[:, None] * lr).sub_(correction)
         variates = state.clients["variates"]
         old = scratch.old if scratch.old is not None else variates.index_select(0, clients)
         scratch.delta, scratch.old = torch.sub(new, old, out=old), None   # c_i⁺ − c_i, over c_i's copy
         variates.index_copy_(0, clients, new)
+        scratch.trained_rows = clients
 
     def aggregate_group(self, state, scratch, update):
         # the survivors' changes over all members (a dropped member: no change)
@@ -110,12 +134,16 @@ class Scaffold(Algorithm):
             if update.alive is None:
                 scratch.shares[update.gid] = share
         delta = scratch.delta[update.rows]
-        scratch.control[update.gid] = scratch.control[update.gid] + (share @ delta.double()).to(delta.dtype)
+        wide = scratch.rows("delta64", len(delta), delta, torch.float64).copy_(delta)   # delta.double(), in place
+        scratch.control[update.gid] = scratch.control[update.gid] + (share @ wide).to(delta.dtype)
         return update.weights @ update.models
 
     def aggregate_cloud(self, state, scratch, weights, models, members, n_samples):
         c = state.server["control"]
         idx = torch.as_tensor(np.asarray(members, dtype=np.int64), device=c.device)
         share = torch.as_tensor(n_samples[members] / n_samples.sum(), dtype=torch.float64, device=c.device)
-        state.server["control"] = c + (share @ (state.clients["variates"][idx] - scratch.before).double()).to(c.dtype)
+        variates = state.clients["variates"]
+        now = torch.index_select(variates, 0, idx, out=scratch.rows("old", len(idx), variates))
+        wide = scratch.rows("delta64", len(idx), now, torch.float64).copy_(now.sub_(scratch.before))
+        state.server["control"] = c + (share @ wide).to(c.dtype)
         return super().aggregate_cloud(state, scratch, weights, models, members, n_samples)
