@@ -4,7 +4,6 @@ one-line refusals."""
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from groupfel.emulator.io import read_checkpoint
 from groupfel.emulator.config import ArrivalsConfig, arrival_rounds, parse_config
