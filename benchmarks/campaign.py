@@ -30,7 +30,8 @@
    checkpoints and result files, everything a run does besides torch's training and evaluation.
    ``--baseline PYTHON`` also times the same rounds under another interpreter (one whose
    ``groupfel`` is another checkout, e.g. the last release's), interleaved with this one's,
-   medians of ``--repeats``, and prints the ratio.
+   medians of ``--repeats``, and prints the ratio, of wall time and of CPU time (the process's
+   own, which a loaded machine does not inflate as it does wall time).
 """
 from __future__ import annotations
 
@@ -321,8 +322,8 @@ class _StubEngine:
         return 0.5, 1.0
 
 
-def emulator_round(variant: str, rounds: int | None, tmp: Path) -> float:
-    """Seconds per run-round of full-size groupfel-base (``variant``: :data:`EMULATOR_VARIANTS`)
+def emulator_round(variant: str, rounds: int | None, tmp: Path) -> tuple[float, float]:
+    """Wall and CPU (this process's) seconds per run-round of full-size groupfel-base (``variant``: :data:`EMULATOR_VARIANTS`)
     with :class:`_StubEngine`, from the end of round 1 (round 0 forms the groups, round 1 warms the
     caches) to the end of the run at its budget (or of round ``rounds`` + 1), evaluations and
     checkpoints every 5 rounds as the config's: a checkpoint holds the whole ledger, so late rounds
@@ -338,9 +339,10 @@ def emulator_round(variant: str, rounds: int | None, tmp: Path) -> float:
     torch.set_num_threads(1)   # as every run trains (experiments.tasks.execute)
     world, (plan,) = plan_world(task_config(json.dumps(base)), only=0)
     world.engine = _StubEngine(world.engine)
-    times: list[float] = []
-    run_arm(world, plan, tmp / variant, lambda t, cost, acc: times.append(time.perf_counter()))
-    return (times[-1] - times[0]) / (len(times) - 1)
+    times: list[tuple[float, float]] = []
+    run_arm(world, plan, tmp / variant,
+            lambda t, cost, acc: times.append((time.perf_counter(), time.process_time())))
+    return tuple((times[-1][i] - times[0][i]) / (len(times) - 1) for i in (0, 1))
 
 
 def emulator(args) -> None:
@@ -355,25 +357,29 @@ def emulator(args) -> None:
             print(json.dumps(emulator_round(args.emulator_one, args.emulator_rounds, Path(tmp))))
         return
     pythons = {"this": sys.executable, **({"baseline": args.baseline} if args.baseline else {})}
-    ms: dict[tuple[str, str], list[float]] = {}
+    # (variant, who) -> [(wall ms, CPU ms)]: CPU time is this process's own, so it reads the same
+    # on a loaded machine as on an idle one where wall time does not
+    ms: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for _ in range(args.repeats):
         for variant in EMULATOR_VARIANTS:
             for who, python in pythons.items():
                 rounds = ["--emulator-rounds", str(args.emulator_rounds)] if args.emulator_rounds else []
                 out = subprocess.run([python, __file__, "--emulator", "--emulator-one", variant, *rounds],
                                      check=True, capture_output=True, text=True).stdout
-                ms.setdefault((variant, who), []).append(json.loads(out.splitlines()[-1]) * 1e3)
-                print(f"  {variant} {who}: {ms[variant, who][-1]:.1f} ms (load average {os.getloadavg()[0]:.1f})",
-                      file=sys.stderr, flush=True)
+                wall, cpu = json.loads(out.splitlines()[-1])
+                ms.setdefault((variant, who), []).append((wall * 1e3, cpu * 1e3))
+                print(f"  {variant} {who}: {wall * 1e3:.1f} ms wall, {cpu * 1e3:.1f} ms CPU "
+                      f"(load average {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
     span = f"rounds 2-{args.emulator_rounds + 1}" if args.emulator_rounds else "whole runs"
     print(f"emulator's time per run-round of full-size groupfel-base, training and evaluation stubbed "
           f"({span}, median of {args.repeats}, load average {os.getloadavg()[0]:.1f})")
-    print(f"{'variant':9} " + " ".join(f"{who + ' ms':>12}" for who in pythons)
+    print(f"{'variant':9} {'clock':5} " + " ".join(f"{who + ' ms':>12}" for who in pythons)
           + (f" {'baseline / this':>16}" if args.baseline else ""))
     for variant in EMULATOR_VARIANTS:
-        med = {who: statistics.median(ms[variant, who]) for who in pythons}
-        print(f"{variant:9} " + " ".join(f"{med[who]:12.1f}" for who in pythons)
-              + (f" {med['baseline'] / med['this']:15.2f}x" if args.baseline else ""), flush=True)
+        for i, clock in enumerate(("wall", "CPU")):
+            med = {who: statistics.median(m[i] for m in ms[variant, who]) for who in pythons}
+            print(f"{variant:9} {clock:5} " + " ".join(f"{med[who]:12.1f}" for who in pythons)
+                  + (f" {med['baseline'] / med['this']:15.2f}x" if args.baseline else ""), flush=True)
 
 
 def execute_alone(job, on_round) -> None:

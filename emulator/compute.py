@@ -53,6 +53,8 @@ def run_group_rounds(engine: TrainingEngine, starts: dict[int, torch.Tensor], gr
     x = dict(starts)
     order = list(groups)
     full_weights: dict[int, torch.Tensor] = {}            # Line 14's weights with every member alive
+    steps_of: dict[int, int] = {}                         # each client's τ_i this round
+    starts_buf: torch.Tensor | None = None
     # the round's clients' momentum, gathered once and written back once (not at every group round)
     everyone = [int(c) for gid in order for c in groups[gid].clients]
     if momentum is not None:
@@ -109,9 +111,18 @@ def run_group_rounds(engine: TrainingEngine, starts: dict[int, torch.Tensor], gr
             for r, c in enumerate(members):
                 trained[c] = local[r].clone()
         if type(algorithm).after_local is not Algorithm.after_local:   # FedAvg skips the gather
-            steps = torch.tensor([engine.steps(c, spec.local_epochs) for c in members], dtype=local.dtype, device=dev)
-            algorithm.after_local(state, scratch, idx, table[torch.as_tensor(rows, device=dev)], local, steps, spec.lr,
-                                  correction)
+            for c in members:
+                if c not in steps_of:
+                    steps_of[c] = engine.steps(c, spec.local_epochs)
+            steps = torch.tensor([steps_of[c] for c in members], dtype=local.dtype, device=dev)
+            # one start model (global mode's first group round): every row a view of it, not a copy
+            if len(table) == 1:
+                starts_k = table.expand(len(rows), -1)
+            else:   # the round's one table of start rows, rewritten at each group round
+                if starts_buf is None or len(starts_buf) < len(rows):
+                    starts_buf = torch.empty((len(everyone), table.shape[1]), dtype=table.dtype, device=dev)
+                starts_k = torch.index_select(table, 0, torch.as_tensor(rows, device=dev), out=starts_buf[:len(rows)])
+            algorithm.after_local(state, scratch, idx, starts_k, local, steps, spec.lr, correction)
         pos = 0
         for gid in live:
             g, alive = groups[gid], alive_of[gid]

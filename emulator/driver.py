@@ -36,7 +36,7 @@ from groupfel.userfile import check_file
 from . import numerics
 from .arm import (TRANSIENT, ArmPlan, ArmState, RoundStrategy, aggregation_weights, budget_error, energy_budget_error,
                   sample_groups)
-from .io import atomic_write, remove_inside, write_json
+from .io import atomic_write, read_checkpoint, remove_checkpoint, remove_inside, write_checkpoint, write_json
 from .ledger import CostLedger
 from .rounds import STRATEGIES
 from .world import World
@@ -174,8 +174,7 @@ def save_checkpoint(path: Path, state: ArmState) -> None:
     """Write an arm's state as tensors and plain containers (see :func:`load_checkpoint`)."""
     blob = {f.name: getattr(state, f.name) for f in fields(state) if f.name not in TRANSIENT}
     blob["ledger"] = state.ledger.state()
-    blob = _plain(blob)
-    atomic_write(path, lambda p: torch.save(blob, p))
+    write_checkpoint(path, _plain(blob))
 
 
 def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> ArmState:
@@ -184,7 +183,7 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> ArmState:
     (:data:`MODEL_TABLES`) go to ``device``, the engine's, whichever device wrote them."""
     check_file(path, str(path), "the checkpoint groupfel wrote (or delete it to restart the arm from scratch)", "run")
     try:
-        blob = torch.load(path, weights_only=True, map_location="cpu")
+        blob = read_checkpoint(path)
     except pickle.UnpicklingError as exc:
         if "Unsupported global" not in str(exc):   # random bytes, not a pickle at all
             raise InputError(f"{path} is not a readable checkpoint (UnpicklingError); delete it to restart the "
@@ -252,7 +251,7 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path, on_round: OnRound | None
             raise   # unsafe or of another version: the user decides
         warnings.warn(f"{ckpt}: damaged (truncated or not a checkpoint); arm {plan.arm.name!r} restarts from "
                       f"round 0 (the other arms are kept)", InputWarning, stacklevel=2)
-        ckpt.unlink()
+        remove_checkpoint(ckpt)
         fresh, state = True, ArmState()
     if fresh:
         (arm_dir / numerics.SESSIONS).unlink(missing_ok=True)   # a restarted arm: its old sessions are gone
@@ -289,7 +288,7 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path, on_round: OnRound | None
         **strategy.manifest(), **strategy.fed.manifest(state.ledger), "algorithm": world.algorithm.name,
         "model_parameters": world.engine.n_params, "wall_seconds_last_session": time.perf_counter() - wall0,
         "versions": _versions(), **recorded, "plugins": world.plugins, "config": json.loads(cfg.model_dump_json())})
-    ckpt.unlink(missing_ok=True)
+    remove_checkpoint(ckpt)
     if diverged:
         raise diverged
     return df
@@ -338,7 +337,7 @@ def _rounds(strategy: RoundStrategy, fresh: bool, ckpt: Path, on_round: OnRound 
         if state.t % tc.eval_every == 0 or state.t == tc.rounds:
             acc = strategy.evaluate(final=False)
             save_checkpoint(ckpt, state)
-            write_results(ckpt.parent, state)
+            write_results(ckpt.parent, state, parquet=False)   # results.parquet: at the arm's end
             strategy.fed.write_outputs(ckpt.parent)
         if on_round:
             on_round(state.t, state.ledger.total, acc)
@@ -347,9 +346,10 @@ def _rounds(strategy: RoundStrategy, fresh: bool, ckpt: Path, on_round: OnRound 
     return stop
 
 
-def write_results(arm_dir: Path, state: ArmState) -> pd.DataFrame:
+def write_results(arm_dir: Path, state: ArmState, parquet: bool = True) -> pd.DataFrame:
     df = pd.DataFrame(state.rows)
     atomic_write(arm_dir / "results.csv", lambda p: df.to_csv(p, index=False))
-    atomic_write(arm_dir / "results.parquet", lambda p: df.to_parquet(p, index=False))
+    if parquet:
+        atomic_write(arm_dir / "results.parquet", lambda p: df.to_parquet(p, index=False))
     return df
 

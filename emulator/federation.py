@@ -15,6 +15,7 @@ the device's work, not its waiting).
 """
 from __future__ import annotations
 
+import heapq
 import itertools
 from dataclasses import dataclass
 
@@ -26,7 +27,7 @@ from groupfel.topologies import Topology
 
 from .config import FaultsConfig
 
-from .ledger import CostLedger
+from .ledger import COLUMNS, DTYPES, CostLedger
 from .rng import key, rng as stream
 
 
@@ -153,7 +154,106 @@ class Federation:
     def run_round(self, t: int, sampled: list[tuple[int, Group]]) -> None:
         """Play round t's time and charges to its end on the context's clock."""
         env = self.ctx.env
-        env.run(until=env.process(self.global_round(t, sampled)))
+        if not self._computed(t, sampled):
+            env.run(until=env.process(self.global_round(t, sampled)))
+
+    def _computed(self, t: int, sampled: list[tuple[int, Group]]) -> bool:
+        """Play round t as :meth:`global_round` would, without its SimPy events, where that gives
+        the same clock and ledger; False (nothing done) where it would not.
+
+        The play's only choices are its group rounds' end times and the order it charges them in.
+        A group round (one timeout, then its process and condition at the same time) is charged
+        when it ends; SimPy processes same-time events in the order they were scheduled, and a
+        group round's timeout is scheduled as the previous one's charges are made (or as its
+        edge's model arrives, in the play's edge and group order). So a heap of (end, order
+        scheduled) gives SimPy's order, ties included, and each group round's clocks are the same
+        sums as :meth:`_spans`' (now + delay, step by step), for every group's members at once.
+        Left to SimPy: subclasses that play otherwise (shared edges, availability), energy (it
+        charges per state), dropouts, other events pending on the clock, and any float rounding
+        that makes :meth:`_spans` fall back to one process per member."""
+        ctx, env, cls = self.ctx, self.ctx.env, type(self)
+        if (cls.global_round is not Federation.global_round or cls._edge is not Federation._edge
+                or cls._group is not Federation._group or cls.charges is not Federation.charges
+                or cls._spans is not Federation._spans or "_spans" in vars(self)
+                or ctx.ledger.power is not None or (ctx.faults is not None and ctx.faults.dropout != 0)
+                or not sampled or ctx.group_rounds < 1 or not self._idle(env)):
+            return False
+        by_edge: dict[int, list[tuple[int, Group]]] = {}
+        for gid, g in sampled:
+            by_edge.setdefault(g.edge, []).append((gid, g))
+        edges = sorted(by_edge.items())
+        order = [(j, gid, g) for j, groups in edges for gid, g in groups]   # the play's start order
+        priced = [self._price(g) for _, _, g in order]
+        comps = list(priced[0][1])
+        if any(list(p[1]) != comps for p in priced):
+            return False
+        G, C, K, now = len(order), len(comps), ctx.group_rounds, env.now
+        sizes = np.array([g.size for _, _, g in order])
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        of_member = np.repeat(np.arange(G), sizes)
+        transfer = np.concatenate([self._transfers(g) for _, _, g in order])
+        amounts = np.stack([np.concatenate([p[1][c] for p in priced]) for c in comps], axis=1)   # member × component
+        arrive = {j: now + ctx.topology.edge_link(j).transfer_time(ctx.model_bytes) for j, _ in edges}
+        start = np.array([arrive[j] for j, _, _ in order])
+        ends = np.empty((K, G))
+        times = np.empty((K, len(transfer), C + 1))   # each member's components' start and end times
+        steps = np.empty((len(transfer), C + 3))
+        steps[:, 1], steps[:, -1] = transfer, transfer                    # edge -> client, client -> edge
+        for k in range(K):
+            steps[:, 0] = start[of_member]
+            if ctx.faults is None:
+                steps[:, 2:2 + C] = amounts
+            else:   # stragglers only (no dropout): their drawn slowdowns
+                slow = np.concatenate([draw_faults(ctx.faults, ctx.seed, t, k, g.clients)[1] for _, _, g in order])
+                steps[:, 2:2 + C] = slow[:, None] * amounts
+            clock = np.cumsum(steps, axis=1)                               # SimPy's own sums: now + delay
+            t0, last = steps[:, 0], clock[:, -1]
+            if not (t0 + (last - t0) == last).all():
+                return False
+            ends[k] = np.maximum.reduceat(last, offsets)
+            if not (ends[k] > start).all():
+                return False      # a group round taking no time could order itself among the others differently
+            times[k] = t0[:, None] + (clock[:, 1:-1] - t0[:, None])       # start + each span, as _group charges it
+            start = ends[k]
+        # the round's end: each edge waits for its slowest group, sends their models back; the cloud its slowest edge
+        edge_of = np.array([j for j, _, _ in order])
+        end = max(float(ends[-1][edge_of == j].max()) + ctx.topology.edge_link(j).transfer_time(ctx.model_bytes * len(groups))
+                  for j, groups in edges)
+        if now + (end - now) != end:
+            return False
+        # SimPy's order of the group rounds' charges: (time, order scheduled); edges' arrivals first
+        seq = itertools.count()
+        heap = [(arrive[j], next(seq), -1 - j, 0) for j, _ in edges]
+        first = {j: [i for i in range(G) if edge_of[i] == j] for j, _ in edges}
+        done: list[tuple[int, int]] = []
+        while heap:
+            _, _, i, k = heapq.heappop(heap)
+            if i < 0:
+                for i2 in first[-1 - i]:
+                    heapq.heappush(heap, (ends[0, i2], next(seq), i2, 0))
+                continue
+            done.append((i, k))
+            if k + 1 < K:
+                heapq.heappush(heap, (ends[k + 1, i], next(seq), i, k + 1))
+        ev_i, ev_k = np.array(done).T
+        block_i, block_k, block_c = np.repeat(ev_i, C), np.repeat(ev_k, C), np.tile(np.arange(C), len(done))
+        counts = sizes[block_i]
+        m = np.repeat(offsets[block_i] - (np.cumsum(counts) - counts), counts) + np.arange(counts.sum())
+        kk, cc = np.repeat(block_k, counts), np.repeat(block_c, counts)
+        clients = np.concatenate([g.clients for _, _, g in order]).astype(DTYPES["client"])
+        devices = np.array([d for p in priced for d in p[0]], dtype=object)
+        gids = np.array([gid for _, gid, _ in order])
+        columns = {"round": np.full(len(m), t, dtype=DTYPES["round"]),
+                   "edge": np.repeat(edge_of[block_i], counts).astype(DTYPES["edge"]),
+                   "group": np.repeat(gids[block_i], counts).astype(DTYPES["group"]),
+                   "group_round": kk.astype(DTYPES["group_round"]), "client": clients[m], "device": devices[m],
+                   "component": np.array(comps, dtype=object)[cc], "amount": amounts[m, cc],
+                   "start": times[kk, m, cc], "end": times[kk, m, cc + 1]}
+        sums = [[float(p[1][c].sum()) for c in comps] for p in priced]    # each charge's total, as charge() sums it
+        ctx.ledger.charge_rows({c: columns[c] for c in COLUMNS},
+                               [(comps[c], sums[i][c]) for i, c in zip(block_i.tolist(), block_c.tolist())])
+        env.run(until=end)
+        return True
 
     def global_round(self, t: int, sampled: list[tuple[int, Group]]):
         """The cloud's process for round t: its time and charges (the models are computed apart)."""
@@ -204,6 +304,12 @@ class Federation:
             if c not in self._transfer:
                 self._transfer[c] = self.ctx.topology.client_link(c).transfer_time(self.ctx.model_bytes)
         return np.array([self._transfer[c] for c in g.clients.tolist()])
+
+    @staticmethod
+    def _idle(env: simpy.Environment) -> bool:
+        """Whether nothing is pending on the clock but what a finished ``env.run(until=...)``
+        leaves: its stop event, requeued now with no callbacks (processing it does nothing)."""
+        return all(when == env.now and event.callbacks == [] for when, _, _, event in env._queue)
 
     def _spans(self, t0: float, transfer: np.ndarray, charges: dict[str, np.ndarray], slow: np.ndarray,
                dropped: np.ndarray) -> tuple[np.ndarray, float | None]:

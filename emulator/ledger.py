@@ -30,14 +30,37 @@ ENERGY_DTYPES = {**{c: DTYPES[c] for c in ENERGY_COLUMNS[:6]}, "state": object, 
 ENERGY_SCALARS = ("round", "edge", "group", "group_round", "state")
 
 
-def _expand(blocks: list[tuple], loaded: dict | None, columns: list[str], dtypes: dict,
+class Rows:
+    """Charges already laid out as columns (COLUMNS, in charge order), with each charge's
+    (component, amount total) in the order they were made: a round computed at once appends one
+    of these where it would have made a block per group round and component."""
+
+    __slots__ = ("columns", "sums")
+
+    def __init__(self, columns: dict[str, np.ndarray], sums: list[tuple[str, float]]):
+        self.columns, self.sums = columns, sums
+
+
+def _expand(blocks: list, loaded: dict | None, columns: list[str], dtypes: dict,
             scalars) -> dict[str, np.ndarray]:
     parts = [] if loaded is None else [loaded]
-    if blocks:
-        cols = dict(zip(columns, zip(*blocks)))
-        n = [len(c) for c in cols["client"]]
-        parts.append({c: np.repeat(np.array(v, dtype=dtypes[c]), n) if c in scalars else np.concatenate(v)
-                      for c, v in cols.items()})
+    run: list[tuple] = []   # consecutive blocks, expanded together
+
+    def flush() -> None:
+        if run:
+            cols = dict(zip(columns, zip(*run)))
+            n = [len(c) for c in cols["client"]]
+            parts.append({c: np.repeat(np.array(v, dtype=dtypes[c]), n) if c in scalars else np.concatenate(v)
+                          for c, v in cols.items()})
+            run.clear()
+
+    for block in blocks:
+        if isinstance(block, Rows):
+            flush()
+            parts.append(block.columns)
+        else:
+            run.append(block)
+    flush()
     if not parts:
         return {c: np.array([], dtype=dtypes[c]) for c in columns}
     return {c: np.concatenate([p[c] for p in parts]) for c in columns}
@@ -121,6 +144,9 @@ class CostLedger:
     def replay(self, other: "CostLedger") -> None:
         """Charge what ``other`` (a scratch ledger's dry play) charged, as charged."""
         for block in other._blocks:
+            if isinstance(block, Rows):
+                self.charge_rows(block.columns, block.sums)
+                continue
             self.charge(**dict(zip(("round", "edge", "group", "group_round", "clients", "devices", "component",
                                     "amounts", "start", "end"), block)))
         for block in other._energy:
@@ -147,6 +173,17 @@ class CostLedger:
         total = float(amounts.sum())
         self.total += total
         self.by_component[component] = self.by_component.get(component, 0.0) + total
+
+    def charge_rows(self, columns: dict[str, np.ndarray], sums: list[tuple[str, float]]) -> None:
+        """Charges laid out as columns (COLUMNS, each of its dtype), ``sums`` each charge's
+        (component, amount total) in order: the ledger's totals add them one by one, as
+        :meth:`charge` would have (the same float sums)."""
+        self._blocks.append(Rows(columns, sums))
+        total, by = self.total, self.by_component
+        for component, amount in sums:
+            total += amount
+            by[component] = by.get(component, 0.0) + amount
+        self.total = total
 
     def _coded(self) -> dict[str, np.ndarray]:
         """The charges as recorded (0-based round index), the TEXT columns as codes."""

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from groupfel.emulator import numerics, procs
 from groupfel.errors import DivergenceError, InputError, WorkerLostError
-from groupfel.emulator.io import atomic_write, exit_with_parent
+from groupfel.emulator.io import atomic_write, exit_with_parent, remove_checkpoint
 
 from . import pool_worker
 from .pool_worker import STARTUP_ERRORS
@@ -512,7 +512,8 @@ def land(run_dir: Path, files: dict[str, bytes], final: bool) -> None:
     """Write a task's files into the driver's run directory, each atomically and the manifest (which
     marks the arm complete) last; a finished arm's checkpoint is removed, as the arm did its own."""
     run_dir = Path(run_dir)
-    for rel in sorted(files, key=lambda r: r.endswith("/" + MANIFEST)):
+    # a checkpoint after its side files (it names them), the manifest last
+    for rel in sorted(files, key=lambda r: (r.endswith("/" + MANIFEST), r.endswith("/" + CHECKPOINT))):
         path = (run_dir / rel).resolve()
         if not path.is_relative_to(run_dir.resolve()):
             raise ValueError(f"{rel}: a task file outside its run directory")
@@ -520,7 +521,7 @@ def land(run_dir: Path, files: dict[str, bytes], final: bool) -> None:
     if final:
         for rel in files:
             if rel.endswith("/" + MANIFEST):
-                (run_dir / rel).parent.joinpath(CHECKPOINT).unlink(missing_ok=True)
+                remove_checkpoint((run_dir / rel).parent.joinpath(CHECKPOINT))
 
 
 def _run_ray(tasks: Sequence, jobs: int | None, options: RayOptions, on_start: Callable, on_done: Callable,

@@ -4,6 +4,7 @@ import pandas as pd
 import pytest
 import torch
 
+from groupfel.emulator.io import read_checkpoint
 from groupfel.emulator.config import parse_config
 from groupfel.errors import InputError
 from groupfel.emulator.driver import CHECKPOINT, plan_arm, plan_arms, run_arm
@@ -33,7 +34,7 @@ def test_persistent_client_state_and_variates_survive_resume_bitwise(tiny_dict, 
 
     def kill_after_round_4(t, cost, acc):
         if t == 4:
-            blob = torch.load(tmp_path / "killed" / CHECKPOINT, weights_only=False)
+            blob = read_checkpoint(tmp_path / "killed" / CHECKPOINT)
             seen.update(blob)
             raise Killed
     with pytest.raises(Killed):
@@ -115,7 +116,7 @@ def test_scaffold_server_variate_is_the_mean_of_every_clients_variate(tiny_dict,
 
     def check(arm_dir, kill_at=None):
         def on_round(t, cost, acc):
-            blob = torch.load(arm_dir / CHECKPOINT, weights_only=True)
+            blob = read_checkpoint(arm_dir / CHECKPOINT)
             v, c = blob["algorithm"]["clients"]["variates"], blob["algorithm"]["server"]["control"]
             assert c.abs().max() > 0
             torch.testing.assert_close(c.double(), share @ v.double(), atol=1e-6, rtol=0)

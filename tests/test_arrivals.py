@@ -4,8 +4,8 @@ one-line refusals."""
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
+from groupfel.emulator.io import read_checkpoint
 from groupfel.emulator.config import ArrivalsConfig, arrival_rounds, parse_config
 from groupfel.emulator.driver import CHECKPOINT, plan_arm, run_arm
 from groupfel.errors import InputError
@@ -38,7 +38,7 @@ def test_newcomers_are_free_until_they_join_then_hcct_places_them_with_their_con
     seen = {}
 
     def record(t, cost, acc):
-        seen[t] = torch.load(tmp_path / "a" / CHECKPOINT, weights_only=True)["assign"].numpy().copy()
+        seen[t] = read_checkpoint(tmp_path / "a" / CHECKPOINT)["assign"].numpy().copy()
     full = run_arm(world, plan_arm(world, 0), tmp_path / "a", record)
     ledger = pd.read_parquet(tmp_path / "a" / "ledger.parquet")
     first = ledger.groupby("client")["round"].min()                       # the ledger counts rounds from 1

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 import torch
 
+from groupfel.emulator.io import read_checkpoint
 from groupfel.emulator.algorithms.personal import _batches as personal_batches
 from groupfel.emulator.rng import key, seed_of
 from groupfel.emulator.algorithms import AlgorithmContext, GroupUpdate, algorithms, make_algorithm
@@ -328,7 +329,7 @@ def test_ditto_personal_models_survive_a_kill_and_resume_bitwise(tmp_path):
 
     def kill_after_round_1(t, cost, acc):
         if t == 1:
-            seen.update(torch.load(tmp_path / "killed" / CHECKPOINT, weights_only=True))
+            seen.update(read_checkpoint(tmp_path / "killed" / CHECKPOINT))
             raise Killed
     world = build_world(config)
     with pytest.raises(Killed):

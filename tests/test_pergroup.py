@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
+from groupfel.emulator.io import read_checkpoint
 from groupfel.emulator.compute import LocalSpec, run_group_rounds
 from groupfel.emulator.config import parse_config
 from groupfel.errors import InputError
@@ -255,7 +256,7 @@ def test_fedclar_in_global_mode_trains_one_model_per_cluster(tiny_dict, tmp_path
     seen = {}
 
     def record(t, cost, acc):
-        blob = torch.load(tmp_path / "a" / CHECKPOINT, weights_only=True)
+        blob = read_checkpoint(tmp_path / "a" / CHECKPOINT)
         seen[t] = (blob["weights"], blob["cluster_models"])
     full = run_arm(world, plan_arm(world, 0), tmp_path / "a", record)
     clusters = json.loads((tmp_path / "a" / "clusters.json").read_text())["clusters"]
@@ -298,7 +299,7 @@ def test_hcct_alg1_starts_alone_and_repartitions_every_epoch_from_the_training_g
     seen = {}
 
     def record(t, cost, acc):
-        blob = torch.load(tmp_path / "a" / CHECKPOINT, weights_only=True)
+        blob = read_checkpoint(tmp_path / "a" / CHECKPOINT)
         seen[t] = (blob["assign"].numpy(), blob["gradients"], blob["models"])
     full = run_arm(world, plan_arm(world, 0), tmp_path / "a", record)
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
@@ -369,7 +370,7 @@ def test_hcct_manifest_records_the_final_groups_utility(tiny_dict, tmp_path):
     last = {}
 
     def record(t, cost, acc):
-        blob = torch.load(tmp_path / "a" / CHECKPOINT, weights_only=True)
+        blob = read_checkpoint(tmp_path / "a" / CHECKPOINT)
         last.update(assign=blob["assign"].numpy(), grads=blob["gradients"].numpy().astype(np.float64))
     run_arm(world, plan_arm(world, 0), tmp_path / "a", record)
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())

@@ -169,7 +169,8 @@ class Algorithm:
 
     def after_local(self, state: AlgorithmState, scratch: Any, clients: torch.Tensor, starts: torch.Tensor,
                     trained: torch.Tensor, steps: torch.Tensor, lr: float, correction: torch.Tensor | None) -> None:
-        """Each training client's start and trained model of a group round (``steps``: its τ_i)."""
+        """Each training client's start and trained model of a group round (``steps``: its τ_i).
+        ``starts`` is read-only (rows may be views of one model)."""
 
     def aggregate_group(self, state: AlgorithmState, scratch: Any, update: GroupUpdate) -> torch.Tensor:
         """Alg. 1, Line 14: the sample-weighted mean of the survivors' models."""
