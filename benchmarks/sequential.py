@@ -152,12 +152,16 @@ def main() -> None:
     ap.add_argument("--no-power", action="store_true", help="skip the power rows")
     ap.add_argument("--out", default=None, help="append each row as a JSON line to this file")
     ap.add_argument("--seed", type=int, default=1, help="generator seed of the rate rows")
+    ap.add_argument("--t-fallback", action="store_true",
+                    help="the refused variant: the t-test's tail where the statistic lies beyond every resample")
     args = ap.parse_args()
+    if args.t_fallback:
+        seq.beyond_every_resample = seq.t_fallback
 
     def record(**row) -> None:
         if args.out:
             with open(args.out, "a") as f:
-                f.write(json.dumps({**row, "studies": n, "resamples": args.resamples}) + "\n")
+                f.write(json.dumps({**row, "studies": n, "resamples": args.resamples, "fallback": args.t_fallback}) + "\n")
     n = args.studies
     simulate = partial(seq.simulate, resamples=args.resamples)
     t0 = time.perf_counter()

@@ -321,11 +321,18 @@ def look_pvalues(d: np.ndarray, margin: np.ndarray | float, seeds=None, resample
 
 
 def beyond_every_resample(t_tail: np.ndarray, boot_tail: np.ndarray, resamples: int) -> np.ndarray:
-    """One tail's p-value from the t-test's and the bootstrap-t's: the larger of the two, except
-    where the observed statistic lies beyond every resample (the bootstrap's tail is its floor,
-    1 / (resamples + 1), and tells nothing further out): there the t-test's tail, never 0, which
-    lets an early boundary (10⁻⁵ to 10⁻³) be crossed. Under the null that happens in about one
-    test in ``resamples`` + 1, which bounds what the fallback can add to the error rate."""
+    """One tail's p-value from the t-test's and the bootstrap-t's: the larger of the two. Where the
+    observed statistic lies beyond every resample the bootstrap's tail is its floor,
+    1 / (resamples + 1), never 0, and the p-value stays there. (Falling back on the t-test's tail
+    there, which early boundaries could cross, was measured and refused: under skewed nulls the
+    statistic lies beyond every resample far more often than once in ``resamples`` + 1 tests, and
+    two open accuracies with gamma(0.5) differences went from 4.8 % to 7.5 % false decisions.)"""
+    return np.maximum(np.asarray(t_tail, dtype=float), np.asarray(boot_tail, dtype=float))
+
+
+def t_fallback(t_tail: np.ndarray, boot_tail: np.ndarray, resamples: int) -> np.ndarray:
+    """The refused alternative to :func:`beyond_every_resample`, for the benchmark: the t-test's
+    tail where the statistic lies beyond every resample."""
     t_tail, boot_tail = np.asarray(t_tail, dtype=float), np.asarray(boot_tail, dtype=float)
     floor = boot_tail <= 1.0 / (resamples + 1) * (1 + 1e-9)
     return np.where(floor, t_tail, np.maximum(t_tail, boot_tail))

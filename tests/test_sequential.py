@@ -407,17 +407,18 @@ def test_a_study_that_runs_to_its_maximum_says_so():
     assert "this study ran to its maximum (20 seeds) with 2 comparisons open" in conclusion(s, None)
 
 
-def test_a_statistic_beyond_every_resample_falls_back_on_the_t_tail_never_zero():
-    """Where the observed statistic lies beyond every bootstrap resample, the bootstrap's tail is
-    only its floor 1/(B + 1): the tail is then the t-test's (never 0), elsewhere the larger."""
+def test_a_statistic_beyond_every_resample_keeps_the_floor_never_zero():
+    """Where the observed statistic lies beyond every bootstrap resample, the tail is the
+    bootstrap's floor 1/(B + 1) (never 0, never the t-test's lighter tail, which under skewed nulls
+    let false decisions through); elsewhere the larger of the two. The refused fallback differs."""
     b = 99
     floor = 1 / (b + 1)
-    out = seq.beyond_every_resample(np.array([1e-7, 1e-7, 0.3]), np.array([floor, 3 * floor, 0.2]), b)
-    assert out.tolist() == [1e-7, 3 * floor, 0.3]
-    # a clear difference over 9 pairs: below the floor, and positive
+    t_tail, boot = np.array([1e-7, 1e-7, 0.3]), np.array([floor, 3 * floor, 0.2])
+    assert seq.beyond_every_resample(t_tail, boot, b).tolist() == [floor, 3 * floor, 0.3]
+    assert seq.t_fallback(t_tail, boot, b).tolist() == [1e-7, 3 * floor, 0.3]
     d = np.array([1.0, 1.1, 0.9, 1.05, 0.95, 1.02, 0.98, 1.01, 0.99])
     p_diff, _, _ = seq.look_pvalues(d, 0.01, resamples=999)
-    assert 0 < p_diff < 2 / 1000
+    assert p_diff == pytest.approx(2 / 1000)
 
 
 def test_a_decision_resting_on_one_rare_seed_says_so():
