@@ -2,6 +2,7 @@
 seeds against a fixed design, and AdaStop on the same simulated studies.
 
     nice python benchmarks/sequential.py [--studies 10000] [--power-studies N] [--adastop 1000]
+        [--only 'SETTING/NOISE'] [--no-before] [--no-power] [--out results.jsonl] [--t-fallback]
 
 Simulates whole studies run with :mod:`groupfel.experiments.sequential` (looks after 3 seeds and
 every 2 more up to max_seeds, stopping when every comparison is decided; Holm-Shaffer over the
@@ -147,7 +148,7 @@ def main() -> None:
     ap.add_argument("--resamples", type=int, default=seq.BOOTSTRAP)
     ap.add_argument("--adastop", type=int, default=1000, help="studies per AdaStop row (0: none)")
     ap.add_argument("--power-studies", type=int, default=None, help="studies per power row (default: --studies / 2)")
-    ap.add_argument("--only", default="", help="rate rows whose setting or noise contains this (default: all)")
+    ap.add_argument("--only", default="", help="rate rows: a setting (or part of it), a noise, or SETTING/NOISE (default: all)")
     ap.add_argument("--no-before", action="store_true", help="skip the t-test-at-every-look rows")
     ap.add_argument("--no-power", action="store_true", help="skip the power rows")
     ap.add_argument("--out", default=None, help="append each row as a JSON line to this file")
@@ -181,10 +182,7 @@ def main() -> None:
               f"{se:6.2%} {used:6.1f}", flush=True)
         record(kind="rate", setting=name, noise=noise, skew=skew, before=old, before_se=se_b, now=now, now_se=se,
                seeds=used, seed=args.seed)
-    if args.no_power:
-        rows_power = False
-    else:
-        rows_power = True
+    rows_power = not args.no_power
 
     print("\npower (decided higher) and mean seeds, normal noise, max 20; fixed design: seeds for the same power")
     print(f"{'setting':44s} {'power before':>12s} {'now':>6s} {'mean seeds before':>17s} {'now':>5s} {'fixed':>5s}")
