@@ -2,6 +2,7 @@
 seeds against a fixed design, and AdaStop on the same simulated studies.
 
     nice python benchmarks/sequential.py [--studies 10000] [--power-studies N] [--adastop 1000]
+        [--only 'SETTING/NOISE'] [--no-before] [--no-power] [--out results.jsonl] [--t-fallback]
 
 Simulates whole studies run with :mod:`groupfel.experiments.sequential` (looks after 3 seeds and
 every 2 more up to max_seeds, stopping when every comparison is decided; Holm-Shaffer over the
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import time
 from functools import partial
 
@@ -126,9 +128,13 @@ def paired_skewness(name: str, noise: str) -> float:
     return seq.skewness((values[:, a + 1, :, m] - values[:, 0, :, m]).ravel())
 
 
-def adastop_study(ref: np.ndarray, arm: np.ndarray, comparator) -> tuple[str, int]:
-    """AdaStop on one simulated study: looks after 4, 8, ..., 20 seeds of both arms."""
-    c = comparator(n=4, K=5, B=2000, alpha=0.05, seed=1)
+def adastop_study(ref: np.ndarray, arm: np.ndarray, comparator, alpha: float = 0.05) -> tuple[str, int]:
+    """AdaStop on one simulated study: looks after 4, 8, ..., 20 seeds of both arms, each look given
+    every seed so far (its ``partial_compare`` reads "evaluations till interim k"). adastop 0.1.3
+    compares |T| with the upper tail of the signed permutation law (``compute_mean_diffs`` keeps the
+    signed differences; ``partial_compare`` takes ``np.abs`` of the observed one only), so its
+    two-sided rate is about twice ``alpha``: at ``alpha`` / 2 it tests at ``alpha``."""
+    c = comparator(n=4, K=5, B=2000, alpha=alpha, seed=1)
     for k in range(5):
         c.partial_compare({"ref": ref[:4 * (k + 1)], "arm": arm[:4 * (k + 1)]}, False)
         if c.is_finished:
@@ -142,7 +148,21 @@ def main() -> None:
     ap.add_argument("--resamples", type=int, default=seq.BOOTSTRAP)
     ap.add_argument("--adastop", type=int, default=1000, help="studies per AdaStop row (0: none)")
     ap.add_argument("--power-studies", type=int, default=None, help="studies per power row (default: --studies / 2)")
+    ap.add_argument("--only", default="", help="rate rows: a setting (or part of it), a noise, or SETTING/NOISE (default: all)")
+    ap.add_argument("--no-before", action="store_true", help="skip the t-test-at-every-look rows")
+    ap.add_argument("--no-power", action="store_true", help="skip the power rows")
+    ap.add_argument("--out", default=None, help="append each row as a JSON line to this file")
+    ap.add_argument("--seed", type=int, default=1, help="generator seed of the rate rows")
+    ap.add_argument("--t-fallback", action="store_true",
+                    help="the refused variant: the t-test's tail where the statistic lies beyond every resample")
     args = ap.parse_args()
+    if args.t_fallback:
+        seq.beyond_every_resample = seq.t_fallback
+
+    def record(**row) -> None:
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(json.dumps({**row, "studies": n, "resamples": args.resamples, "fallback": args.t_fallback}) + "\n")
     n = args.studies
     simulate = partial(seq.simulate, resamples=args.resamples)
     t0 = time.perf_counter()
@@ -150,13 +170,19 @@ def main() -> None:
           flush=True)
     print(f"{'setting':40s} {'noise':10s} {'skew':>5s} {'before':>7s} {'(se)':>6s} {'now':>7s} {'(se)':>6s} "
           f"{'seeds':>6s}")
-    cases = [(name, noise) for name, (_, _, _, kinds) in SETTINGS.items() for noise in kinds]
+    cases = [(name, noise) for name, (_, _, _, kinds) in SETTINGS.items() for noise in kinds
+             if args.only in name or args.only == noise or args.only == f"{name}/{noise}"]
+    nan = (float("nan"),) * 3
     with t_tests_at_every_look():     # every row of before first: each mode simulates its calibrations once
-        before = [rate(simulate, n, name, noise) for name, noise in cases]
+        before = [nan if args.no_before else rate(simulate, n, name, noise, args.seed) for name, noise in cases]
     for (name, noise), (old, se_b, _) in zip(cases, before):
-        now, se, used = rate(simulate, n, name, noise)
-        print(f"{name:40s} {noise:10s} {paired_skewness(name, noise):5.2f} {old:7.2%} {se_b:6.2%} {now:7.2%} "
+        now, se, used = rate(simulate, n, name, noise, args.seed)
+        skew = paired_skewness(name, noise)
+        print(f"{name:40s} {noise:10s} {skew:5.2f} {old:7.2%} {se_b:6.2%} {now:7.2%} "
               f"{se:6.2%} {used:6.1f}", flush=True)
+        record(kind="rate", setting=name, noise=noise, skew=skew, before=old, before_se=se_b, now=now, now_se=se,
+               seeds=used, seed=args.seed)
+    rows_power = not args.no_power
 
     print("\npower (decided higher) and mean seeds, normal noise, max 20; fixed design: seeds for the same power")
     print(f"{'setting':44s} {'power before':>12s} {'now':>6s} {'mean seeds before':>17s} {'now':>5s} {'fixed':>5s}")
@@ -169,6 +195,8 @@ def main() -> None:
         d, used = simulate(args.power_studies or n // 2, kw["sd"], kw["margin"], kw["true_diff"], seed=3, **_kwargs(kw))
         return (d == seq.HIGHER).mean(), used.mean()
 
+    if not rows_power:
+        rows = []
     with t_tests_at_every_look():
         before = [power_of(kw) for _, kw, _, _ in rows]
     for (label, kw, family, k), old in zip(rows, before):
@@ -177,6 +205,8 @@ def main() -> None:
         # near 100 % the power curve is flat and a fixed design's count meaningless: 99.9 % at most
         fixed = seq.fixed_seeds_needed(1.0, k, 0.0, family, power=min(power, 0.999)) if power > 0 else np.nan
         print(f"{label:44s} {out[0][0]:12.1%} {power:6.1%} {out[0][1]:17.1f} {out[1][1]:5.1f} {fixed:5.0f}", flush=True)
+        record(kind="power", setting=label, before=float(out[0][0]), now=float(power), seeds_before=float(out[0][1]),
+               seeds=float(out[1][1]), fixed=fixed, studies_power=args.power_studies or n // 2)
 
     try:
         from adastop import MultipleAgentsComparator
@@ -190,18 +220,24 @@ def main() -> None:
         m = args.adastop
         print(f"\nAdaStop and this tool on the same {m} simulated studies, one comparison, max 20 seeds, "
               f"paired sd 1 (AdaStop's test is unpaired: no noise is shared here)")
-        print(f"{'true difference, noise':34s} {'AdaStop: higher/lower':>21s} {'mean seeds':>10s} "
-              f"{'ours: higher/lower':>18s} {'mean seeds':>10s}")
+        print(f"{'true difference, noise':34s} {'AdaStop a=5%':>12s} {'seeds':>6s} {'AdaStop a=2.5%':>14s} "
+              f"{'seeds':>6s} {'ours':>6s} {'seeds':>6s}")
         for k, noise in ((0.0, "normal"), (0.0, "gamma(0.5)"), (0.0, "lognormal"), (1.0, "normal"), (2.0, "normal")):
             sd, true = np.array([[np.sqrt(0.5)], [np.sqrt(0.5)]]), np.array([[k]])
             values = seq.simulated_values(np.random.default_rng(11), m, sd, true, np.zeros(1), 0.0, noise, 20)
-            ada = [adastop_study(values[i, 0, :, 0], values[i, 1, :, 0], MultipleAgentsComparator) for i in range(m)]
-            a_dec = np.mean([dec in ("larger", "smaller") for dec, _ in ada])
-            a_used = np.mean([u for _, u in ada])
+            got = []
+            for alpha in (0.05, 0.025):
+                ada = [adastop_study(values[i, 0, :, 0], values[i, 1, :, 0], MultipleAgentsComparator, alpha)
+                       for i in range(m)]
+                got += [float(np.mean([dec in ("larger", "smaller") for dec, _ in ada])),
+                        float(np.mean([u for _, u in ada]))]
+            # the same simulated values as AdaStop's (simulate draws them from the same generator)
             d, used = simulate(m, sd, np.array([0.05]), true, corr=0.0, noise=noise, seed=11)
-            ours = np.isin(d, (seq.HIGHER, seq.LOWER)).mean()
-            print(f"{f'{k:g} sd, {noise}':34s} {a_dec:21.1%} {a_used:10.1f} {ours:18.1%} {used.mean():10.1f}",
-                  flush=True)
+            ours = float(np.isin(d, (seq.HIGHER, seq.LOWER)).mean())
+            print(f"{f'{k:g} sd, {noise}':34s} {got[0]:12.1%} {got[1]:6.1f} {got[2]:14.1%} {got[3]:6.1f} "
+                  f"{ours:6.1%} {used.mean():6.1f}", flush=True)
+            record(kind="adastop", setting=f"{k:g} sd", noise=noise, adastop_5=got[0], adastop_5_seeds=got[1],
+                   adastop_2_5=got[2], adastop_2_5_seeds=got[3], ours=ours, ours_seeds=float(used.mean()), studies_ada=m)
     print(f"\n({time.perf_counter() - t0:.0f} s)")
 
 

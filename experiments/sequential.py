@@ -311,13 +311,58 @@ def look_pvalues(d: np.ndarray, margin: np.ndarray | float, seeds=None, resample
     if n >= BOOT_MIN:   # each tail: the larger of the t-test's and the bootstrap-t's
         rows = np.broadcast_to(np.minimum(2 * np.minimum(up, down), np.maximum(p_lo, p_hi)) <= above, mean.shape)
         cuts = (np.broadcast_to(x, mean.shape)[rows] for x in (t0, lo, hi))
-        tails = bootstrap_t(d[rows], *cuts, range(n) if seeds is None else seeds, resamples or BOOTSTRAP)
+        b_count = resamples or BOOTSTRAP
+        tails = bootstrap_t(d[rows], *cuts, range(n) if seeds is None else seeds, b_count)
         for x, b in zip((up, down, p_lo, p_hi), tails):
-            x[rows] = np.maximum(x[rows], b)
+            x[rows] = beyond_every_resample(x[rows], b, b_count)
     p_diff = np.minimum(1.0, 2 * np.minimum(up, down))
     nan = np.nan
     return (np.where(bad, nan, p_diff), np.where(bad, nan, p_lo), np.where(bad, nan, p_hi))
 
+
+def beyond_every_resample(t_tail: np.ndarray, boot_tail: np.ndarray, resamples: int) -> np.ndarray:
+    """One tail's p-value from the t-test's and the bootstrap-t's: the larger of the two. Where the
+    observed statistic lies beyond every resample the bootstrap's tail is its floor,
+    1 / (resamples + 1), never 0, and the p-value stays there. (Falling back on the t-test's tail
+    there, which early boundaries could cross, was measured and refused: under skewed nulls the
+    statistic lies beyond every resample far more often than once in ``resamples`` + 1 tests, and
+    two open accuracies with gamma(0.5) differences went from 4.8 % to 7.5 % false decisions.)"""
+    return np.maximum(np.asarray(t_tail, dtype=float), np.asarray(boot_tail, dtype=float))
+
+
+def t_fallback(t_tail: np.ndarray, boot_tail: np.ndarray, resamples: int) -> np.ndarray:
+    """The refused alternative to :func:`beyond_every_resample`, for the benchmark: the t-test's
+    tail where the statistic lies beyond every resample."""
+    t_tail, boot_tail = np.asarray(t_tail, dtype=float), np.asarray(boot_tail, dtype=float)
+    floor = boot_tail <= 1.0 / (resamples + 1) * (1 + 1e-9)
+    return np.where(floor, t_tail, np.maximum(t_tail, boot_tail))
+
+
+def rare_seed(d, seeds=None) -> tuple[float, float]:
+    """The seed whose paired difference lies furthest from the others' mean, and how far, in
+    standard deviations of the others (leave one out): a decision can rest on such a seed (a run
+    that went wrong), and the next seeds may hold another. (NaN, NaN) with fewer than 4 pairs or
+    no spread among the others."""
+    d = np.asarray(d, dtype=float)
+    n = len(d)
+    if n < MIN_PAIRS + 1:
+        return float("nan"), float("nan")
+    seeds = np.arange(n) if seeds is None else np.asarray(seeds)
+    total, squares = d.sum(), (d ** 2).sum()
+    others_mean = (total - d) / (n - 1)
+    others_var = np.maximum((squares - d ** 2) - (n - 1) * others_mean ** 2, 0.0) / (n - 2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.abs(d - others_mean) / np.sqrt(others_var)
+    z = np.where(others_var > (FLAT * np.abs(others_mean)) ** 2, z, np.nan)
+    if not np.isfinite(z).any():
+        return float("nan"), float("nan")
+    i = int(np.nanargmax(z))
+    return float(seeds[i]), float(z[i])
+
+
+# A seed at least this many of the others' standard deviations from their mean is named beside a
+# decision: with normal differences one seed lies that far in 2.1 % of studies of 20 pairs, 5.2 % of 10.
+RARE_Z = 4.0
 
 # Resamples of a look's bootstrap-t: the smallest two-sided p-value it gives is 2 / 10,000, so
 # Holm's step-down over up to 250 comparisons can still reach 5 %.

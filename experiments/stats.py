@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .sequential import NAMES
+from .sequential import NAMES, RARE_Z
 
 LEVEL = 0.95
 
@@ -54,6 +54,8 @@ MARGINS: dict[str, tuple[float, bool]] = {"final_acc": (0.01, False), "acc_at_co
 # simulations (benchmarks/sequential.py) hold 5 % up to a skewness of about 3 but not beyond, and a
 # single extreme seed among 10 to 20 gives a sample skewness of 2.5 to 4.
 SKEW_WARN = 2.0
+RARE_NOTE = (f"'rests on one rare seed': one seed's paired difference lies {RARE_Z:g} sd or more from the "
+             "others'; no test can say how often such seeds come, so the decision's 5 % rests on it")
 # A Holm p within this factor of the line (0.025 to 0.1 at 95 %) is called close to it.
 CLOSE = 2.0
 TOO_FEW = "too few seeds"
@@ -251,6 +253,9 @@ def decision_words(r, m: str, decision: str, qd: float, qe: float, level: float 
     after = f" after {int(r[f'{m}_seeds'])} seeds" if r.get("looks", 1) > 1 and np.isfinite(r.get(f"{m}_seeds", np.nan)) else ""
     skew = r.get(f"{m}_diff_skew", np.nan)
     flag = f"; skewness {skew:+.1f}: 5 % not held" if np.isfinite(skew) and abs(skew) >= SKEW_WARN else ""
+    z = r.get(f"{m}_rare_z", np.nan)
+    if decision in ("higher", "lower", "equivalent") and np.isfinite(z) and z >= RARE_Z:
+        after += f"; seed {int(r[f'{m}_rare_seed'])} lies {z:.1f} sd from the others: rests on one rare seed"
     after += flag
     if decision in ("higher", "lower"):
         return f"{decision} (Holm p = {_p(qd)}{_close(qd, level)}{after})"
@@ -314,7 +319,7 @@ def summarize_seeds(per_seed: pd.DataFrame, arms: list[str], level: float = LEVE
     ``seed_batch`` seeds (default: the step between its first two looks, else 2); default one look
     at every seed (a fixed design). ``margins``: metric -> δ (a share of the reference's mean for
     costs and times; :data:`MARGINS`)."""
-    from .sequential import fixed_seeds_needed, look_pvalues, repeated_p_path, skewness, untested
+    from .sequential import fixed_seeds_needed, look_pvalues, rare_seed, repeated_p_path, skewness, untested
 
     wide = {m: per_seed.pivot(index="seed", columns="arm", values=m).sort_index() for m in METRICS}
     n_seeds = len(wide["final_acc"])
@@ -362,6 +367,7 @@ def summarize_seeds(per_seed: pd.DataFrame, arms: list[str], level: float = LEVE
                         p[:, k] = np.where(np.isnan(p[:, k]), np.nan, 1.0)
             row[f"{m}_margin"] = delta
             row[f"{m}_diff_skew"] = skewness(other[ok] - ref[ok])
+            row[f"{m}_rare_seed"], row[f"{m}_rare_z"] = rare_seed(other[ok] - ref[ok], labels[ok])
             n_max = max_seeds if sequential else looks[-1]
             qd = repeated_p_path(p[0], tuple(looks), n_max, True, batch)
             qe = np.maximum(repeated_p_path(p[1], tuple(looks), n_max, False, batch),
@@ -437,6 +443,8 @@ def notes(summary: pd.DataFrame, metrics) -> list[str]:
         out.append(CLIPPED_NOTE)
     if int(summary["seeds"].max()) == 2:
         out.append(TWO_SEEDS_NOTE)
+    if any(bool((summary.get(f"{m}_rare_z", pd.Series(dtype=float)) >= RARE_Z).any()) for m in metrics):
+        out.append(RARE_NOTE)
     return out
 
 

@@ -405,3 +405,33 @@ def test_a_study_that_runs_to_its_maximum_says_so():
     assert "seeds added until decided: ran to its maximum (20 seeds) with 2 comparisons open" in text
     assert "replace those of any fixed-seed table of the same seeds" in text
     assert "this study ran to its maximum (20 seeds) with 2 comparisons open" in conclusion(s, None)
+
+
+def test_a_statistic_beyond_every_resample_keeps_the_floor_never_zero():
+    """Where the observed statistic lies beyond every bootstrap resample, the tail is the
+    bootstrap's floor 1/(B + 1) (never 0, never the t-test's lighter tail, which under skewed nulls
+    let false decisions through); elsewhere the larger of the two. The refused fallback differs."""
+    b = 99
+    floor = 1 / (b + 1)
+    t_tail, boot = np.array([1e-7, 1e-7, 0.3]), np.array([floor, 3 * floor, 0.2])
+    assert seq.beyond_every_resample(t_tail, boot, b).tolist() == [floor, 3 * floor, 0.3]
+    assert seq.t_fallback(t_tail, boot, b).tolist() == [1e-7, 3 * floor, 0.3]
+    d = np.array([1.0, 1.1, 0.9, 1.05, 0.95, 1.02, 0.98, 1.01, 0.99])
+    p_diff, _, _ = seq.look_pvalues(d, 0.01, resamples=999)
+    assert p_diff == pytest.approx(2 / 1000)
+
+
+def test_a_decision_resting_on_one_rare_seed_says_so():
+    from groupfel.experiments.stats import render_summary, summarize_seeds
+
+    seed, z = seq.rare_seed([0.1, 0.2, 0.15, 0.12, 3.0, 0.18], seeds=[0, 1, 2, 3, 7, 9])
+    assert seed == 7 and z > 20
+    assert np.isnan(seq.rare_seed([1.0, 1.0, 1.0, 1.0])[1])
+    rng = np.random.default_rng(5)
+    base = 0.9 + rng.normal(0, 0.01, 10)
+    other = base + 0.02 + rng.normal(0, 0.004, 10)
+    other[6] += 0.1
+    s = summarize_seeds(_per_seed({"a": list(base), "b": list(other)}), ["a", "b"])
+    words = s.iloc[1]["final_acc_verdict"]
+    assert words.startswith("higher") and "seed 6 lies" in words and "rests on one rare seed" in words
+    assert "rests on one rare seed': one seed's paired difference" in render_summary(s, None)
