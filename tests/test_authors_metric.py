@@ -36,3 +36,23 @@ def test_bad_arms_star_is_one_line(tmp_path, capsys):
                      "--output", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "first" in err and not out.exists()
+
+
+def test_evaluating_every_epoch_changes_no_trained_number(tiny_dict, tmp_path):
+    """The figures now evaluate every epoch (for the best); their committed last-epoch errors,
+    evaluated every few epochs, stay comparable: the cadence touches no training."""
+    from groupfel.emulator.config import parse_config
+    from groupfel.emulator.driver import plan_arm, run_arm
+    from groupfel.emulator.world import build_world
+
+    last = {}
+    for every, best in ((3, False), (1, True)):
+        d = {**tiny_dict, "mode": "per-group", "topology": {"edges": 1, "clients_per_edge": 6},
+             "data": {"dataset": "digits", "partition": "shards", "n_shards": 30, "sizes": "half-normal",
+                      "min_samples": 10, "max_samples": 200, "mean_samples": 100, "test_fraction": 0.5},
+             "arms": [{"name": "hcct", "grouping": {"policy": "hcct", "alpha": 100.0, "schedule": "alg1"}}]}
+        d["train"] = {**tiny_dict["train"], "rounds": 6, "group_rounds": 1, "eval_every": every, "report_best": best}
+        world = build_world(parse_config(d))
+        rows = run_arm(world, plan_arm(world, 0), tmp_path / str(every))
+        last[every] = rows[rows["round"] == 6][["local_error_mean", "groups_sampled", "cost"]].values.tolist()
+    assert last[1] == last[3]
