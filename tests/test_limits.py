@@ -640,6 +640,7 @@ OTHER_MODE = {
     "data.shards_deal": (lambda d: d["data"].update(sizes="half-normal"), "authors"),
     "data.shard_samples": (lambda d: d["data"].update(partition="shards"), 500),
     "data.std_samples": (lambda d: d["data"].update(sizes="uniform"), 2.0),
+    "data.local_test": (lambda d: _shift(d, "feature-shift", "domain", 0), "domain"),   # _tiny() runs in global mode
     "data.types[].label_weights": (lambda d: _shift(d, "feature-shift", "rotation", 90.0), [1.0] * 10),
     "data.types[].rotation": (lambda d: _shift(d, "label-shift", "label_weights", [1.0] * 10), 90.0),
     "data.types[].permutation": (lambda d: _shift(d, "label-shift", "label_weights", [1.0] * 10), list(range(10))),

@@ -79,7 +79,7 @@ class DataConfig(_Strict):
         "split", description="Each client's local test set: split holds out part of its own samples "
         "(test_fraction, test_samples); domain tests every client on its domain's whole test set and trains on "
         "all its samples (the HCCT authors' utils/digit_utils.py, prepare_digit_data: every Digit client of a dataset is "
-        "tested on that dataset's test loader). domain needs client types with a domain.")
+        "tested on that dataset's test loader). domain needs client types with a domain; per-group mode.")
 
     @model_validator(mode="after")
     def _range(self):
