@@ -13,8 +13,8 @@ from groupfel.cost_models import CostModel, get_profile, read_profiles
 from groupfel.cost_models.power import PowerModel, build_power, read_power
 from groupfel.topologies import (DATASETS, Dataset, Link, Topology, assign_devices, build_topology, client_sizes,
                         dirichlet_partition, label_matrix, load_dataset)
-from groupfel.topologies.partition import (apply_client_types, fedcollab_types, shards_partition, split_local,
-                                  weighted_partition)
+from groupfel.topologies.partition import (apply_client_types, authors_shards_partition, fedcollab_types,
+                                           shards_partition, split_local, weighted_partition)
 
 from .config import SHIFTS, RunConfig, parts
 from groupfel.errors import InputError
@@ -106,6 +106,20 @@ def _domain_partition(dataset: Dataset, sizes: np.ndarray, weights: np.ndarray, 
     return parts
 
 
+def _domain_tests(dataset: Dataset, domain: np.ndarray) -> tuple[Dataset, list[np.ndarray]]:
+    """``local_test = "domain"`` (the HCCT authors' prepare_digit_data): every client is tested on
+    its domain's whole test set. The test images are appended to the training arrays (as the
+    client types' copies are), so that each client's test indices point into them like a split's."""
+    n = len(dataset.y_train)
+    rows = [np.flatnonzero(dataset.domain_test == k) for k in range(len(dataset.domains))]
+    order = np.concatenate(rows)
+    start = n + np.cumsum([0] + [len(r) for r in rows])
+    tests = [np.arange(start[k], start[k + 1]) for k in domain]
+    return replace(dataset, x_train=np.concatenate([dataset.x_train, dataset.x_test[order]]),
+                   y_train=np.concatenate([dataset.y_train, dataset.y_test[order]]),
+                   domain_train=np.concatenate([dataset.domain_train, dataset.domain_test[order]])), tests
+
+
 def place_data(config: RunConfig, dataset: Dataset) -> Placement:
     """Partition the training set over the clients (``[data]``), split each client's samples into
     training and local test (``test_fraction``), and build the topology on the training part."""
@@ -131,12 +145,18 @@ def place_data(config: RunConfig, dataset: Dataset) -> Placement:
             parts = _domain_partition(dataset, sizes, weights, domain, rng)
         else:
             parts = weighted_partition(dataset.y_train, sizes, weights, m, rng)
+    elif d.partition == "shards" and d.shards_deal == "authors":
+        parts = authors_shards_partition(dataset.y_train, n_clients, d.n_shards, d.shard_samples, rng)
     else:
         sizes = client_sizes(n_clients, d.min_samples, d.max_samples, mean, std, rng, d.sizes)
         parts = (dirichlet_partition(dataset.y_train, sizes, d.alpha, m, rng, d.dirichlet_counts == "floor")
                  if d.partition == "dirichlet" else shards_partition(dataset.y_train, sizes, d.n_shards, m, rng))
     devices = assign_devices(n_clients, tc.devices, rng)
-    train, test = split_local(parts, config.test_fraction, streams.rng(config.seed, "local-split"), d.test_samples)
+    if d.local_test == "domain":   # every sample trains; the domain's test set tests
+        dataset, test = _domain_tests(dataset, domain)
+        train = parts
+    else:
+        train, test = split_local(parts, config.test_fraction, streams.rng(config.seed, "local-split"), d.test_samples)
     x, y = dataset.x_train, dataset.y_train
     if types:
         before = [train, test]

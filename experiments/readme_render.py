@@ -272,6 +272,20 @@ def before_after_at(name: str, mode: str, before: str, column: str, arm: str, ro
     return f"{fmt(float(np.mean([y[s] for s in common])), digits)} → {fmt(float(np.mean([x[s] for s in common])), digits)} ({diff})"
 
 
+def paired_at(name: str, mode: str, column: str, arm: str, ref: str, round: int, digits: int = 2,
+              scale: float = 100.0) -> str:
+    """As :func:`paired_last`, at evaluation ``round``: arm − ref per seed, mean [95 % CI]."""
+    x, y = (_round_per_seed(name, mode, column, a, round, scale) for a in (arm, ref))
+    return _paired([x[s] - y[s] for s in x if s in y], column, scale, digits)
+
+
+def paired_folders_at(name: str, mode: str, before: str, column: str, arm: str, round: int, digits: int = 2,
+                      scale: float = 100.0) -> str:
+    """As :func:`paired_folders`, at evaluation ``round`` of both folders."""
+    x, y = (_round_per_seed(name, f, column, arm, round, scale) for f in (mode, before))
+    return _paired([x[s] - y[s] for s in x if s in y], column, scale, digits)
+
+
 def paired_points(name: str, mode: str, arm: str, a: dict, b: dict, digits: int = 2,
                   column: str = "accuracy", scale: float = 100.0) -> str:
     """Paired difference, point ``b`` minus point ``a``, per seed (the same seed draws the same
@@ -469,7 +483,7 @@ def base_sources(quick: bool = False) -> str:
 
 FUNCTIONS = {f.__name__: f for f in (ours, paper, summary, cell, summary_ci, at_cost, at_round, at_cost_over,
                                      paired_at_cost, last, paired_last, paired_folders, before_after, paired_points, paired_final,
-                                     cost_to, diverged, span, seeds, fmt, table1, arms_table, methods_table, grid, verdict_points, verdict_last, before_after_at, mean_at,
+                                     cost_to, diverged, span, seeds, fmt, table1, arms_table, methods_table, grid, verdict_points, verdict_last, before_after_at, mean_at, paired_at, paired_folders_at,
                                      table2, table2_diff, table2_span, sources, base_sources)}
 
 

@@ -178,12 +178,33 @@ def resolve(rep: Reproduction, quick: bool, data_path: str | None = None,
                 changed.append(f"sweep {key}: {sweep[key]!r} -> {value!r}")
             sweep[key] = value
     for path, value in (overrides or {}).items():
+        if path.startswith(ARMS_ALL):   # every arm, in the base and in each arms axis value
+            _set_every_arm(sweep, base, path, value)
+            changed.append(f"{path}: -> {value!r} in every arm (--set)")
+            continue
         old = _get(base, path)
         set_path(base, path, value)
         if old != value:
             changed.append(f"{path}: {old!r} -> {value!r} (--set)")
     sweep["base"] = "base.toml"
     return sweep, base, changed
+
+
+ARMS_ALL = "arms.*."   # --set arms.*.PATH=VALUE: PATH in every arm the reproduction runs
+
+
+def _set_every_arm(sweep: dict, base: dict, path: str, value: Any) -> None:
+    """``arms.*.PATH`` set in every arm of the base config and of every value of an ``arms`` axis
+    (a reproduction whose points run different arms: HCCT Table 4's)."""
+    from .sweep import set_path
+
+    rest = path.removeprefix(ARMS_ALL)
+    arms = [*base.get("arms", []), *(a for value_ in sweep.get("axes", {}).get("arms", []) for a in value_)]
+    if not rest or not arms:
+        raise InputError(f"reproduce --set {path}=...: write arms.*.PATH=VALUE (e.g. arms.*.grouping.first=global), "
+                         f"for a reproduction that runs arms")
+    for arm in arms:
+        set_path(arm, rest, copy.deepcopy(value))
 
 
 def _quick_shared() -> dict:

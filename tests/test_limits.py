@@ -637,7 +637,10 @@ OTHER_MODE = {
     "max_seeds": (lambda d: (d.pop("seed"), d.update(seeds=[0, 1])), 10),
     "margins": (lambda d: None, {"final_acc": 0.02}),
     "data.n_shards": (lambda d: None, 12),   # the default partition is dirichlet
+    "data.shards_deal": (lambda d: d["data"].update(sizes="half-normal"), "authors"),
+    "data.shard_samples": (lambda d: d["data"].update(partition="shards"), 500),
     "data.std_samples": (lambda d: d["data"].update(sizes="uniform"), 2.0),
+    "data.local_test": (lambda d: _shift(d, "feature-shift", "domain", 0), "domain"),   # _tiny() runs in global mode
     "data.types[].label_weights": (lambda d: _shift(d, "feature-shift", "rotation", 90.0), [1.0] * 10),
     "data.types[].rotation": (lambda d: _shift(d, "label-shift", "label_weights", [1.0] * 10), 90.0),
     "data.types[].permutation": (lambda d: _shift(d, "label-shift", "label_weights", [1.0] * 10), list(range(10))),

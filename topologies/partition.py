@@ -6,7 +6,8 @@ Scenarios (``[data] partition``), each deterministic from the generator it is gi
 partition           what differs between clients                                  from
 ==================  ===========================================================  ======================
 ``dirichlet``       label shares q_i ~ Dir(α·1)                                   Group-FEL Sec. 7.1
-``shards``          a few single-label shards each (100 shards over all clients)  HCCT Sec. 7.1 (CIFAR-10)
+``shards``          a few single-label shards each (100 shards over all clients)  HCCT Sec. 7.1 (CIFAR-10);
+                    (``shards_deal = "authors"``: every sample, as their code)    HCCT authors' code
 ``label-shift``     label shares set per client type                              FedCollab Sec. 5.1
 ``feature-shift``   images rotated by a per-type angle (±25°, ±155°)              FedCollab Sec. 5.1
 ``concept-shift``   labels permuted per client type                               FedCollab Sec. 5.1
@@ -131,6 +132,34 @@ def shards_partition(labels: np.ndarray, sizes: np.ndarray, n_shards: int, num_c
             taken[c] += shard_size
         s += k
         out.append(np.sort(np.concatenate(idx)))
+    return out
+
+
+def authors_shards_partition(labels: np.ndarray, n_clients: int, n_shards: int, shard_samples: int | None,
+                             rng: np.random.Generator) -> list[np.ndarray]:
+    """Label shards as the HCCT authors' code deals them (``imbalanced`` in their utils/sampling.py,
+    used for CIFAR-10): the first ``n_shards · shard_samples`` training samples (``shard_samples``
+    unset: len(labels) // n_shards, their ``len(dataset) / 100``: 500 on CIFAR-10) sorted by label
+    and cut into ``n_shards`` consecutive shards; client i gets floor(h_i / Σh · n_shards) shards
+    (at least one), h_i half-normal, the shards drawn without replacement. Every sample of the
+    training set is thus dealt at once (about 4,750 a client on CIFAR-10), and the train ratio is
+    then taken over each client's whole share."""
+    per = shard_samples if shard_samples is not None else len(labels) // n_shards
+    if per < 1 or n_shards * per > len(labels):
+        raise InputError(f"data.shard_samples: {n_shards} shards of {per} samples need {n_shards * per} samples "
+                         f"but the training set has {len(labels)}; lower data.shard_samples or data.n_shards")
+    h = np.abs(rng.standard_normal(n_clients))
+    counts = np.maximum(np.floor(h / h.sum() * n_shards).astype(int), 1)
+    if counts.sum() > n_shards:   # the authors' code fails here (np.random.choice of too few shards)
+        raise InputError(f"data.n_shards: {n_shards} shards cannot give each of the {n_clients} clients at least "
+                         f"one after the half-normal deal (it needs {int(counts.sum())}); raise data.n_shards")
+    order = np.argsort(labels[: n_shards * per], kind="stable")
+    shards = order.reshape(n_shards, per)
+    drawn = rng.permutation(n_shards)
+    out, s = [], 0
+    for k in counts:
+        out.append(np.sort(shards[drawn[s:s + k]].ravel()))
+        s += k
     return out
 
 

@@ -114,6 +114,12 @@ class Algorithm:
         """The model client ``client`` is evaluated with in per-group mode, given its group's."""
         return model
 
+    def member_models(self, state: AlgorithmState, clients: np.ndarray, models: torch.Tensor) -> torch.Tensor | None:
+        """The models ``clients`` bring into a group re-formed by HCCT (Alg. 1 line 15's w_i, which
+        the new group averages), given their old groups' ``models`` (one row each); None: those
+        models as they are."""
+        return None
+
     def round_metrics(self, state: AlgorithmState) -> dict[str, float]:
         """Columns this algorithm adds to each per-group evaluation row (MAXFL: its participants)."""
         return {}

@@ -435,10 +435,17 @@ class FedPer(Algorithm):
     ``swap`` says where the own classifier enters: ``"train"`` (default; paper: FedPer [23], as
     above) or ``"evaluate"`` (code: the HCCT authors' main_cluster.py with ``personalize = 1``):
     every client trains from its group's whole model, FedAvg's, and keeps the classifier it
-    trained; only at evaluation are the group's last ``personal_layers`` layers swapped for it."""
+    trained; only at evaluation are the group's last ``personal_layers`` layers swapped for it.
+
+    ``regroup`` says what a member brings into a group that HCCT re-forms (Alg. 1 line 15):
+    ``"group"`` (default; paper: the model of its old group) or ``"own"`` (code: the HCCT
+    authors' main_cluster.py with ``personalize = 1`` keeps in ``w_locals`` the group's model with
+    the member's own last layer, and averages those): the new group starts from its members' own
+    classifiers, where ``"group"`` averages their old groups' (those of members that left included)."""
 
     personal_layers: int = 1
     swap: str = "train"
+    regroup: str = "group"
     modes: ClassVar[tuple[str, ...]] = PER_GROUP
 
     def __post_init__(self):
@@ -447,6 +454,9 @@ class FedPer(Algorithm):
         if self.swap not in ("train", "evaluate"):
             raise ValueError(f"swap must be one of train, evaluate (\"evaluate\": train as FedAvg, swap in the own "
                              f"classifier only to evaluate, the HCCT authors' code), got {self.swap!r}")
+        if self.regroup not in ("group", "own"):
+            raise ValueError(f"regroup must be one of group, own (\"own\": a re-formed group starts from its members' "
+                             f"own classifiers, the HCCT authors' code), got {self.regroup!r}")
 
     def bind(self, ctx: AlgorithmContext) -> None:
         super().bind(ctx)
@@ -472,6 +482,13 @@ class FedPer(Algorithm):
     def personal_model(self, state, client, model):
         out = model.clone()
         out[self.head] = state.clients["own"][client, self.head]
+        return out
+
+    def member_models(self, state, clients, models):
+        if self.regroup == "group":
+            return None
+        out = models.clone()
+        out[:, self.head] = state.clients["own"][torch.as_tensor(clients, device=out.device)][:, self.head]
         return out
 
 

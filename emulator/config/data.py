@@ -48,6 +48,15 @@ class DataConfig(_Strict):
         "exact", description="dirichlet: exact gives each client exactly n_i samples; floor gives "
         "floor(q_ic·n_i) of class c (the Group-FEL authors' code, so fewer than n_i).")
     n_shards: int = Field(100, ge=1, le=MAX_CLIENTS, description="shards: single-label shards dealt over all clients.")
+    shards_deal: Literal["sizes", "authors"] = Field(
+        "sizes", description="shards: sizes deals shards of round(Σ sizes / n_shards) samples in proportion to the "
+        "drawn client sizes (HCCT Sec. 7.1, Table 3's mean); authors deals the whole training set in n_shards "
+        "label-sorted shards, floor(h_i/Σh · n_shards) to client i with h half-normal, as the HCCT authors' "
+        "utils/sampling.py (imbalanced) does: about 4,750 samples a client on CIFAR-10, the train ratio "
+        "taken over that. Needs sizes = \"half-normal\".")
+    shard_samples: int | None = Field(None, ge=1, le=MAX_CLIENTS, description="shards_deal = \"authors\": samples a "
+                                      "shard, cut from the first n_shards·shard_samples training samples; unset: the "
+                                      "training set's size / n_shards (the authors' len(dataset) / 100: 500 on CIFAR-10).")
     sizes: Literal["normal", "uniform", "half-normal"] = Field(
         "normal", description="Client sample counts: normal (Group-FEL paper: Normal(mean, std) clipped "
         "to [min, max]), uniform (randint(min, max + 1), the Group-FEL authors' code), half-normal "
@@ -66,6 +75,11 @@ class DataConfig(_Strict):
     test_samples: int | None = Field(None, ge=1, le=MAX_CLIENTS, description="Instead of test_fraction: exactly this many of "
                                      "each client's samples as its local test split (FedCollab Table 4: 350 "
                                      "on every client, large or small).")
+    local_test: Literal["split", "domain"] = Field(
+        "split", description="Each client's local test set: split holds out part of its own samples "
+        "(test_fraction, test_samples); domain tests every client on its domain's whole test set and trains on "
+        "all its samples (the HCCT authors' utils/digit_utils.py, prepare_digit_data: every Digit client of a dataset is "
+        "tested on that dataset's test loader). domain needs client types with a domain; per-group mode.")
 
     @model_validator(mode="after")
     def _range(self):
@@ -80,6 +94,16 @@ class DataConfig(_Strict):
             if field and getattr(t, field) is None and not (field == "rotation" and t.domain is not None):
                 either = " (or domain)" if field == "rotation" else ""
                 raise ValueError(f"types[{i}].{field}: required{either} for partition = \"{self.partition}\"")
+        if self.shards_deal == "authors" and self.sizes != "half-normal":
+            raise ValueError("shards_deal: \"authors\" deals half-normal shares of the shards (the HCCT authors' "
+                             "imbalanced with halfnormal); set sizes = \"half-normal\"")
+        if self.local_test == "domain":
+            if self.test_fraction is not None or self.test_samples is not None:
+                raise ValueError("local_test: \"domain\" tests on the domains' test sets and trains on every sample; "
+                                 "remove test_fraction and test_samples")
+            if not self.types or any(t.domain is None for t in self.types):
+                raise ValueError("local_test: \"domain\" needs client types with a domain (types[].domain); "
+                                 "give them or use local_test = \"split\"")
         if self.types and len({t.domain is None for t in self.types}) > 1:
             raise ValueError("types: give every type a domain, or none (a type without one would draw "
                              "from every domain, the others' samples included)")

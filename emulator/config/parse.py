@@ -94,6 +94,10 @@ ONLY_IN: dict[str, tuple[str, Callable[[RunConfig], bool]]] = {
     "margins": ('seeds = [...] or seeds = "auto" (a single seed has no comparison to decide)',
                 lambda c: c.seeds is not None),
     "data.n_shards": ('data.partition = "shards"', lambda c: c.data.partition == "shards"),
+    "data.shards_deal": ('data.partition = "shards"', lambda c: c.data.partition == "shards"),
+    "data.shard_samples": ('data.shards_deal = "authors"', lambda c: c.data.partition == "shards"
+                           and c.data.shards_deal == "authors"),
+    "data.local_test": ('mode = "per-group"', lambda c: c.mode == "per-group"),
     "data.std_samples": ('data.sizes = "normal"', lambda c: c.data.sizes == "normal"),
     "data.types[].label_weights": ('data.partition = "label-shift"', lambda c: c.data.partition == "label-shift"),
     "data.types[].rotation": ('data.partition = "feature-shift"', lambda c: c.data.partition == "feature-shift"),

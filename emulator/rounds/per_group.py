@@ -462,7 +462,11 @@ class PerGroupRounds(RoundStrategy):
             for group in self.plan.grouping.repartition(view, current):
                 members = clients[group]
                 old = np.unique(state.assign[members])
-                if len(old) == 1:
+                brought = self.training.algorithm.member_models(self.training.state, members, state.models[state.assign[members]])
+                if brought is not None:   # the members' own models (HCCT-P's classifiers, regroup = "own")
+                    n = torch.as_tensor(topo.n_samples[members], dtype=state.models.dtype, device=state.models.device)
+                    models.append((n / n.sum()) @ brought)
+                elif len(old) == 1:
                     models.append(state.models[old[0]])
                 else:   # Alg. 1 line 15: Σ D_i w_i / D̂_k, w_i the model of client i's old group
                     n = torch.as_tensor([topo.n_samples[members[state.assign[members] == m]].sum() for m in old],
