@@ -324,9 +324,10 @@ def span(name: str, mode: str, metric: str, digits: int = 0, width: bool = True)
     return f"[{fmt(t['ci95_low'].min(), digits)}, {fmt(t['ci95_high'].max(), digits)}]"
 
 
-def seeds(name: str, mode: str) -> str:
-    """How many seeds the folder's runs hold."""
-    return str(_csv(name, mode, "runs.csv")["seed"].nunique())
+def seeds(name: str, mode: str, arm: str | None = None) -> str:
+    """How many seeds the folder's runs hold (of ``arm``'s, where given)."""
+    runs = _csv(name, mode, "runs.csv")
+    return str((runs if arm is None else _select(runs, arm, {}))["seed"].nunique())
 
 
 def _g(value: float) -> str:
