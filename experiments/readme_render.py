@@ -256,9 +256,16 @@ def _round_per_seed(name: str, folder: str, column: str, arm: str, round: int, s
             if (r["round"] == round).any()}
 
 
-def mean_at(name: str, mode: str, column: str, arm: str, round: int, digits: int = 1, scale: float = 1.0) -> str:
-    """Mean over seeds of ``column`` at evaluation ``round`` (e.g. ``maxfl_participants``)."""
-    return fmt(float(np.mean(list(_round_per_seed(name, mode, column, arm, round, scale).values()))), digits)
+def mean_at(name: str, mode: str, column: str, arm: str, round: int, digits: int = 1, scale: float = 1.0,
+            among: tuple[str, str] | None = None) -> str:
+    """Mean over seeds of ``column`` at evaluation ``round`` (e.g. ``maxfl_participants``); with
+    ``among = (folder, arm)`` over the seeds that arm's runs in that folder hold only (a rerun
+    with fewer seeds beside a longer one)."""
+    values = _round_per_seed(name, mode, column, arm, round, scale)
+    if among is not None:
+        keep = set(_select(_csv(name, among[0], "runs.csv"), among[1], {})["seed"].astype(int))
+        values = {s: v for s, v in values.items() if s in keep}
+    return fmt(float(np.mean(list(values.values()))), digits)
 
 
 def before_after_at(name: str, mode: str, before: str, column: str, arm: str, round: int,
@@ -338,9 +345,10 @@ def span(name: str, mode: str, metric: str, digits: int = 0, width: bool = True)
     return f"[{fmt(t['ci95_low'].min(), digits)}, {fmt(t['ci95_high'].max(), digits)}]"
 
 
-def seeds(name: str, mode: str) -> str:
-    """How many seeds the folder's runs hold."""
-    return str(_csv(name, mode, "runs.csv")["seed"].nunique())
+def seeds(name: str, mode: str, arm: str | None = None) -> str:
+    """How many seeds the folder's runs hold (of ``arm``'s, where given)."""
+    runs = _csv(name, mode, "runs.csv")
+    return str((runs if arm is None else _select(runs, arm, {}))["seed"].nunique())
 
 
 def _g(value: float) -> str:
