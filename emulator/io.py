@@ -320,7 +320,7 @@ def read_checkpoint(path: str | Path) -> dict:
                 if not isinstance(dtype, torch.dtype):
                     raise ValueError(f"{path}: a table of dtype {obj['dtype']!r}")
                 shape = [int(s) for s in obj["shape"]]
-                n = int(torch.Size(shape).numel()) * torch.empty(0, dtype=dtype).element_size()
+                n = int(torch.Size(shape).numel()) * dtype.itemsize
                 return torch.frombuffer(data, dtype=torch.uint8, count=n, offset=int(offsets[obj[_MARK]])) \
                     .view(dtype).reshape(shape)
             return {k: back(v) for k, v in obj.items()}
