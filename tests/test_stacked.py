@@ -368,3 +368,19 @@ def test_a_stack_holds_convolution_weights_channels_last_with_the_same_gradients
     x, y, m = torch.randn(4, 5, 1, 8, 8), torch.randint(0, 10, (4, 5)), torch.ones(4, 5)
     assert all(torch.equal(a, b) for a, b in zip(grouped(plain, x, y, m), grouped(held, x, y, m)))
     assert GroupedNet.of(net, channels_last=False).zeros(4, 3, net.stages[0].conv1.weight.shape, cpu).is_contiguous()
+
+
+@pytest.mark.parametrize("name", ["cnn", "resnet-1", "mlp"])
+def test_a_cpu_step_in_chunks_of_clients_gives_every_client_the_numbers_of_one_stack(name, monkeypatch):
+    """A wide stack's CPU step computes chunks of at least 4 clients one after another (here forced
+    to the smallest): every client's gradients bitwise those of the whole stack in one step."""
+    net, params, x, y, m = _stack(name, 13)
+    grouped = GroupedNet.of(net)
+    params = [grouped.zeros(13, i, p.shape[1:], p.device).copy_(p) for i, p in enumerate(params)]   # as a stack holds them
+    monkeypatch.setattr(GroupedNet, "CHUNK_BYTES", 1)
+    assert grouped.chunks(13, 5, x.shape[2:]) == [5, 4, 4]
+    assert grouped.chunks(9, 5, x.shape[2:]) == [5, 4] and grouped.chunks(2, 5, x.shape[2:]) == [2]
+    whole = grouped._grads(params, x, y, m)
+    for n in (8, 9, 13):
+        got = grouped([p[:n] for p in params], x[:n], y[:n], m[:n])
+        assert all(torch.equal(g, w[:n]) for g, w in zip(got, whole)), n
