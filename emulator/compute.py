@@ -116,7 +116,9 @@ def run_group_rounds(engine: TrainingEngine, starts: dict[int, torch.Tensor], gr
                     steps_of[c] = engine.steps(c, spec.local_epochs)
             steps = torch.tensor([steps_of[c] for c in members], dtype=local.dtype, device=dev)
             # one start model (global mode's first group round): every row a view of it, not a copy
-            if len(table) == 1:
+            if not algorithm.reads_starts:
+                starts_k = None
+            elif len(table) == 1:
                 starts_k = table.expand(len(rows), -1)
             else:   # the round's one table of start rows, rewritten at each group round
                 if starts_buf is None or len(starts_buf) < len(rows):

@@ -291,8 +291,9 @@ def test_scaffold_group_variate_moves_by_its_survivors_changes_over_all_members(
     state.server["control"] = c
     before = state.clients["variates"].clone()
     scratch = alg.begin_round(state, [0], members)
-    run_group_rounds(engine, {0: engine.initial_weights(0)}, {0: group}, 0, LocalSpec(seed, 1, 1, 0.05, faults),
-                     alg, state, scratch)
+    x = run_group_rounds(engine, {0: engine.initial_weights(0)}, {0: group}, 0, LocalSpec(seed, 1, 1, 0.05, faults),
+                         alg, state, scratch)
+    alg.aggregate_cloud(state, scratch, np.ones(1), [x[0]], members, n)   # the round's c_i reach the run's table
     change = state.clients["variates"] - before
     control = scratch.control
     assert change[1].abs().max() == 0                                    # client 1 dropped

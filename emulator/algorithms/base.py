@@ -105,6 +105,7 @@ class Algorithm:
     modes: ClassVar[tuple[str, ...]] = ("global", "per-group")
     training_passes: ClassVar[float] = 1.0       # client training per group round, in units of E·H_i(n_i)
     evaluation_passes: ClassVar[float] = 0.0     # client training per per-group evaluation, in units of H_i(n_i)
+    reads_starts: ClassVar[bool] = True          # after_local reads its start rows (False: they are not gathered)
 
     def bind(self, ctx: AlgorithmContext) -> None:
         """Called once before the first round (and on a resume) with the run's context."""
@@ -173,10 +174,11 @@ class Algorithm:
         return engine.train(table, clients, epochs, seeds, lr=lr, correction=correction, momentum=momentum,
                             rows=rows)
 
-    def after_local(self, state: AlgorithmState, scratch: Any, clients: torch.Tensor, starts: torch.Tensor,
+    def after_local(self, state: AlgorithmState, scratch: Any, clients: torch.Tensor, starts: torch.Tensor | None,
                     trained: torch.Tensor, steps: torch.Tensor, lr: float, correction: torch.Tensor | None) -> None:
         """Each training client's start and trained model of a group round (``steps``: its τ_i).
-        ``starts`` is read-only (rows may be views of one model)."""
+        ``starts`` is read-only (rows may be views of one model); None where :attr:`reads_starts`
+        is False (the algorithm keeps what :meth:`local_update` was given instead)."""
 
     def aggregate_group(self, state: AlgorithmState, scratch: Any, update: GroupUpdate) -> torch.Tensor:
         """Alg. 1, Line 14: the sample-weighted mean of the survivors' models."""
