@@ -3,12 +3,14 @@ seeds against a fixed design, and AdaStop on the same simulated studies.
 
     nice python benchmarks/sequential.py [--studies 10000] [--power-studies N] [--adastop 1000]
         [--only 'SETTING/NOISE'] [--no-before] [--no-power] [--out results.jsonl] [--t-fallback]
+        [--seed 1] [--power-seed 3] [--spending rho:R|hsd:G] [--boot-min N] [--eq-min N] [--futility P]
 
 Simulates whole studies run with :mod:`groupfel.experiments.sequential` (looks after 3 seeds and
 every 2 more up to max_seeds, stopping when every comparison is decided; Holm-Shaffer over the
 family) and prints, for each setting, the share of studies with a false decision and its Monte
 Carlo standard error, twice: with the per-look test of before (a paired t-test at every look) and
-with today's (bootstrap-t from 8 pairs, each tail at least the t-test's; no test before 8 pairs):
+with today's (bootstrap-t from 8 pairs, each tail at least the t-test's; no test before 8 pairs;
+a study whose open comparisons all have under 10 % predictive power of a decision stops):
 
 - false ``higher``/``lower`` (family-wise, on the comparisons whose true difference is 0) where the
   others are decided early and one comparison is left open (max 20 and 50), with two open
@@ -25,7 +27,9 @@ with today's (bootstrap-t from 8 pairs, each tail at least the t-test's; no test
   group-sequential permutation tests, looks after 4, 8, ..., 20 seeds, alpha 5 %, unpaired) on the
   same simulated studies as ours, one comparison.
 
-``--resamples`` sets each bootstrap's (default: the tool's own 9,999; fewer floor each tail's
+``--spending``, ``--boot-min``, ``--eq-min`` and ``--futility`` run the measured alternatives to
+today's procedure (another spending function, tests from fewer pairs, equivalence from more pairs,
+another futility threshold or none: 0); each JSON line records which ran. ``--resamples`` sets each bootstrap's (default: the tool's own 9,999; fewer floor each tail's
 p-value at 1/(resamples + 1), which early boundaries, at 10⁻⁵ to 10⁻³, cannot cross).
 """
 from __future__ import annotations
@@ -87,13 +91,14 @@ SETTINGS: dict[str, tuple[dict, int, list[tuple[int, int]] | None, tuple[str, ..
 @contextlib.contextmanager
 def t_tests_at_every_look():
     """The per-look test of before, for comparison: a paired t-test at every look, none left out."""
-    saved = seq.BOOT_MIN, seq.untested
-    seq.BOOT_MIN, seq.untested = 10 ** 9, lambda pairs, n_max, seeds=None: np.zeros(np.shape(pairs), bool)
+    saved = seq.BOOT_MIN, seq.untested, seq.FUTILITY
+    seq.BOOT_MIN, seq.FUTILITY = 10 ** 9, 0.0
+    seq.untested = lambda pairs, n_max, seeds=None, equivalence=False: np.zeros(np.shape(pairs), bool)
     seq._calibration.cache_clear()
     try:
         yield
     finally:
-        seq.BOOT_MIN, seq.untested = saved
+        seq.BOOT_MIN, seq.untested, seq.FUTILITY = saved
         seq._calibration.cache_clear()
 
 
@@ -153,16 +158,31 @@ def main() -> None:
     ap.add_argument("--no-power", action="store_true", help="skip the power rows")
     ap.add_argument("--out", default=None, help="append each row as a JSON line to this file")
     ap.add_argument("--seed", type=int, default=1, help="generator seed of the rate rows")
+    ap.add_argument("--power-seed", type=int, default=3, help="generator seed of the power rows")
     ap.add_argument("--t-fallback", action="store_true",
                     help="the refused variant: the t-test's tail where the statistic lies beyond every resample")
+    ap.add_argument("--spending", default=None,
+                    help="alternatives to today's: 'rho:R' (O'Brien-Fleming type, exponent R) or 'hsd:G' (Hwang-Shih-DeCani)")
+    ap.add_argument("--boot-min", type=int, default=None, help="pairs from which a look is tested (today: 8)")
+    ap.add_argument("--eq-min", type=int, default=None, help="pairs from which equivalence is tested (today: 8)")
+    ap.add_argument("--futility", type=float, default=None, help="predictive power below which a study stops (today: 0.1)")
     args = ap.parse_args()
     if args.t_fallback:
         seq.beyond_every_resample = seq.t_fallback
+    if args.spending:
+        kind, value = args.spending.split(":")
+        seq.RHO, seq.GAMMA = (float(value), None) if kind == "rho" else (1.0, float(value))
+    seq.BOOT_MIN = args.boot_min or seq.BOOT_MIN
+    seq.EQ_MIN = args.eq_min or seq.EQ_MIN
+    seq.FUTILITY = seq.FUTILITY if args.futility is None else args.futility
+    variant = {"spending": args.spending or "obf", "boot_min": seq.BOOT_MIN, "eq_min": seq.EQ_MIN,
+               "futility": seq.FUTILITY}
 
     def record(**row) -> None:
         if args.out:
             with open(args.out, "a") as f:
-                f.write(json.dumps({**row, "studies": n, "resamples": args.resamples, "fallback": args.t_fallback}) + "\n")
+                f.write(json.dumps({**row, "studies": n, "resamples": args.resamples, "fallback": args.t_fallback,
+                                    **variant}) + "\n")
     n = args.studies
     simulate = partial(seq.simulate, resamples=args.resamples)
     t0 = time.perf_counter()
@@ -192,7 +212,8 @@ def main() -> None:
     rows.append(("demo family, all 12 shifted by 1 paired sd", {**DEMO, "true_diff": np.tile(paired_sd, (ARMS, 1))},
                  ARMS * 4, 1.0))
     def power_of(kw):
-        d, used = simulate(args.power_studies or n // 2, kw["sd"], kw["margin"], kw["true_diff"], seed=3, **_kwargs(kw))
+        d, used = simulate(args.power_studies or n // 2, kw["sd"], kw["margin"], kw["true_diff"], seed=args.power_seed,
+                           **_kwargs(kw))
         return (d == seq.HIGHER).mean(), used.mean()
 
     if not rows_power:
@@ -206,7 +227,7 @@ def main() -> None:
         fixed = seq.fixed_seeds_needed(1.0, k, 0.0, family, power=min(power, 0.999)) if power > 0 else np.nan
         print(f"{label:44s} {out[0][0]:12.1%} {power:6.1%} {out[0][1]:17.1f} {out[1][1]:5.1f} {fixed:5.0f}", flush=True)
         record(kind="power", setting=label, before=float(out[0][0]), now=float(power), seeds_before=float(out[0][1]),
-               seeds=float(out[1][1]), fixed=fixed, studies_power=args.power_studies or n // 2)
+               seeds=float(out[1][1]), fixed=fixed, studies_power=args.power_studies or n // 2, seed=args.power_seed)
 
     try:
         from adastop import MultipleAgentsComparator
