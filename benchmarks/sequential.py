@@ -4,6 +4,7 @@ seeds against a fixed design, and AdaStop on the same simulated studies.
     nice python benchmarks/sequential.py [--studies 10000] [--power-studies N] [--adastop 1000]
         [--only 'SETTING/NOISE'] [--no-before] [--no-power] [--out results.jsonl] [--t-fallback]
         [--seed 1] [--power-seed 3] [--spending rho:R|hsd:G] [--boot-min N] [--eq-min N] [--futility P]
+        [--adastop-alphas 0.05,0.025] [--adastop-only 'K sd, NOISE'] [--single-look SAMPLES]
 
 Simulates whole studies run with :mod:`groupfel.experiments.sequential` (looks after 3 seeds and
 every 2 more up to max_seeds, stopping when every comparison is decided; Holm-Shaffer over the
@@ -29,8 +30,9 @@ a study whose open comparisons all have under 10 % predictive power of a decisio
 
 ``--spending``, ``--boot-min``, ``--eq-min`` and ``--futility`` run the measured alternatives to
 today's procedure (another spending function, tests from fewer pairs, equivalence from more pairs,
-another futility threshold or none: 0); each JSON line records which ran. ``--resamples`` sets each bootstrap's (default: the tool's own 9,999; fewer floor each tail's
-p-value at 1/(resamples + 1), which early boundaries, at 10⁻⁵ to 10⁻³, cannot cross).
+another futility threshold or none: 0); each JSON line records which ran. ``--resamples`` sets each
+bootstrap's (default: the tool's own 9,999; fewer floor each tail's p-value at 1/(resamples + 1),
+which early boundaries, at 10⁻⁵ to 10⁻³, cannot cross).
 """
 from __future__ import annotations
 
@@ -79,6 +81,9 @@ SETTINGS: dict[str, tuple[dict, int, list[tuple[int, int]] | None, tuple[str, ..
                             [(0, 0), (0, 1)], ("normal", "gamma(0.5)", "lognormal")),
     "demo family and spread, identical arms": ({**DEMO, "true_diff": np.zeros((ARMS, 4))}, seq.HIGHER, None,
                                                ("normal", "lognormal")),
+    "one comparison, AdaStop's setting": ({"sd": np.full((2, 1), np.sqrt(0.5)), "margin": np.array([0.05]),
+                                           "corr": 0.0, "true_diff": np.zeros((1, 1)), "max_seeds": 20}, seq.HIGHER,
+                                          None, ("normal", "gamma(0.5)", "lognormal")),
     "difference at the margin, one arm": ({"sd": np.array([[0.02], [1.5]]), "margin": np.ones(1), "corr": 0.0,
                                            "true_diff": np.ones((1, 1)), "max_seeds": 20}, seq.EQUIVALENT, None,
                                           ("normal", "chi2_4", "gamma(0.5)", "lognormal")),
@@ -147,6 +152,21 @@ def adastop_study(ref: np.ndarray, arm: np.ndarray, comparator, alpha: float = 0
     return next(iter(c.decisions.values())), max(c.n_iters.values())
 
 
+def single_look(samples: int, seed: int) -> None:
+    """How often each tail of one look's test (today's rule) rejects, as a multiple of its one-sided
+    level, for skewed differences and no true difference: the heavy tail of a right-skewed law is
+    the lower tail of the studentised mean."""
+    rng = np.random.default_rng(seed)
+    levels = (0.002, 0.005, 0.02)
+    print(f"single looks, {samples} samples a row: rejections / level, lower (heavy) and upper tail")
+    for kind in ("chi2_4", "gamma(0.5)"):
+        for n in (9, 11, 15):
+            d = seq.noise_draw(rng, kind, (samples, n))
+            _, p_lo, p_hi = seq.look_pvalues(d, 0.0)       # margin 0: TOST's tails are the two tails at 0
+            print(f"{kind:10s} {n:3d} pairs " + "  ".join(
+                f"{a:g}: {(p_hi <= a).mean() / a:4.2f} {(p_lo <= a).mean() / a:4.2f}" for a in levels), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--studies", type=int, default=10_000)
@@ -159,6 +179,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="append each row as a JSON line to this file")
     ap.add_argument("--seed", type=int, default=1, help="generator seed of the rate rows")
     ap.add_argument("--power-seed", type=int, default=3, help="generator seed of the power rows")
+    ap.add_argument("--adastop-alphas", default="0.05,0.025", help="AdaStop's alpha in each column")
+    ap.add_argument("--adastop-only", default="", help="AdaStop rows: a part of 'K sd, NOISE' (default: all)")
     ap.add_argument("--t-fallback", action="store_true",
                     help="the refused variant: the t-test's tail where the statistic lies beyond every resample")
     ap.add_argument("--spending", default=None,
@@ -166,7 +188,11 @@ def main() -> None:
     ap.add_argument("--boot-min", type=int, default=None, help="pairs from which a look is tested (today: 8)")
     ap.add_argument("--eq-min", type=int, default=None, help="pairs from which equivalence is tested (today: 8)")
     ap.add_argument("--futility", type=float, default=None, help="predictive power below which a study stops (today: 0.1)")
+    ap.add_argument("--single-look", type=int, default=0, help="only the single-look tails, on this many samples a row")
     args = ap.parse_args()
+    if args.single_look:
+        single_look(args.single_look, args.seed)
+        return
     if args.t_fallback:
         seq.beyond_every_resample = seq.t_fallback
     if args.spending:
@@ -241,24 +267,30 @@ def main() -> None:
         m = args.adastop
         print(f"\nAdaStop and this tool on the same {m} simulated studies, one comparison, max 20 seeds, "
               f"paired sd 1 (AdaStop's test is unpaired: no noise is shared here)")
-        print(f"{'true difference, noise':34s} {'AdaStop a=5%':>12s} {'seeds':>6s} {'AdaStop a=2.5%':>14s} "
-              f"{'seeds':>6s} {'ours':>6s} {'seeds':>6s}")
+        alphas = [float(a) for a in args.adastop_alphas.split(",")]
+        print(f"{'true difference, noise':34s} " + " ".join(f"{f'AdaStop a={a:g}':>15s} {'seeds':>6s}" for a in alphas)
+              + f" {'ours':>6s} {'seeds':>6s}")
         for k, noise in ((0.0, "normal"), (0.0, "gamma(0.5)"), (0.0, "lognormal"), (1.0, "normal"), (2.0, "normal")):
+            if args.adastop_only not in f"{k:g} sd, {noise}":
+                continue
             sd, true = np.array([[np.sqrt(0.5)], [np.sqrt(0.5)]]), np.array([[k]])
             values = seq.simulated_values(np.random.default_rng(11), m, sd, true, np.zeros(1), 0.0, noise, 20)
-            got = []
-            for alpha in (0.05, 0.025):
+            got = {}
+            for alpha in alphas:
                 ada = [adastop_study(values[i, 0, :, 0], values[i, 1, :, 0], MultipleAgentsComparator, alpha)
                        for i in range(m)]
-                got += [float(np.mean([dec in ("larger", "smaller") for dec, _ in ada])),
-                        float(np.mean([u for _, u in ada]))]
+                got[alpha] = (float(np.mean([dec in ("larger", "smaller") for dec, _ in ada])),
+                              float(np.mean([u for _, u in ada])))
             # the same simulated values as AdaStop's (simulate draws them from the same generator)
             d, used = simulate(m, sd, np.array([0.05]), true, corr=0.0, noise=noise, seed=11)
             ours = float(np.isin(d, (seq.HIGHER, seq.LOWER)).mean())
-            print(f"{f'{k:g} sd, {noise}':34s} {got[0]:12.1%} {got[1]:6.1f} {got[2]:14.1%} {got[3]:6.1f} "
-                  f"{ours:6.1%} {used.mean():6.1f}", flush=True)
-            record(kind="adastop", setting=f"{k:g} sd", noise=noise, adastop_5=got[0], adastop_5_seeds=got[1],
-                   adastop_2_5=got[2], adastop_2_5_seeds=got[3], ours=ours, ours_seeds=float(used.mean()), studies_ada=m)
+            print(f"{f'{k:g} sd, {noise}':34s} " + " ".join(f"{r:15.1%} {u:6.1f}" for r, u in got.values())
+                  + f" {ours:6.1%} {used.mean():6.1f}", flush=True)
+            legacy = {f"adastop_{'5' if a == 0.05 else '2_5'}{x}": v for a, (r, u) in got.items() if a in (0.05, 0.025)
+                      for x, v in (("", r), ("_seeds", u))}
+            record(kind="adastop", setting=f"{k:g} sd", noise=noise, **legacy,
+                   adastop={str(a): list(v) for a, v in got.items()}, ours=ours, ours_seeds=float(used.mean()),
+                   studies_ada=m)
     print(f"\n({time.perf_counter() - t0:.0f} s)")
 
 
