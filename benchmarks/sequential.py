@@ -3,12 +3,15 @@ seeds against a fixed design, and AdaStop on the same simulated studies.
 
     nice python benchmarks/sequential.py [--studies 10000] [--power-studies N] [--adastop 1000]
         [--only 'SETTING/NOISE'] [--no-before] [--no-power] [--out results.jsonl] [--t-fallback]
+        [--seed 1] [--power-seed 3] [--spending rho:R|hsd:G] [--boot-min N] [--eq-min N] [--futility P]
+        [--adastop-alphas 0.05,0.025] [--adastop-only 'K sd, NOISE'] [--single-look SAMPLES]
 
 Simulates whole studies run with :mod:`groupfel.experiments.sequential` (looks after 3 seeds and
 every 2 more up to max_seeds, stopping when every comparison is decided; Holm-Shaffer over the
 family) and prints, for each setting, the share of studies with a false decision and its Monte
 Carlo standard error, twice: with the per-look test of before (a paired t-test at every look) and
-with today's (bootstrap-t from 8 pairs, each tail at least the t-test's; no test before 8 pairs):
+with today's (bootstrap-t from 8 pairs, each tail at least the t-test's; no test before 8 pairs;
+a study whose open comparisons all have under 10 % predictive power of a decision stops):
 
 - false ``higher``/``lower`` (family-wise, on the comparisons whose true difference is 0) where the
   others are decided early and one comparison is left open (max 20 and 50), with two open
@@ -25,8 +28,11 @@ with today's (bootstrap-t from 8 pairs, each tail at least the t-test's; no test
   group-sequential permutation tests, looks after 4, 8, ..., 20 seeds, alpha 5 %, unpaired) on the
   same simulated studies as ours, one comparison.
 
-``--resamples`` sets each bootstrap's (default: the tool's own 9,999; fewer floor each tail's
-p-value at 1/(resamples + 1), which early boundaries, at 10⁻⁵ to 10⁻³, cannot cross).
+``--spending``, ``--boot-min``, ``--eq-min`` and ``--futility`` run the measured alternatives to
+today's procedure (another spending function, tests from fewer pairs, equivalence from more pairs,
+another futility threshold or none: 0); each JSON line records which ran. ``--resamples`` sets each
+bootstrap's (default: the tool's own 9,999; fewer floor each tail's p-value at 1/(resamples + 1),
+which early boundaries, at 10⁻⁵ to 10⁻³, cannot cross).
 """
 from __future__ import annotations
 
@@ -75,6 +81,9 @@ SETTINGS: dict[str, tuple[dict, int, list[tuple[int, int]] | None, tuple[str, ..
                             [(0, 0), (0, 1)], ("normal", "gamma(0.5)", "lognormal")),
     "demo family and spread, identical arms": ({**DEMO, "true_diff": np.zeros((ARMS, 4))}, seq.HIGHER, None,
                                                ("normal", "lognormal")),
+    "one comparison, AdaStop's setting": ({"sd": np.full((2, 1), np.sqrt(0.5)), "margin": np.array([0.05]),
+                                           "corr": 0.0, "true_diff": np.zeros((1, 1)), "max_seeds": 20}, seq.HIGHER,
+                                          None, ("normal", "gamma(0.5)", "lognormal")),
     "difference at the margin, one arm": ({"sd": np.array([[0.02], [1.5]]), "margin": np.ones(1), "corr": 0.0,
                                            "true_diff": np.ones((1, 1)), "max_seeds": 20}, seq.EQUIVALENT, None,
                                           ("normal", "chi2_4", "gamma(0.5)", "lognormal")),
@@ -87,13 +96,14 @@ SETTINGS: dict[str, tuple[dict, int, list[tuple[int, int]] | None, tuple[str, ..
 @contextlib.contextmanager
 def t_tests_at_every_look():
     """The per-look test of before, for comparison: a paired t-test at every look, none left out."""
-    saved = seq.BOOT_MIN, seq.untested
-    seq.BOOT_MIN, seq.untested = 10 ** 9, lambda pairs, n_max, seeds=None: np.zeros(np.shape(pairs), bool)
+    saved = seq.BOOT_MIN, seq.untested, seq.FUTILITY
+    seq.BOOT_MIN, seq.FUTILITY = 10 ** 9, 0.0
+    seq.untested = lambda pairs, n_max, seeds=None, equivalence=False: np.zeros(np.shape(pairs), bool)
     seq._calibration.cache_clear()
     try:
         yield
     finally:
-        seq.BOOT_MIN, seq.untested = saved
+        seq.BOOT_MIN, seq.untested, seq.FUTILITY = saved
         seq._calibration.cache_clear()
 
 
@@ -142,6 +152,21 @@ def adastop_study(ref: np.ndarray, arm: np.ndarray, comparator, alpha: float = 0
     return next(iter(c.decisions.values())), max(c.n_iters.values())
 
 
+def single_look(samples: int, seed: int) -> None:
+    """How often each tail of one look's test (today's rule) rejects, as a multiple of its one-sided
+    level, for skewed differences and no true difference: the heavy tail of a right-skewed law is
+    the lower tail of the studentised mean."""
+    rng = np.random.default_rng(seed)
+    levels = (0.002, 0.005, 0.02)
+    print(f"single looks, {samples} samples a row: rejections / level, lower (heavy) and upper tail")
+    for kind in ("chi2_4", "gamma(0.5)"):
+        for n in (9, 11, 15):
+            d = seq.noise_draw(rng, kind, (samples, n))
+            _, p_lo, p_hi = seq.look_pvalues(d, 0.0)       # margin 0: TOST's tails are the two tails at 0
+            print(f"{kind:10s} {n:3d} pairs " + "  ".join(
+                f"{a:g}: {(p_hi <= a).mean() / a:4.2f} {(p_lo <= a).mean() / a:4.2f}" for a in levels), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--studies", type=int, default=10_000)
@@ -153,16 +178,37 @@ def main() -> None:
     ap.add_argument("--no-power", action="store_true", help="skip the power rows")
     ap.add_argument("--out", default=None, help="append each row as a JSON line to this file")
     ap.add_argument("--seed", type=int, default=1, help="generator seed of the rate rows")
+    ap.add_argument("--power-seed", type=int, default=3, help="generator seed of the power rows")
+    ap.add_argument("--adastop-alphas", default="0.05,0.025", help="AdaStop's alpha in each column")
+    ap.add_argument("--adastop-only", default="", help="AdaStop rows: a part of 'K sd, NOISE' (default: all)")
     ap.add_argument("--t-fallback", action="store_true",
                     help="the refused variant: the t-test's tail where the statistic lies beyond every resample")
+    ap.add_argument("--spending", default=None,
+                    help="alternatives to today's: 'rho:R' (O'Brien-Fleming type, exponent R) or 'hsd:G' (Hwang-Shih-DeCani)")
+    ap.add_argument("--boot-min", type=int, default=None, help="pairs from which a look is tested (today: 8)")
+    ap.add_argument("--eq-min", type=int, default=None, help="pairs from which equivalence is tested (today: 8)")
+    ap.add_argument("--futility", type=float, default=None, help="predictive power below which a study stops (today: 0.1)")
+    ap.add_argument("--single-look", type=int, default=0, help="only the single-look tails, on this many samples a row")
     args = ap.parse_args()
+    if args.single_look:
+        single_look(args.single_look, args.seed)
+        return
     if args.t_fallback:
         seq.beyond_every_resample = seq.t_fallback
+    if args.spending:
+        kind, value = args.spending.split(":")
+        seq.RHO, seq.GAMMA = (float(value), None) if kind == "rho" else (1.0, float(value))
+    seq.BOOT_MIN = args.boot_min or seq.BOOT_MIN
+    seq.EQ_MIN = args.eq_min or seq.EQ_MIN
+    seq.FUTILITY = seq.FUTILITY if args.futility is None else args.futility
+    variant = {"spending": args.spending or "obf", "boot_min": seq.BOOT_MIN, "eq_min": seq.EQ_MIN,
+               "futility": seq.FUTILITY}
 
     def record(**row) -> None:
         if args.out:
             with open(args.out, "a") as f:
-                f.write(json.dumps({**row, "studies": n, "resamples": args.resamples, "fallback": args.t_fallback}) + "\n")
+                f.write(json.dumps({**row, "studies": n, "resamples": args.resamples, "fallback": args.t_fallback,
+                                    **variant}) + "\n")
     n = args.studies
     simulate = partial(seq.simulate, resamples=args.resamples)
     t0 = time.perf_counter()
@@ -192,7 +238,8 @@ def main() -> None:
     rows.append(("demo family, all 12 shifted by 1 paired sd", {**DEMO, "true_diff": np.tile(paired_sd, (ARMS, 1))},
                  ARMS * 4, 1.0))
     def power_of(kw):
-        d, used = simulate(args.power_studies or n // 2, kw["sd"], kw["margin"], kw["true_diff"], seed=3, **_kwargs(kw))
+        d, used = simulate(args.power_studies or n // 2, kw["sd"], kw["margin"], kw["true_diff"], seed=args.power_seed,
+                           **_kwargs(kw))
         return (d == seq.HIGHER).mean(), used.mean()
 
     if not rows_power:
@@ -206,7 +253,7 @@ def main() -> None:
         fixed = seq.fixed_seeds_needed(1.0, k, 0.0, family, power=min(power, 0.999)) if power > 0 else np.nan
         print(f"{label:44s} {out[0][0]:12.1%} {power:6.1%} {out[0][1]:17.1f} {out[1][1]:5.1f} {fixed:5.0f}", flush=True)
         record(kind="power", setting=label, before=float(out[0][0]), now=float(power), seeds_before=float(out[0][1]),
-               seeds=float(out[1][1]), fixed=fixed, studies_power=args.power_studies or n // 2)
+               seeds=float(out[1][1]), fixed=fixed, studies_power=args.power_studies or n // 2, seed=args.power_seed)
 
     try:
         from adastop import MultipleAgentsComparator
@@ -220,24 +267,30 @@ def main() -> None:
         m = args.adastop
         print(f"\nAdaStop and this tool on the same {m} simulated studies, one comparison, max 20 seeds, "
               f"paired sd 1 (AdaStop's test is unpaired: no noise is shared here)")
-        print(f"{'true difference, noise':34s} {'AdaStop a=5%':>12s} {'seeds':>6s} {'AdaStop a=2.5%':>14s} "
-              f"{'seeds':>6s} {'ours':>6s} {'seeds':>6s}")
+        alphas = [float(a) for a in args.adastop_alphas.split(",")]
+        print(f"{'true difference, noise':34s} " + " ".join(f"{f'AdaStop a={a:g}':>15s} {'seeds':>6s}" for a in alphas)
+              + f" {'ours':>6s} {'seeds':>6s}")
         for k, noise in ((0.0, "normal"), (0.0, "gamma(0.5)"), (0.0, "lognormal"), (1.0, "normal"), (2.0, "normal")):
+            if args.adastop_only not in f"{k:g} sd, {noise}":
+                continue
             sd, true = np.array([[np.sqrt(0.5)], [np.sqrt(0.5)]]), np.array([[k]])
             values = seq.simulated_values(np.random.default_rng(11), m, sd, true, np.zeros(1), 0.0, noise, 20)
-            got = []
-            for alpha in (0.05, 0.025):
+            got = {}
+            for alpha in alphas:
                 ada = [adastop_study(values[i, 0, :, 0], values[i, 1, :, 0], MultipleAgentsComparator, alpha)
                        for i in range(m)]
-                got += [float(np.mean([dec in ("larger", "smaller") for dec, _ in ada])),
-                        float(np.mean([u for _, u in ada]))]
+                got[alpha] = (float(np.mean([dec in ("larger", "smaller") for dec, _ in ada])),
+                              float(np.mean([u for _, u in ada])))
             # the same simulated values as AdaStop's (simulate draws them from the same generator)
             d, used = simulate(m, sd, np.array([0.05]), true, corr=0.0, noise=noise, seed=11)
             ours = float(np.isin(d, (seq.HIGHER, seq.LOWER)).mean())
-            print(f"{f'{k:g} sd, {noise}':34s} {got[0]:12.1%} {got[1]:6.1f} {got[2]:14.1%} {got[3]:6.1f} "
-                  f"{ours:6.1%} {used.mean():6.1f}", flush=True)
-            record(kind="adastop", setting=f"{k:g} sd", noise=noise, adastop_5=got[0], adastop_5_seeds=got[1],
-                   adastop_2_5=got[2], adastop_2_5_seeds=got[3], ours=ours, ours_seeds=float(used.mean()), studies_ada=m)
+            print(f"{f'{k:g} sd, {noise}':34s} " + " ".join(f"{r:15.1%} {u:6.1f}" for r, u in got.values())
+                  + f" {ours:6.1%} {used.mean():6.1f}", flush=True)
+            legacy = {f"adastop_{'5' if a == 0.05 else '2_5'}{x}": v for a, (r, u) in got.items() if a in (0.05, 0.025)
+                      for x, v in (("", r), ("_seeds", u))}
+            record(kind="adastop", setting=f"{k:g} sd", noise=noise, **legacy,
+                   adastop={str(a): list(v) for a, v in got.items()}, ours=ours, ours_seeds=float(used.mean()),
+                   studies_ada=m)
     print(f"\n({time.perf_counter() - t0:.0f} s)")
 
 

@@ -46,7 +46,8 @@ from groupfel.policies.plugins import upgrade_saved
 from groupfel.userfile import read_json
 from groupfel.emulator.io import atomic_write, remove_inside, run_lock, write_json
 
-from .stats import accuracy_at_cost, any_open, comparisons, curves_on_grid, per_seed_metrics, summarize_seeds
+from .stats import (accuracy_at_cost, any_open, comparisons, curves_on_grid, heading_nowhere, per_seed_metrics,
+                    summarize_seeds)
 from .tasks import Task, arm_complete, plan_world
 
 
@@ -341,7 +342,7 @@ def _run_auto(config, run_dir, *, force, progress, jobs, backend, address, ray, 
         write_json(run_dir / LOOKS_FILE, {"looks": schedule[:k + 1], "max_seeds": config.seed_cap})
         per_seed = per_seed_metrics(load_runs(fixed, run_dir), config.train.target_accuracy)
         summary = summarize_seeds(per_seed, [a.name for a in config.arms], **_sequential(config, schedule[:k + 1]))
-        if k == len(schedule) - 1 or not any_open(summary):
+        if k == len(schedule) - 1 or not any_open(summary) or heading_nowhere(summary):
             return finish(fixed, run_dir, sequential=(config, schedule[:k + 1]))
     raise AssertionError("unreachable: the last look returns")
 

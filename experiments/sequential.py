@@ -46,16 +46,34 @@ def _special():
     return special
 
 
-def spend(level, t, two_sided: bool = False) -> np.ndarray:
-    """Lan-DeMets O'Brien-Fleming-type spending: the error spent by information fraction ``t``,
-    2 − 2Φ(z_{1−α/2} / √t) for a one-sided test at level α; a two-sided test spends α/2 on each
-    side (the convention of the published tables: 5 equal looks at 5 % give 4.877 … 2.031)."""
+# Spending function: the Lan-DeMets O'Brien-Fleming type generalised by Liu et al. (2012) with
+# exponent ρ (1: Lan-DeMets 1983; smaller spends more at early looks), or, where GAMMA is a number,
+# the Hwang-Shih-DeCani family (γ = −4 is close to O'Brien-Fleming; larger spends more early).
+RHO = 1.0
+GAMMA: float | None = None
+
+
+def spend(level, t, two_sided: bool = False, rho: float | None = None, gamma: float | None = None) -> np.ndarray:
+    """The error spent by information fraction ``t``. O'Brien-Fleming type (Lan & DeMets 1983,
+    *Biometrika* 70:659; exponent ρ of Liu et al. 2012, *J. Biopharm. Stat.* 22:687, as gsDesign's ``sfLDOF``):
+    2 − 2Φ(z_{1−α/2} / t^{ρ/2}) for a one-sided test at level α; a two-sided test spends α/2 on
+    each side (the convention of the published tables: 5 equal looks at 5 % give 4.877 … 2.031).
+    Its share spent early shrinks with the level, so a family's Holm-divided levels keep their
+    power at the last look. Hwang, Shih & DeCani (1990, *Stat. Med.* 9:1439) where ``gamma`` (or
+    :data:`GAMMA`) is a number: α (1 − e^{−γt}) / (1 − e^{−γ}), α t for γ = 0, the same share of
+    every level."""
+    rho = RHO if rho is None else rho
+    gamma = GAMMA if gamma is None else gamma
+    if gamma is not None:
+        t = np.clip(np.asarray(t, dtype=float), 0.0, 1.0)
+        share = t if gamma == 0 else -np.expm1(-gamma * t) / -np.expm1(-gamma)
+        return np.asarray(level, dtype=float) * share
     if two_sided:
-        return 2 * spend(np.asarray(level) / 2, t)
+        return 2 * spend(np.asarray(level) / 2, t, rho=rho)
     sp = _special()
     z = sp.ndtri(1 - np.asarray(level, dtype=float) / 2)
     t = np.clip(np.asarray(t, dtype=float), 1e-12, 1.0)
-    return 2 - 2 * sp.ndtr(z / np.sqrt(t))
+    return 2 - 2 * sp.ndtr(z / t ** (rho / 2))
 
 
 def boundaries(ns: tuple[int, ...], n_max: int, level: float, two_sided: bool) -> np.ndarray:
@@ -178,17 +196,17 @@ def _null_p(ns: tuple[int, ...], two_sided: bool) -> np.ndarray:
         sd = np.sqrt(np.maximum(squares - n * mean ** 2, 0) / (n - 1))
         t = mean / (sd / np.sqrt(n))
         out[:, k] = 2 * sp.stdtr(n - 1, -np.abs(t)) if two_sided else sp.stdtr(n - 1, -t)
-    return np.where(untested(np.array(ns), ns[-1]), np.nan, out)
+    return np.where(untested(np.array(ns), ns[-1], equivalence=not two_sided), np.nan, out)
 
 
-def untested(pairs, n_max: int, seeds=None):
+def untested(pairs, n_max: int, seeds=None, equivalence: bool = False):
     """Which looks of a plan of several looks (with ``pairs``, after ``seeds`` seeds, default as
     many, up to ``n_max``) have no test: those with fewer than :data:`BOOT_MIN` pairs, where only a
     t-test is possible and a skewed law of the differences makes its far tail, the one early
     boundaries read, wrong by orders of magnitude. The last look keeps its t-test, so a plan of
-    fewer seeds still decides."""
+    fewer seeds still decides. ``equivalence``: TOST's looks, tested from :data:`EQ_MIN` pairs."""
     pairs = np.asarray(pairs)
-    return (pairs < BOOT_MIN) & (np.asarray(pairs if seeds is None else seeds) < n_max)
+    return (pairs < (EQ_MIN if equivalence else BOOT_MIN)) & (np.asarray(pairs if seeds is None else seeds) < n_max)
 
 
 def skewness(d) -> float:
@@ -227,7 +245,7 @@ def repeated_p_path(p: np.ndarray, ns: tuple[int, ...], n_max: int, two_sided: b
         return p.copy()
     full = plan(ns, int(n_max), int(batch))
     before = np.isnan(np.fmin.accumulate(p, axis=-1))       # no look had a test yet
-    p = np.where(untested(np.array(ns), int(n_max)), np.nan, p)   # a look without one: no evidence yet
+    p = np.where(untested(np.array(ns), int(n_max), equivalence=not two_sided), np.nan, p)   # no evidence yet
     raw = np.minimum.accumulate(_levels(p, full, int(n_max), two_sided), axis=-1)
     null = _calibration(full, int(n_max), two_sided)
     cdf = np.searchsorted(null, raw, side="right") / len(null)
@@ -370,6 +388,8 @@ BOOTSTRAP = 9_999
 # Pairs from which a look's test is the bootstrap-t: with fewer, the resamples are too few and too
 # often constant to tell the statistic's tails (3 pairs have 10 distinct resamples).
 BOOT_MIN = 8
+# Pairs from which equivalence (TOST) is tested.
+EQ_MIN = 8
 # Mixed into the seeds of a bootstrap's generator, so that it draws its own stream.
 _BOOT_STREAM = 0xB007
 _CHUNK = 2048   # rows of differences resampled at once (memory: rows x resamples floats)
@@ -522,6 +542,49 @@ def keep(before: np.ndarray, now: np.ndarray) -> np.ndarray:
     return np.where(before != UNDECIDED, before, now)
 
 
+# A study stops early, undecided, when every open comparison's predictive power is below this
+# (0: never): it is heading nowhere by max_seeds. Non-binding: the boundaries ignore it, and a
+# study that stops makes no more decisions, so no error rate can grow. 10 %: chosen on simulated
+# studies (benchmarks/sequential.py, generator seed 5) as the largest threshold that costs at most
+# 1 point of power at 0.5 paired sd; reported on others.
+FUTILITY = 0.1
+
+
+def predictive_power(mean, sd, n, n_max: int, margin, family, alpha: float = ALPHA):
+    """The chance, under a flat prior on the mean paired difference given this look's ``mean``,
+    ``sd`` and ``n`` pairs, that a fixed test at ``n_max`` pairs (level α divided by ``family``,
+    normal approximation) shows a difference (two-sided) or equivalence within ``margin`` (TOST):
+    (power of the difference, power of equivalence). Spiegelhalter, Freedman & Blackburn 1986,
+    *Control. Clin. Trials* 7:8."""
+    sp = _special()
+    mean, sd, margin = (np.asarray(x, dtype=float) for x in (mean, sd, margin))
+    n = np.asarray(n, dtype=float)
+    tau = np.clip(n / n_max, 1e-9, 1.0)
+    a = alpha / np.maximum(np.asarray(family, dtype=float), 1.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = mean / (sd / np.sqrt(n))
+        c = sp.ndtri(1 - a / 2)
+        rest = np.sqrt(np.maximum(1 - tau, 1e-12))
+        diff = sp.ndtr((z - c * np.sqrt(tau)) / rest) + sp.ndtr((-z - c * np.sqrt(tau)) / rest)
+        half = margin - sp.ndtri(1 - a) * sd / np.sqrt(n_max)
+        sd_f = sd * np.sqrt(np.maximum(n_max - n, 0) / (n_max * n))
+        eq = np.where(half > 0, sp.ndtr((half - mean) / sd_f) - sp.ndtr((-half - mean) / sd_f), 0.0)
+    ok = np.isfinite(z)
+    return np.where(ok, diff, 0.0), np.where(ok & np.isfinite(eq), eq, 0.0)
+
+
+def futile(mean, sd, n, n_max: int, margin, family, alpha: float = ALPHA, threshold: float | None = None):
+    """Whether an open comparison is heading nowhere: from a look with a test (:func:`untested`),
+    before ``n_max``, the predictive power (:func:`predictive_power`) of both a difference and
+    equivalence is below ``threshold`` (default :data:`FUTILITY`; 0: never)."""
+    threshold = FUTILITY if threshold is None else threshold
+    n = np.asarray(n)
+    if threshold <= 0:
+        return np.zeros(np.broadcast(np.asarray(mean), n).shape, bool)
+    power_diff, power_eq = predictive_power(mean, sd, n, n_max, margin, family, alpha)
+    return (power_diff < threshold) & (power_eq < threshold) & ~untested(n, n_max) & (n < n_max)
+
+
 # -- simulated studies -------------------------------------------------------------------------------
 
 # Noise of simulated seeds: "normal" and "t3" (Student t, 3 degrees of freedom) in every part of
@@ -568,7 +631,7 @@ def simulated_values(rng: np.random.Generator, n_studies: int, sd: np.ndarray, t
 def simulate(n_studies: int, sd: np.ndarray, margin: np.ndarray, true_diff: np.ndarray, *, first: int = 3,
              batch: int = 2, max_seeds: int = 20, ref_mean: np.ndarray | None = None, relative: np.ndarray | None = None,
              corr: float = 0.5, tails: float | None = None, noise: str = "normal", seed: int = 0,
-             alpha: float = ALPHA, resamples: int = BOOTSTRAP) -> tuple[np.ndarray, np.ndarray]:
+             alpha: float = ALPHA, resamples: int = BOOTSTRAP, futility: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``n_studies`` simulated studies of ``A`` arms against a reference on ``M`` metrics, run with
     the procedure of this module: looks after ``first`` seeds and every ``batch`` more up to
     ``max_seeds``, stopping when every comparison is decided. ``sd`` (M,) or (A + 1, M), the first
@@ -580,6 +643,7 @@ def simulate(n_studies: int, sd: np.ndarray, margin: np.ndarray, true_diff: np.n
     (studies, A, M) and the seeds each study used. A look's tests run on the comparisons still open
     (a decided one keeps its last p-values: a little conservative, through the divisor only)."""
     rng = np.random.default_rng(seed)
+    futility = FUTILITY if futility is None else futility
     margin = np.asarray(margin, float)
     true_diff = np.asarray(true_diff, float)
     n_arms, n_metrics = true_diff.shape
@@ -610,6 +674,8 @@ def simulate(n_studies: int, sd: np.ndarray, margin: np.ndarray, true_diff: np.n
             now = np.full((3, *todo.shape), np.nan)
             now[:, todo] = np.stack(look_pvalues(d[todo], np.broadcast_to(delta, todo.shape)[todo],
                                                  resamples=resamples, above=0.2))
+            if untested(np.array([n]), max_seeds, equivalence=True)[0]:
+                now[1:] = np.nan
             p[..., k][:, idx] = now
         # the repeated p-values after this look: each depends on the looks up to it only
         q_diff = repeated_p_path(p[0, idx, ..., :k + 1], ns[:k + 1], max_seeds, True, batch)[..., -1]
@@ -621,6 +687,12 @@ def simulate(n_studies: int, sd: np.ndarray, margin: np.ndarray, true_diff: np.n
                      adj[:, c:].reshape(-1, n_arms, n_metrics), alpha)
         decisions[idx] = keep(decisions[idx], now)
         stop = (decisions[idx] != UNDECIDED).all(axis=(1, 2))
+        if futility > 0:    # every open comparison heading nowhere: the study stops undecided
+            undecided = decisions[idx] == UNDECIDED
+            family = undecided.sum(axis=(1, 2))[:, None, None]
+            nowhere = futile(d.mean(axis=-1), d.std(axis=-1, ddof=1), n, max_seeds,
+                             np.broadcast_to(delta, undecided.shape), family, alpha, futility)
+            stop |= (nowhere | ~undecided).all(axis=(1, 2))
         used[idx[stop]] = n
         open_[idx[stop]] = False
         if not open_.any():

@@ -245,6 +245,22 @@ def any_open(summary: pd.DataFrame) -> bool:
     return any(is_open(r, m) for _, r in summary.iloc[1:].iterrows() for m in METRICS if f"{m}_decision" in r)
 
 
+def heading_nowhere(summary: pd.DataFrame) -> bool:
+    """Whether a study that adds seeds can stop before its maximum with comparisons open: every
+    open comparison (:func:`is_open`) is, at this look, unlikely to be decided by ``max_seeds``
+    (:func:`groupfel.experiments.sequential.futile`: predictive power of a difference and of
+    equivalence both below :data:`~groupfel.experiments.sequential.FUTILITY`)."""
+    from .sequential import futile
+
+    if "max_seeds" not in summary:
+        return False
+    open_ = [(r, m) for _, r in summary.iloc[1:].iterrows() for m in METRICS if f"{m}_decision" in r and is_open(r, m)]
+    n_max = int(summary["max_seeds"].max())
+    return bool(open_) and all(
+        bool(futile(r[f"{m}_diff_mean"], r[f"{m}_diff_sd"], int(r[f"{m}_diff_n"]), n_max, r[f"{m}_margin"], len(open_)))
+        for r, m in open_)
+
+
 def decision_words(r, m: str, decision: str, qd: float, qe: float, level: float = LEVEL) -> str:
     """A decision in words: the adjusted p-value behind it, the margin of an equivalence, the seeds
     it took when a study added seeds; for an undecided comparison, why, and about how many seeds a
@@ -365,6 +381,8 @@ def summarize_seeds(per_seed: pd.DataFrame, arms: list[str], level: float = LEVE
                     p[:, k] = look_pvalues(diffs, delta, seeds=labels[:n_look][okk])
                     if sequential and untested(len(diffs), max_seeds, n_look):   # pending: no evidence yet
                         p[:, k] = np.where(np.isnan(p[:, k]), np.nan, 1.0)
+                    elif sequential and untested(len(diffs), max_seeds, n_look, equivalence=True):
+                        p[1:, k] = np.where(np.isnan(p[1:, k]), np.nan, 1.0)
             row[f"{m}_margin"] = delta
             row[f"{m}_diff_skew"] = skewness(other[ok] - ref[ok])
             row[f"{m}_rare_seed"], row[f"{m}_rare_z"] = rare_seed(other[ok] - ref[ok], labels[ok])
@@ -502,6 +520,12 @@ def stopped(summary: pd.DataFrame) -> str:
     open_ = sum(is_open(r, m) for _, r in summary.iloc[1:].iterrows() for m in METRICS if f"{m}_decision" in r)
     if open_ and n >= planned:
         return f"ran to its maximum ({planned} seeds) with {open_} comparison{'s' if open_ != 1 else ''} open"
+    if open_ and heading_nowhere(summary):
+        from .sequential import FUTILITY
+
+        return (f"stopped at look {looks}, after {n} of at most {planned} seeds, with {open_} comparison"
+                f"{'s' if open_ != 1 else ''} open and heading nowhere (each under {FUTILITY:.0%} predictive power "
+                f"of a decision by {planned} seeds)")
     if open_:
         return f"look {looks}, after {n} of at most {planned} seeds, {open_} comparison{'s' if open_ != 1 else ''} open"
     return f"every comparison with a test decided at look {looks}, after {n} of at most {planned} seeds"
@@ -589,7 +613,7 @@ def conclusion(summary: pd.DataFrame, target: float | None, command: str | None 
     else:
         text += f", each needing more than {CONTINUE_CAP} seeds in a fixed design at the observed spread (or never)"
     planned = summary["max_seeds"].max() if "max_seeds" in summary else np.nan
-    if np.isfinite(planned):        # a study that added seeds ran to its planned maximum
+    if np.isfinite(planned):        # a study that added seeds stopped with comparisons open
         text += (f"; this study {stopped(summary)}, and its 5 % is spent over them: deciding the rest takes a "
                  f"new study")
     elif command and max_seeds and max_seeds > n:

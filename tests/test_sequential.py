@@ -435,3 +435,33 @@ def test_a_decision_resting_on_one_rare_seed_says_so():
     words = s.iloc[1]["final_acc_verdict"]
     assert words.startswith("higher") and "seed 6 lies" in words and "rests on one rare seed" in words
     assert "rests on one rare seed': one seed's paired difference" in render_summary(s, None)
+
+
+def test_a_study_heading_nowhere_stops_early_and_says_so():
+    """Non-binding futility: a study whose open comparisons have little predictive power of a
+    decision by max_seeds stops undecided; stopping makes no decision, so rates cannot grow."""
+    from groupfel.experiments.stats import conclusion, heading_nowhere, render_summary, summarize_seeds
+
+    assert seq.futile(0.02, 1.0, 11, 20, 0.05, 1) and not seq.futile(0.9, 1.0, 11, 20, 0.05, 1)
+    assert not seq.futile(0.02, 1.0, 5, 20, 0.05, 1)          # no test yet at 5 pairs
+    assert not seq.futile(0.02, 1.0, 11, 20, 0.05, 1, threshold=0.0)
+    power_diff, power_eq = seq.predictive_power(np.array([0.0, 1.5]), 1.0, 11, 20, 1.0, 1)
+    assert power_diff[1] > 0.9 > power_eq[1] and power_eq[0] > 0.9 > power_diff[0]
+    rng = np.random.default_rng(8)
+    base = 0.9 + rng.normal(0, 0.02, 11)
+    noise = rng.normal(0, 1, 11)
+    # nearly equal arms, a spread 5 times the 1-point margin: neither a difference nor equivalence in reach
+    other = base + 0.002 + 0.05 * (noise - noise.mean()) / noise.std(ddof=1)
+    s = summarize_seeds(_per_seed({"a": list(base), "b": list(other)}), ["a", "b"],
+                        looks=seq.looks(3, 2, 20)[:5], max_seeds=20, seed_batch=2)
+    assert heading_nowhere(s)
+    assert "stopped at look 5, after 11 of at most 20 seeds, with 2 comparisons open and heading nowhere" in \
+        render_summary(s, None)
+    assert "deciding the rest takes a new study" in conclusion(s, None)
+    # a small true difference: futility stops most studies early and costs under a point of power
+    sd, margin, true = np.array([[0.0], [1.0]]), np.array([0.05]), np.array([[0.5]])
+    never, used_never = _sim(1000, sd, margin, true, corr=0.0, seed=31, futility=0.0)
+    now, used = _sim(1000, sd, margin, true, corr=0.0, seed=31)
+    assert used.mean() < used_never.mean() - 1.5
+    assert (now == seq.HIGHER).mean() >= (never == seq.HIGHER).mean() - 0.015
+    assert not ((now != seq.UNDECIDED) & (now != never)).any()     # stopping adds no decision
