@@ -279,6 +279,23 @@ def before_after_at(name: str, mode: str, before: str, column: str, arm: str, ro
     return f"{fmt(float(np.mean([y[s] for s in common])), digits)} → {fmt(float(np.mean([x[s] for s in common])), digits)} ({diff})"
 
 
+def csv_before_after(name: str, mode: str, before: str, file: str, column: str, at: int, before_at: int,
+                     x: str = "epoch", digits: int = 2, scale: float = 100.0) -> str:
+    """As :func:`before_after_at` on any committed CSV with a ``seed`` column (e.g. a study's own
+    table): ``column`` where ``x`` = ``before_at`` in folder ``before`` → where ``x`` = ``at`` in
+    folder ``mode``, means over the seeds both hold, then the paired difference after − before."""
+    def per_seed(folder: str, where: int) -> dict[int, float]:
+        df = _csv(name, folder, file)
+        df = df[df[x] == where]
+        return {int(r["seed"]): float(r[column]) * scale for _, r in df.iterrows()}
+
+    after, prior = per_seed(mode, at), per_seed(before, before_at)
+    common = sorted(set(after) & set(prior))
+    diff = _paired([after[s] - prior[s] for s in common], column, scale, digits)
+    return (f"{fmt(float(np.mean([prior[s] for s in common])), digits)} → "
+            f"{fmt(float(np.mean([after[s] for s in common])), digits)} ({diff})")
+
+
 def paired_at(name: str, mode: str, column: str, arm: str, ref: str, round: int, digits: int = 2,
               scale: float = 100.0) -> str:
     """As :func:`paired_last`, at evaluation ``round``: arm − ref per seed, mean [95 % CI]."""
@@ -491,7 +508,7 @@ def base_sources(quick: bool = False) -> str:
 
 FUNCTIONS = {f.__name__: f for f in (ours, paper, summary, cell, summary_ci, at_cost, at_round, at_cost_over,
                                      paired_at_cost, last, paired_last, paired_folders, before_after, paired_points, paired_final,
-                                     cost_to, diverged, span, seeds, fmt, table1, arms_table, methods_table, grid, verdict_points, verdict_last, before_after_at, mean_at, paired_at, paired_folders_at,
+                                     cost_to, diverged, span, seeds, fmt, table1, arms_table, methods_table, grid, verdict_points, verdict_last, before_after_at, mean_at, paired_at, paired_folders_at, csv_before_after,
                                      table2, table2_diff, table2_span, sources, base_sources)}
 
 

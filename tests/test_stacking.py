@@ -6,6 +6,7 @@ the stacked-vs-sequential engine tests require (tests/test_training.py: 1e-5 on 
 a call): here the ledgers and costs are exactly equal and the accuracies and losses within 1e-5.
 Between stacks of different widths and partners a run's numbers are bitwise equal on the CPU.
 """
+import dataclasses
 import json
 import os
 import subprocess
@@ -208,6 +209,52 @@ def test_a_seeds_stacked_runs_train_one_local_reference_and_get_its_numbers(tmp_
         assert len(refs) == 2 and torch.equal(refs[0], refs[1])
     for column in ("ipr", "rsd", "local_accuracy_reference"):
         assert np.abs(tables[1][column].to_numpy() - tables[8][column].to_numpy()).max() <= BOUND, column
+
+
+def _label_shift_per_group(tiny_dict) -> str:
+    """A tiny per-group run on label-shift data, whose placement copies the dataset's arrays:
+    every run of a stack holds its own arrays of equal content."""
+    raw = {**tiny_dict, "mode": "per-group", "topology": {"edges": 1, "clients_per_edge": 8},
+           "data": {**tiny_dict["data"], "partition": "label-shift", "min_samples": 12, "max_samples": 40},
+           "train": {**tiny_dict["train"], "rounds": 3},
+           "arms": [{"name": "local", "grouping": {"policy": "local"}},
+                    {"name": "global", "grouping": {"policy": "global"}}]}
+    return parse_config(raw).model_dump_json()
+
+
+def test_stacked_runs_on_equal_data_share_one_local_reference_found_by_content(tiny_dict, tmp_path, monkeypatch):
+    """Two runs of a stack on equal data held in different arrays (label shift copies them) train
+    the local-training reference once, and each gets bitwise the numbers it gets stacked alone;
+    runs whose data differ (the same config, another dataset's content) each train their own."""
+    from groupfel.emulator.rounds import per_group
+    from groupfel.experiments.tasks import execute_stack
+
+    trained = []
+    real = per_group._train_reference
+    monkeypatch.setattr(per_group, "_train_reference", lambda world, data: trained.append(id(world))
+                        or real(world, data))
+    config = _label_shift_per_group(tiny_dict)
+    jobs = [(config, tmp_path / "together" / f"p{arm}", arm) for arm in (0, 1)]
+    execute_stack(jobs, 2)
+    assert len(trained) == 1
+    refs = [torch.load(d / "local-reference-seed3.pt", weights_only=True)["accuracy"] for _, d, _ in jobs]
+    assert torch.equal(refs[0], refs[1])
+    for _, together, arm in jobs:
+        alone = tmp_path / "alone" / together.name
+        execute_stack([(config, alone, arm)], 2)
+        name = ("local", "global")[arm]
+        pd.testing.assert_frame_equal(pd.read_csv(together / name / "results.csv"),
+                                      pd.read_csv(alone / name / "results.csv"), check_exact=True)
+    assert len(trained) == 3   # alone, each run trains its own
+
+    trained.clear()
+    data = load_dataset("digits")
+    other = dataclasses.replace(data, x_train=data.x_train[::-1].copy(), y_train=data.y_train[::-1].copy())
+    jobs = [(config, tmp_path / "different" / f"p{i}", 0) for i in (0, 1)]
+    execute_stack(jobs, 2, datasets=[data, other])
+    assert len(trained) == 2
+    refs = [torch.load(d / "local-reference-seed3.pt", weights_only=True)["accuracy"] for _, d, _ in jobs]
+    assert not torch.equal(refs[0], refs[1])
 
 
 def test_runs_of_other_algorithms_share_one_stacked_call_each_bitwise_as_alone(tiny_dict, tmp_path, monkeypatch):

@@ -122,8 +122,23 @@ def _reference_key(world: World) -> str:
     return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()
 
 
-# references being computed by a thread of this process: (reference key, id of the data arrays) -> result
-_SHARED: dict[tuple[str, int], Future] = {}
+def _data_digest(world: World) -> str:
+    """The data the reference trains and tests on, by content: each client's training and local
+    test samples and labels, in order. Runs of a stack place their data each on its own (label
+    shift and domain tests copy the arrays), so equal data is found by content, not identity."""
+    x, y = world.dataset.x_train, world.dataset.y_train
+    h = hashlib.sha256(f"{x.dtype}{x.shape[1:]}{y.dtype}".encode())
+    for parts in (world.topology.client_samples, world.local_test):
+        h.update(np.int64(len(parts)).tobytes())
+        for idx in parts:
+            h.update(np.int64(len(idx)).tobytes())
+            h.update(np.ascontiguousarray(x[idx]))
+            h.update(np.ascontiguousarray(y[idx]))
+    return h.hexdigest()
+
+
+# references being computed by a thread of this process: (reference key, data digest) -> result
+_SHARED: dict[tuple[str, str], Future] = {}
 _SHARED_LOCK = threading.Lock()
 
 
@@ -143,10 +158,10 @@ def local_reference(world: World, run_dir: Path, test_data: LocalData) -> torch.
             blob = None
         if isinstance(blob, dict) and blob.get("key") == key_:
             return blob["accuracy"]
-    # The runs of a seed that train at once in one process (a stack's arms and sweep points, on the
-    # same data arrays) share one computation; a run that waits for it leaves its stack meanwhile,
-    # so that its partners, the computing run among them, train on.
-    here = (key_, id(world.dataset.x_train))
+    # The runs of a seed that train at once in one process (a stack's arms and sweep points, on
+    # equal data) share one computation; a run that waits for it leaves its stack meanwhile, so
+    # that its partners, the computing run among them, train on.
+    here = (key_, _data_digest(world))
     with _SHARED_LOCK:
         shared = _SHARED.get(here)
         owner = shared is None

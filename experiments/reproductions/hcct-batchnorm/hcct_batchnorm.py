@@ -18,6 +18,9 @@ writes them to a CSV. Plain torch, one thread, deterministic for a seed.
 
     python experiments/reproductions/hcct-batchnorm/hcct_batchnorm.py --seeds 0 1 2 --epochs 10 \
         --out experiments/reproductions/hcct-batchnorm/full
+
+``full-20/`` is the same at Table 3's 20 epochs (``--seeds N --epochs 20``, one seed a run, the
+three CSVs concatenated in seed order).
 """
 from __future__ import annotations
 
