@@ -5,6 +5,7 @@ seeds against a fixed design, and AdaStop on the same simulated studies.
         [--only 'SETTING/NOISE'] [--no-before] [--no-power] [--out results.jsonl] [--t-fallback]
         [--seed 1] [--power-seed 3] [--spending rho:R|hsd:G] [--boot-min N] [--eq-min N] [--futility P]
         [--adastop-alphas 0.05,0.025] [--adastop-only 'K sd, NOISE'] [--single-look SAMPLES]
+        [--test bootstrap|hall|hall-max|hall-boot|hall+bootstrap] [--calibration own|t] [--hall-skew m3/s3|G1]
 
 Simulates whole studies run with :mod:`groupfel.experiments.sequential` (looks after 3 seeds and
 every 2 more up to max_seeds, stopping when every comparison is decided; Holm-Shaffer over the
@@ -30,7 +31,13 @@ a study whose open comparisons all have under 10 % predictive power of a decisio
 
 ``--spending``, ``--boot-min``, ``--eq-min`` and ``--futility`` run the measured alternatives to
 today's procedure (another spending function, tests from fewer pairs, equivalence from more pairs,
-another futility threshold or none: 0); each JSON line records which ran. ``--resamples`` sets each
+another futility threshold or none: 0); each JSON line records which ran. ``--test`` runs
+another per-look test from 8 pairs on: ``hall``, Hall's (1992) skewness-corrected t, analytic
+(``--hall-skew``: its skewness estimate; ``--calibration t`` reads its repeated p-values through
+the t-test's normal null law instead of its own); ``hall-max``, each tail the larger of the
+t-test's and Hall's; ``hall-boot``, a bootstrap of Hall's statistic; ``hall+bootstrap``, each tail
+the larger of Hall's and the bootstrap-t's (today's ``bootstrap``: of the t-test's and the
+bootstrap-t's). ``--resamples`` sets each
 bootstrap's (default: the tool's own 9,999; fewer floor each tail's p-value at 1/(resamples + 1),
 which early boundaries, at 10⁻⁵ to 10⁻³, cannot cross).
 """
@@ -153,7 +160,7 @@ def adastop_study(ref: np.ndarray, arm: np.ndarray, comparator, alpha: float = 0
 
 
 def single_look(samples: int, seed: int) -> None:
-    """How often each tail of one look's test (today's rule) rejects, as a multiple of its one-sided
+    """How often each tail of one look's test (today's rule, or ``--test``'s) rejects, as a multiple of its one-sided
     level, for skewed differences and no true difference: the heavy tail of a right-skewed law is
     the lower tail of the studentised mean."""
     rng = np.random.default_rng(seed)
@@ -188,21 +195,30 @@ def main() -> None:
     ap.add_argument("--boot-min", type=int, default=None, help="pairs from which a look is tested (today: 8)")
     ap.add_argument("--eq-min", type=int, default=None, help="pairs from which equivalence is tested (today: 8)")
     ap.add_argument("--futility", type=float, default=None, help="predictive power below which a study stops (today: 0.1)")
+    ap.add_argument("--test", default=None, choices=("hall", "hall-max", "hall-boot", "hall+bootstrap", "bootstrap"),
+                    help="the per-look test from 8 pairs on (today: %s)" % seq.TEST)
+    ap.add_argument("--calibration", default=None, choices=("own", "t"),
+                    help="the null law of the repeated p-values: the test's own where analytic (today), or the t-test's")
+    ap.add_argument("--hall-skew", default=None, choices=("m3/s3", "G1"), help="the skewness estimate in Hall's statistic")
     ap.add_argument("--single-look", type=int, default=0, help="only the single-look tails, on this many samples a row")
     args = ap.parse_args()
-    if args.single_look:
-        single_look(args.single_look, args.seed)
-        return
     if args.t_fallback:
         seq.beyond_every_resample = seq.t_fallback
     if args.spending:
         kind, value = args.spending.split(":")
         seq.RHO, seq.GAMMA = (float(value), None) if kind == "rho" else (1.0, float(value))
+    seq.TEST = args.test or seq.TEST
+    seq.HALL_SKEW = args.hall_skew or seq.HALL_SKEW
+    seq.CALIBRATION = args.calibration or seq.CALIBRATION
+    if args.single_look:
+        single_look(args.single_look, args.seed)
+        return
     seq.BOOT_MIN = args.boot_min or seq.BOOT_MIN
     seq.EQ_MIN = args.eq_min or seq.EQ_MIN
     seq.FUTILITY = seq.FUTILITY if args.futility is None else args.futility
     variant = {"spending": args.spending or "obf", "boot_min": seq.BOOT_MIN, "eq_min": seq.EQ_MIN,
-               "futility": seq.FUTILITY}
+               "futility": seq.FUTILITY, "test": seq.TEST, "hall_skew": seq.HALL_SKEW,
+               "calibration": seq.CALIBRATION if seq.TEST in ("hall", "hall-max") else "t"}
 
     def record(**row) -> None:
         if args.out:

@@ -175,28 +175,82 @@ _PATHS = 200_000
 _CALIBRATION_SEED = 36
 
 
-def _null_p(ns: tuple[int, ...], two_sided: bool) -> np.ndarray:
-    """t-test p-values at the looks ``ns`` along simulated normal null paths, (paths, looks). Each
+def _null_p(ns: tuple[int, ...], two_sided: bool, test: str = "t") -> np.ndarray:
+    """The per-look test's p-values at the looks ``ns`` along simulated normal null paths,
+    (paths, looks). For the t-test ("t"; the bootstrap-t is read through the t-test's law), each
     look adds a block of seeds whose sum (normal) and sum of squares about its own mean
-    (chi-square) are drawn directly, which is exact for normal seeds and needs no memory per seed."""
+    (chi-square) are drawn directly, which is exact for normal seeds and needs no memory per seed;
+    Hall's statistic ("hall"; "hall-max": each tail the larger of it and the t-test's) also needs
+    the block's third moment, so its seeds are drawn one by one."""
     sp = _special()
     rng = np.random.default_rng(_CALIBRATION_SEED)
     total = np.zeros(_PATHS)
     squares = np.zeros(_PATHS)
+    cubes = np.zeros(_PATHS)
     out = np.empty((_PATHS, len(ns)))
     before = 0
     for k, n in enumerate(ns):
         size = n - before
-        block = rng.standard_normal(_PATHS) * np.sqrt(size)
-        within = rng.chisquare(size - 1, _PATHS) if size > 1 else np.zeros(_PATHS)
-        total += block
-        squares += within + block ** 2 / size
+        if test in ("hall", "hall-max"):
+            x = rng.standard_normal((_PATHS, size))
+            total += x.sum(axis=1)
+            squares += (x ** 2).sum(axis=1)
+            cubes += (x ** 3).sum(axis=1)
+        else:
+            block = rng.standard_normal(_PATHS) * np.sqrt(size)
+            within = rng.chisquare(size - 1, _PATHS) if size > 1 else np.zeros(_PATHS)
+            total += block
+            squares += within + block ** 2 / size
         before = n
         mean = total / n
         sd = np.sqrt(np.maximum(squares - n * mean ** 2, 0) / (n - 1))
         t = mean / (sd / np.sqrt(n))
-        out[:, k] = 2 * sp.stdtr(n - 1, -np.abs(t)) if two_sided else sp.stdtr(n - 1, -t)
+        up, down = sp.stdtr(n - 1, -t), sp.stdtr(n - 1, t)
+        if test in ("hall", "hall-max") and n >= BOOT_MIN:
+            third = cubes / n - 3 * mean * squares / n + 2 * mean ** 3
+            h = hall_statistic(mean, sd, _skew(third, sd, n), n)
+            hall = sp.stdtr(n - 1, -h), sp.stdtr(n - 1, h)
+            up, down = (np.maximum(a, b) for a, b in zip(hall, (up, down))) if test == "hall-max" else hall
+        out[:, k] = np.minimum(1.0, 2 * np.minimum(up, down)) if two_sided else up
     return np.where(untested(np.array(ns), ns[-1], equivalence=not two_sided), np.nan, out)
+
+
+# The per-look test from BOOT_MIN pairs on: "bootstrap", each tail the larger of the t-test's and the
+# bootstrap-t's. The others were measured against it (docs/statistics-and-safety.md) and run only in
+# benchmarks/sequential.py: "hall", Hall's skewness-corrected t (:func:`hall_statistic`, analytic);
+# "hall-max", each tail the larger of the t-test's and Hall's; "hall-boot", a bootstrap of Hall's
+# statistic; "hall+bootstrap", each tail the larger of Hall's and the bootstrap-t's.
+TEST = "bootstrap"
+# The null law a repeated p-value is read through: "own", the per-look test's own on normal seeds
+# where it is analytic (Hall's, "hall" and "hall-max"; the t-test's for the bootstrap, which cannot be
+# simulated on so many paths), or "t", the t-test's.
+CALIBRATION = "own"
+# The skewness estimate in Hall's statistic: "m3/s3" (third central moment over s³, s with n − 1)
+# or "G1" (the adjusted Fisher-Pearson, as reported).
+HALL_SKEW = "m3/s3"
+
+
+def _skew(third, sd, n):
+    """The skewness estimate of :data:`HALL_SKEW` from the third central moment (divisor n) and the
+    sd (divisor n − 1); 0 where there is no spread."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        g = third / sd ** 3
+        if HALL_SKEW == "G1":
+            g = third / (sd ** 2 * (n - 1) / n) ** 1.5 * np.sqrt(n * (n - 1)) / (n - 2)
+    return np.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def hall_statistic(mean, sd, skew, n, mu=0.0):
+    """Hall's (1992, *JRSS B* 54:221) skewness-corrected studentised mean for H0: μ = ``mu``, from
+    pairs with this ``mean``, ``sd`` and skewness estimate: with θ = (mean − μ)/sd,
+    T = √n (θ + γθ²/3 + γ²θ³/27 + γ/(6n)), referred to Student's t with n − 1 degrees of freedom.
+    The terms γθ²/3 and γ/(6n) remove the first (n^−½) Edgeworth term of the studentised mean's
+    law, the one a skewed law of the pairs puts there; the cubic keeps T monotone in the mean
+    (θ + γθ²/3 + γ²θ³/27 = ((1 + γθ/3)³ − 1)/γ), so each tail is a tail of the mean."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        theta = (np.asarray(mean, dtype=float) - mu) / sd
+    g = np.asarray(skew, dtype=float)
+    return np.sqrt(n) * (theta + g * theta ** 2 / 3 + g ** 2 * theta ** 3 / 27 + g / (6 * n))
 
 
 def untested(pairs, n_max: int, seeds=None, equivalence: bool = False):
@@ -222,12 +276,12 @@ def skewness(d) -> float:
 
 
 @lru_cache(maxsize=64)
-def _calibration(ns: tuple[int, ...], n_max: int, two_sided: bool) -> np.ndarray:
+def _calibration(ns: tuple[int, ...], n_max: int, two_sided: bool, test: str = "t") -> np.ndarray:
     """The smallest level crossed at any look of the whole schedule ``ns`` under the null, sorted,
     from simulated normal paths. The boundaries are exact for normal statistics; applied to t-tests
     through their nominal levels they cross a few per cent too often at small degrees of freedom
     (Jennison & Turnbull 2000, §3.8), so the repeated p-value is read through this simulated law."""
-    return np.sort(_levels(_null_p(ns, two_sided), ns, n_max, two_sided).min(axis=-1))
+    return np.sort(_levels(_null_p(ns, two_sided, test), ns, n_max, two_sided).min(axis=-1))
 
 
 def repeated_p_path(p: np.ndarray, ns: tuple[int, ...], n_max: int, two_sided: bool, batch: int = 2) -> np.ndarray:
@@ -247,7 +301,8 @@ def repeated_p_path(p: np.ndarray, ns: tuple[int, ...], n_max: int, two_sided: b
     before = np.isnan(np.fmin.accumulate(p, axis=-1))       # no look had a test yet
     p = np.where(untested(np.array(ns), int(n_max), equivalence=not two_sided), np.nan, p)   # no evidence yet
     raw = np.minimum.accumulate(_levels(p, full, int(n_max), two_sided), axis=-1)
-    null = _calibration(full, int(n_max), two_sided)
+    law = TEST if CALIBRATION == "own" and TEST in ("hall", "hall-max") else "t"
+    null = _calibration(full, int(n_max), two_sided, law)
     cdf = np.searchsorted(null, raw, side="right") / len(null)
     cdf = np.minimum(1.0, cdf + 1.96 * np.sqrt(cdf * (1 - cdf) / len(null)))
     floor = null[99]
@@ -310,7 +365,8 @@ def look_pvalues(d: np.ndarray, margin: np.ndarray | float, seeds=None, resample
     t-test, which assumes them near normal. NaN with fewer than MIN_PAIRS pairs or no spread
     (:func:`no_spread`: no test is meaningful there). ``above``: rows whose t-test p-values of
     both hypotheses (μ = 0, and TOST's larger) exceed it keep those (smaller, so still above it):
-    the simulations need only whether a p-value can reach a boundary at 5 %."""
+    the simulations need only whether a p-value can reach a boundary at 5 %. :data:`TEST` names
+    the test from BOOT_MIN pairs on (others than the default run in the benchmark only)."""
     from scipy import stats
 
     d = np.asarray(d, dtype=float)
@@ -326,7 +382,26 @@ def look_pvalues(d: np.ndarray, margin: np.ndarray | float, seeds=None, resample
     df = max(n - 1, 1)
     up, down, p_lo, p_hi = (np.array(np.broadcast_to(x, mean.shape), dtype=float) for x in
                             (stats.t.sf(t0, df), stats.t.cdf(t0, df), stats.t.sf(lo, df), stats.t.cdf(hi, df)))
-    if n >= BOOT_MIN:   # each tail: the larger of the t-test's and the bootstrap-t's
+    if n >= BOOT_MIN and TEST in ("hall", "hall-max", "hall+bootstrap"):
+        c = d - mean[..., None]
+        g = _skew((c ** 3).mean(axis=-1), sd, n)
+        with np.errstate(invalid="ignore"):
+            h0, h_lo, h_hi = (hall_statistic(mean, sd, g, n, mu) for mu in (0.0, -np.asarray(margin), margin))
+        hall = (stats.t.sf(h0, df), stats.t.cdf(h0, df), stats.t.sf(h_lo, df), stats.t.cdf(h_hi, df))
+        if TEST == "hall-max":
+            hall = (np.maximum(a, b) for a, b in zip(hall, (up, down, p_lo, p_hi)))
+        up, down, p_lo, p_hi = (np.array(np.broadcast_to(x, mean.shape), dtype=float) for x in hall)
+    elif n >= BOOT_MIN and TEST == "hall-boot":
+        c = d - mean[..., None]
+        g = _skew((c ** 3).mean(axis=-1), sd, n)
+        with np.errstate(invalid="ignore"):
+            cuts = [np.broadcast_to(hall_statistic(mean, sd, g, n, mu), mean.shape)
+                    for mu in (0.0, -np.asarray(margin), margin)]
+        b_count = resamples or BOOTSTRAP
+        up, down, p_lo, p_hi = (np.array(x, dtype=float) for x in
+                                bootstrap_t(d, *cuts, range(n) if seeds is None else seeds, b_count, hall=True))
+    if n >= BOOT_MIN and TEST in ("bootstrap", "hall+bootstrap"):
+        # each tail: the larger of the t-test's (Hall's, "hall+bootstrap") and the bootstrap-t's
         rows = np.broadcast_to(np.minimum(2 * np.minimum(up, down), np.maximum(p_lo, p_hi)) <= above, mean.shape)
         cuts = (np.broadcast_to(x, mean.shape)[rows] for x in (t0, lo, hi))
         b_count = resamples or BOOTSTRAP
@@ -404,7 +479,7 @@ def bootstrap_weights(seeds, resamples: int = BOOTSTRAP) -> np.ndarray:
     return rng.multinomial(len(seeds), np.full(len(seeds), 1.0 / len(seeds)), size=resamples).astype(float)
 
 
-def bootstrap_t(d: np.ndarray, t0, t_lo, t_hi, seeds, resamples: int = BOOTSTRAP):
+def bootstrap_t(d: np.ndarray, t0, t_lo, t_hi, seeds, resamples: int = BOOTSTRAP, hall: bool = False):
     """Bootstrap-t p-values (Efron & Tibshirani 1993, ch. 12; Hall 1992, §3.10) of differences
     ``d`` (..., n): the law of the studentised mean (m − μ)/se is read off resamples of the pairs,
     T* = (m* − m)/se*, whose skew follows the data's (a t-test's symmetric law makes one tail too
@@ -412,7 +487,9 @@ def bootstrap_t(d: np.ndarray, t0, t_lo, t_hi, seeds, resamples: int = BOOTSTRAP
     ``t0`` = m/se), and the TOST tails P(T* >= ``t_lo``), P(T* <= ``t_hi``); each tail counts the
     observed statistic itself ((k + 1) / (B + 1)). A resample of one repeated pair has no spread:
     its T* is infinite (or 0), so it counts against the test. Resampling uses counts
-    (:func:`bootstrap_weights`) and matrix products, so thousands of simulated studies are cheap."""
+    (:func:`bootstrap_weights`) and matrix products, so thousands of simulated studies are cheap.
+    ``hall``: each resample's statistic is Hall's (:func:`hall_statistic`, with its own skewness)
+    and the cuts are the observed Hall statistics (the benchmark's "hall-boot")."""
     d = np.asarray(d, dtype=float)
     shape, n = d.shape[:-1], d.shape[-1]
     w = bootstrap_weights(seeds, resamples)                   # (B, n)
@@ -428,6 +505,10 @@ def bootstrap_t(d: np.ndarray, t0, t_lo, t_hi, seeds, resamples: int = BOOTSTRAP
         flat_ = var <= 1e-12 * np.maximum(ss / n, 1e-300)      # one repeated pair: no spread
         with np.errstate(divide="ignore", invalid="ignore"):
             t = np.where(flat_, np.sign(m) * np.inf, m / np.sqrt(var / n))
+            if hall:   # each resample's own Hall statistic (its own skewness) at its parent's mean
+                third = (c ** 3) @ w.T / n - 3 * m * ss / n + 2 * m ** 3
+                sd = np.sqrt(var)
+                t = np.where(flat_, t, hall_statistic(m, sd, _skew(third, sd, n), n))
         t = np.nan_to_num(t, nan=0.0)
         s = slice(a, a + len(c))
         up0[s] = (t >= cuts[0][s, None]).sum(axis=1)
