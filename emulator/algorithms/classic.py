@@ -9,6 +9,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from .. import tables
 from .base import Algorithm, algorithms
 
 
@@ -55,8 +56,8 @@ class _Round:
         round (a fresh table of 60 × P floats cost more than the arithmetic written into it)."""
         b = self.buffers.get(name)
         if b is None or len(b) < n or b.dtype != (dtype or like.dtype):
-            b = self.buffers[name] = torch.empty((max(n, len(self.members)), like.shape[1]),
-                                                 dtype=dtype or like.dtype, device=like.device)
+            b = self.buffers[name] = tables.empty((max(n, len(self.members)), like.shape[1]),
+                                                  dtype or like.dtype, like.device)
         return b[:n]   # from the table's start: aligned as a fresh one (a BLAS call may care)
 
 
@@ -103,12 +104,17 @@ class Scaffold(Algorithm):
     def begin_round(self, state, groups, members):
         c, variates = state.server["control"], state.clients["variates"]
         # the row tables are the run's, reused round after round (a run plays one round at a time)
-        scratch = _Round({g: c for g in groups}, members, torch.as_tensor(members, device=c.device),
-                         buffers=self.__dict__.setdefault("_buffers", {}))
-        # the rows as they were when the round started, and the round's own copy that its group
-        # rounds read and write (one gather and one write-back a round, not one of each per group round)
+        buffers = self.__dict__.setdefault("_buffers", {})
+        scratch = _Round({}, members, torch.as_tensor(members, device=c.device), buffers=buffers)
+        # each group's c_g: a row of the round's own table, moved in place (no fresh P floats per group round)
+        controls = scratch.rows("control", len(groups), c[None])
+        controls.copy_(c.expand(len(groups), -1))
+        scratch.control = dict(zip(groups, controls))
+        # the rows as they were when the round started; the round's group rounds read them and write
+        # their c_i⁺ to tables of the round's own (one gather and one write-back a round, not one of
+        # each per group round), so they are copied only where a group round leaves some of them as they were
         scratch.before = torch.index_select(variates, 0, scratch.idx, out=scratch.rows("before", len(members), variates))
-        scratch.current = scratch.rows("current", len(members), variates).copy_(scratch.before)
+        scratch.current = scratch.before
         return scratch
 
     def correction(self, state, scratch, clients, group_of):
@@ -137,18 +143,23 @@ class Scaffold(Algorithm):
     def after_local(self, state, scratch, clients, starts, trained, steps, lr, correction):
         # -correction + (starts - trained) / (steps·lr), in place (the same floats: x + (-c) is x - c),
         # each group's start model broadcast to its run of rows (the same differences as its rows).
-        # Every member trained: c_i⁺ go to the spare table, which becomes the round's (its old one
-        # keeps the c_i for the groups' changes); else into a table of the batch, copied to its rows
+        # Every member trained: c_i⁺ go to whichever of the round's two tables the round's c_i are not
+        # in (those keep the c_i for the groups' changes); else into a table of the batch, copied to its rows
         every = scratch.at is None
-        new = scratch.rows("spare" if every else "new", len(trained), trained)
+        b = scratch.buffers
+        if scratch.current is scratch.before:   # the first write of the round: to "current"
+            spare = "current"
+        else:
+            spare = "spare" if scratch.current.data_ptr() == b["current"].data_ptr() else "current"
+        new = scratch.rows(spare if every else "new", len(trained), trained)
         for start, end in scratch.runs:
             torch.sub(scratch.table[scratch.table_rows[start]], trained[start:end], out=new[start:end])
         new.div_(steps[:, None] * lr).sub_(correction)
         if every:
-            b = scratch.buffers
-            b["current"], b["spare"] = b["spare"], b["current"]
             scratch.current = new
         else:
+            if scratch.current is scratch.before:
+                scratch.current = scratch.rows(spare, len(scratch.members), new).copy_(scratch.before)
             scratch.current.index_copy_(0, scratch.at, new)
         scratch.new = new   # each group's c_i⁺ − c_i is taken in aggregate_group, straight into float64
 
@@ -163,7 +174,9 @@ class Scaffold(Algorithm):
                 scratch.shares[update.gid] = share
         new, old = scratch.new[update.rows], scratch.old[update.rows]
         wide = _wide_difference(new, old, scratch.rows("delta64", len(new), new, torch.float64))   # c_i⁺ − c_i
-        scratch.control[update.gid] = scratch.control[update.gid] + (share @ wide).to(new.dtype)
+        # c_g + float32(share @ wide), in c_g's row: the same product and rounding, no fresh rows
+        moved = torch.mm(share[None], wide, out=scratch.rows("moved64", 1, wide))
+        scratch.control[update.gid].add_(scratch.rows("moved", 1, new).copy_(moved)[0])
         return update.weights @ update.models
 
     def aggregate_cloud(self, state, scratch, weights, models, members, n_samples):
