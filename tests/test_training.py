@@ -300,3 +300,83 @@ def test_scaffold_group_variate_moves_by_its_survivors_changes_over_all_members(
     assert (change[[0, 2, 3]].abs().sum(1) > 0).all()
     expected = c.double() + torch.as_tensor(n / n.sum()) @ change.double()
     torch.testing.assert_close(control[0].double(), expected, atol=1e-7, rtol=0)
+
+
+class _RowsEngine:
+    """Trains nothing: each call's trained models are the next rows of a fixed random table."""
+
+    def __init__(self, n_params, steps):
+        self.table = torch.randn(64, n_params, generator=torch.Generator().manual_seed(3))
+        self.calls, self.n_steps = 0, steps
+
+    def train(self, start, clients, epochs, seeds, *, lr, correction, momentum, rows):
+        self.calls += 1
+        return self.table.roll(self.calls, 0)[:len(clients)].clone()
+
+    def steps(self, client, epochs):
+        return int(self.n_steps[client]) * epochs
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_scaffold_round_is_its_formulas_bit_for_bit(dropout):
+    """A SCAFFOLD round (three groups, K = 3, with and without dropouts) gives exactly the floats
+    of its formulas written out row by row: c_i⁺ = (x_g − y_i)/(τ_i·lr) − (c_g − c_i), c_g moved by
+    float32(shares · float64(c_i⁺ − c_i)) after each group round, c by the round's changes at its end.
+    However the round's tables are kept, reused or copied, these numbers may not move."""
+    n_params, n_clients, lr, seed = 3000, 20, 0.05, 7
+    gen = torch.Generator().manual_seed(0)
+    n = np.arange(20, 20 + 7 * n_clients, 7)
+    groups = {4: Group(0, np.array([3, 1, 8]), n[[3, 1, 8]], 0.0), 9: Group(0, np.array([0, 5, 6, 12]), n[[0, 5, 6, 12]], 0.0),
+              2: Group(0, np.array([7, 19]), n[[7, 19]], 0.0)}
+    members = np.concatenate([g.clients for g in groups.values()])
+    faults = FaultsConfig(dropout=dropout) if dropout else None
+    spec = LocalSpec(seed, 3, 2, lr, faults)
+    alg = algorithms["scaffold"]()
+    x = torch.randn(n_params, generator=gen)
+    state = alg.init_state(n_clients, x)
+    state.clients["variates"].normal_(generator=gen)
+    state.server["control"] = torch.randn(n_params, generator=gen)
+    variates, control = state.clients["variates"].clone(), state.server["control"].clone()
+    steps = n // 5 + 1
+    engine = _RowsEngine(n_params, steps)
+    for _ in range(2):   # the second round reuses the first one's tables
+        scratch = alg.begin_round(state, list(groups), members)
+        models = run_group_rounds(engine, {g: x for g in groups}, groups, 0, spec, alg, state, scratch)
+        weights = np.array([0.5, 0.3, 0.2])
+        x = alg.aggregate_cloud(state, scratch, weights, list(models.values()), members, n)
+
+    # the same round, row by row
+    replay = _RowsEngine(n_params, steps)
+    xr = torch.randn(n_params, generator=torch.Generator().manual_seed(0))
+    for _ in range(2):
+        start = variates.clone()
+        c_g = {g: control.clone() for g in groups}
+        model = {g: xr for g in groups}
+        for k in range(3):
+            batch = [(g, i) for g in groups for i in range(groups[g].size)
+                     if not draw_faults(faults, seed, 0, k, groups[g].clients)[0][i]]
+            if not batch:
+                continue
+            replay.calls += 1
+            trained = replay.table.roll(replay.calls, 0)
+            old = variates.clone()
+            for g in groups:
+                rows = [r for r, (h, _) in enumerate(batch) if h == g]
+                if not rows:
+                    continue
+                clients = [int(groups[g].clients[i]) for h, i in batch if h == g]
+                for r, c in zip(rows, clients):
+                    d = torch.tensor([float(steps[c] * 2)])[0] * lr
+                    variates[c] = (model[g] - trained[r]) / d - (c_g[g] - old[c])
+                ng = torch.as_tensor(groups[g].n_samples, dtype=torch.float64)
+                alive = [i for h, i in batch if h == g]
+                share = (ng / ng.sum())[alive]
+                c_g[g] = c_g[g] + (share @ (variates[clients] - old[clients]).double()).to(torch.float32)
+                w = torch.as_tensor(n[clients] / n[clients].sum(), dtype=torch.float32)
+                model[g] = w @ trained[rows]
+        share = torch.as_tensor(n[members] / n.sum(), dtype=torch.float64)
+        control = control + (share @ (variates[members] - start[members]).double()).to(torch.float32)
+        xr = sum(float(w) * model[g] for w, g in zip(weights, groups))
+    assert torch.equal(state.clients["variates"], variates)
+    assert torch.equal(state.server["control"], control)
+    assert torch.equal(x, xr)

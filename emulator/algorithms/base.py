@@ -55,6 +55,8 @@ from groupfel.policies.registry import Registry
 
 from groupfel.errors import InputError
 
+from .. import tables
+
 
 @dataclass
 class AlgorithmState:
@@ -144,7 +146,7 @@ class Algorithm:
         return {}
 
     def init_state(self, n_clients: int, weights: torch.Tensor) -> AlgorithmState:
-        return AlgorithmState({k: torch.zeros(n_clients, weights.numel(), dtype=weights.dtype, device=weights.device)
+        return AlgorithmState({k: tables.empty((n_clients, weights.numel()), weights.dtype, weights.device).zero_()
                                for k in self.client_state()}, self.server_state(weights))
 
     # -- a round ---------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .. import tables
 from ..algorithms import Algorithm, AlgorithmContext, AlgorithmState
 from ..arm import ArmState
 from ..compute import LocalSpec
@@ -36,7 +37,8 @@ class ArmTraining:
         if fresh:
             tc = world.config.train
             if tc.client_state == "persistent" and tc.momentum > 0:
-                state.momentum = torch.zeros(world.topology.n_clients, world.engine.n_params, device=world.engine.device)
+                state.momentum = tables.empty((world.topology.n_clients, world.engine.n_params), torch.get_default_dtype(),
+                                              world.engine.device).zero_()
             state.algorithm = self.algorithm.init_state(world.topology.n_clients, start).state()
         self.state = AlgorithmState.from_state(state.algorithm)
         self.world = world
