@@ -157,9 +157,17 @@ def _final(name: str, mode: str, arm: str, point: dict) -> dict[int, float]:
     return {int(seed): float(r.sort_values("cost")["accuracy"].iloc[-1]) * 100 for seed, r in runs.groupby("seed")}
 
 
-def last(name: str, mode: str, column: str, arm: str, digits: int = 1, scale: float = 1.0, **point) -> str:
+def last(name: str, mode: str, column: str, arm: str, digits: int = 1, scale: float = 1.0, ci: bool = False,
+         **point) -> str:
     """Mean over seeds of ``column`` at each run's last evaluation in ``runs.csv`` (e.g.
-    ``groups_sampled``: the number of groups trained in the last round)."""
+    ``groups_sampled``: the number of groups trained in the last round); with ``ci``, its 95 %
+    interval beside it (none for one seed), a bounded column's clipped to its range."""
+    if ci:
+        mean, low, high = mean_ci(list(_last_per_seed(name, mode, column, arm, scale, point).values()))
+        b = BOUNDS.get(column)
+        if b is not None:
+            low, high, _ = clip(low, high, (b[0] * scale, b[1] * scale))
+        return _ci(mean, low, high, digits)
     runs = _select(_csv(name, mode, "runs.csv"), arm, point)
     return fmt(float(np.mean([r.sort_values("round")[column].iloc[-1] for _, r in runs.groupby("seed")])) * scale, digits)
 
@@ -202,6 +210,49 @@ def word(low: float, high: float, claim: str, margin: float = MARGIN) -> str:
     if high < 0:
         return "Holds"
     return "Does not hold" if low > margin else "Not reproduced"
+
+
+def either(words: list[str]) -> str:
+    """One word for a claim made of several comparisons: it holds where every one holds and does
+    not hold where any one excludes it by the margin; otherwise it is not reproduced."""
+    if all(w == "Holds" for w in words):
+        return "Holds"
+    return "Does not hold" if "Does not hold" in words else "Not reproduced"
+
+
+def verdict_summary(name: str, mode: str, metric: str, arms: list[str], claim: str, scale: float = 100.0,
+                    **point) -> str:
+    """:func:`word` for the paper's claim that each of ``arms``' paired difference from the first
+    arm in ``sweep-summary.csv`` (``metric``: ``final_acc_diff``, ``acc_at_common_cost_diff``,
+    times ``scale``: points) is ``claim`` zero, combined as :func:`either`."""
+    rows = [_select(_csv(name, mode, "sweep-summary.csv"), a, point).iloc[0] for a in arms]
+    return either([word(float(r[f"{metric}_ci95_low"]) * scale, float(r[f"{metric}_ci95_high"]) * scale, claim)
+                    for r in rows])
+
+
+def _ours_bounds(name: str, mode: str, metric: str, arm: str, ref: str, point: dict) -> tuple[float, float]:
+    """[low(arm) − high(ref), high(arm) − low(ref)] of ``NAME.csv``'s ``metric``: it holds the
+    paired difference's 95 % interval over the same seeds (whose half-width is at most the sum of
+    the two arms'), for a table that holds each arm's interval but not their paired difference."""
+    table = _csv(name, mode, f"{name}.csv")
+    a, r = (_select(table[table["metric"] == metric], x, point).iloc[0] for x in (arm, ref))
+    if bool(a["ci95_clipped"]) or bool(r["ci95_clipped"]):   # a clipped end is no bound of the difference
+        raise ValueError(f"{arm}'s or {ref}'s {metric} interval is clipped to its range; pair them instead")
+    if int(a["seeds"]) != int(r["seeds"]):
+        raise ValueError(f"{arm} and {ref} ran {a['seeds']} and {r['seeds']} seeds; pair them instead")
+    return float(a["ci95_low"]) - float(r["ci95_high"]), float(a["ci95_high"]) - float(r["ci95_low"])
+
+
+def ours_bounds(name: str, mode: str, metric: str, arm: str, ref: str, digits: int = 2, **point) -> str:
+    """:func:`_ours_bounds` as text: "[low, high]"."""
+    low, high = _ours_bounds(name, mode, metric, arm, ref, point)
+    return f"[{fmt(low, digits)}, {fmt(high, digits)}]"
+
+
+def verdict_ours(name: str, mode: str, metric: str, arm: str, ref: str, claim: str, **point) -> str:
+    """:func:`word` for the paper's claim that ``arm`` − ``ref`` of ``NAME.csv``'s ``metric`` is
+    ``claim`` zero, on :func:`_ours_bounds`: never stronger than the word on the paired interval."""
+    return word(*_ours_bounds(name, mode, metric, arm, ref, point), claim)
 
 
 def verdict_points(name: str, mode: str, arm: str, a: dict, b: dict, claim: str,
@@ -368,6 +419,59 @@ def seeds(name: str, mode: str, arm: str | None = None) -> str:
     return str((runs if arm is None else _select(runs, arm, {}))["seed"].nunique())
 
 
+def seed_list(seeds) -> str:
+    """Seeds as text: a run of consecutive ones "0-4", else "0, 2 and 3"."""
+    seeds = sorted({int(s) for s in seeds})
+    if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return " and ".join(filter(None, [", ".join(map(str, seeds[:-1])), str(seeds[-1])]))
+
+
+def csv_seeds(name: str, mode: str, file: str, count: bool = False) -> str:
+    """The seeds a committed CSV's ``seed`` column holds (:func:`seed_list`), or with ``count`` how many."""
+    seeds = _csv(name, mode, file)["seed"].unique()
+    return str(len(seeds)) if count else seed_list(seeds)
+
+
+def csv_span(name: str, mode: str, file: str, column: str, digits: int = 2, scale: float = 1.0, **point) -> str:
+    """The range of ``column`` over a committed CSV's rows (those matching ``point``): "low to
+    high", or the one value where they agree."""
+    values = _select(_csv(name, mode, file), None, point)[column].astype(float) * scale
+    low, high = fmt(float(values.min()), digits), fmt(float(values.max()), digits)
+    return low if low == high else f"{low} to {high}"
+
+
+def _clients(members: list[int]) -> str:
+    """A group's client indices as a set with runs collapsed: {0-5, 7-9}."""
+    runs: list[list[int]] = []
+    for m in sorted(members):
+        if runs and m == runs[-1][-1] + 1:
+            runs[-1].append(m)
+        else:
+            runs.append([m])
+    return "{" + ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs) + "}"
+
+
+def partitions(name: str, mode: str, file: str, column: str, **point) -> str:
+    """Each seed's partition (``column``: a list of client-index lists) in a committed CSV's row
+    matching ``point``: "seed 0: {0-5, 7-9}, {6}; seed 1: {0-9}"."""
+    import ast
+
+    rows = _select(_csv(name, mode, file), None, point).sort_values("seed")
+    return "; ".join(f"seed {int(r['seed'])}: " + ", ".join(_clients(g) for g in ast.literal_eval(r[column]))
+                     for _, r in rows.iterrows())
+
+
+def seed_table(name: str, mode: str, file: str, at: list, cell, x: str = "epoch", indent: str = "") -> str:
+    """A table of a committed CSV with a ``seed`` column: one row per value of ``x`` in ``at``, one
+    column per seed the CSV holds, each cell ``cell(seed, x_value)``; lines after the first start
+    with ``indent`` (a table inside a list item)."""
+    seeds = sorted(int(s) for s in _csv(name, mode, file)["seed"].unique())
+    lines = [f"| {x} |" + "".join(f" seed {s} |" for s in seeds), "|---" * (1 + len(seeds)) + "|"]
+    lines += [f"| {v} |" + "".join(f" {cell(s, v)} |" for s in seeds) for v in at]
+    return ("\n" + indent).join(lines)
+
+
 def _g(value: float) -> str:
     return f"{value:.3g}"
 
@@ -508,8 +612,9 @@ def base_sources(quick: bool = False) -> str:
 
 FUNCTIONS = {f.__name__: f for f in (ours, paper, summary, cell, summary_ci, at_cost, at_round, at_cost_over,
                                      paired_at_cost, last, paired_last, paired_folders, before_after, paired_points, paired_final,
-                                     cost_to, diverged, span, seeds, fmt, table1, arms_table, methods_table, grid, verdict_points, verdict_last, before_after_at, mean_at, paired_at, paired_folders_at, csv_before_after,
-                                     table2, table2_diff, table2_span, sources, base_sources)}
+                                     cost_to, diverged, span, seeds, fmt, table1, arms_table, methods_table, grid, verdict_points, verdict_last, verdict_summary, verdict_ours, ours_bounds, either, before_after_at, mean_at, paired_at, paired_folders_at, csv_before_after,
+                                     table2, table2_diff, table2_span, sources, base_sources, csv_seeds, csv_span, partitions,
+                                     seed_table)}
 
 
 def render(template: Path = TEMPLATE) -> str:

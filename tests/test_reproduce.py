@@ -367,3 +367,77 @@ def test_readme_words_follow_the_interval_and_the_margin():
     assert word(3.65, 11.56, "below") == "Does not hold"
     assert word(3.65, 11.56, "above") == "Holds"
     assert word(-11.56, -3.65, "above") == "Does not hold"
+
+
+def test_a_claim_of_several_comparisons_takes_the_strongest_refutation():
+    from groupfel.experiments.readme_render import either
+    assert either(["Holds", "Holds"]) == "Holds"
+    assert either(["Holds", "Not reproduced"]) == "Not reproduced"
+    assert either(["Not reproduced", "Does not hold", "Holds"]) == "Does not hold"
+
+
+def test_render_words_from_summary_intervals_and_from_two_arms_intervals(tmp_path, monkeypatch):
+    """verdict_summary reads the paired intervals of sweep-summary.csv (in points); verdict_ours
+    bounds an unpaired difference by the two intervals' farthest ends: hand-computed."""
+    from groupfel.experiments import readme_render
+
+    d = tmp_path / "x" / "full"
+    d.mkdir(parents=True)
+    # b − a in [0.002, 0.012] (0.2 to 1.2 points: above 0, not by the margin), c − a in [0.015, 0.03]
+    pd.DataFrame({"arm": ["a", "b", "c"], "final_acc_diff_ci95_low": [None, 0.002, 0.015],
+                  "final_acc_diff_ci95_high": [None, 0.012, 0.03]}).to_csv(d / "sweep-summary.csv", index=False)
+    # u: k2 in [7, 10], k20 in [19, 20] -> k20 − k2 in [9, 13]
+    pd.DataFrame({"arm": ["k2", "k20"], "metric": "u", "ours": [8.5, 19.5], "ci95_low": [7.0, 19.0],
+                  "ci95_high": [10.0, 20.0], "ci95_clipped": False, "seeds": 5}).to_csv(d / "x.csv", index=False)
+    (tmp_path / "t.md").write_text('{{ verdict_summary("x", "full", "final_acc_diff", ["b"], "below") }}; '
+                                   '{{ verdict_summary("x", "full", "final_acc_diff", ["b", "c"], "below") }}; '
+                                   '{{ verdict_ours("x", "full", "u", "k20", "k2", "below") }} '
+                                   '{{ ours_bounds("x", "full", "u", "k20", "k2", 1) }}')
+    monkeypatch.setattr(readme_render, "ROOT", tmp_path)
+    readme_render._csv.cache_clear()
+    assert readme_render.render(tmp_path / "t.md") == "Not reproduced; Does not hold; Does not hold [9.0, 13.0]"
+    readme_render._csv.cache_clear()
+
+
+def test_render_follows_a_studys_seeds(tmp_path, monkeypatch):
+    """A study's CSV with a seed column: the seed list, a table with one column per seed, a
+    column's range and each seed's partition, all from the file (hand-written rows)."""
+    from groupfel.experiments import readme_render
+
+    d = tmp_path / "s" / "full"
+    d.mkdir(parents=True)
+    pd.DataFrame({"seed": [0, 0, 1, 1, 3, 3], "epoch": [1, 2] * 3, "g": [3, 2, 3, 1, 2, 2],
+                  "cos": [0.5, 0.25, 0.75, 0.5, 0.125, 0.5],
+                  "part": ["[[0, 1], [2]]", "[[0, 1, 2, 3, 5], [4]]", "[[0], [1], [2]]", "[[0, 1, 2]]",
+                           "[[0, 2], [1]]", "[[0, 1, 2, 3, 4, 6, 7, 8], [5]]"]}).to_csv(d / "b.csv", index=False)
+    (tmp_path / "t.md").write_text(
+        'seeds {{ csv_seeds("s", "full", "b.csv") }} ({{ csv_seeds("s", "full", "b.csv", count=True) }}); '
+        'cos {{ csv_span("s", "full", "b.csv", "cos", 3) }}, at epoch 2 g {{ csv_span("s", "full", "b.csv", "g", 0, epoch=2) }}; '
+        '{{ partitions("s", "full", "b.csv", "part", epoch=2) }}\n'
+        '{{ seed_table("s", "full", "b.csv", [1, 2], lambda s, e: cell("s", "full", "b.csv", "g", 0, seed=s, epoch=e), indent="  ") }}')
+    monkeypatch.setattr(readme_render, "ROOT", tmp_path)
+    readme_render._csv.cache_clear()
+    assert readme_render.render(tmp_path / "t.md") == (
+        "seeds 0, 1 and 3 (3); cos 0.125 to 0.750, at epoch 2 g 1 to 2; "
+        "seed 0: {0-3, 5}, {4}; seed 1: {0-2}; seed 3: {0-4, 6-8}, {5}\n"
+        "| epoch | seed 0 | seed 1 | seed 3 |\n  |---|---|---|---|\n  | 1 | 3 | 3 | 2 |\n  | 2 | 2 | 1 | 2 |")
+    readme_render._csv.cache_clear()
+    assert readme_render.seed_list([2, 0, 1, 3, 4]) == "0-4" and readme_render.seed_list([0, 1]) == "0 and 1"
+
+
+def test_last_with_its_interval_over_seeds(tmp_path, monkeypatch):
+    """last(..., ci=True): the mean of each seed's last value with its t interval, clipped to the
+    column's range; one seed gives the mean alone (hand-computed: 0.5 and 0.7 -> 60 ± 127.1)."""
+    from groupfel.experiments import readme_render
+
+    d = tmp_path / "x" / "full"
+    d.mkdir(parents=True)
+    pd.DataFrame({"arm": "a", "seed": [0, 0, 1, 1], "round": [0, 2, 0, 2],
+                  "accuracy": [0.1, 0.5, 0.1, 0.7]}).to_csv(d / "runs.csv", index=False)
+    (tmp_path / "t.md").write_text('{{ last("x", "full", "accuracy", "a", 1, 100, ci=True) }}; '
+                                   '{{ last("x", "full", "accuracy", "a", 1, 100, ci=True, seed=1) }}; '
+                                   '{{ last("x", "full", "accuracy", "a", 1, 100) }}')
+    monkeypatch.setattr(readme_render, "ROOT", tmp_path)
+    readme_render._csv.cache_clear()
+    assert readme_render.render(tmp_path / "t.md") == "60.0 [0.0, 100.0]; 70.0; 60.0"
+    readme_render._csv.cache_clear()

@@ -20,7 +20,7 @@ writes them to a CSV. Plain torch, one thread, deterministic for a seed.
         --out experiments/reproductions/hcct-batchnorm/full
 
 ``full-20/`` is the same at Table 3's 20 epochs (``--seeds N --epochs 20``, one seed a run, the
-three CSVs concatenated in seed order).
+CSVs concatenated in seed order).
 """
 from __future__ import annotations
 
