@@ -25,6 +25,18 @@ EXPECTED = {"table1": "Table 1", "table2": "Table 2", "fig2b": "Fig. 2(b)", "fig
             "fedcollab-table2-shifts": "Table 2 (feature and concept shift)"}
 
 
+def render_in(root, monkeypatch) -> str:
+    """``root``/t.md rendered with ``root`` as the repository (its studies' CSVs), read afresh."""
+    from groupfel.experiments import readme_render
+
+    monkeypatch.setattr(readme_render, "ROOT", root)
+    readme_render._csv.cache_clear()
+    try:
+        return readme_render.render(root / "t.md")
+    finally:
+        readme_render._csv.cache_clear()
+
+
 def test_list_names_every_reproduction_with_paper_figure_and_data(capsys):
     assert cli.main(["reproduce", "--list"]) == 0
     out = capsys.readouterr().out
@@ -379,8 +391,6 @@ def test_a_claim_of_several_comparisons_takes_the_strongest_refutation():
 def test_render_words_from_summary_intervals_and_from_two_arms_intervals(tmp_path, monkeypatch):
     """verdict_summary reads the paired intervals of sweep-summary.csv (in points); verdict_ours
     bounds an unpaired difference by the two intervals' farthest ends: hand-computed."""
-    from groupfel.experiments import readme_render
-
     d = tmp_path / "x" / "full"
     d.mkdir(parents=True)
     # b − a in [0.002, 0.012] (0.2 to 1.2 points: above 0, not by the margin), c − a in [0.015, 0.03]
@@ -393,10 +403,7 @@ def test_render_words_from_summary_intervals_and_from_two_arms_intervals(tmp_pat
                                    '{{ verdict_summary("x", "full", "final_acc_diff", ["b", "c"], "below") }}; '
                                    '{{ verdict_ours("x", "full", "u", "k20", "k2", "below") }} '
                                    '{{ ours_bounds("x", "full", "u", "k20", "k2", 1) }}')
-    monkeypatch.setattr(readme_render, "ROOT", tmp_path)
-    readme_render._csv.cache_clear()
-    assert readme_render.render(tmp_path / "t.md") == "Not reproduced; Does not hold; Does not hold [9.0, 13.0]"
-    readme_render._csv.cache_clear()
+    assert render_in(tmp_path, monkeypatch) == "Not reproduced; Does not hold; Does not hold [9.0, 13.0]"
 
 
 def test_render_follows_a_studys_seeds(tmp_path, monkeypatch):
@@ -415,21 +422,16 @@ def test_render_follows_a_studys_seeds(tmp_path, monkeypatch):
         'cos {{ csv_span("s", "full", "b.csv", "cos", 3) }}, at epoch 2 g {{ csv_span("s", "full", "b.csv", "g", 0, epoch=2) }}; '
         '{{ partitions("s", "full", "b.csv", "part", epoch=2) }}\n'
         '{{ seed_table("s", "full", "b.csv", [1, 2], lambda s, e: cell("s", "full", "b.csv", "g", 0, seed=s, epoch=e), indent="  ") }}')
-    monkeypatch.setattr(readme_render, "ROOT", tmp_path)
-    readme_render._csv.cache_clear()
-    assert readme_render.render(tmp_path / "t.md") == (
+    assert render_in(tmp_path, monkeypatch) == (
         "seeds 0, 1 and 3 (3); cos 0.125 to 0.750, at epoch 2 g 1 to 2; "
         "seed 0: {0-3, 5}, {4}; seed 1: {0-2}; seed 3: {0-4, 6-8}, {5}\n"
         "| epoch | seed 0 | seed 1 | seed 3 |\n  |---|---|---|---|\n  | 1 | 3 | 3 | 2 |\n  | 2 | 2 | 1 | 2 |")
-    readme_render._csv.cache_clear()
     assert readme_render.seed_list([2, 0, 1, 3, 4]) == "0-4" and readme_render.seed_list([0, 1]) == "0 and 1"
 
 
 def test_last_with_its_interval_over_seeds(tmp_path, monkeypatch):
     """last(..., ci=True): the mean of each seed's last value with its t interval, clipped to the
     column's range; one seed gives the mean alone (hand-computed: 0.5 and 0.7 -> 60 ± 127.1)."""
-    from groupfel.experiments import readme_render
-
     d = tmp_path / "x" / "full"
     d.mkdir(parents=True)
     pd.DataFrame({"arm": "a", "seed": [0, 0, 1, 1], "round": [0, 2, 0, 2],
@@ -437,7 +439,4 @@ def test_last_with_its_interval_over_seeds(tmp_path, monkeypatch):
     (tmp_path / "t.md").write_text('{{ last("x", "full", "accuracy", "a", 1, 100, ci=True) }}; '
                                    '{{ last("x", "full", "accuracy", "a", 1, 100, ci=True, seed=1) }}; '
                                    '{{ last("x", "full", "accuracy", "a", 1, 100) }}')
-    monkeypatch.setattr(readme_render, "ROOT", tmp_path)
-    readme_render._csv.cache_clear()
-    assert readme_render.render(tmp_path / "t.md") == "60.0 [0.0, 100.0]; 70.0; 60.0"
-    readme_render._csv.cache_clear()
+    assert render_in(tmp_path, monkeypatch) == "60.0 [0.0, 100.0]; 70.0; 60.0"
