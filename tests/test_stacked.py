@@ -384,3 +384,19 @@ def test_a_cpu_step_in_chunks_of_clients_gives_every_client_the_numbers_of_one_s
     for n in (8, 9, 13):
         got = grouped([p[:n] for p in params], x[:n], y[:n], m[:n])
         assert all(torch.equal(g, w[:n]) for g, w in zip(got, whole)), n
+
+
+def test_a_cpu_chunk_plan_imports_no_compiler():
+    """Sizing a CPU step's chunks (a shape pass over the model) leaves torch._dynamo and sympy
+    unimported: on the meta device that pass imported them, about a second of every training
+    process."""
+    import subprocess
+    import sys
+    code = ("import sys, torch\n"
+            "from groupfel.emulator.models import build_model\n"
+            "from groupfel.emulator.stacked import GroupedNet\n"
+            "g = GroupedNet.of(build_model('resnet-1', (1, 28, 28), 10))\n"
+            "assert g.chunks(64, 5, torch.Size((1, 28, 28))) == [11, 11, 11, 11, 10, 10]\n"
+            "print(sorted(m for m in ('torch._dynamo', 'sympy') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

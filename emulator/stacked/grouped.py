@@ -188,7 +188,7 @@ class GroupedNet:
                  conv_weights: set[int] = frozenset(), shapes: nn.Module | None = None):
         self.forward, self.conv_channels, self.image = forward, conv_channels, image
         self.memory_format, self.conv_weights = memory_format, conv_weights
-        self._shapes = shapes              # the model on the meta device: its layers' output sizes
+        self._shapes = shapes              # an empty CPU copy of the model (eval mode): its layers' output sizes
         self._largest: dict[tuple[int, ...], int] = {}
 
     def zeros(self, width: int, index: int, shape: torch.Size, device: torch.device) -> torch.Tensor:
@@ -216,7 +216,7 @@ class GroupedNet:
         fmt = torch.channels_last if channels_last else torch.contiguous_format
         # the input is an image where an image layer reads it (else the flat layout from the start)
         return cls(forward, compiler.conv_channels, compiler.spatial, fmt, frozenset(compiler.conv_weights),
-                   copy.deepcopy(model).to("meta"))
+                   copy.deepcopy(model).to_empty(device="cpu").eval())
 
     def rows(self, live: int) -> int:
         """How many of the stack's first rows a CPU step computes to serve ``live`` clients: never
@@ -234,8 +234,10 @@ class GroupedNet:
             leaves = [m for m in self._shapes.modules() if not any(True for _ in m.children())]
             hooks = [m.register_forward_hook(note) for m in leaves]
             try:
+                # one zero sample on the CPU (a millisecond): the meta device would import
+                # torch._dynamo and sympy on the first call, about a second of every process
                 with torch.no_grad():
-                    self._shapes(torch.empty(1, *key, device="meta"))
+                    self._shapes(torch.zeros(1, *key, device="cpu"))
             finally:
                 for h in hooks:
                     h.remove()
