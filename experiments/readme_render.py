@@ -433,6 +433,22 @@ def csv_seeds(name: str, mode: str, file: str, count: bool = False) -> str:
     return str(len(seeds)) if count else seed_list(seeds)
 
 
+def arm_seeds(name: str, mode: str, arm: str) -> str:
+    """The seeds ``arm`` ran in the folder's ``runs.csv`` (:func:`seed_list`)."""
+    return seed_list(_select(_csv(name, mode, "runs.csv"), arm, {})["seed"].unique())
+
+
+def per_seed(name: str, mode: str, column: str, arm: str, digits: int = 1, scale: float = 1.0, unit: str = "",
+             **point) -> str:
+    """``column`` at each run's last evaluation, seed by seed, then ``unit``: "90.2 and 89.6 % (seeds 1
+    and 2)"."""
+    values = _last_per_seed(name, mode, column, arm, scale, point)
+    order = sorted(values)
+    text = " and ".join(filter(None, [", ".join(fmt(values[s], digits) for s in order[:-1]),
+                                      fmt(values[order[-1]], digits)]))
+    return f"{text}{unit} (seed{'s' if len(order) > 1 else ''} {seed_list(order)})"
+
+
 def csv_span(name: str, mode: str, file: str, column: str, digits: int = 2, scale: float = 1.0, **point) -> str:
     """The range of ``column`` over a committed CSV's rows (those matching ``point``): "low to
     high", or the one value where they agree."""
@@ -613,7 +629,7 @@ def base_sources(quick: bool = False) -> str:
 FUNCTIONS = {f.__name__: f for f in (ours, paper, summary, cell, summary_ci, at_cost, at_round, at_cost_over,
                                      paired_at_cost, last, paired_last, paired_folders, before_after, paired_points, paired_final,
                                      cost_to, diverged, span, seeds, fmt, table1, arms_table, methods_table, grid, verdict_points, verdict_last, verdict_summary, verdict_ours, ours_bounds, either, before_after_at, mean_at, paired_at, paired_folders_at, csv_before_after,
-                                     table2, table2_diff, table2_span, sources, base_sources, csv_seeds, csv_span, partitions,
+                                     table2, table2_diff, table2_span, sources, base_sources, csv_seeds, arm_seeds, per_seed, csv_span, partitions,
                                      seed_table)}
 
 

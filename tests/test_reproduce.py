@@ -440,3 +440,19 @@ def test_last_with_its_interval_over_seeds(tmp_path, monkeypatch):
                                    '{{ last("x", "full", "accuracy", "a", 1, 100, ci=True, seed=1) }}; '
                                    '{{ last("x", "full", "accuracy", "a", 1, 100) }}')
     assert render_in(tmp_path, monkeypatch) == "60.0 [0.0, 100.0]; 70.0; 60.0"
+
+
+def test_render_names_the_seeds_an_arm_ran(tmp_path, monkeypatch):
+    """arm_seeds and per_seed read each arm's own seeds from runs.csv (hand-written rows: arm b
+    ran seeds 1 and 2 only), each seed's value at its last round."""
+    d = tmp_path / "x" / "full"
+    d.mkdir(parents=True)
+    pd.DataFrame({"arm": ["a"] * 6 + ["b"] * 4, "seed": [0, 0, 1, 1, 2, 2, 1, 1, 2, 2],
+                  "round": [0, 5] * 5, "accuracy": [0.1, 0.5, 0.1, 0.25, 0.1, 0.75, 0.2, 0.9, 0.2, 0.875]}
+                 ).to_csv(d / "runs.csv", index=False)
+    (tmp_path / "t.md").write_text('{{ arm_seeds("x", "full", "a") }}; {{ arm_seeds("x", "full", "b") }}; '
+                                   '{{ per_seed("x", "full", "accuracy", "a", 1, 100, " %") }}; '
+                                   '{{ per_seed("x", "full", "accuracy", "b", 2) }}; '
+                                   '{{ per_seed("x", "full", "accuracy", "b", 1, 100, seed=2) }}')
+    assert render_in(tmp_path, monkeypatch) == ("0-2; 1 and 2; 50.0, 25.0 and 75.0 % (seeds 0-2); "
+                                                 "0.90 and 0.88 (seeds 1 and 2); 87.5 (seed 2)")
