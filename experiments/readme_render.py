@@ -419,12 +419,17 @@ def seeds(name: str, mode: str, arm: str | None = None) -> str:
     return str((runs if arm is None else _select(runs, arm, {}))["seed"].nunique())
 
 
+def _and(items: list[str]) -> str:
+    """Items as one phrase: "a", "a and b", "a, b and c"."""
+    return " and ".join(filter(None, [", ".join(items[:-1]), items[-1]]))
+
+
 def seed_list(seeds) -> str:
     """Seeds as text: a run of consecutive ones "0-4", else "0, 2 and 3"."""
     seeds = sorted({int(s) for s in seeds})
     if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1)):
         return f"{seeds[0]}-{seeds[-1]}"
-    return " and ".join(filter(None, [", ".join(map(str, seeds[:-1])), str(seeds[-1])]))
+    return _and([str(s) for s in seeds])
 
 
 def csv_seeds(name: str, mode: str, file: str, count: bool = False) -> str:
@@ -444,8 +449,7 @@ def per_seed(name: str, mode: str, column: str, arm: str, digits: int = 1, scale
     and 2)"."""
     values = _last_per_seed(name, mode, column, arm, scale, point)
     order = sorted(values)
-    text = " and ".join(filter(None, [", ".join(fmt(values[s], digits) for s in order[:-1]),
-                                      fmt(values[order[-1]], digits)]))
+    text = _and([fmt(values[s], digits) for s in order])
     return f"{text}{unit} (seed{'s' if len(order) > 1 else ''} {seed_list(order)})"
 
 

@@ -382,9 +382,9 @@ def look_pvalues(d: np.ndarray, margin: np.ndarray | float, seeds=None, resample
     df = max(n - 1, 1)
     up, down, p_lo, p_hi = (np.array(np.broadcast_to(x, mean.shape), dtype=float) for x in
                             (stats.t.sf(t0, df), stats.t.cdf(t0, df), stats.t.sf(lo, df), stats.t.cdf(hi, df)))
+    if n >= BOOT_MIN and TEST.startswith("hall"):
+        g = _skew(((d - mean[..., None]) ** 3).mean(axis=-1), sd, n)
     if n >= BOOT_MIN and TEST in ("hall", "hall-max", "hall+bootstrap"):
-        c = d - mean[..., None]
-        g = _skew((c ** 3).mean(axis=-1), sd, n)
         with np.errstate(invalid="ignore"):
             h0, h_lo, h_hi = (hall_statistic(mean, sd, g, n, mu) for mu in (0.0, -np.asarray(margin), margin))
         hall = (stats.t.sf(h0, df), stats.t.cdf(h0, df), stats.t.sf(h_lo, df), stats.t.cdf(h_hi, df))
@@ -392,8 +392,6 @@ def look_pvalues(d: np.ndarray, margin: np.ndarray | float, seeds=None, resample
             hall = (np.maximum(a, b) for a, b in zip(hall, (up, down, p_lo, p_hi)))
         up, down, p_lo, p_hi = (np.array(np.broadcast_to(x, mean.shape), dtype=float) for x in hall)
     elif n >= BOOT_MIN and TEST == "hall-boot":
-        c = d - mean[..., None]
-        g = _skew((c ** 3).mean(axis=-1), sd, n)
         with np.errstate(invalid="ignore"):
             cuts = [np.broadcast_to(hall_statistic(mean, sd, g, n, mu), mean.shape)
                     for mu in (0.0, -np.asarray(margin), margin)]
