@@ -23,7 +23,8 @@
    default (``grouped``) and NCHW (``grouped-nchw``, ``train.channels_last = false``), at the
    demo's shape, at larger ones and at the full-size Group-FEL step (resnet-1, 1x28x28, B = 5,
    W = 8 and 64): medians of 5, the forms interleaved, with the load average beside each row.
-   Then four runs of other algorithms in one stacked call against one call each (:func:`mixed_call`).
+   Then the resnet-1 rows' ceiling for any GroupNorm kernel (:func:`norm_ceiling`), and four runs
+   of other algorithms in one stacked call against one call each (:func:`mixed_call`).
 5. **emulator** (``--emulator``): the emulator's own Python per run-round of full-size
    groupfel-base (300 clients, K = 5), at K = 20 and with SCAFFOLD, with training and evaluation
    stubbed (:func:`emulator_round`): SimPy, the group-round loop, pricing, sampling, aggregation,
@@ -226,7 +227,54 @@ def steps(repeats: int = 5) -> None:
         print(f"{name:8} {'x'.join(map(str, shape[1:])):>8} {batch:3d} {width:4d} {t[0]:11.2f} {t[1]:8.2f} {t[2]:8.2f} "
               f"{t[3]:12.2f} {t[1] / t[2]:14.2f}x {t[0] / t[2]:20.2f}x  load {os.getloadavg()[0]:.1f}", flush=True)
 
+    norm_ceiling()
     mixed_call()
+
+
+def norm_ceiling(repeats: int = 9) -> None:
+    """The written-out resnet-1 step with every GroupNorm replaced by its bare affine map (not a
+    model: no statistics, two elementwise passes), against ``vmap`` and the real step: the most
+    any GroupNorm kernel, fused or not, could bring. What is left is the grouped convolutions,
+    the same oneDNN kernels ``vmap``'s batching rule calls."""
+    import torch
+    import torch.nn.functional as F
+    from torch.func import functional_call, grad, vmap
+
+    from groupfel.emulator.models import build_model
+    from groupfel.emulator.stacked import GroupedNet
+    from groupfel.emulator.stacked import grouped
+
+    def affine(h, groups, weight, bias, eps):
+        return h * weight.view(1, -1, 1, 1) + bias.view(1, -1, 1, 1)
+
+    print(f"\n{'model':8} {'W':>4} {'vmap':>8} {'grouped':>8} {'norm free':>10} {'vmap / grouped':>15} "
+          f"{'vmap / norm free':>17}  (ms per client-step, 1x28x28, B = 5)")
+    for width in (8, 64):
+        torch.manual_seed(0)
+        model = build_model("resnet-1", (1, 28, 28), 10)
+        names = [n for n, _ in model.named_parameters()]
+        params = [p.detach().unsqueeze(0).repeat(width, *[1] * p.dim()).clone() for p in model.parameters()]
+        x, y, m = torch.randn(width, 5, 1, 28, 28), torch.randint(0, 10, (width, 5)), torch.ones(width, 5)
+
+        def loss(ps, x, y, m):
+            ce = F.cross_entropy(functional_call(model, dict(zip(names, ps)), (x,)), y, reduction="none")
+            return (ce * m).sum() / m.sum().clamp(min=1.0)
+        real = GroupedNet.of(model)
+        held = [real.zeros(width, i, p.shape, p.device).copy_(q) for i, (p, q) in enumerate(zip(model.parameters(), params))]
+
+        def freed():
+            # the step looks F.group_norm up as it runs: swapped for these calls only
+            grouped.F.group_norm = affine
+            try:
+                real(held, x, y, m)
+            finally:
+                grouped.F.group_norm = norm
+        norm = grouped.F.group_norm
+        vmapped = vmap(grad(loss))
+        t = [ms / width for ms in interleaved_ms([lambda: vmapped(tuple(params), x, y, m),
+                                                  lambda: real(held, x, y, m), freed], repeats)]
+        print(f"{'resnet-1':8} {width:4d} {t[0]:8.2f} {t[1]:8.2f} {t[2]:10.2f} {t[0] / t[1]:14.2f}x {t[0] / t[2]:16.2f}x"
+              f"  load {os.getloadavg()[0]:.1f}", flush=True)
 
 
 def mixed_call(repeats: int = 5) -> None:
