@@ -444,13 +444,13 @@ def arm_seeds(name: str, mode: str, arm: str) -> str:
 
 
 def per_seed(name: str, mode: str, column: str, arm: str, digits: int = 1, scale: float = 1.0, unit: str = "",
-             **point) -> str:
+             named: bool = True, **point) -> str:
     """``column`` at each run's last evaluation, seed by seed, then ``unit``: "90.2 and 89.6 % (seeds 1
-    and 2)"."""
+    and 2)"; without the seeds unless ``named`` (where the sentence names them once)."""
     values = _last_per_seed(name, mode, column, arm, scale, point)
     order = sorted(values)
-    text = _and([fmt(values[s], digits) for s in order])
-    return f"{text}{unit} (seed{'s' if len(order) > 1 else ''} {seed_list(order)})"
+    text = _and([fmt(values[s], digits) for s in order]) + unit
+    return f"{text} (seed{'s' if len(order) > 1 else ''} {seed_list(order)})" if named else text
 
 
 def csv_span(name: str, mode: str, file: str, column: str, digits: int = 2, scale: float = 1.0, **point) -> str:

@@ -453,6 +453,7 @@ def test_render_names_the_seeds_an_arm_ran(tmp_path, monkeypatch):
     (tmp_path / "t.md").write_text('{{ arm_seeds("x", "full", "a") }}; {{ arm_seeds("x", "full", "b") }}; '
                                    '{{ per_seed("x", "full", "accuracy", "a", 1, 100, " %") }}; '
                                    '{{ per_seed("x", "full", "accuracy", "b", 2) }}; '
-                                   '{{ per_seed("x", "full", "accuracy", "b", 1, 100, seed=2) }}')
+                                   '{{ per_seed("x", "full", "accuracy", "b", 1, 100, seed=2) }}; '
+                                   '{{ per_seed("x", "full", "accuracy", "a", 1, 100, " %", named=False) }}')
     assert render_in(tmp_path, monkeypatch) == ("0-2; 1 and 2; 50.0, 25.0 and 75.0 % (seeds 0-2); "
-                                                 "0.90 and 0.88 (seeds 1 and 2); 87.5 (seed 2)")
+                                                 "0.90 and 0.88 (seeds 1 and 2); 87.5 (seed 2); 50.0, 25.0 and 75.0 %")
