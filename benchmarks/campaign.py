@@ -242,10 +242,14 @@ def norm_ceiling(repeats: int = 9) -> None:
 
     from groupfel.emulator.models import build_model
     from groupfel.emulator.stacked import GroupedNet
-    from groupfel.emulator.stacked import grouped
+    from groupfel.emulator.training import keep_freed_memory
+
+    torch.set_num_threads(1)
+    keep_freed_memory()   # as steps() and every batched engine: vmap's times depend on it (docs/benchmarks.md)
 
     def affine(h, groups, weight, bias, eps):
         return h * weight.view(1, -1, 1, 1) + bias.view(1, -1, 1, 1)
+    norm = F.group_norm
 
     print(f"\n{'model':8} {'W':>4} {'vmap':>8} {'grouped':>8} {'norm free':>10} {'vmap / grouped':>15} "
           f"{'vmap / norm free':>17}  (ms per client-step, 1x28x28, B = 5)")
@@ -263,13 +267,12 @@ def norm_ceiling(repeats: int = 9) -> None:
         held = [real.zeros(width, i, p.shape, p.device).copy_(q) for i, (p, q) in enumerate(zip(model.parameters(), params))]
 
         def freed():
-            # the step looks F.group_norm up as it runs: swapped for these calls only
-            grouped.F.group_norm = affine
+            # the step looks torch.nn.functional.group_norm up as it runs: swapped for these calls only
+            F.group_norm = affine
             try:
                 real(held, x, y, m)
             finally:
-                grouped.F.group_norm = norm
-        norm = grouped.F.group_norm
+                F.group_norm = norm
         vmapped = vmap(grad(loss))
         t = [ms / width for ms in interleaved_ms([lambda: vmapped(tuple(params), x, y, m),
                                                   lambda: real(held, x, y, m), freed], repeats)]
