@@ -181,11 +181,36 @@ def interleaved_ms(fs, repeats: int) -> list[float]:
     return [statistics.median(t) * 1e3 for t in times]
 
 
+def _step_inputs(name: str, shape: tuple, batch: int, width: int):
+    """A step's model (seed 0), its parameters stacked ``width`` times, random minibatches (x, y,
+    mask) and ``vmap``'s form of the per-client loss gradient."""
+    import torch
+    import torch.nn.functional as F
+    from torch.func import functional_call, grad, vmap
+
+    from groupfel.emulator.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model(name, shape, 10)
+    names = [n for n, _ in model.named_parameters()]
+    params = [p.detach().unsqueeze(0).repeat(width, *[1] * p.dim()).clone() for p in model.parameters()]
+    x, y, m = torch.randn(width, batch, *shape), torch.randint(0, 10, (width, batch)), torch.ones(width, batch)
+
+    def loss(ps, x, y, m):
+        ce = F.cross_entropy(functional_call(model, dict(zip(names, ps)), (x,)), y, reduction="none")
+        return (ce * m).sum() / m.sum().clamp(min=1.0)
+    return model, params, (x, y, m), vmap(grad(loss))
+
+
+def _held(net, model, params) -> list:
+    """``params`` laid out as the written-out ``net``'s stacks hold them."""
+    return [net.zeros(q.shape[0], i, p.shape, p.device).copy_(q) for i, (p, q) in enumerate(zip(model.parameters(), params))]
+
+
 def steps(repeats: int = 5) -> None:
     """Per client-step milliseconds of the three CPU forms, side by side (see the docstring)."""
     import torch
     import torch.nn.functional as F
-    from torch.func import functional_call, grad, vmap
 
     from groupfel.emulator.models import build_model
     from groupfel.emulator.stacked import GroupedNet
@@ -197,20 +222,11 @@ def steps(repeats: int = 5) -> None:
     print(f"\n{'model':8} {'input':>8} {'B':>3} {'W':>4} {'per-client':>11} {'vmap':>8} {'grouped':>8} "
           f"{'grouped-nchw':>12} {'vmap / grouped':>15} {'per-client / grouped':>21}  (ms per client-step)")
     for name, shape, batch, width in STEP_ROWS:
-        torch.manual_seed(0)
-        model = build_model(name, shape, 10)
-        names = [n for n, _ in model.named_parameters()]
-        params = [p.detach().unsqueeze(0).repeat(width, *[1] * p.dim()).clone() for p in model.parameters()]
-        x, y, m = torch.randn(width, batch, *shape), torch.randint(0, 10, (width, batch)), torch.ones(width, batch)
-
-        def loss(ps, x, y, m):
-            ce = F.cross_entropy(functional_call(model, dict(zip(names, ps)), (x,)), y, reduction="none")
-            return (ce * m).sum() / m.sum().clamp(min=1.0)
+        model, params, (x, y, m), vmapped = _step_inputs(name, shape, batch, width)
         # grouped: the CPU's default layout (channels-last); grouped-nchw: train.channels_last = false (not
         # bitwise independent of the width); each with the parameters as a stack holds them
-        vmapped, grouped, nchw = vmap(grad(loss)), GroupedNet.of(model), GroupedNet.of(model, channels_last=False)
-        held = {id(g): [g.zeros(width, i, p.shape, p.device).copy_(q) for i, (p, q) in
-                        enumerate(zip(model.parameters(), params))] for g in (grouped, nchw)}
+        grouped, nchw = GroupedNet.of(model), GroupedNet.of(model, channels_last=False)
+        held = {id(g): _held(g, model, params) for g in (grouped, nchw)}
         alone = build_model(name, shape, 10).to(memory_format=torch.channels_last)
         opt = torch.optim.SGD(alone.parameters(), lr=0.01)
         x0 = x[0].contiguous(memory_format=torch.channels_last)
@@ -238,9 +254,7 @@ def norm_ceiling(repeats: int = 9) -> None:
     the same oneDNN kernels ``vmap``'s batching rule calls."""
     import torch
     import torch.nn.functional as F
-    from torch.func import functional_call, grad, vmap
 
-    from groupfel.emulator.models import build_model
     from groupfel.emulator.stacked import GroupedNet
     from groupfel.emulator.training import keep_freed_memory
 
@@ -254,17 +268,9 @@ def norm_ceiling(repeats: int = 9) -> None:
     print(f"\n{'model':8} {'W':>4} {'vmap':>8} {'grouped':>8} {'norm free':>10} {'vmap / grouped':>15} "
           f"{'vmap / norm free':>17}  (ms per client-step, 1x28x28, B = 5)")
     for width in (8, 64):
-        torch.manual_seed(0)
-        model = build_model("resnet-1", (1, 28, 28), 10)
-        names = [n for n, _ in model.named_parameters()]
-        params = [p.detach().unsqueeze(0).repeat(width, *[1] * p.dim()).clone() for p in model.parameters()]
-        x, y, m = torch.randn(width, 5, 1, 28, 28), torch.randint(0, 10, (width, 5)), torch.ones(width, 5)
-
-        def loss(ps, x, y, m):
-            ce = F.cross_entropy(functional_call(model, dict(zip(names, ps)), (x,)), y, reduction="none")
-            return (ce * m).sum() / m.sum().clamp(min=1.0)
+        model, params, (x, y, m), vmapped = _step_inputs("resnet-1", (1, 28, 28), 5, width)
         real = GroupedNet.of(model)
-        held = [real.zeros(width, i, p.shape, p.device).copy_(q) for i, (p, q) in enumerate(zip(model.parameters(), params))]
+        held = _held(real, model, params)
 
         def freed():
             # the step looks torch.nn.functional.group_norm up as it runs: swapped for these calls only
@@ -273,7 +279,6 @@ def norm_ceiling(repeats: int = 9) -> None:
                 real(held, x, y, m)
             finally:
                 F.group_norm = norm
-        vmapped = vmap(grad(loss))
         t = [ms / width for ms in interleaved_ms([lambda: vmapped(tuple(params), x, y, m),
                                                   lambda: real(held, x, y, m), freed], repeats)]
         print(f"{'resnet-1':8} {width:4d} {t[0]:8.2f} {t[1]:8.2f} {t[2]:10.2f} {t[0] / t[1]:14.2f}x {t[0] / t[2]:16.2f}x"
