@@ -226,7 +226,7 @@ def steps(repeats: int = 5) -> None:
         # grouped: the CPU's default layout (channels-last); grouped-nchw: train.channels_last = false (not
         # bitwise independent of the width); each with the parameters as a stack holds them
         grouped, nchw = GroupedNet.of(model), GroupedNet.of(model, channels_last=False)
-        held = {id(g): _held(g, model, params) for g in (grouped, nchw)}
+        held, held_nchw = _held(grouped, model, params), _held(nchw, model, params)
         alone = build_model(name, shape, 10).to(memory_format=torch.channels_last)
         opt = torch.optim.SGD(alone.parameters(), lr=0.01)
         x0 = x[0].contiguous(memory_format=torch.channels_last)
@@ -237,8 +237,8 @@ def steps(repeats: int = 5) -> None:
                 F.cross_entropy(alone(x0), y[0]).backward()
                 opt.step()
         t = [ms / width for ms in interleaved_ms([per_client, lambda: vmapped(tuple(params), x, y, m),
-                                                  lambda: grouped(held[id(grouped)], x, y, m),
-                                                  lambda: nchw(held[id(nchw)], x, y, m)],
+                                                  lambda: grouped(held, x, y, m),
+                                                  lambda: nchw(held_nchw, x, y, m)],
                                                  repeats)]
         print(f"{name:8} {'x'.join(map(str, shape[1:])):>8} {batch:3d} {width:4d} {t[0]:11.2f} {t[1]:8.2f} {t[2]:8.2f} "
               f"{t[3]:12.2f} {t[1] / t[2]:14.2f}x {t[0] / t[2]:20.2f}x  load {os.getloadavg()[0]:.1f}", flush=True)
@@ -251,15 +251,11 @@ def norm_ceiling(repeats: int = 9) -> None:
     """The written-out resnet-1 step with every GroupNorm replaced by its bare affine map (not a
     model: no statistics, two elementwise passes), against ``vmap`` and the real step: the most
     any GroupNorm kernel, fused or not, could bring. What is left is the grouped convolutions,
-    the same oneDNN kernels ``vmap``'s batching rule calls."""
-    import torch
+    the same oneDNN kernels ``vmap``'s batching rule calls. Runs under :func:`steps`'s thread and
+    allocator settings."""
     import torch.nn.functional as F
 
     from groupfel.emulator.stacked import GroupedNet
-    from groupfel.emulator.training import keep_freed_memory
-
-    torch.set_num_threads(1)
-    keep_freed_memory()   # as steps() and every batched engine: vmap's times depend on it (docs/benchmarks.md)
 
     def affine(h, groups, weight, bias, eps):
         return h * weight.view(1, -1, 1, 1) + bias.view(1, -1, 1, 1)
