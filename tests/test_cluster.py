@@ -72,6 +72,11 @@ class Node:
         self.tmpdir = Path(tempfile.mkdtemp(prefix="rgf", dir="/tmp"))   # short: Ray's socket paths
         self.log = self.tmpdir / "node.log"
         mounts = [f"mount -t tmpfs groupfel-hidden {hidden}", f"mount -t tmpfs groupfel-hidden {ROOT}"]
+        prefix = Path(sys.prefix).resolve()
+        if prefix.is_relative_to(ROOT):   # a virtual environment inside the checkout: kept, the code still hidden
+            stage = self.tmpdir / "prefix"
+            mounts = [f"mkdir {stage}", f"mount --bind {prefix} {stage}", *mounts,
+                      f"mkdir -p {prefix}", f"mount --bind {stage} {prefix}"]
         for sp in site.getsitepackages():   # an editable install would import the code from disk
             mounts += [f"mount --bind /dev/null {p}" for p in Path(sp).glob("__editable__*groupfel*.pth")]
         script = " && ".join(mounts + [
@@ -86,8 +91,9 @@ class Node:
         deadline = time.time() + 180
         while "Ray runtime started" not in self.log.read_text():
             if self.proc.poll() is not None or time.time() > deadline:
+                output = self.log.read_text()[-3000:]   # stop() deletes the log with the node's files
                 self.stop()
-                raise RuntimeError(f"ray start failed:\n{self.log.read_text()[-3000:]}")
+                raise RuntimeError(f"ray start failed:\n{output}")
             time.sleep(0.2)
         self.address = f"127.0.0.1:{self.port}"
 
