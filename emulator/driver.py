@@ -38,6 +38,7 @@ from .arm import (TRANSIENT, ArmPlan, ArmState, RoundStrategy, aggregation_weigh
                   sample_groups)
 from .io import atomic_write, read_checkpoint, remove_checkpoint, remove_inside, write_checkpoint, write_json
 from .ledger import CostLedger
+from .membership import write_distances
 from .rounds import STRATEGIES
 from .world import World
 
@@ -277,6 +278,7 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path, on_round: OnRound | None
         atomic_write(arm_dir / "energy.parquet", lambda p: energy.to_parquet(p, index=False))
     strategy.write_outputs()
     strategy.fed.write_outputs(arm_dir)
+    write_distances(arm_dir, (state.initial_grouping or {}).get("distances"))
     write_json(arm_dir / "manifest.json", {
         "arm": plan.arm.name, "seed": cfg.seed, **({"mode": "per-group"} if cfg.mode == "per-group" else {}),
         "complete": True, "stop_reason": stop_reason, **({"message": str(diverged)} if diverged else {}),

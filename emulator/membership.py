@@ -41,7 +41,7 @@ from groupfel.policies.cov import cov_of_counts
 from .discriminator import DiscriminatorSpec, discriminator_distances, discriminator_features
 from groupfel.errors import InputError
 from .federation import Group
-from .io import write_json
+from .io import atomic_write, write_json
 from .ledger import CostLedger
 from .models import layer_slices, trainable_mask
 from .rng import key, rng
@@ -60,6 +60,8 @@ class GroupingResult:
     leftover_clients: int
     # (edge, clients, cost of each) of client work a policy needs: HCCT probe, FedCollab discriminators
     probe: list[tuple[int, np.ndarray, np.ndarray]] = field(default_factory=list)
+    # (edge, clients, their distance matrix): what a policy with needs_distances was given (FedCollab)
+    distances: list[tuple[int, np.ndarray, np.ndarray]] = field(default_factory=list)
 
     @property
     def probe_cost(self) -> float:
@@ -81,7 +83,25 @@ class GroupingResult:
                 "clients_dropped": self.dropped, "clients_touched_by_leftover_rule": self.leftover_clients,
                 "gradient_probe_training_cost": self.probe_cost,
                 "groups": [{"edge": g.edge, "clients": g.clients.tolist(), "size": g.size,
-                            "samples": g.total_samples, "cov": g.cov} for g in self.groups]}
+                            "samples": g.total_samples, "cov": g.cov} for g in self.groups],
+                **({"distances": [{"edge": j, "clients": c.tolist(), "matrix": D.tolist()} for j, c, D in self.distances]}
+                   if self.distances else {})}
+
+
+DISTANCES = "distances.csv"
+
+
+def write_distances(arm_dir: Path, distances: list[dict] | None) -> None:
+    """``distances.csv``: the distance matrix each edge's grouping policy was given at the first
+    grouping (FedCollab's discriminator estimates), one row per ordered pair of an edge's clients
+    (edge, client_i, client_j, distance; clients by their global index)."""
+    if not distances:
+        return
+    rows = ["edge,client_i,client_j,distance"]
+    for d in distances:
+        clients, D = d["clients"], d["matrix"]
+        rows += [f"{d['edge']},{a},{b},{D[i][k]!r}" for i, a in enumerate(clients) for k, b in enumerate(clients)]
+    atomic_write(Path(arm_dir) / DISTANCES, lambda p: p.write_text("\n".join(rows) + "\n"))
 
 
 def _probe_gradients(world: World, members: np.ndarray, edge: int, epoch: int, start: torch.Tensor) -> np.ndarray:
@@ -103,7 +123,7 @@ def form_groups(world: World, policy: GroupingPolicy, epoch: int, weights: torch
     discriminators (FedCollab Alg. 1). :func:`run_arm` charges that client work to the ledger as
     training (group and group_round -1).
     """
-    topo, groups, dropped, touched, probe = world.topology, [], 0, 0, []
+    topo, groups, dropped, touched, probe, distances = world.topology, [], 0, 0, [], []
     norm = policy.normalization
     for j in range(topo.n_edges):
         members = topo.clients_of(j)
@@ -121,11 +141,13 @@ def form_groups(world: World, policy: GroupingPolicy, epoch: int, weights: torch
                                      eval_every=policy.discriminator_eval_every,
                                      early_stop=policy.discriminator_early_stop, lr=policy.discriminator_lr,
                                      local_steps=policy.discriminator_local_steps,
-                                     batch_size=policy.discriminator_batch_size)
+                                     batch_size=policy.discriminator_batch_size, split=policy.discriminator_split)
             features = discriminator_features(world.dataset.x_train, world.dataset.y_train, world.dataset.num_classes)
             D, m, ran = discriminator_distances(features, [topo.client_samples[c] for c in members],
-                                                key(world.config.seed, "discriminators", epoch, j), spec)
+                                                key(world.config.seed, "discriminators", epoch, j), spec,
+                                                world.dataset.y_train)
             view = EdgeView(labels, distances=D)
+            distances.append((j, members, D))
             # Each client trains |edge| − 1 discriminators: the rounds its pairs ran × local_steps
             # passes over m_i samples, priced by its training curve scaled by discriminator / model parameters.
             scale = ran * spec.local_steps * spec.n_params(features.shape[1]) / world.engine.n_params
@@ -138,7 +160,7 @@ def form_groups(world: World, policy: GroupingPolicy, epoch: int, weights: torch
             clients = members[np.sort(local)]
             groups.append(Group(j, clients, topo.n_samples[clients],
                                 float(cov_of_counts(topo.label_counts[clients].sum(axis=0), norm))))
-    return GroupingResult(groups, dropped, touched, probe)
+    return GroupingResult(groups, dropped, touched, probe, distances)
 
 
 def grouping_of_edge(policy: GroupingPolicy, view: EdgeView, gen: np.random.Generator, edge: int | None = None,

@@ -13,8 +13,8 @@ from groupfel.cost_models import CostModel, get_profile, read_profiles
 from groupfel.cost_models.power import PowerModel, build_power, read_power
 from groupfel.topologies import (DATASETS, Dataset, Link, Topology, assign_devices, build_topology, client_sizes,
                         dirichlet_partition, label_matrix, load_dataset)
-from groupfel.topologies.partition import (apply_client_types, authors_shards_partition, fedcollab_types,
-                                           shards_partition, split_local, weighted_partition)
+from groupfel.topologies.partition import (apply_client_types, authors_label_shift, authors_shards_partition,
+                                           fedcollab_types, shards_partition, split_local, weighted_partition)
 
 from .config import SHIFTS, RunConfig, parts
 from groupfel.errors import InputError
@@ -132,7 +132,16 @@ def place_data(config: RunConfig, dataset: Dataset) -> Placement:
     std = d.std_samples if d.std_samples is not None else (d.max_samples - d.min_samples) / 4
     client_type = np.full(n_clients, -1)
     types: list[dict] = []
-    if d.partition in SHIFTS:
+    authors_deal = d.partition == "label-shift" and d.label_shift_deal == "authors"
+    if authors_deal:   # the authors deal the training and test sets together (their ConcatDataset)
+        dataset = replace(dataset, x_train=np.concatenate([dataset.x_train, dataset.x_test]),
+                          y_train=np.concatenate([dataset.y_train, dataset.y_test]),
+                          domain_train=None if dataset.domain_train is None else
+                          np.concatenate([dataset.domain_train, dataset.domain_test]))
+        holdout = d.test_fraction if d.test_fraction is not None else 1 / 7
+        parts, test = authors_label_shift(dataset.y_train, n_clients, m, d.cluster_k, d.subsample_decay, holdout, rng)
+        client_type = np.repeat(np.arange(4), n_clients // 4)
+    elif d.partition in SHIFTS:
         types = _client_types(config, dataset, n_clients)
         client_type = np.repeat(np.arange(len(types)), [t["clients"] for t in types])
         drawn = client_sizes(n_clients, d.min_samples, d.max_samples, mean, std, rng, d.sizes)
@@ -154,6 +163,8 @@ def place_data(config: RunConfig, dataset: Dataset) -> Placement:
     devices = assign_devices(n_clients, tc.devices, rng)
     if d.local_test == "domain":   # every sample trains; the domain's test set tests
         dataset, test = _domain_tests(dataset, domain)
+        train = parts
+    elif authors_deal:   # the test split was cut with the training split, by label
         train = parts
     else:
         train, test = split_local(parts, config.test_fraction, streams.rng(config.seed, "local-split"), d.test_samples)

@@ -137,7 +137,10 @@ class FedCollabGrouping(GroupingPolicy):
     (:mod:`groupfel.emulator.discriminator`); ``"final"`` (default) reads it after the last round.
     Each round a client takes ``discriminator_local_steps`` SGD steps of size ``discriminator_lr``
     on ``discriminator_batch_size`` of its training samples (0: all); the authors' disc.py takes
-    one step on a minibatch of 32 at lr 0.01, for up to 2,000 rounds.
+    one step on a minibatch of 32 at lr 0.01, for up to 2,000 rounds. ``discriminator_split =
+    "stratified"`` (default) splits each client's samples by label as the authors' code: every
+    client trains on half the edge's smallest client and holds out the rest; ``"random"`` draws
+    the split at random (at most 64 training and 100 held-out samples a client).
 
     ``ablation`` runs FedCollab Sec. 5.5's variants (Table 3): ``"ignore-quantities"`` replaces
     the quantity distribution β by the uniform 1/N (every client weighs the mean sample count),
@@ -156,6 +159,7 @@ class FedCollabGrouping(GroupingPolicy):
     discriminator_lr: float = 0.5            # the discriminators' SGD step (disc.py --lr: 0.01)
     discriminator_local_steps: int = 2       # steps a client takes a round (disc.py --iters: 1)
     discriminator_batch_size: int = 0        # samples a step takes; 0: all of the client's (disc.py: 32)
+    discriminator_split: str = "stratified"  # or "random" (module groupfel.emulator.discriminator)
     ablation: str = "none"           # FedCollab Sec. 5.5: "ignore-quantities" or "ignore-distances"
 
     @property
@@ -187,6 +191,8 @@ class FedCollabGrouping(GroupingPolicy):
             value = getattr(self, name)
             if not isinstance(value, int) or value < (1 if name.endswith("steps") else 0):
                 raise ValueError(f"{name} must be an integer >= {1 if name.endswith('steps') else 0}, got {value!r}")
+        if self.discriminator_split not in ("stratified", "random"):
+            raise ValueError(f"discriminator_split must be 'stratified' or 'random', got {self.discriminator_split!r}")
         if self.ablation not in ABLATIONS:
             raise ValueError(f"ablation must be one of {ABLATIONS}, got {self.ablation!r}")
 

@@ -17,7 +17,7 @@ def test_distances_separate_disjoint_clients_and_not_alike_ones():
     low = np.concatenate([by_label[c][:20] for c in range(5)])       # labels 0-4
     low2 = np.concatenate([by_label[c][20:40] for c in range(5)])    # same distribution, other samples
     high = np.concatenate([by_label[c][:20] for c in range(5, 10)])  # labels 5-9
-    D, m, _ = discriminator_distances(feats, [low, low2, high], (0,), DiscriminatorSpec(m_train=30))
+    D, m, _ = discriminator_distances(feats, [low, low2, high], (0,), DiscriminatorSpec(m_train=30, split="random"))
     assert m.tolist() == [30, 30, 30] and np.allclose(D, D.T) and np.all(np.diag(D) == 0)
     assert D[0, 2] > 0.5 and D[1, 2] > 0.5          # disjoint labels: told apart on held-out samples
     assert D[0, 1] < 0.15                            # same distribution: near chance
@@ -45,7 +45,7 @@ def test_discriminator_estimates_known_c_divergence_within_0_1_on_average():
     estimates = []
     for seed in range(3):
         truth, clients = _label_shift_clients(d, np.random.default_rng(seed))
-        D, m, _ = discriminator_distances(feats, clients, (seed,))
+        D, m, _ = discriminator_distances(feats, clients, (seed,), DiscriminatorSpec(split="random"))
         assert m.tolist() == [50] * 6 + [4]           # each client trains on its own half
         estimates.append([D[2 * k, 2 * k + 1] for k in range(len(truth))])
     assert np.mean(estimates, axis=0) == pytest.approx(truth, abs=0.1)
@@ -73,7 +73,7 @@ def test_best_selection_is_the_authors_best_evaluation_with_early_stopping():
     d = load_dataset("digits")
     feats = discriminator_features(d.x_train, d.y_train, 10)
     truth, clients = _label_shift_clients(d, np.random.default_rng(0), per=40)
-    base = dict(rounds=12, m_train=16, max_valid=20)
+    base = dict(rounds=12, m_train=16, max_valid=20, split="random")
     finals = [discriminator_distances(feats, clients, (0,), DiscriminatorSpec(**{**base, "rounds": r + 1}))[0]
               for r in range(0, 12, 2)]
     for early_stop in (0, 2):
@@ -99,8 +99,8 @@ def test_a_minibatch_as_large_as_the_training_split_is_the_full_batch():
     d = load_dataset("digits")
     feats = discriminator_features(d.x_train, d.y_train, 10)
     _, clients = _label_shift_clients(d, np.random.default_rng(1), per=20)
-    full = discriminator_distances(feats, clients, (1,), DiscriminatorSpec(rounds=6))
-    batch = discriminator_distances(feats, clients, (1,), DiscriminatorSpec(rounds=6, batch_size=64))
+    full = discriminator_distances(feats, clients, (1,), DiscriminatorSpec(rounds=6, split="random"))
+    batch = discriminator_distances(feats, clients, (1,), DiscriminatorSpec(rounds=6, batch_size=64, split="random"))
     np.testing.assert_array_equal(full[0], batch[0])
     assert batch[1].tolist() == full[1].tolist() and full[2].tolist() == [6 * 6] * 7   # 6 rounds × 6 partners
 
@@ -115,8 +115,8 @@ def test_the_authors_budget_stops_early_and_charges_the_rounds_run():
     _, clients = _label_shift_clients(d, np.random.default_rng(0), per=40)
     spec = DiscriminatorSpec(rounds=400, lr=0.01, local_steps=1, batch_size=8, selection="best", eval_every=5,
                              early_stop=3)
-    D, m, ran = discriminator_distances(feats, clients, (0,), spec)
-    assert m.tolist() == [8] * 6 + [4]                           # a step's samples: the minibatch, or all 4
+    D, m, ran = discriminator_distances(feats, clients, (0,), spec, d.y_train)
+    assert m.tolist() == [4] * 7      # a step's samples: every client trains on half the smallest client's 8
     assert (ran < 6 * 400).all() and (ran >= 6 * 5).all()          # every client's pairs stopped early
     assert D[4, 5] > D[0, 1]                                       # TV 1 read above TV 0
     with pytest.raises(ValueError, match="batch_size"):

@@ -9,6 +9,8 @@ partition           what differs between clients                                
 ``shards``          a few single-label shards each (100 shards over all clients)  HCCT Sec. 7.1 (CIFAR-10);
                     (``shards_deal = "authors"``: every sample, as their code)    HCCT authors' code
 ``label-shift``     label shares set per client type                              FedCollab Sec. 5.1
+                    (``label_shift_deal = "authors"``: cluster4_k with a          FedCollab authors' code
+                    stratified subsample and holdout, as their code)
 ``feature-shift``   images rotated by a per-type angle (±25°, ±155°)              FedCollab Sec. 5.1
 ``concept-shift``   labels permuted per client type                               FedCollab Sec. 5.1
 ==================  ===========================================================  ======================
@@ -226,6 +228,73 @@ def fedcollab_types(partition: str, n_clients: int, num_classes: int, large: int
     else:
         raise ValueError(f"no client types for partition {partition!r}")
     return types
+
+
+def stratified_split(labels: np.ndarray, idx: np.ndarray, rates: list[float],
+                     rng: np.random.Generator) -> list[np.ndarray]:
+    """``idx`` cut into len(rates) parts that each keep its label distribution: label c's samples
+    (shuffled) go to part k from int(n_c·Σ_{l<k} r_l + 0.49) to int(n_c·Σ_{l≤k} r_l + 0.49), the
+    cumulative rounding of the FedCollab authors' ``stratified_split`` (code: baowenxuan/FedCollab
+    src/partition/utils.py). With rates summing to 1 every sample lands in exactly one part."""
+    idx = np.asarray(idx)
+    y = labels[idx]
+    classes = np.unique(y)
+    cum = np.concatenate([[0.0], np.cumsum(rates)])
+    out: list[list[np.ndarray]] = [[] for _ in rates]
+    for c in classes:
+        mine = rng.permutation(idx[y == c])
+        cut = (cum * len(mine) + 0.49).astype(int)
+        for k in range(len(rates)):
+            out[k].append(mine[cut[k]:cut[k + 1]])
+    return [np.sort(np.concatenate(p)) if p else np.empty(0, dtype=idx.dtype) for p in out]
+
+
+def authors_label_shift(labels: np.ndarray, n_clients: int, num_classes: int, k: float, decay: float,
+                        holdout: float, rng: np.random.Generator) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """FedCollab's label shift as the authors' code deals it (code: baowenxuan/FedCollab
+    example/label_shift/data_prepare.sh: ``--partition cluster4_0.25 --subsample clusterexp_2_5.0``;
+    src/partition/cluster_partition.py, subsample.py, create_partition.py). Returns (train, test).
+
+    * cluster4_k: four types of n/4 clients; type 0 holds labels {0: k, 1-3: 0.5}, type 1
+      {1-3: 0.5, 4: k}, type 2 {5: k, 6-8: 0.5}, type 3 {6-8: 0.5, 9: k}, the share of all of a
+      label's samples that the type's clients split evenly (cumulative rounding, + 0.49). Types
+      0 and 1 share labels 1-3, types 2 and 3 share 6-8; the halves share none.
+    * clusterexp_2_decay: the first half of the clients (types 0, 1) keep all their training
+      share, the second half (types 2, 3) e^-decay of it.
+    * Each client's samples are cut by label (:func:`stratified_split`) into training
+      (1 − holdout)·q, unused (1 − holdout)·(1 − q) and local test ``holdout``.
+
+    On Fashion-MNIST's 70,000 images (7,000 a label; the authors deal the training and test sets
+    together) with k = 0.25, decay 5 and holdout 1/7, a large client trains on 2,100 samples
+    (300 of its edge label, 600 of each shared one), a small client on 14 (2 + 3 × 4), and every
+    client tests on 350: FedCollab Table 4's counts."""
+    if n_clients % 4 or num_classes != 10:
+        raise InputError(f"data.label_shift_deal = \"authors\": the authors' cluster4 deal needs 10 labels and a "
+                         f"multiple of 4 clients (got {num_classes} labels, {n_clients} clients); use "
+                         f"label_shift_deal = \"types\" or change the dataset or topology")
+    h = 0.5
+    cluster = np.array([[k, h, h, h, 0, 0, 0, 0, 0, 0],
+                        [0, h, h, h, k, 0, 0, 0, 0, 0],
+                        [0, 0, 0, 0, 0, k, h, h, h, 0],
+                        [0, 0, 0, 0, 0, 0, h, h, h, k]])
+    per = n_clients // 4
+    share = np.repeat(cluster, per, axis=0) / per
+    pools = [rng.permutation(np.flatnonzero(labels == c)) for c in range(num_classes)]
+    counts = np.array([len(p) for p in pools])
+    cum = np.vstack([np.zeros((1, num_classes), dtype=int),
+                     (share.cumsum(axis=0) * counts + 0.49).astype(int)])
+    keep = np.repeat(np.exp(-np.arange(2) * decay), n_clients // 2)
+    train, test = [], []
+    for i in range(n_clients):
+        mine = np.concatenate([pools[c][cum[i, c]:cum[i + 1, c]] for c in range(num_classes)])
+        part, _, held = stratified_split(labels, mine, [(1 - holdout) * keep[i], (1 - holdout) * (1 - keep[i]),
+                                                        holdout], rng)
+        if not len(part) or not len(held):
+            raise InputError(f"data: the authors' label-shift deal leaves client {i} with {len(part)} training and "
+                             f"{len(held)} test samples; lower data.subsample_decay or use a larger dataset")
+        train.append(part)
+        test.append(held)
+    return train, test
 
 
 def split_local(parts: list[np.ndarray], fraction: float, rng: np.random.Generator,

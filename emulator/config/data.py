@@ -47,6 +47,20 @@ class DataConfig(_Strict):
     dirichlet_counts: Literal["exact", "floor"] = Field(
         "exact", description="dirichlet: exact gives each client exactly n_i samples; floor gives "
         "floor(q_ic·n_i) of class c (the Group-FEL authors' code, so fewer than n_i).")
+    label_shift_deal: Literal["types", "authors"] = Field(
+        "types", description="label-shift: types deals each client type's label_weights (unset: four types whose "
+        "label weights ramp 3 → 1 over half the labels) at min/max_samples, with a random local test split; "
+        "authors deals as the FedCollab authors' code (cluster4_k with the stratified subsample clusterexp_2_decay, "
+        "src/partition/): four types over 4 labels each (one at weight cluster_k, three shared with the other "
+        "type of its half at 0.5), the training and test sets dealt together, the second half of the clients "
+        "keeping e^-subsample_decay of their training share, and each client's samples cut by label into "
+        "training and test (test_fraction, unset: the authors' 1/7). Fashion-MNIST: large clients 2,100 + 350, "
+        "small 14 + 350 (FedCollab Table 4). Needs 10 labels, a multiple of 4 clients and per-group mode.")
+    cluster_k: float = Field(0.25, gt=0, le=1, description="label_shift_deal = \"authors\": the share of its edge "
+                             "label each type holds (the k of the authors' cluster4_k; FedCollab's script: 0.25).")
+    subsample_decay: float = Field(5.0, ge=0, le=50, description="label_shift_deal = \"authors\": the second half of "
+                                   "the clients keeps e^-decay of its training share (the authors' clusterexp_2_decay; "
+                                   "FedCollab's script: 5, so 2,100 · e^-5 ≈ 14 samples).")
     n_shards: int = Field(100, ge=1, le=MAX_CLIENTS, description="shards: single-label shards dealt over all clients.")
     shards_deal: Literal["sizes", "authors"] = Field(
         "sizes", description="shards: sizes deals shards of round(Σ sizes / n_shards) samples in proportion to the "

@@ -97,6 +97,14 @@ ONLY_IN: dict[str, tuple[str, Callable[[RunConfig], bool]]] = {
     "data.shards_deal": ('data.partition = "shards"', lambda c: c.data.partition == "shards"),
     "data.shard_samples": ('data.shards_deal = "authors"', lambda c: c.data.partition == "shards"
                            and c.data.shards_deal == "authors"),
+    "data.label_shift_deal": ('data.partition = "label-shift" and mode = "per-group"',
+                              lambda c: c.data.partition == "label-shift" and c.mode == "per-group"),
+    "data.cluster_k": ('data.label_shift_deal = "authors"', lambda c: _authors_deal(c)),
+    "data.subsample_decay": ('data.label_shift_deal = "authors"', lambda c: _authors_deal(c)),
+    # the authors' deal sets every client's counts and cuts its test split by label
+    **{f"data.{key}": ('data.label_shift_deal = "types" (the authors\' deal sets the sample counts itself)',
+                       lambda c: not _authors_deal(c)) for key in ("min_samples", "max_samples", "test_samples",
+                                                                  "mean_samples", "types")},
     "data.local_test": ('mode = "per-group"', lambda c: c.mode == "per-group"),
     "data.std_samples": ('data.sizes = "normal"', lambda c: c.data.sizes == "normal"),
     "data.types[].label_weights": ('data.partition = "label-shift"', lambda c: c.data.partition == "label-shift"),
@@ -118,6 +126,10 @@ ONLY_IN: dict[str, tuple[str, Callable[[RunConfig], bool]]] = {
         "topology.availability.fedscale_file",
         lambda c: c.topology.availability is not None and c.topology.availability.fedscale_file is not None),
 }
+
+
+def _authors_deal(c: RunConfig) -> bool:
+    return c.data.partition == "label-shift" and c.data.label_shift_deal == "authors"
 
 
 DIRICHLET_CARRIED = ("data.alpha", "data.dirichlet_counts")
