@@ -461,6 +461,13 @@ def csv_span(name: str, mode: str, file: str, column: str, digits: int = 2, scal
     return low if low == high else f"{low} to {high}"
 
 
+def csv_sum(name: str, mode: str, file: str, column: str, **point) -> str:
+    """The sum of an integer ``column`` over a committed CSV's rows matching ``point`` (a count
+    of the rows where a 0/1 column holds), with the number of those rows: "5 of 5"."""
+    rows = _select(_csv(name, mode, file), None, point)
+    return f"{int(rows[column].sum())} of {len(rows)}"
+
+
 def _clients(members: list[int]) -> str:
     """A group's client indices as a set with runs collapsed: {0-5, 7-9}."""
     runs: list[list[int]] = []
@@ -633,7 +640,7 @@ def base_sources(quick: bool = False) -> str:
 FUNCTIONS = {f.__name__: f for f in (ours, paper, summary, cell, summary_ci, at_cost, at_round, at_cost_over,
                                      paired_at_cost, last, paired_last, paired_folders, before_after, paired_points, paired_final,
                                      cost_to, diverged, span, seeds, fmt, table1, arms_table, methods_table, grid, verdict_points, verdict_last, verdict_summary, verdict_ours, ours_bounds, either, before_after_at, mean_at, paired_at, paired_folders_at, csv_before_after,
-                                     table2, table2_diff, table2_span, sources, base_sources, csv_seeds, arm_seeds, per_seed, csv_span, partitions,
+                                     table2, table2_diff, table2_span, sources, base_sources, csv_seeds, arm_seeds, per_seed, csv_span, csv_sum, partitions,
                                      seed_table)}
 
 

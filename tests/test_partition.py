@@ -158,3 +158,50 @@ def test_test_samples_holds_out_the_same_count_on_every_client(tiny_dict):
                    load_dataset("digits"))
     with pytest.raises(ValueError, match="test_samples or test_fraction, not both"):
         _config(tiny_dict, test_samples=5, test_fraction=0.2)
+
+
+def test_authors_label_shift_deals_fedcollab_table_4():
+    """The FedCollab authors' cluster4_0.25 with the stratified subsample clusterexp_2_5.0 and a
+    1/7 holdout, on 7,000 samples a label (Fashion-MNIST's training and test sets together):
+    large clients train on 300 + 3 × 600, small on 2 + 3 × 4, every client tests on 350 of its
+    own labels, and no sample is dealt twice."""
+    from groupfel.topologies.partition import authors_label_shift
+
+    labels = np.repeat(np.arange(10), 7000)
+    train, test = authors_label_shift(labels, 20, 10, 0.25, 5.0, 1 / 7, np.random.default_rng(0))
+    counts = np.stack([np.bincount(labels[p], minlength=10) for p in train])
+    assert counts[0].tolist() == [300, 600, 600, 600, 0, 0, 0, 0, 0, 0]
+    assert counts[5].tolist() == [0, 600, 600, 600, 300, 0, 0, 0, 0, 0]
+    assert counts[10].tolist() == [0, 0, 0, 0, 0, 2, 4, 4, 4, 0]
+    assert counts[19].tolist() == [0, 0, 0, 0, 0, 0, 4, 4, 4, 2]
+    assert (counts[:5] == counts[0]).all() and (counts[15:] == counts[19]).all()
+    assert [len(t) for t in test] == [350] * 20
+    assert np.bincount(labels[test[12]], minlength=10).tolist() == [0, 0, 0, 0, 0, 50, 100, 100, 100, 0]
+    dealt = np.concatenate(train + test)
+    assert len(np.unique(dealt)) == len(dealt)
+    with pytest.raises(InputError, match="multiple of 4"):
+        authors_label_shift(labels, 18, 10, 0.25, 5.0, 1 / 7, np.random.default_rng(0))
+
+
+def test_authors_label_shift_in_a_world_and_the_settings_it_sets_itself(tiny_dict):
+    from groupfel.emulator.config.parse import check_modes
+
+    tiny_dict["mode"] = "per-group"
+    tiny_dict["topology"] = {"edges": 1, "clients_per_edge": 8}
+    tiny_dict["data"] = {"dataset": "digits", "partition": "label-shift", "label_shift_deal": "authors",
+                         "subsample_decay": 1.0}
+    data = {k: v for k, v in tiny_dict.items() if k != "arms"} | {"arms": [{"name": "a", "grouping": {"policy": "local"}}]}
+    placed = place_data(check_modes(data, parse_config(data)), load_dataset("digits"))
+    d = load_dataset("digits")
+    assert len(placed.dataset.y_train) == len(d.y_train) + len(d.y_test)   # training and test sets dealt together
+    sizes = placed.topology.n_samples
+    assert (sizes[:4] > sizes[4:]).all() and (placed.topology.label_counts[:4, 5:] == 0).all()
+    for train, test in zip(placed.topology.client_samples, placed.local_test):
+        assert not set(train) & set(test)
+    for key, value in (("min_samples", 30), ("test_samples", 10)):
+        bad = {**data, "data": {**data["data"], key: value}}
+        with pytest.raises(InputError, match=f"data.{key}: only used with data.label_shift_deal"):
+            check_modes(bad, parse_config(bad))
+    with pytest.raises(InputError, match="data.cluster_k: only used with"):
+        bad = {**data, "data": {"dataset": "digits", "partition": "label-shift", "cluster_k": 0.5}}
+        check_modes(bad, parse_config(bad))

@@ -160,3 +160,23 @@ def test_ablations_of_table_3_by_hand():
     assert groups("ignore-distances") == groups("none", np.where(np.eye(4, dtype=bool), 0.0, 0.2))
     with pytest.raises(ValueError, match="ablation must be one of"):
         FedCollabGrouping(ablation="ignore-everything")
+
+
+def test_the_authors_distance_matrix_gives_the_papers_coalitions():
+    """The authors' own 20 × 20 estimate for FedCollab's Table 2 (tests/fixtures, clipped at 0 as
+    their collab_opt.py clips it): the solver reaches Eq. 10 = 11.7075, the paper's coalitions
+    {0-4}, {5-9}, {10-19}, from every seed, and they beat merging the small clients into a large
+    coalition."""
+    from pathlib import Path
+
+    path = Path(__file__).parent / "fixtures" / "fedcollab-authors-fmnist-divergence.csv"
+    D = np.loadtxt(path, delimiter=",", comments="#", skiprows=6).clip(min=0.0)
+    sizes = np.array([2100.0] * 10 + [14.0] * 10)
+    paper = np.repeat([0, 1, 2], [5, 5, 10])
+    for seed in range(20):
+        p = fedcollab_optimize(sizes, D, 10.0, np.random.default_rng(seed))
+        assert objective(p, sizes, D, 10.0) == pytest.approx(11.7075, abs=1e-4)
+        assert len({(p[a] == p[b]) for a in range(5) for b in range(5)}) == 1
+        assert sorted(np.bincount(p)[np.bincount(p) > 0].tolist()) == [5, 5, 10] and len(set(p[10:])) == 1
+    for merged in (np.repeat([0, 1, 1], [5, 5, 10]), np.repeat([0, 1, 0, 1], [5, 5, 5, 5])):
+        assert objective(paper, sizes, D, 10.0) < objective(merged, sizes, D, 10.0)
