@@ -189,8 +189,10 @@ def test_on_fedcollab_table_2_large_and_small_clients_of_disjoint_labels_read_ne
     data = tomllib.loads(base.read_text()) | {"seed": 0}
     placed = place_data(check_modes(data, parse_config(data)), load_dataset("fashion-mnist"))
     d = placed.dataset
-    clients = [placed.topology.client_samples[c] for c in (0, 5, 10, 15)]
-    feats = discriminator_features(d.x_train, d.y_train, 10)
-    D, m, _ = discriminator_distances(feats, clients, (0, 7), DiscriminatorSpec(**AUTHORS), d.y_train)
+    held = [placed.topology.client_samples[c] for c in (0, 5, 10, 15)]
+    rows = np.concatenate(held)            # only these clients' samples, renumbered
+    clients = np.split(np.arange(len(rows)), np.cumsum([len(h) for h in held])[:-1])
+    feats = discriminator_features(d.x_train[rows], d.y_train[rows], 10)
+    D, m, _ = discriminator_distances(feats, clients, (0, 7), DiscriminatorSpec(**AUTHORS), d.y_train[rows])
     assert m.tolist() == [7] * 4
     assert (D[:2, 2:] >= 6 / 7 - 1e-6).all() and D[:2, 2:].mean() >= 0.95

@@ -77,6 +77,12 @@ def _shift(d, partition, field, value):
                      types=[{"clients": 6, field: value}, {"clients": 6, field: value}])
 
 
+def _authors_deal(d):
+    """The FedCollab authors' label-shift deal, which sets every client's sample counts itself."""
+    d.update(mode="per-group")
+    d["data"] = {"dataset": "digits", "partition": "label-shift", "label_shift_deal": "authors"}
+
+
 def _per_group_arrivals(d):
     d.update(mode="per-group")
     d["topology"]["arrivals"] = {"initial": 6, "every": 1, "per_arrival": 6}
@@ -651,6 +657,12 @@ OTHER_MODE = {
     "topology.availability.fedscale_pairing": (
         lambda d: d["topology"].update(availability={"mean_on_s": 40.0, "mean_off_s": 10.0}), "sorted"),
     "train.report_best": (lambda d: None, True),          # _tiny() runs in global mode
+    "data.label_shift_deal": (lambda d: None, "authors"),   # the default partition is dirichlet
+    "data.cluster_k": (lambda d: _shift(d, "label-shift", "label_weights", [1.0] * 10), 0.5),
+    "data.subsample_decay": (lambda d: _shift(d, "label-shift", "label_weights", [1.0] * 10), 2.0),
+    **{f"data.{key}": (_authors_deal, value) for key, value in (
+        ("min_samples", 30), ("max_samples", 100), ("test_samples", 10), ("mean_samples", 50.0),
+        ("types", [{"clients": 12, "label_weights": [1.0] * 10}]))},
     "train.local_reference": (lambda d: None, False),
 }
 
