@@ -103,15 +103,16 @@ SETTINGS: dict[str, tuple[dict, int, list[tuple[int, int]] | None, tuple[str, ..
 @contextlib.contextmanager
 def t_tests_at_every_look():
     """The per-look test of before, for comparison: a paired t-test at every look, none left out."""
-    saved = seq.BOOT_MIN, seq.untested, seq.FUTILITY
-    seq.BOOT_MIN, seq.FUTILITY = 10 ** 9, 0.0
-    seq.untested = lambda pairs, n_max, seeds=None, equivalence=False: np.zeros(np.shape(pairs), bool)
-    seq._calibration.cache_clear()
+    design = seq.design
+    saved = design.BOOT_MIN, design.untested, design.FUTILITY
+    design.BOOT_MIN, design.FUTILITY = 10 ** 9, 0.0
+    design.untested = lambda pairs, n_max, seeds=None, equivalence=False: np.zeros(np.shape(pairs), bool)
+    seq.nulllaw._calibration.cache_clear()
     try:
         yield
     finally:
-        seq.BOOT_MIN, seq.untested, seq.FUTILITY = saved
-        seq._calibration.cache_clear()
+        design.BOOT_MIN, design.untested, design.FUTILITY = saved
+        seq.nulllaw._calibration.cache_clear()
 
 
 def false_rate(decisions: np.ndarray, wrong: int, cells) -> np.ndarray:
@@ -196,29 +197,29 @@ def main() -> None:
     ap.add_argument("--eq-min", type=int, default=None, help="pairs from which equivalence is tested (today: 8)")
     ap.add_argument("--futility", type=float, default=None, help="predictive power below which a study stops (today: 0.1)")
     ap.add_argument("--test", default=None, choices=("hall", "hall-max", "hall-boot", "hall+bootstrap", "bootstrap"),
-                    help="the per-look test from 8 pairs on (today: %s)" % seq.TEST)
+                    help="the per-look test from 8 pairs on (today: %s)" % seq.design.TEST)
     ap.add_argument("--calibration", default=None, choices=("own", "t"),
                     help="the null law of the repeated p-values: the test's own where analytic (today), or the t-test's")
     ap.add_argument("--hall-skew", default=None, choices=("m3/s3", "G1"), help="the skewness estimate in Hall's statistic")
     ap.add_argument("--single-look", type=int, default=0, help="only the single-look tails, on this many samples a row")
     args = ap.parse_args()
     if args.t_fallback:
-        seq.beyond_every_resample = seq.t_fallback
+        seq.looktests.beyond_every_resample = seq.t_fallback
     if args.spending:
         kind, value = args.spending.split(":")
-        seq.RHO, seq.GAMMA = (float(value), None) if kind == "rho" else (1.0, float(value))
-    seq.TEST = args.test or seq.TEST
-    seq.HALL_SKEW = args.hall_skew or seq.HALL_SKEW
-    seq.CALIBRATION = args.calibration or seq.CALIBRATION
+        seq.design.RHO, seq.design.GAMMA = (float(value), None) if kind == "rho" else (1.0, float(value))
+    seq.design.TEST = args.test or seq.design.TEST
+    seq.design.HALL_SKEW = args.hall_skew or seq.design.HALL_SKEW
+    seq.design.CALIBRATION = args.calibration or seq.design.CALIBRATION
     if args.single_look:
         single_look(args.single_look, args.seed)
         return
-    seq.BOOT_MIN = args.boot_min or seq.BOOT_MIN
-    seq.EQ_MIN = args.eq_min or seq.EQ_MIN
-    seq.FUTILITY = seq.FUTILITY if args.futility is None else args.futility
-    variant = {"spending": args.spending or "obf", "boot_min": seq.BOOT_MIN, "eq_min": seq.EQ_MIN,
-               "futility": seq.FUTILITY, "test": seq.TEST, "hall_skew": seq.HALL_SKEW,
-               "calibration": seq.CALIBRATION if seq.TEST in ("hall", "hall-max") else "t"}
+    seq.design.BOOT_MIN = args.boot_min or seq.design.BOOT_MIN
+    seq.design.EQ_MIN = args.eq_min or seq.design.EQ_MIN
+    seq.design.FUTILITY = seq.design.FUTILITY if args.futility is None else args.futility
+    variant = {"spending": args.spending or "obf", "boot_min": seq.design.BOOT_MIN, "eq_min": seq.design.EQ_MIN,
+               "futility": seq.design.FUTILITY, "test": seq.design.TEST, "hall_skew": seq.design.HALL_SKEW,
+               "calibration": seq.design.CALIBRATION if seq.design.TEST in ("hall", "hall-max") else "t"}
 
     def record(**row) -> None:
         if args.out:

@@ -249,7 +249,7 @@ def heading_nowhere(summary: pd.DataFrame) -> bool:
     """Whether a study that adds seeds can stop before its maximum with comparisons open: every
     open comparison (:func:`is_open`) is, at this look, unlikely to be decided by ``max_seeds``
     (:func:`groupfel.experiments.sequential.futile`: predictive power of a difference and of
-    equivalence both below :data:`~groupfel.experiments.sequential.FUTILITY`)."""
+    equivalence both below :data:`~groupfel.experiments.sequential.design.FUTILITY`)."""
     from .sequential import futile
 
     if "max_seeds" not in summary:
@@ -521,7 +521,7 @@ def stopped(summary: pd.DataFrame) -> str:
     if open_ and n >= planned:
         return f"ran to its maximum ({planned} seeds) with {open_} comparison{'s' if open_ != 1 else ''} open"
     if open_ and heading_nowhere(summary):
-        from .sequential import FUTILITY
+        from .sequential.design import FUTILITY
 
         return (f"stopped at look {looks}, after {n} of at most {planned} seeds, with {open_} comparison"
                 f"{'s' if open_ != 1 else ''} open and heading nowhere (each under {FUTILITY:.0%} predictive power "
@@ -534,7 +534,7 @@ def stopped(summary: pd.DataFrame) -> str:
 def tests_note(summary: pd.DataFrame) -> str:
     """Which test each look ran: a bootstrap-t from BOOT_MIN pairs on (a skewed law of the
     differences included), a t-test below it (near-normal differences assumed)."""
-    from .sequential import BOOT_MIN
+    from .sequential.design import BOOT_MIN
 
     few = int(summary["seeds"].max()) < BOOT_MIN
     return (f"tests: paired t-tests (with fewer than {BOOT_MIN} pairs they assume near-normal differences: one "

@@ -478,12 +478,12 @@ def test_the_skew_correction_keeps_a_skewed_null_sample_from_deciding():
     assert stats.ttest_1samp(d, 0.0).pvalue < 0.005
     p_diff, _, _ = seq.look_pvalues(d, 0.5)
     assert p_diff > 0.05
-    saved = seq.TEST
+    saved = seq.design.TEST
     try:
-        seq.TEST = "hall"
+        seq.design.TEST = "hall"
         assert seq.look_pvalues(d, 0.5)[0] > 0.05
     finally:
-        seq.TEST = saved
+        seq.design.TEST = saved
 
 
 def test_the_heavy_tail_of_skewed_differences_rejects_near_its_level():
