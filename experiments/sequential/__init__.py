@@ -40,7 +40,7 @@ from .decisions import (EQUIVALENT, HIGHER, LOWER, NAMES, UNDECIDED, decide, fut
 from .design import ALPHA, BOOTSTRAP, MIN_PAIRS, untested
 from .fixed import fixed_seeds_needed, power_difference, power_equivalence
 from .looktests import (FLAT, RARE_Z, beyond_every_resample, bootstrap_t, bootstrap_weights, hall_statistic,
-                        look_pvalues, no_spread, rare_seed, skewness, t_fallback)
+                        look_pvalues, no_spread, rare_seed, skewness, skewness_rows, t_fallback)
 from .nulllaw import repeated_p, repeated_p_path
 from .simulation import NOISE, SKEWED, noise_draw, simulate, simulated_values
 from .spending import boundaries, looks, plan, spend
@@ -49,5 +49,5 @@ __all__ = ["ALPHA", "BOOTSTRAP", "EQUIVALENT", "FLAT", "HIGHER", "LOWER", "MIN_P
            "SKEWED", "UNDECIDED", "beyond_every_resample", "bootstrap_t", "bootstrap_weights", "boundaries", "decide",
            "design", "fixed_seeds_needed", "futile", "hall_statistic", "keep", "look_pvalues", "looks", "no_spread",
            "noise_draw", "plan", "power_difference", "power_equivalence", "predictive_power", "rare_seed",
-           "repeated_p", "repeated_p_path", "simulate", "simulated_values", "skewness", "spend", "step_down",
+           "repeated_p", "repeated_p_path", "simulate", "simulated_values", "skewness", "skewness_rows", "spend", "step_down",
            "step_down_fast", "t_fallback", "untested"]

@@ -42,6 +42,9 @@ BOOTSTRAP = 9_999
 # Pairs from which a look's test is the bootstrap-t: with fewer, the resamples are too few and too
 # often constant to tell the statistic's tails (3 pairs have 10 distinct resamples).
 BOOT_MIN = 8
+# Pairs from which a look of a plan of several looks is tested (below, the look has only a t-test,
+# whose far tail skewed differences make wrong by orders of magnitude: it is no evidence yet).
+TEST_MIN = 8
 # Pairs from which equivalence (TOST) is tested.
 EQ_MIN = 8
 
@@ -55,9 +58,9 @@ FUTILITY = 0.1
 
 def untested(pairs, n_max: int, seeds=None, equivalence: bool = False):
     """Which looks of a plan of several looks (with ``pairs``, after ``seeds`` seeds, default as
-    many, up to ``n_max``) have no test: those with fewer than :data:`BOOT_MIN` pairs, where only a
+    many, up to ``n_max``) have no test: those with fewer than :data:`TEST_MIN` pairs, where only a
     t-test is possible and a skewed law of the differences makes its far tail, the one early
     boundaries read, wrong by orders of magnitude. The last look keeps its t-test, so a plan of
     fewer seeds still decides. ``equivalence``: TOST's looks, tested from :data:`EQ_MIN` pairs."""
     pairs = np.asarray(pairs)
-    return (pairs < (EQ_MIN if equivalence else BOOT_MIN)) & (np.asarray(pairs if seeds is None else seeds) < n_max)
+    return (pairs < (EQ_MIN if equivalence else TEST_MIN)) & (np.asarray(pairs if seeds is None else seeds) < n_max)

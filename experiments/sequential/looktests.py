@@ -62,6 +62,17 @@ def skewness(d) -> float:
     return float(g1 * np.sqrt(n * (n - 1)) / (n - 2))
 
 
+def skewness_rows(d: np.ndarray) -> np.ndarray:
+    """:func:`skewness` along the last axis (adjusted Fisher-Pearson G1; NaN without
+    spread or with fewer than 3 pairs)."""
+    n = d.shape[-1]
+    c = d - d.mean(axis=-1, keepdims=True)
+    m2 = (c ** 2).mean(axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        g1 = (c ** 3).mean(axis=-1) / m2 ** 1.5 * np.sqrt(n * (n - 1)) / (n - 2)
+    return np.where((n >= design.MIN_PAIRS) & (m2 > 0), g1, np.nan)
+
+
 def look_pvalues(d: np.ndarray, margin: np.ndarray | float, seeds=None, resamples: int | None = None,
                  above: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """p-values of paired differences ``d`` (..., n) with ``margin`` δ (...): two-sided p for μ = 0,

@@ -6,7 +6,7 @@ import numpy as np
 
 from . import design
 from .decisions import UNDECIDED, decide, futile, keep, step_down_fast
-from .looktests import look_pvalues
+from .looktests import look_pvalues, skewness_rows
 from .nulllaw import repeated_p_path
 from .spending import looks
 
@@ -54,7 +54,8 @@ def simulated_values(rng: np.random.Generator, n_studies: int, sd: np.ndarray, t
 def simulate(n_studies: int, sd: np.ndarray, margin: np.ndarray, true_diff: np.ndarray, *, first: int = 3,
              batch: int = 2, max_seeds: int = 20, ref_mean: np.ndarray | None = None, relative: np.ndarray | None = None,
              corr: float = 0.5, tails: float | None = None, noise: str = "normal", seed: int = 0,
-             alpha: float = design.ALPHA, resamples: int = design.BOOTSTRAP, futility: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+             alpha: float = design.ALPHA, resamples: int = design.BOOTSTRAP, futility: float | None = None,
+             values: np.ndarray | None = None, withhold_skew: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``n_studies`` simulated studies of ``A`` arms against a reference on ``M`` metrics, run with
     the procedure of this module: looks after ``first`` seeds and every ``batch`` more up to
     ``max_seeds``, stopping when every comparison is decided. ``sd`` (M,) or (A + 1, M), the first
@@ -64,7 +65,11 @@ def simulate(n_studies: int, sd: np.ndarray, margin: np.ndarray, true_diff: np.n
     arm's observed mean where ``relative`` (M,) is true (its true mean: ``ref_mean``); ``noise``: one
     of :data:`NOISE` (``tails`` = 3: "t3"); ``resamples``: each bootstrap's. Returns the decisions
     (studies, A, M) and the seeds each study used. A look's tests run on the comparisons still open
-    (a decided one keeps its last p-values: a little conservative, through the divisor only)."""
+    (a decided one keeps its last p-values: a little conservative, through the divisor only).
+    ``values``: every seed's values, (studies, A + 1, max_seeds, M), the reference arm first, in
+    place of simulated ones (another procedure's simulated studies, run through this one).
+    ``withhold_skew``: a look makes no decision on a comparison whose differences' sample skewness
+    (:func:`~.looktests.skewness`) is this far from 0 or further; it stays open."""
     rng = np.random.default_rng(seed)
     futility = design.FUTILITY if futility is None else futility
     margin = np.asarray(margin, float)
@@ -77,7 +82,8 @@ def simulate(n_studies: int, sd: np.ndarray, margin: np.ndarray, true_diff: np.n
     if tails not in (None, 3) or kind not in NOISE:
         raise ValueError(f"simulate: noise is one of {NOISE}")
 
-    values = simulated_values(rng, n_studies, sd, true_diff, ref_mean, corr, kind, max_seeds)
+    if values is None:
+        values = simulated_values(rng, n_studies, sd, true_diff, ref_mean, corr, kind, max_seeds)
     ns = tuple(looks(first, batch, max_seeds))
     p = np.full((3, n_studies, n_arms, n_metrics, len(ns)), np.nan)
     comparison = np.tile(np.arange(n_arms * n_metrics), 2)
@@ -108,6 +114,8 @@ def simulate(n_studies: int, sd: np.ndarray, margin: np.ndarray, true_diff: np.n
         adj = step_down_fast(q, comparison)
         now = decide(d.mean(axis=-1), adj[:, :c].reshape(-1, n_arms, n_metrics),
                      adj[:, c:].reshape(-1, n_arms, n_metrics), alpha)
+        if withhold_skew is not None:
+            now = np.where(np.abs(skewness_rows(d)) >= withhold_skew, UNDECIDED, now)
         decisions[idx] = keep(decisions[idx], now)
         stop = (decisions[idx] != UNDECIDED).all(axis=(1, 2))
         if futility > 0:    # every open comparison heading nowhere: the study stops undecided
