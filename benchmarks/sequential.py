@@ -224,7 +224,7 @@ def adastop_rows(studies: int, seed: int, alphas: list[float], only: str, record
               + f" {ours:7.2%} {se(ours):6.2%} {used.mean():6.1f}", flush=True)
         record(kind="adastop", setting=f"{k:g} sd", noise=noise, adastop={str(a): list(v) for a, v in got.items()},
                adastop_n=ADASTOP_N, adastop_k=ADASTOP_K, adastop_b=ADASTOP_B, ours=ours, ours_se=se(ours),
-               ours_seeds=float(used.mean()), studies_ada=studies, seed=seed)
+               ours_seeds=float(used.mean()), studies=studies, seed=seed)
 
 
 def continuation(studies: int, seed: int, record) -> None:
@@ -301,7 +301,7 @@ WITHHOLD_ROWS = ("one open comparison left, max 20/normal", "one open comparison
                  "one open comparison left, max 20/gamma(0.5)", "difference at the margin, one arm/chi2_4")
 DOCS_RUNS = (
     *[["--studies", "10000", "--no-before", "--no-power", "--adastop", "0", "--only", row] for row in TODAY_ROWS],
-    ["--studies", "2000", "--power-studies", "2000", "--only", "NONE", "--no-before", "--adastop", "0"],
+    ["--studies", "2000", "--power-studies", "2000", "--only", "NONE", "--adastop", "0"],
     *[["--studies", "1000", "--no-before", "--no-power", "--adastop", "0", "--withhold-skew", "1.5", "--only", row]
       for row in WITHHOLD_ROWS],
     ["--studies", "1000", "--power-studies", "1000", "--only", "NONE", "--no-before", "--adastop", "0",
@@ -393,8 +393,8 @@ def main() -> None:
     def record(**row) -> None:
         if args.out:
             with open(args.out, "a") as f:
-                f.write(json.dumps({**row, "studies": n, "resamples": args.resamples, "fallback": args.t_fallback,
-                                    **variant}) + "\n")
+                f.write(json.dumps({"studies": n, "resamples": args.resamples, "fallback": args.t_fallback,
+                                    **variant, **row}) + "\n")
     n = args.studies
     if args.continuation:
         n = args.continuation
