@@ -562,7 +562,7 @@ def false_equivalent_note(summary: pd.DataFrame, metrics) -> str | None:
     """The measured false-`equivalent` rate for paired differences as skewed as this table's: the
     largest of :data:`FALSE_EQUIVALENT` up to the first measured skewness at or beyond the largest
     |skewness| among the comparisons with a test (None: none has one)."""
-    skews = [abs(r.get(f"{m}_diff_skew", np.nan)) for _, r in summary.iloc[1:].iterrows() for m in metrics
+    skews = [abs(r.get(f"{m}_diff_skew", np.nan)) for _, r in summary.iterrows() for m in metrics
              if np.isfinite(r.get(f"{m}_diff_p_holm", np.nan)) or np.isfinite(r.get(f"{m}_eq_p_holm", np.nan))]
     skews = [s for s in skews if np.isfinite(s)]
     if not skews:
