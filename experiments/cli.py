@@ -46,9 +46,7 @@ def _cmd_run(args) -> int:
                       backend=args.backend, address=args.address, gpus_per_task=args.gpus_per_task,
                       ship_data=args.ship_data, py_modules=tuple(args.py_module)).summary
     if config.seeds is not None:
-        again = ["groupfel", "run", *([args.config] if args.config else []),
-                 *(["--resume", str(run_dir)] if args.resume else ["--output", str(run_dir)] if args.output else [])]
-        print(seeds_printout(summary, config, run_dir, shlex.join(again)))
+        print(seeds_printout(summary, config, run_dir))
         return report_diverged(run_dir)
     with_cols = ["arm", "groups", "group_size", "avg_cov", "rounds", "cost", "sim_time_s",
                  *(["energy_j"] if "energy_j" in summary else []), "final_acc", "acc_at_common_cost", "stop"]
@@ -93,14 +91,13 @@ def _with_seeds(config, seeds: str | int | None, max_seeds: int | None):
                                      config.max_seeds})
 
 
-def seeds_printout(summary, config, run_dir: Path, command: str = "groupfel run") -> str:
-    """What ``groupfel run`` prints for a multi-seed config (the README shows the demo's);
-    ``command``: the command that ran it, for the conclusion's way to continue."""
+def seeds_printout(summary, config, run_dir: Path) -> str:
+    """What ``groupfel run`` prints for a multi-seed config (the README shows the demo's)."""
     from .stats import conclusion, render_summary
 
     target = config.train.target_accuracy
     return "\n".join([
-        render_summary(summary, target), "", conclusion(summary, target, command, config.seed_cap), "",
+        render_summary(summary, target), "", conclusion(summary, target), "",
         "acc_at_common_cost: accuracy at the smallest final cost of any arm of the same seed",
         f"results: {run_dir}/  (summary.csv, runs.csv, seed-<s>/<arm>/results.csv, ledger.parquet)",
         f"plot:    {run_dir / 'accuracy_vs_cost.png'}", *_energy_lines(config, run_dir)])

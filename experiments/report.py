@@ -270,7 +270,7 @@ def _summary(study: Study) -> str:
         return (f"<p><b>{html.escape(conclusion(study.summary, target))}</b></p>"
                 f"<pre>{html.escape(text)}</pre>")
     if study.kind == "sweep":
-        from .stats import compact_summary, notes
+        from .stats import compact_summary, false_equivalent_note, notes
 
         axes = list(study.extra["sweep"]["axes"])
         cols = ["point", *axes, "arm", "seeds", "target_reached"]
@@ -283,7 +283,8 @@ def _summary(study: Study) -> str:
                  f"their point's first arm in accuracy at equal cost after Holm's correction over the sweep, "
                  f"{int(said.str.startswith('equivalent').sum())} are equivalent to it; "
                  f"{int(said.str.startswith('undecided').sum())} comparisons are undecided (verdict column).")
-        foot = "".join(f"<p>{html.escape(n)}</p>" for n in notes(study.summary, METRICS))
+        foot = "".join(f"<p>{html.escape(n)}</p>" for n in [*notes(study.summary, METRICS),
+                                                             false_equivalent_note(study.summary, METRICS)] if n)
         return (f"<p><b>{html.escape(first)}</b></p><p>{html.escape(words)}</p><p>Mean [95 % CI] over seeds {study.extra['sweep']['seeds']}.</p>"
                 f"{_table(compact)}{foot}<details><summary>full table (every metric, interval and paired "
                 f"difference: summary.csv)</summary>{_table(study.summary[cols])}</details>{plots}")

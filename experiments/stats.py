@@ -164,10 +164,12 @@ def add_verdicts(summary: pd.DataFrame, metrics=None, level: float = LEVEL, hist
     ``<m>_eq_p_holm`` (Holm-Shaffer adjusted, :func:`groupfel.experiments.sequential.step_down`),
     ``<m>_decision`` (higher, lower, equivalent, undecided; not measured or no spread where there is
     no test) and ``<m>_verdict`` (in words). ``history``: (row, metric) -> (repeated p of the
-    difference, of equivalence, mean difference) after each of the ``looks`` (seeds) of a study that
-    added seeds; the step-down runs at every look, a decision once made is kept (``<m>_seeds``: the
-    seeds after which it was made) and each adjusted p-value is the smallest of its looks'. Without it, one look at
-    ``<m>_diff_p`` and ``<m>_eq_p``."""
+    difference, of equivalence, mean difference, skewness of the differences) after each of the
+    ``looks`` (seeds) of a study that added seeds; the step-down runs at every look, a decision once
+    made is kept (``<m>_seeds``: the seeds after which it was made) and each adjusted p-value is the
+    smallest of its looks'. Without it, one look at ``<m>_diff_p`` and ``<m>_eq_p``. Where the
+    summary's ``withhold_skew`` is set, a look makes no decision on differences whose |skewness| is
+    at least it (``<m>_withheld``: the comparison stays open, and a study that adds seeds goes on)."""
     from .sequential import NAMES, UNDECIDED, decide, keep, step_down
 
     metrics = [m for m in (metrics or METRICS) if f"{m}_diff_p" in summary]
@@ -175,16 +177,22 @@ def add_verdicts(summary: pd.DataFrame, metrics=None, level: float = LEVEL, hist
     if history is None:
         history = {(i, m): [(summary[f"{m}_diff_p"].iloc[i],
                              summary[f"{m}_eq_p"].iloc[i] if f"{m}_eq_p" in summary else np.nan,
-                             summary[f"{m}_diff_mean"].iloc[i])] for i, m in cells}
+                             summary[f"{m}_diff_mean"].iloc[i], summary.get(f"{m}_diff_skew", pd.Series(
+                                 np.nan, index=summary.index)).iloc[i])] for i, m in cells}
+    withhold = float(summary["withhold_skew"].max()) if "withhold_skew" in summary else np.nan
     k = len(cells)
     n_looks = len(next(iter(history.values()))) if k else 1
     adjusted = np.full(2 * k, np.nan)
     decisions = np.full(k, UNDECIDED)
     first = np.full(k, n_looks - 1)
+    withheld = np.zeros(k, bool)
     for look in range(n_looks):
         q = np.array([history[c][look][0] for c in cells] + [history[c][look][1] for c in cells], dtype=float)
         adj = step_down(q, np.tile(np.arange(k), 2)) if k else q
         now = decide(np.array([history[c][look][2] for c in cells], dtype=float), adj[:k], adj[k:], 1 - level)
+        skew = np.array([history[c][look][3] if len(history[c][look]) > 3 else np.nan for c in cells], dtype=float)
+        withheld = (decisions == UNDECIDED) & (now != UNDECIDED) & (np.abs(skew) >= withhold)
+        now = np.where(withheld, UNDECIDED, now)
         first = np.where((decisions == UNDECIDED) & (now != UNDECIDED), look, first)
         decisions = keep(decisions, now)
         adjusted = np.fmin(adjusted, adj)
@@ -203,6 +211,11 @@ def add_verdicts(summary: pd.DataFrame, metrics=None, level: float = LEVEL, hist
         out.iat[i, out.columns.get_loc(f"{m}_diff_p_holm")] = qd
         out.iat[i, out.columns.get_loc(f"{m}_eq_p_holm")] = qe
         out.iat[i, out.columns.get_loc(f"{m}_decision")] = decision
+        if withheld[j] and decisions[j] == UNDECIDED:
+            if f"{m}_withheld" not in out:
+                out[f"{m}_withheld"] = False
+            out.iat[i, out.columns.get_loc(f"{m}_withheld")] = True
+            r = out.iloc[i]
         if seeds and n_looks > 1:
             if f"{m}_seeds" not in out:
                 out[f"{m}_seeds"] = np.nan
@@ -249,7 +262,7 @@ def heading_nowhere(summary: pd.DataFrame) -> bool:
     """Whether a study that adds seeds can stop before its maximum with comparisons open: every
     open comparison (:func:`is_open`) is, at this look, unlikely to be decided by ``max_seeds``
     (:func:`groupfel.experiments.sequential.futile`: predictive power of a difference and of
-    equivalence both below :data:`~groupfel.experiments.sequential.FUTILITY`)."""
+    equivalence both below :data:`~groupfel.experiments.sequential.design.FUTILITY`)."""
     from .sequential import futile
 
     if "max_seeds" not in summary:
@@ -290,6 +303,8 @@ def decision_words(r, m: str, decision: str, qd: float, qe: float, level: float 
     more = "" if not np.isfinite(need) else (
         f"; fixed design: ~{int(need)} seeds" if not (np.isfinite(cap) and need > cap) else
         f"; fixed design: ~{int(need)} seeds, more than this study's {int(cap)}")
+    if bool(r.get(f"{m}_withheld", False)):
+        flag = f"; withheld: skewness {skew:+.1f}, |skewness| >= {r['withhold_skew']:g}"
     return f"undecided (Holm p = {_p(qd)}{_close(qd, level)}{more}{flag})"
 
 
@@ -326,7 +341,7 @@ def per_seed_metrics(results: pd.DataFrame, target: float | None) -> pd.DataFram
 
 def summarize_seeds(per_seed: pd.DataFrame, arms: list[str], level: float = LEVEL, margins: dict | None = None,
                     looks: list[int] | None = None, max_seeds: int | None = None,
-                    seed_batch: int | None = None) -> pd.DataFrame:
+                    seed_batch: int | None = None, withhold_skew: float | None = None) -> pd.DataFrame:
     """One row per arm: for each headline metric ``<m>_mean``, ``<m>_ci95_low/high`` over seeds,
     the paired difference from the first arm ``<m>_diff_mean``, ``<m>_diff_ci95_low/high``, and its
     decision (:func:`add_verdicts`). ``target_reached`` counts the seeds whose run reached the
@@ -334,7 +349,8 @@ def summarize_seeds(per_seed: pd.DataFrame, arms: list[str], level: float = LEVE
     that adds seeds looked, on its schedule planned up to ``max_seeds`` with a look every
     ``seed_batch`` seeds (default: the step between its first two looks, else 2); default one look
     at every seed (a fixed design). ``margins``: metric -> δ (a share of the reference's mean for
-    costs and times; :data:`MARGINS`)."""
+    costs and times; :data:`MARGINS`). ``withhold_skew``: no decision on differences whose |sample
+    skewness| is at least this at a look (:func:`add_verdicts`)."""
     from .sequential import fixed_seeds_needed, look_pvalues, rare_seed, repeated_p_path, skewness, untested
 
     wide = {m: per_seed.pivot(index="seed", columns="arm", values=m).sort_index() for m in METRICS}
@@ -350,6 +366,8 @@ def summarize_seeds(per_seed: pd.DataFrame, arms: list[str], level: float = LEVE
                "target_reached": int(wide["cost_to_target"][arm].notna().sum()), "looks": len(looks)}
         if sequential:
             row["max_seeds"] = int(max_seeds)
+        if withhold_skew is not None:
+            row["withhold_skew"] = float(withhold_skew)
         for m in METRICS:
             mean, lo, hi = mean_ci(wide[m][arm], level)
             lo, hi, clipped = clip(lo, hi, BOUNDS.get(m))
@@ -369,7 +387,7 @@ def summarize_seeds(per_seed: pd.DataFrame, arms: list[str], level: float = LEVE
             # one test per planned look (NaN: none there), so a repeated p-value reads every look
             # against the same schedule whatever pairs are missing
             p = np.full((3, len(looks)), np.nan)
-            means = []
+            means, skews = [], []
             delta = share
             labels = wide[m].index.to_numpy()
             for k, n_look in enumerate(looks):
@@ -377,6 +395,7 @@ def summarize_seeds(per_seed: pd.DataFrame, arms: list[str], level: float = LEVE
                 diffs = (other[:n_look] - ref[:n_look])[okk]
                 delta = share * abs(float(ref[:n_look][okk].mean())) if relative and okk.any() else share
                 means.append(float(diffs.mean()) if len(diffs) else np.nan)
+                skews.append(skewness(diffs))
                 if len(diffs) >= MIN_PAIRS:
                     p[:, k] = look_pvalues(diffs, delta, seeds=labels[:n_look][okk])
                     if sequential and untested(len(diffs), max_seeds, n_look):   # pending: no evidence yet
@@ -390,7 +409,7 @@ def summarize_seeds(per_seed: pd.DataFrame, arms: list[str], level: float = LEVE
             qd = repeated_p_path(p[0], tuple(looks), n_max, True, batch)
             qe = np.maximum(repeated_p_path(p[1], tuple(looks), n_max, False, batch),
                             repeated_p_path(p[2], tuple(looks), n_max, False, batch))
-            after = [(float(qd[k]), float(qe[k]), means[k]) for k in range(len(looks))]
+            after = [(float(qd[k]), float(qe[k]), means[k], skews[k]) for k in range(len(looks))]
             row[f"{m}_margin_share"] = share
             row[f"{m}_diff_p"], row[f"{m}_eq_p"] = after[-1][:2]
             history[(len(rows), m)] = after
@@ -504,9 +523,11 @@ def render_summary(summary: pd.DataFrame, target: float | None) -> str:
         looks = int(summary["looks"].max()) if "looks" in summary else 1
         if looks > 1 or "max_seeds" in summary:
             lines.append(f"seeds added until decided: {stopped(summary)}; O'Brien-Fleming-type alpha spending over "
-                         f"the planned looks (docs: statistics-and-safety); these "
-                         f"decisions replace those of any fixed-seed table of the same seeds")
+                         f"the planned looks (docs: statistics-and-safety); a fixed-seed table of the same seeds "
+                         f"read beside these decisions would be a second test")
         lines.append(tests_note(summary))
+        said = false_equivalent_note(summary, metrics)
+        lines += [said] if said else []
         if target is not None:
             lines.append(f"cost_to_target: over the seeds where both arms reached accuracy {target:g}")
     return "\n".join(lines)
@@ -521,7 +542,7 @@ def stopped(summary: pd.DataFrame) -> str:
     if open_ and n >= planned:
         return f"ran to its maximum ({planned} seeds) with {open_} comparison{'s' if open_ != 1 else ''} open"
     if open_ and heading_nowhere(summary):
-        from .sequential import FUTILITY
+        from .sequential.design import FUTILITY
 
         return (f"stopped at look {looks}, after {n} of at most {planned} seeds, with {open_} comparison"
                 f"{'s' if open_ != 1 else ''} open and heading nowhere (each under {FUTILITY:.0%} predictive power "
@@ -531,10 +552,34 @@ def stopped(summary: pd.DataFrame) -> str:
     return f"every comparison with a test decided at look {looks}, after {n} of at most {planned} seeds"
 
 
+# False `equivalent` measured where it can happen, a true difference exactly at the margin (one arm,
+# paired sd 1.5 δ, max 20 seeds; 10,000 simulated studies a row, generator seed 1,
+# benchmarks/sequential.py): (skewness of the paired differences, rate). Not monotone in the skewness.
+FALSE_EQUIVALENT = ((0.0, 0.0463), (1.4, 0.0644), (2.9, 0.0401))
+
+
+def false_equivalent_note(summary: pd.DataFrame, metrics) -> str | None:
+    """The measured false-`equivalent` rate for paired differences as skewed as this table's: the
+    largest of :data:`FALSE_EQUIVALENT` up to the first measured skewness at or beyond the largest
+    |skewness| among the comparisons with a test (None: none has one)."""
+    skews = [abs(r.get(f"{m}_diff_skew", np.nan)) for _, r in summary.iterrows() for m in metrics
+             if np.isfinite(r.get(f"{m}_diff_p_holm", np.nan)) or np.isfinite(r.get(f"{m}_eq_p_holm", np.nan))]
+    skews = [s for s in skews if np.isfinite(s)]
+    if not skews:
+        return None
+    top = max(skews)
+    rows = [rate for k, (skew, rate) in enumerate(FALSE_EQUIVALENT) if k == 0 or FALSE_EQUIVALENT[k - 1][0] < top]
+    known = top <= FALSE_EQUIVALENT[-1][0]
+    return (f"false equivalent, simulated where it can happen (a true difference at the margin): "
+            f"{'up to ' if len(rows) > 1 else ''}{max(rows):.1%} for paired differences as skewed as these "
+            f"(|skewness| up to {top:.1f})".replace("%", " %")
+            + ("" if known else f"; not measured beyond skewness {FALSE_EQUIVALENT[-1][0]:g}"))
+
+
 def tests_note(summary: pd.DataFrame) -> str:
     """Which test each look ran: a bootstrap-t from BOOT_MIN pairs on (a skewed law of the
     differences included), a t-test below it (near-normal differences assumed)."""
-    from .sequential import BOOT_MIN
+    from .sequential.design import BOOT_MIN
 
     few = int(summary["seeds"].max()) < BOOT_MIN
     return (f"tests: paired t-tests (with fewer than {BOOT_MIN} pairs they assume near-normal differences: one "
@@ -566,13 +611,12 @@ def _margins_said(summary: pd.DataFrame, metrics) -> str:
     return ", ".join(f"{m} {margin_text(ref, m).split(' (')[0]}" for m in metrics if f"{m}_margin" in summary)
 
 
-def conclusion(summary: pd.DataFrame, target: float | None, command: str | None = None,
-               max_seeds: int | None = None) -> str:
+def conclusion(summary: pd.DataFrame, target: float | None) -> str:
     """Computed from the summary: the most accurate arm at equal cost and its decision against the
     first arm, the cheapest arm to the target, which comparisons are decided, which have no test,
-    and what deciding the rest would take in a fixed design. ``command`` (the command that ran a
-    fixed-seed study) and ``max_seeds`` (its config's planned maximum, never one chosen from these
-    numbers): the command that continues it as a study with seeds added until decided."""
+    and what deciding the rest would take in a fixed design. A table's 5 % is spent on its seeds,
+    so the rest are decided on other seeds (a fixed table continued on the same seeds would be a
+    second test: the run refuses it)."""
     n = int(summary["seeds"].max())
     metrics = [m for m in METRICS if m != "cost_to_target" or target is not None]
     summary = _decided(summary, metrics)
@@ -616,9 +660,9 @@ def conclusion(summary: pd.DataFrame, target: float | None, command: str | None 
     if np.isfinite(planned):        # a study that added seeds stopped with comparisons open
         text += (f"; this study {stopped(summary)}, and its 5 % is spent over them: deciding the rest takes a "
                  f"new study")
-    elif command and max_seeds and max_seeds > n:
-        text += (f"; continue until decided with '{command} --seeds auto --max-seeds {int(max_seeds)}', whose "
-                 f"decisions replace this table's")
+    else:
+        text += ("; this table spent its 5 % on these seeds: deciding the rest takes other seeds, in a new study "
+                 "planned before it looks")
     return text + "."
 
 

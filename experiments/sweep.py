@@ -413,7 +413,7 @@ def plot_metric_vs_axis(summary: pd.DataFrame, axes: list[str], axis: str, metri
 
 def _cmd_sweep(args) -> int:
     from .backends import ray_options
-    from .stats import compact_summary, notes
+    from .stats import compact_summary, false_equivalent_note, notes
 
     summary = run_sweep(args.sweep, backend=args.backend, jobs=args.jobs, output=args.output, force=args.force,
                         progress=not args.quiet, ray=ray_options(args), device=args.device,
@@ -425,8 +425,9 @@ def _cmd_sweep(args) -> int:
 
     print(opening_sentence(summary, summary.attrs["axes"], summary.attrs["reference"]) + "\n")
     print(compact_summary(summary, ["point", *summary.attrs["axes"]], with_target).to_string(index=False))
-    for line in notes(summary, METRICS):
-        print(line)
+    for line in [*notes(summary, METRICS), false_equivalent_note(summary, METRICS)]:
+        if line:
+            print(line)
     k = summary.attrs.get("comparisons", 0)
     print(f"\nmean [95 % CI] over seeds {list(sweep.seeds)}; verdict: accuracy at equal cost against the point's "
           f"first arm, with Holm's correction over the sweep's {k} paired comparisons (every metric in summary.csv)")

@@ -642,6 +642,7 @@ OTHER_MODE = {
     "seed_batch": (lambda d: None, 4),
     "max_seeds": (lambda d: (d.pop("seed"), d.update(seeds=[0, 1])), 10),
     "margins": (lambda d: None, {"final_acc": 0.02}),
+    "withhold_skew": (lambda d: None, 1.5),
     "data.n_shards": (lambda d: None, 12),   # the default partition is dirichlet
     "data.shards_deal": (lambda d: d["data"].update(sizes="half-normal"), "authors"),
     "data.shard_samples": (lambda d: d["data"].update(partition="shards"), 500),

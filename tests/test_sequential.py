@@ -289,10 +289,14 @@ def test_seed_words_in_configs_and_sweeps_get_one_line_naming_the_fix(tiny_dict)
         SweepConfig.model_validate({"name": "s", "base": "b.toml", "seeds": "auto", "axes": {"data.alpha": [0.1]}})
 
 
-def test_a_continued_fixed_run_keeps_its_seeds(tiny_dict, tmp_path, capsys):
-    """seeds = [0, 1, 2] run, then --seeds auto on the same directory: seeds 0-2 are not rerun; a
-    rerun with more fixed seeds is refused."""
+def test_a_finished_fixed_run_is_not_continued_on_its_seeds(tiny_dict, tmp_path, capsys):
+    """seeds = [0, 1, 2] run, then more seeds on the same directory, fixed or added until decided:
+    the table spent its 5 % at its one look, so either would be a second test; each is refused in one
+    line saying so (--seeds auto: with the simulated cost), before any work, and the conclusion
+    names no continuation. (Before: --seeds auto continued it and its decisions replaced the
+    table's.)"""
     from groupfel.experiments.cli import main
+    from groupfel.experiments.runner import CONTINUED_RATE
 
     cfg = {k: v for k, v in tiny_dict.items() if k != "seed"}
     cfg.update(seeds=[0, 1, 2], name="cont")
@@ -303,18 +307,32 @@ def test_a_continued_fixed_run_keeps_its_seeds(tiny_dict, tmp_path, capsys):
     path.write_text(tomli_w.dumps(cfg))
     out = tmp_path / "cont"
     assert main(["run", str(path), "--output", str(out), "--quiet", "--jobs", "1"]) == 0
-    kept = (out / "seed-2" / "rg-random" / "results.csv").stat().st_mtime_ns
-    # more fixed seeds on the finished study: a second test at 5 %, refused in one line naming the way
-    # (before: extended silently, 3 seeds to 6, exit 0)
-    capsys.readouterr()
-    assert main(["run", str(path), "--output", str(out), "--quiet", "--jobs", "1", "--seeds", "6"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "finished study of 3 fixed seeds" in err[0] and "--seeds auto --max-seeds 20" in err[0]
-    assert sorted(p.name for p in out.glob("seed-*")) == ["seed-0", "seed-1", "seed-2"]
-    assert main(["run", str(path), "--output", str(out), "--quiet", "--jobs", "1", "--seeds", "auto",
-                 "--max-seeds", "4"]) == 0
-    assert (out / "seed-2" / "rg-random" / "results.csv").stat().st_mtime_ns == kept
-    assert json.loads((out / "config.json").read_text())["seeds"] == "auto"
+    printed = capsys.readouterr().out
+    assert "--seeds auto" not in printed
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.name != ".groupfel.lock")
+    for argv in (["--seeds", "6"], ["--seeds", "auto", "--max-seeds", "20"]):
+        assert main(["run", str(path), "--output", str(out), "--quiet", "--jobs", "1", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "finished study of 3 fixed seeds" in err[0] and "second test" in err[0], err
+        assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.name != ".groupfel.lock") == files
+    assert f"({CONTINUED_RATE} false decisions with the table's, simulated, not 5 %)" in err[0]
+    assert json.loads((out / "config.json").read_text())["seeds"] == [0, 1, 2]
+
+
+def test_an_undecided_fixed_table_continued_on_its_seeds_is_a_second_test():
+    """Why a finished fixed table is not continued: simulated studies (identical arms, one
+    comparison, normal seeds) with a fixed table of 3 seeds at 5 %, and where it left the comparison
+    undecided, a study adding seeds up to 20 on the same seeds (its first look reads them). Each alone
+    holds 5 %; read together, their false decisions add up."""
+    sd, margin, true = np.full((2, 1), np.sqrt(0.5)), np.array([0.05]), np.zeros((1, 1))
+    values = seq.simulated_values(np.random.default_rng(12), 2000, sd, true, np.zeros(1), 0.0, "normal", 20)
+    table, _ = _sim(2000, sd, margin, true, corr=0.0, first=3, max_seeds=3, values=values[:, :, :3])
+    later, _ = _sim(2000, sd, margin, true, corr=0.0, values=values)
+    false_table = np.isin(table, (seq.HIGHER, seq.LOWER)).ravel()
+    false_later = np.isin(later, (seq.HIGHER, seq.LOWER)).ravel()
+    together = false_table | ((table == seq.UNDECIDED).ravel() & false_later)
+    assert false_table.mean() < 0.05 + 2 * 0.005 and false_later.mean() < 0.05 + 2 * 0.005
+    assert together.mean() > 0.065      # MC se 0.6 points: a second test, not 5 %
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -403,7 +421,7 @@ def test_a_study_that_runs_to_its_maximum_says_so():
                         looks=seq.looks(3, 2, 20), max_seeds=20, seed_batch=2)
     text = render_summary(s, None)
     assert "seeds added until decided: ran to its maximum (20 seeds) with 2 comparisons open" in text
-    assert "replace those of any fixed-seed table of the same seeds" in text
+    assert "a fixed-seed table of the same seeds read beside these decisions would be a second test" in text
     assert "this study ran to its maximum (20 seeds) with 2 comparisons open" in conclusion(s, None)
 
 
@@ -478,12 +496,12 @@ def test_the_skew_correction_keeps_a_skewed_null_sample_from_deciding():
     assert stats.ttest_1samp(d, 0.0).pvalue < 0.005
     p_diff, _, _ = seq.look_pvalues(d, 0.5)
     assert p_diff > 0.05
-    saved = seq.TEST
+    saved = seq.design.TEST
     try:
-        seq.TEST = "hall"
+        seq.design.TEST = "hall"
         assert seq.look_pvalues(d, 0.5)[0] > 0.05
     finally:
-        seq.TEST = saved
+        seq.design.TEST = saved
 
 
 def test_the_heavy_tail_of_skewed_differences_rejects_near_its_level():
@@ -510,3 +528,35 @@ def test_halls_statistic_is_the_t_statistic_without_skew_and_monotone_in_the_mea
     h = seq.hall_statistic(means, sd, 2.0, n)
     assert (np.diff(h) > 0).all()
     assert h[0] > t[0] and h[-1] > t[-1]
+
+
+def test_a_skewed_comparison_is_withheld_where_asked_and_each_table_states_its_false_equivalent_rate():
+    """withhold_skew: a comparison whose paired differences' |sample skewness| reaches it gets no
+    decision (it stays open, saying why); the others keep theirs. Every verdict table states the
+    false-`equivalent` rate measured for differences as skewed as its own."""
+    from groupfel.experiments.stats import render_summary, summarize_seeds
+
+    rng = np.random.default_rng(3)
+    base = 0.9 + rng.normal(0, 0.01, 12)
+    skewed = 0.05 + 0.01 * seq.noise_draw(np.random.default_rng(4), "gamma(0.5)", 12)
+    per_seed = _per_seed({"a": list(base), "up": list(base + skewed)})
+    plain = summarize_seeds(per_seed, ["a", "up"])
+    held = summarize_seeds(per_seed, ["a", "up"], withhold_skew=1.2)
+    assert abs(plain.iloc[1]["final_acc_diff_skew"]) >= 1.2
+    assert plain.iloc[1]["final_acc_decision"] == "higher"
+    assert held.iloc[1]["final_acc_decision"] == "undecided" and held.iloc[1]["final_acc_withheld"]
+    assert "withheld: skewness +1.4, |skewness| >= 1.2" in held.iloc[1]["final_acc_verdict"]
+    assert held.iloc[1]["sim_time_s_decision"] == plain.iloc[1]["sim_time_s_decision"]
+    # skewness 1.43: the rows measured at 0, 1.4 and 2.9, the largest 6.44 % (at 1.4)
+    assert ("false equivalent, simulated where it can happen (a true difference at the margin): up to 6.4 % for "
+            "paired differences as skewed as these (|skewness| up to 1.4)") in render_summary(plain, None)
+
+
+def test_withholding_skewed_comparisons_removes_decisions_only():
+    """The simulation's withhold_skew: on the same simulated studies, every decision made with it is
+    one made without it, or a later one of a study that went on."""
+    sd, margin, true = np.array([[0.0], [1.0]]), np.array([0.05]), np.array([[1.0]])
+    plain, used = _sim(300, sd, margin, true, corr=0.0, seed=8, noise="gamma(0.5)")
+    held, used_held = _sim(300, sd, margin, true, corr=0.0, seed=8, noise="gamma(0.5)", withhold_skew=1.5)
+    assert (held == seq.HIGHER).mean() <= (plain == seq.HIGHER).mean() and used_held.mean() >= used.mean()
+    assert (held != seq.UNDECIDED).sum() < (plain != seq.UNDECIDED).sum()

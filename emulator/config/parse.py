@@ -93,6 +93,8 @@ ONLY_IN: dict[str, tuple[str, Callable[[RunConfig], bool]]] = {
     "max_seeds": ('seeds = "auto"', lambda c: c.seeds == "auto"),
     "margins": ('seeds = [...] or seeds = "auto" (a single seed has no comparison to decide)',
                 lambda c: c.seeds is not None),
+    "withhold_skew": ('seeds = [...] or seeds = "auto" (a single seed has no comparison to decide)',
+                      lambda c: c.seeds is not None),
     "data.n_shards": ('data.partition = "shards"', lambda c: c.data.partition == "shards"),
     "data.shards_deal": ('data.partition = "shards"', lambda c: c.data.partition == "shards"),
     "data.shard_samples": ('data.shards_deal = "authors"', lambda c: c.data.partition == "shards"

@@ -43,6 +43,10 @@ class RunConfig(_Strict):
     seed_batch: int = Field(2, ge=1, le=10000, description="With seeds = \"auto\": seeds added between two looks "
                             "(the first look is after 3).")
     margins: MarginsConfig = Field(MarginsConfig(), description="The `[margins]` table: equivalence margins per metric.")
+    withhold_skew: float | None = Field(
+        None, gt=0, le=100, description="With seeds = [...] or seeds = \"auto\": make no decision on a comparison "
+        "whose paired differences' sample skewness is this far from 0 or further (1.5: the rates and power it costs "
+        "are in the statistics docs); it stays undecided, and a study that adds seeds goes on.")
     output_dir: path_of("output folder") = Field("results", description="Where run directories go.")
     data: DataConfig = Field(DataConfig(), description="The `[data]` table.")
     topology: TopologyConfig = Field(TopologyConfig(), description="The `[topology]` table.")

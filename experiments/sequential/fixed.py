@@ -1,0 +1,70 @@
+"""A fixed design's power and the seeds it needs (exact, noncentral t): the guide printed beside an
+undecided comparison, and the benchmark's yardstick."""
+from __future__ import annotations
+
+import numpy as np
+
+from . import design
+
+
+def power_difference(n: np.ndarray, sd: float, diff: float, level: float) -> np.ndarray:
+    """Exact power of the two-sided paired t-test at ``level`` with ``n`` pairs, true mean
+    difference ``diff`` and spread ``sd``: the noncentral t law of its statistic."""
+    from scipy import stats
+
+    n = np.asarray(n, dtype=float)
+    df, ncp = n - 1, diff * np.sqrt(n) / sd
+    c = stats.t.ppf(1 - level / 2, df)
+    return stats.nct.sf(c, df, ncp) + stats.nct.cdf(-c, df, ncp)
+
+
+# Nodes of the quadrature over the sample variance in :func:`power_equivalence`.
+_NODES, _WEIGHTS = np.polynomial.legendre.leggauss(96)
+
+
+def power_equivalence(n: int, sd: float, diff: float, margin: float, level: float) -> float:
+    """Exact power of TOST at ``level`` with ``n`` pairs: the chance that the mean lies within
+    ±(δ − t·se), an integral over the sample variance's chi-square law (Gauss-Legendre on its
+    quantiles; the bivariate noncentral t law of the two statistics, Owen 1965)."""
+    from scipy import stats
+
+    df = n - 1
+    u = (_NODES + 1) / 2
+    se = sd * np.sqrt(stats.chi2.ppf(u, df) / df) / np.sqrt(n)
+    half = margin - stats.t.ppf(1 - level, df) * se
+    scale = sd / np.sqrt(n)
+    inside = np.maximum(stats.norm.cdf((half - diff) / scale) - stats.norm.cdf((-half - diff) / scale), 0.0)
+    return float(np.sum(_WEIGHTS * np.where(half > 0, inside, 0.0)) / 2)
+
+
+def fixed_seeds_needed(sd: float, diff: float, margin: float, m: int, alpha: float = design.ALPHA,
+                       power: float = 0.8, cap: int = 10_000) -> float:
+    """How many paired seeds a fixed design (one look, Bonferroni over ``m`` comparisons) needs, at
+    the observed spread ``sd`` and difference ``diff``, to decide with ``power`` (exact, from the
+    noncentral t law): the fewer of what showing the difference and what showing equivalence take
+    (NaN: neither can within ``cap`` seeds, e.g. no spread)."""
+    if not (np.isfinite(sd) and sd > 0 and np.isfinite(diff)):
+        return float("nan")
+    a = alpha / max(m, 1)
+    options = []
+    if diff != 0:
+        n = np.arange(design.MIN_PAIRS, cap + 1)
+        reach = power_difference(n, sd, diff, a) >= power
+        options.append(n[reach][0] if reach.any() else np.inf)
+    if np.isfinite(margin) and abs(diff) < margin:
+        options.append(_smallest(lambda k: power_equivalence(k, sd, diff, margin, a) >= power, cap))
+    best = min(options) if options else np.inf
+    return float(best) if np.isfinite(best) else float("nan")
+
+
+def _smallest(ok, cap: int) -> float:
+    """The smallest n in [MIN_PAIRS, cap] with ``ok(n)``, ``ok`` false then true as n grows."""
+    lo, hi = design.MIN_PAIRS, design.MIN_PAIRS
+    while not ok(hi):
+        if hi >= cap:
+            return np.inf
+        lo, hi = hi + 1, min(2 * hi, cap)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid + 1, hi)
+    return float(hi)
