@@ -396,7 +396,7 @@ class Federation:
 
     def offline(self, t: int, sampled: list[tuple[int, Group]]) -> frozenset[tuple[int, int]]:
         """(group round, client) pairs of round t whose client is offline: none here (see
-        :class:`groupfel.emulator.contention.ContendedFederation`)."""
+        :class:`groupfel.emulator.network.ContendedFederation`)."""
         return frozenset()
 
     def absent(self, t: int) -> set[int]:
@@ -424,7 +424,7 @@ class Federation:
 
     def online_now(self) -> np.ndarray | None:
         """Which clients are online at the clock's time: None, everyone (see
-        :class:`groupfel.emulator.contention.ContendedFederation`)."""
+        :class:`groupfel.emulator.network.ContendedFederation`)."""
         return None
 
     def await_online(self, clients: np.ndarray | None = None) -> str | None:

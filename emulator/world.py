@@ -19,7 +19,7 @@ from groupfel.topologies.partition import (apply_client_types, authors_shards_pa
 from .config import SHIFTS, RunConfig, parts
 from groupfel.errors import InputError
 from .algorithms import Algorithm, FedAvg, algorithms, make_algorithm
-from .contention import EdgeNetwork, build_network
+from .network import EdgeNetwork, build_network
 from .devices import resolve as resolve_device
 from .stacked import Kernels
 from .stacking import Stacks

@@ -267,11 +267,11 @@ def _whatif_power(args, prof, n_samples, edge_clients: int, caps):
 
 def _with_makespan(df, args, prof, overhead, sc):
     """The round makespan of one edge of --edge-clients clients, cut into groups of each size, at
-    each --access-mbps capacity and --edge-cores (the shared-edge model, groupfel.emulator.contention)."""
+    each --access-mbps capacity and --edge-cores (the shared-edge model, groupfel.emulator.network)."""
     import numpy as np
     import pandas as pd
 
-    from groupfel.emulator.contention import edge_makespan
+    from groupfel.emulator.network import edge_makespan
 
     caps = args.access_mbps or [None]
     m = args.edge_clients if args.edge_clients is not None else 60

@@ -14,7 +14,7 @@ from groupfel.errors import InputError
 
 LEDGER_COLUMNS = ("round", "edge", "group", "group_round", "client", "component", "amount", "start", "end")
 NETWORK_COLUMNS = ("kind", "round", "edge", "group", "group_round", "client", "queued", "start", "end")
-OFFLINE = "offline"     # the ledger's zero charge of a client found offline (groupfel.emulator.contention)
+OFFLINE = "offline"     # the ledger's zero charge of a client found offline (groupfel.emulator.network)
 
 # one colour per component in every chart: the shipped components by name, any other by a hash of it
 COLORS = {"training": "tab:blue", "secagg": "tab:orange", "scaffold-secagg": "tab:orange", "backdoor": "tab:green",

@@ -10,7 +10,7 @@ import simpy
 
 from groupfel.cost_models import CostModel, DeviceProfile, linear, quadratic
 from groupfel.emulator.config import AvailabilityConfig, HeterogeneityConfig, parse_config
-from groupfel.emulator.contention import (OFFLINE, Availability, ClientNet, ContendedFederation, EdgeNetwork,
+from groupfel.emulator.network import (OFFLINE, Availability, ClientNet, ContendedFederation, EdgeNetwork,
                                  client_bytes, client_net)
 from groupfel.errors import InputError
 from groupfel.emulator.federation import Group, RoundContext
@@ -235,7 +235,7 @@ def test_bad_keys_are_one_line_errors(top, key):
 def test_edge_makespan_by_hand():
     # the shared-access case above through the what-if's entry point: edge link 8 Mbit/s sends
     # x_t 0..1, downloads 1..5, train 5..6, operation 6..7, uploads 7..11, 2 models up 11..13
-    from groupfel.emulator.contention import edge_makespan
+    from groupfel.emulator.network import edge_makespan
 
     r = edge_makespan([2, 2], np.full(4, 10), linear(0.0, 1.0), quadratic(0.0, 0.0, 1.0), group_rounds=1,
                       local_epochs=1, model_bytes=MB, client_mbps=8.0, latency_s=0.0, access_mbps=8.0, cores=None,
@@ -308,7 +308,7 @@ def test_edge_makespan_mixed_bandwidths():
     # 2 clients, one group, dedicated links of 8 and 4 Mbit/s, no group operation time:
     # x_t 0..1; downloads 1..2 and 1..3; train 1 s; op 1 s; uploads: the slow client 5..7;
     # one model up 7..8
-    from groupfel.emulator.contention import edge_makespan
+    from groupfel.emulator.network import edge_makespan
 
     r = edge_makespan([2], np.full(2, 10), linear(0.0, 1.0), quadratic(0.0, 0.0, 1.0), group_rounds=1,
                       local_epochs=1, model_bytes=MB, client_mbps=[8.0, 4.0], latency_s=0.0, access_mbps=None,
@@ -374,7 +374,7 @@ def test_a_killed_shared_edge_run_resumes_to_the_same_tables(tmp_path):
     assert main(["timeline", str(tmp_path / "full"), "--round", "1", "--out", str(tmp_path / "t.png")]) == 0
     assert (tmp_path / "t.png").stat().st_size > 0
     # without any of the keys the plain federation runs
-    from groupfel.emulator.contention import build_network
+    from groupfel.emulator.network import build_network
 
     assert build_network(parse_config(TINY), 12, None, ("secagg",)) is None
 

@@ -432,7 +432,7 @@ def test_the_radio_is_charged_its_airtime_and_listens_for_the_rest_of_a_shared_t
     listen 0.5 W, training 3 W: 2 + 4 + 2 × 0.5 + 3 = 10 J, no idle (the group round is 5 s, all
     of it accounted). Charging the radio its power for the whole stretched transfer would give
     2 × 2 + 2 × 4 + 3 = 15 J."""
-    from groupfel.emulator.contention import edge_makespan
+    from groupfel.emulator.network import edge_makespan
 
     watts = {"receive": 2.0, "transmit": 4.0, "listen": 0.5, "training": 3.0, "group_operation": 1.0, "idle": 0.1}
     power = DevicePower("d", {s: PowerCurve(Polynomial((w,))) for s, w in watts.items()})

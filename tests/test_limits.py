@@ -462,7 +462,7 @@ def test_shared_edge_keys_out_of_bounds_or_together_are_refused(edit, says):
 def test_slowdown_reads_as_a_slowdown(tmp_path):
     """Before, ``speed = 2`` made a client twice as slow; a slowdown of 2 now says so."""
     from groupfel.emulator.config import HeterogeneityConfig
-    from groupfel.emulator.contention import client_net
+    from groupfel.emulator.network import client_net
 
     f = tmp_path / "links.csv"
     f.write_text("client,bandwidth_mbps,latency_s,slowdown\n0,10,0.1,2\n1,10,0.1,1\n")
@@ -1079,9 +1079,9 @@ def _readers() -> dict[str, tuple[str, Any]]:
     from groupfel.cost_models.profiles import read_profiles
     from groupfel.emulator import runfiles
     from groupfel.emulator.config import AvailabilityConfig, HeterogeneityConfig, load_config
-    from groupfel.emulator.contention import Availability, client_net
+    from groupfel.emulator.network import Availability, client_net
     from groupfel.emulator.driver import load_checkpoint
-    from groupfel.emulator.fedscale import read_behaviour, read_capacity
+    from groupfel.emulator.network.fedscale import read_behaviour, read_capacity
     from groupfel.experiments.group_cli import read_label_matrix
     from groupfel.experiments.sweep import load_sweep
 
