@@ -146,6 +146,51 @@ def test_a_client_offline_before_it_finishes_drops_out_then(tmp_path):
     assert env.now == pytest.approx(10.0)
 
 
+WATTS = {"receive": 2.0, "training": 5.0, "group_operation": 3.0, "transmit": 7.0, "listen": 1.0, "idle": 0.5}
+
+
+def _powered(fed):
+    from groupfel.cost_models.power import DevicePower, Polynomial, PowerCurve, PowerModel
+
+    fed.ctx.ledger.power = PowerModel({"dev": DevicePower("dev", {s: PowerCurve(Polynomial((w,)))
+                                                                   for s, w in WATTS.items()})})
+    return fed
+
+
+@pytest.mark.parametrize("access, gone, end, joules", [
+    # dedicated 8 Mbit/s links: download 1..2, train 2..3, operation 3..4, upload 4..5; client 1
+    # leaves at 4.5 having sent 4 of its 8 Mbit: receive 1 s × 2 W + training 5 J + operation 3 J +
+    # transmit 0.5 s × 7 W = 13.5 J. Client 0 alone uploads to 5 s; the edge's model goes up 5..6.
+    (None, 4.5, 6.0, {0: 2 + 5 + 3 + 7, 1: 13.5}),
+    # 8 Mbit/s shared: both download 1..3 at 4 Mbit/s (1 s receive + 1 s listen each), train 3..4,
+    # operate 4..5 and upload from 5 at 4 Mbit/s; client 1 leaves at 5.5 having sent 2 Mbit (0.25 s
+    # of airtime at its own 8 Mbit/s, 0.25 s listening): 2 + 1 + 5 + 3 + 1.75 + 0.25 = 13 J. Client
+    # 0's 6 Mbit left then go at 8 Mbit/s: 5.5..6.25 (transmit 1 s, listen 0.25 s more: 18.25 J);
+    # the edge's model goes up 6.25..7.25.
+    (8.0, 5.5, 7.25, {0: 2 + 5 + 3 + 7 + 1.25, 1: 13.0}),
+])
+def test_a_client_offline_before_its_upload_ends_drops_out_then(tmp_path, access, gone, end, joules):
+    """FedScale drops a client that is not online at the end of its compute and communication:
+    its update does not count (the compute's offline set), it is charged its Eq. 5 work (it did
+    it) and its radio until it left, nothing after, and a shared medium's capacity is the
+    others' from then on."""
+    csv = tmp_path / "avail.csv"
+    csv.write_text(f"client,start_s,end_s\n0,0,1000\n1,0,{gone}\n")
+    avail = Availability(AvailabilityConfig(file=str(csv)), 2, 0)
+    fed, env = _fed(2, avail=avail, access=access)
+    _powered(fed)
+    sampled = _groups([0, 1])
+    assert fed.offline(0, sampled) == {(0, 1)}
+    fed.run_round(0, sampled)
+    assert env.now == pytest.approx(end)
+    led = fed.ctx.ledger.frame()
+    assert led[led.component == OFFLINE][["client", "start"]].values.tolist() == [[1, gone]]
+    assert fed.ctx.ledger.total == pytest.approx(4.0)          # both trained and operated: 2 × (1 + 1) s
+    e = fed.ctx.ledger.energy_frame()
+    assert e.groupby("client")["joules"].sum().to_dict() == pytest.approx(joules, rel=1e-12)
+    assert not (e[(e.client == 1) & (e.state == "idle")]["joules"] > 0).any()
+
+
 def test_generated_availability_is_seeded_and_alternates():
     cfg = AvailabilityConfig(mean_on_s=100.0, mean_off_s=100.0)
     a, b = Availability(cfg, 50, 7), Availability(cfg, 50, 7)
@@ -366,9 +411,11 @@ def test_a_killed_shared_edge_run_resumes_to_the_same_tables(tmp_path):
     led = pd.read_parquet(tmp_path / "full" / "ledger.parquet")
     for ev in m["offline"]:
         later = led[(led.client == ev["client"]) & (led["round"] == ev["round"]) & (led.group_round >= ev["group_round"])]
-        # one that left mid-work keeps the training it did in that group round, nothing else
-        assert (later.loc[(later.group_round > ev["group_round"]) | (later.component != "training"), "amount"]
-                == 0).all()
+        # one that left mid-work keeps the training it did in that group round; one that left
+        # while uploading also its group operations, done before it left; nothing else
+        assert (later.loc[later.group_round > ev["group_round"], "amount"] == 0).all()
+        ops = later[(later.group_round == ev["group_round"]) & (later.component != "training")]
+        assert ((ops["amount"] == 0) | (ops["end"] <= ev["time_s"] + 1e-9)).all()
     from groupfel.experiments.cli import main
 
     assert main(["timeline", str(tmp_path / "full"), "--round", "1", "--out", str(tmp_path / "t.png")]) == 0

@@ -18,7 +18,9 @@ One group round of a sampled group, in simulated time:
    the core's full speed);
 4. uploads its payload (the model, the algorithm's extra vectors such as SCAFFOLD's variates, or
    under secure aggregation the masked vector in 32-bit words) plus its key and share messages
-   (the edge's uplink, shared likewise);
+   (the edge's uplink, shared likewise); a member offline before its work or its upload ends
+   drops out then (its flow leaves the link), as FedScale drops a client not online at the end
+   of its compute and communication;
 5. the edge aggregates: it holds one of its ``edge_cores`` (a ``simpy.Resource``; groups queue)
    for the edge profile's ``aggregation`` + ``secagg-server`` + dropped × ``secagg-server-recovery``
    seconds. Waiting for a core or for the medium is simulated time, never Eq. 5 cost.
@@ -320,6 +322,9 @@ class ContendedFederation(Federation):
                 radio[~off] = np.array([p.value[1] for p in members]).reshape(n_here, 2, 2)
             left_at = dict(zip(g.clients[~off].tolist(), [p.value[2] for p in members]))
             left = np.array([left_at.get(int(c)) is not None for c in g.clients], dtype=bool)
+            # left while uploading: its group operations were done, and are charged
+            sent_work = dict(zip(g.clients[~off].tolist(), [p.value[3] for p in members]))
+            unfinished = left & ~np.array([sent_work.get(int(c), False) for c in g.clients], dtype=bool)
             for c in g.clients[left]:     # left before finishing: out from this group round on
                 at = left_at[int(c)]
                 self._left.setdefault(t, {})[(k, int(c))] = at
@@ -343,7 +348,7 @@ class ContendedFederation(Federation):
                 self.trace.append({"kind": "core", "round": t + 1, "edge": j, "group": gid, "group_round": k,
                                    "client": -1, "bytes": 0, "queued": queued, "start": got, "end": env.now})
             for ci, comp in enumerate(charges):
-                amounts = charges[comp] if comp == TRAINING or not left.any() else np.where(left, 0.0, charges[comp])
+                amounts = charges[comp] if comp == TRAINING or not unfinished.any() else np.where(unfinished, 0.0, charges[comp])
                 ctx.ledger.charge(round=t, edge=j, group=gid, group_round=k, clients=g.clients,
                                   devices=devices, component=comp, amounts=amounts,
                                   start=start + spans[:, ci, 0], end=start + spans[:, ci, 1])
@@ -365,6 +370,29 @@ class ContendedFederation(Federation):
         yield link.send(nbytes, bps)
         if latency:
             yield self.ctx.env.timeout(latency)
+
+    def _send_until(self, link: SharedLink, nbytes: float, bps: float, latency: float, deadline: float):
+        """:meth:`_send` by a client that goes offline at ``deadline``: None where the transfer
+        (its latency included) ends by then, else the bits still unsent when it went (the flow
+        leaves the shared link then)."""
+        env = self.ctx.env
+        if link.capacity_bps is None:
+            start, end = env.now, 8.0 * nbytes / bps + latency
+            if start + end <= deadline:
+                yield env.timeout(end)
+                return None
+            yield env.timeout(max(deadline - start, 0.0))
+            return max(8.0 * nbytes - bps * (env.now - start), 0.0)
+        done = link.send(nbytes, bps)
+        yield done | env.timeout(max(deadline - env.now, 0.0))
+        if not done.triggered:
+            return link.cancel(done)
+        if env.now + latency > deadline:
+            yield env.timeout(deadline - env.now)
+            return 0.0
+        if latency:
+            yield env.timeout(latency)
+        return None
 
     def _c_client(self, where, e: _Edge, client, member, charges, slow, dropped, down, up):
         env, cn = self.ctx.env, self.net.clients
@@ -389,7 +417,7 @@ class ContendedFederation(Federation):
                 a = end
         avail = self.net.availability
         gone_at = avail.online_until(client, t0) if avail is not None and not dropped else math.inf
-        left = gone_at < a      # offline before it finished its work: it drops out then, sending nothing
+        left = cut = gone_at < a      # offline before it finished its work: it drops out then, sending nothing
         if left:
             a = max(gone_at, env.now)
             spans = [(min(x, a - t0), min(y, a - t0)) for x, y in spans]
@@ -398,11 +426,18 @@ class ContendedFederation(Federation):
         if not (dropped or left):
             a = env.now
             self._bytes["client_to_edge"] += up
-            yield from self._send(e.up, up, bps, lat)
+            if gone_at == math.inf:
+                yield from self._send(e.up, up, bps, lat)
+                up_air = min(float(airtime(up, cn.bandwidth_mbps[client])), env.now - a)
+            else:       # offline before its upload ends: it drops out then (FedScale's check)
+                unsent = yield from self._send_until(e.up, up, bps, lat, gone_at)
+                left = unsent is not None
+                up_air = min((8.0 * up - (unsent or 0.0)) / bps, env.now - a)
             self.trace.append(dict(zip(TRACE_COLUMNS, ("upload", *where, client, up, a, a, env.now))))
             up_s = env.now - a
-            up_air = min(float(airtime(up, cn.bandwidth_mbps[client])), up_s)
-        return spans, ((down_s, down_air), (up_s, up_air)), a if left else None
+            if left:
+                a = env.now
+        return spans, ((down_s, down_air), (up_s, up_air)), a if left else None, left and not cut
 
     def _flat(self, c: int) -> bool:
         """Whether client c's battery (``train.client_energy_budget``) is empty."""
