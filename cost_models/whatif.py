@@ -134,7 +134,7 @@ def plot_makespan(df: pd.DataFrame, path, title: str) -> None:
             axes[2].plot(part["x"], part["edge_energy_j"], marker="o", ms=3.5, label=label)
     if energy:
         axes[2].set_xlabel("size of the groups the edge forms (clients)")
-        axes[2].set_ylabel("the edge's clients' energy per round (J)")
+        axes[2].set_ylabel("the edge's clients' energy per round (J),\ngroup-rounds: sampled clients in their group rounds")
         axes[2].set_title("energy: one line per access capacity", fontsize=9)
         axes[2].legend(fontsize=8)
         axes[2].grid(alpha=0.3)

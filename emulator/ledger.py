@@ -133,7 +133,8 @@ class CostLedger:
             return {}
         from groupfel.cost_models.power import STATES
 
-        return {"energy_j": self.energy_total, **{f"energy_{s}_j": self.energy_by_state.get(s, 0.0) for s in STATES}}
+        return {"energy_j": self.energy_total, **{f"energy_{s}_j": self.energy_by_state.get(s, 0.0) for s in STATES},
+                **({"energy_accounting": self.power.accounting} if self.power is not None else {})}
 
     def scratch(self) -> "CostLedger":
         """An empty ledger for a dry play of a round: the same power model and battery levels."""

@@ -226,6 +226,9 @@ def _cmd_whatif(args) -> int:
     else:
         plot_sweep(df, out / "whatif.png", title)
     print(df[cols].to_string(index=False, float_format=_number))
+    if "edge_energy_j" in df:
+        print("edge_energy_j: joules of the edge's clients in one round, group-rounds accounting (sampled "
+              "clients in their group rounds; whatif.csv's energy_accounting)")
     if "makespan_s" in df:
         for cap, part in df.groupby("access_mbps", dropna=False, sort=False):
             fast = part.loc[part["makespan_s"].idxmin()]
@@ -466,7 +469,8 @@ def whatif_values(**values):
 
 
 def _cmd_timeline(args) -> int:
-    from .timeline import energy_per_client, load_energy, load_network, load_round, plot_timeline, summary
+    from .plots import ACCOUNTING
+    from .timeline import energy_accounting, energy_per_client, load_energy, load_network, load_round, plot_timeline, summary
 
     arm_dir = Path(args.arm_dir)
     rows = load_round(arm_dir, args.round)
@@ -486,7 +490,10 @@ def _cmd_timeline(args) -> int:
         print("energy: not measured (the run had no cost.energy)")
     else:
         per = energy_per_client(energy)
-        print(f"\nenergy per client in round {args.round} (J; power × simulated seconds in each state):")
+        acc = energy_accounting(arm_dir)
+        print(f"\nenergy per client in round {args.round} (J; power × simulated seconds in each state; "
+              f"{acc} accounting: {ACCOUNTING.get(acc, acc)}"
+              f"{'; idle_between_j: idle outside its group rounds' if 'idle_between_j' in per else ''}):")
         print(per.to_string(index=False, float_format=_number))
         print(f"round {args.round}: {per['total_j'].sum():.6g} J over {len(per)} clients")
     print(f"plot: {out}")

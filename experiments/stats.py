@@ -320,6 +320,8 @@ def per_seed_metrics(results: pd.DataFrame, target: float | None) -> pd.DataFram
                          "cost_to_target": float(hit.iloc[0]) if len(hit) else float("nan"),
                          "sim_time_s": float(df["sim_time_s"].iloc[-1]), "cost": float(df["cost"].iloc[-1]),
                          **({"energy_j": float(df["energy_j"].iloc[-1])} if "energy_j" in df else {}),
+                         **({"energy_accounting": df["energy_accounting"].iloc[-1]}
+                            if "energy_accounting" in df else {}),
                          "common_cost": float(common)})
     return pd.DataFrame(rows)
 
@@ -402,6 +404,8 @@ def summarize_seeds(per_seed: pd.DataFrame, arms: list[str], level: float = LEVE
             mean, lo, hi = mean_ci(energy[arm], level)
             lo, hi, _ = clip(lo, hi, (0.0, np.inf))
             out.loc[i, ["energy_j_mean", "energy_j_ci95_low", "energy_j_ci95_high"]] = mean, lo, hi
+        if "energy_accounting" in per_seed:     # which joules these are (cost.energy_accounting)
+            out["energy_accounting"] = per_seed["energy_accounting"].iloc[0]
     out = add_verdicts(out, level=level, history=history, looks=looks)
     m_family = max(int(out.attrs.get("comparisons", 1)), 1)
     for m in METRICS:

@@ -59,7 +59,7 @@ def load_network(arm_dir: Path, round_: int) -> pd.DataFrame | None:
     return net[net["round"] == round_]
 
 
-ENERGY_COLUMNS = ("round", "client", "state", "seconds", "joules")
+ENERGY_COLUMNS = ("round", "group", "client", "state", "seconds", "joules")
 
 
 def load_energy(arm_dir: Path, round_: int) -> pd.DataFrame | None:
@@ -71,12 +71,26 @@ def load_energy(arm_dir: Path, round_: int) -> pd.DataFrame | None:
     return e[e["round"] == round_]
 
 
+def energy_accounting(arm_dir: Path) -> str:
+    """The arm's ``cost.energy_accounting`` (its manifest's config)."""
+    from groupfel.emulator.runfiles import load_json
+
+    try:
+        return load_json(Path(arm_dir) / "manifest.json")["config"]["cost"]["energy_accounting"]
+    except (OSError, KeyError, TypeError, ValueError):
+        return "group-rounds"
+
+
 def energy_per_client(energy: pd.DataFrame) -> pd.DataFrame:
-    """One row per client of the round: joules in each state and in all."""
+    """One row per client of the round: joules in each state and in all. Idle outside the
+    group rounds (``full-fleet``: charged with group -1) is its own column, ``idle_between_j``."""
     from groupfel.cost_models.power import STATES
 
+    energy = energy.assign(state=energy["state"].astype(str))
+    if "group" in energy:
+        energy.loc[(energy["group"] < 0) & (energy["state"] == "idle"), "state"] = "idle_between"
     table = energy.pivot_table(index="client", columns="state", values="joules", aggfunc="sum", observed=True)
-    table = table.reindex(columns=[s for s in STATES if s in table.columns]).fillna(0.0)
+    table = table.reindex(columns=[s for s in (*STATES, "idle_between") if s in table.columns]).fillna(0.0)
     table.columns = [f"{c}_j" for c in table.columns]
     table["total_j"] = table.sum(axis=1)
     return table.reset_index()

@@ -63,10 +63,11 @@ def test_one_group_round_two_states_by_hand(train_w, idle_w, expected):
     assert sec.loc[0].to_dict() == pytest.approx({"training": 6, "group_operation": 3, "idle": 6, "receive": 0,
                                                   "transmit": 0, "listen": 0})
     total = sum(expected.values())
-    assert ledger.energy_row() == pytest.approx({"energy_j": total, "energy_training_j": train_w * 18,
-                                                 "energy_idle_j": idle_w * 6, "energy_group_operation_j": 0.0,
-                                                 "energy_transmit_j": 0.0, "energy_receive_j": 0.0,
-                                                 "energy_listen_j": 0.0})
+    row = ledger.energy_row()
+    assert row.pop("energy_accounting") == "group-rounds"      # every row of joules names its accounting
+    assert row == pytest.approx({"energy_j": total, "energy_training_j": train_w * 18,
+                                 "energy_idle_j": idle_w * 6, "energy_group_operation_j": 0.0,
+                                 "energy_transmit_j": 0.0, "energy_receive_j": 0.0, "energy_listen_j": 0.0})
 
 
 def test_the_shipped_pi_power_gives_every_state_and_marks_the_assumed():
@@ -141,9 +142,14 @@ def test_a_run_without_energy_has_no_energy_columns_and_one_with_it_has_them(tmp
     manifest = json.loads(next((tmp_path / "on").rglob("manifest.json")).read_text())
     assert "sbc-reviews/issues/4" in manifest["power_sources"]["raspberry-pi-4"]["idle"]
     assert manifest["total_energy_j"] == pytest.approx(on["energy_j"].iloc[-1])
+    # every file of joules names its accounting
+    assert (on["energy_accounting"] == "group-rounds").all()
+    assert (pd.read_csv(next((tmp_path / "on").rglob("summary.csv")))["energy_accounting"] == "group-rounds").all()
     # timeline: energy per client, or one line saying the run measured none
     capsys.readouterr()
-    for run, says in (("off", "energy: not measured"), ("on", "energy per client in round 2")):
+    for run, says in (("off", "energy: not measured"),
+                      ("on", "energy per client in round 2 (J; power × simulated seconds in each state; "
+                             "group-rounds accounting")):
         arm = next((tmp_path / run).rglob("ledger.parquet")).parent
         assert main(["timeline", str(arm), "--round", "2", "--out", str(tmp_path / f"{run}.png")]) == 0
         assert says in capsys.readouterr().out
@@ -164,6 +170,7 @@ def test_whatif_prices_energy_by_group_size_and_access_capacity(tmp_path, capsys
             "--clients", "40", "--rounds", "1", "--out", str(tmp_path / "w")]
     assert main([*args, "--profiles-file", POWER]) == 0
     df = pd.read_csv(tmp_path / "w" / "whatif.csv")
+    assert (df["energy_accounting"] == "group-rounds").all() and "group-rounds accounting" in capsys.readouterr().out
     parts = df[[f"energy_{s}_j" for s in STATES]].sum(axis=1)
     assert (df["edge_energy_j"] > 0).all() and df["edge_energy_j"].to_numpy() == pytest.approx(parts.to_numpy())
     # a slower access link: the same Eq. 5 cost, more time on the radio and waiting, more joules
@@ -475,4 +482,12 @@ def test_the_three_accountings_by_hand(accounting, expected):
         fed.charge_fleet_idle(0, 0.0, charged)
     per_client = ledger.energy_frame().groupby("client")["joules"].sum()
     assert per_client[per_client != 0].to_dict() == pytest.approx(expected)
+    from groupfel.experiments.timeline import energy_per_client
+
+    table = energy_per_client(ledger.energy_frame()).set_index("client")
+    if accounting == "full-fleet":      # the timeline's idle outside group rounds is a column of its own
+        assert table["idle_between_j"].to_dict() == pytest.approx({0: 3.2, 1: 3.2, 2: 27.2})
+        assert table["idle_j"].to_dict() == pytest.approx({0: 9.6, 1: 0.0, 2: 0.0})
+    else:
+        assert "idle_between_j" not in table
     assert ledger.energy_total == pytest.approx(sum(expected.values()))
