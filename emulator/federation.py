@@ -448,10 +448,22 @@ class Federation:
         return dry
 
     def round_energy(self, t: int, groups: list[Group]) -> float:
-        """The joules round t will charge: its play on a scratch clock (energy needs the times)."""
-        dry = self.scratch()
+        """The joules round t will charge: its play on a scratch clock (energy needs the times),
+        with the fleet's idle in it under the full-fleet accounting."""
+        dry, start = self.scratch(), float(self.ctx.env.now)
         dry.run_round(t, list(enumerate(groups)))
-        return dry.ctx.ledger.energy_total
+        return dry.ctx.ledger.energy_total + dry.fleet_idle_joules(start)
+
+    def fleet_idle_joules(self, start: float) -> float:
+        """What :meth:`charge_fleet_idle` will charge for [``start``, now) after a dry play on a
+        scratch ledger (whose seconds are the play's alone); 0 outside the full-fleet accounting."""
+        led, topo = self.ctx.ledger, self.ctx.topology
+        if led.power is None or led.power.accounting != "full-fleet":
+            return 0.0
+        n = topo.n_clients
+        rest = self.online_seconds(start, float(self.ctx.env.now)) - led.seconds_of(n)
+        idle = np.flatnonzero(rest > 0)
+        return float(led.power.joules([topo.client_device[c] for c in idle], "idle", rest[idle]).sum())
 
     def round_cost(self, t: int, groups: list[Group]) -> float:
         """What round t will charge to the ledger (Eq. 5 plus any dropout recovery)."""

@@ -223,6 +223,28 @@ def test_energy_budget_stops_the_run_and_batteries_take_clients_offline(tmp_path
     assert (flat["clients_sampled"].iloc[1:] > 0).all()
 
 
+@pytest.mark.parametrize("accounting, shared", [("full-fleet", False), ("marginal", False),
+                                                 ("full-fleet", True)])
+def test_an_energy_budget_is_never_overshot_in_any_accounting(tmp_path, tiny_dict, accounting, shared):
+    """The budget is set just above round 3's joules inside its group rounds: under full-fleet,
+    round 3's fleet idle would cross it, so the run stops after round 2 (it used to run round 3
+    and end above the budget); under the others round 3 fits. Never above the budget."""
+    d = one_arm(tiny_dict, rounds=3, group_rounds=1)
+    d["cost"].update(energy=True, profiles_file=POWER, energy_accounting=accounting)
+    if shared:      # the shared-edge model (its dry play prices the round)
+        d["topology"]["edge_access_mbps"] = 50.0
+    assert main(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "full"), "--quiet"]) == 0
+    full = pd.read_csv(next((tmp_path / "full").rglob("results.csv"))).set_index("round")["energy_j"]
+    e = pd.read_parquet(next((tmp_path / "full").rglob("energy.parquet")))
+    inside = float(e[(e["round"] == 3) & (e["group"] >= 0)]["joules"].sum())
+    budget = float(full[2]) + inside + 1e-6
+    d["train"]["energy_budget"] = budget
+    assert main(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "b"), "--quiet"]) == 0
+    got = pd.read_csv(next((tmp_path / "b").rglob("results.csv")))
+    assert got["energy_j"].iloc[-1] <= budget
+    assert got["round"].max() == (2 if accounting == "full-fleet" else 3)
+
+
 @pytest.mark.parametrize("text, says", [
     ('[[power]]\ndevice = "d"\nstate = "idle"\nunits = "kJ"\nvalue = 1', "power[0].units: power is in W or mW"),
     ('[[power]]\ndevice = "d"\nstate = "idle"\nvalue = -1', "power[0].value: power -1 W; give watts from 0"),

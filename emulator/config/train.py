@@ -80,8 +80,11 @@ class TrainConfig(_Strict):
     budget: float | None = Field(None, gt=0, le=1e300, description="Eq. 5 cost budget (the paper: 1e6): a round that "
                                  "would cross it is not run; an error if the first round would.")
     energy_budget: float | None = Field(None, gt=0, le=1e300, description="Energy budget of the run in joules "
-                                        "(needs cost.energy): a round that would cross it is not run; an error if "
-                                        "the first round would.")
+                                        "(needs cost.energy), never overshot in any cost.energy_accounting: each "
+                                        "round's joules are priced before it runs (played on a scratch clock, "
+                                        "full-fleet idle included), and a round that would cross the budget is "
+                                        "not run, so the run ends at or below it; an error if the first round "
+                                        "would cross it.")
     client_energy_budget: float | None = Field(None, gt=0, le=1e300, description="Each client's battery in joules "
                                                "(needs cost.energy): a client whose spent energy reaches it goes "
                                                "offline (checked at each group round's start, as "

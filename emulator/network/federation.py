@@ -192,7 +192,7 @@ class ContendedFederation(Federation):
         self.offline(t, sampled)
         plan = self._planned.get(t)
         if plan is not None:
-            return plan[1].ctx.ledger.energy_total
+            return plan[1].ctx.ledger.energy_total + plan[1].fleet_idle_joules(plan[0][0])
         return super().round_energy(t, groups)
 
     def _refuse_empty_start(self, sampled: list[tuple[int, Group]]) -> None:
