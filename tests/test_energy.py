@@ -329,6 +329,44 @@ def test_rapl_reader_on_a_fake_sysfs_tree_with_wraparound(tmp_path):
     assert advance(10, 4, 10) == 4 and advance(4, 10, 10) == 6
 
 
+def test_a_long_rapl_reading_counts_every_wrap_by_polling(tmp_path):
+    """A counter with a 1000 µJ range that wraps three times during one reading: 0 -> 600 -> 200
+    (wrapped) -> 800 -> 400 (wrapped) -> 900 -> 300 (wrapped) is 600 + 600 + 600 + 600 + 500 + 400
+    = 3300 µJ. Reading only its start and end (0 and 300) would give 300 µJ. Once by hand-driven
+    polls, once by the meter's own background thread."""
+    import os
+    import time
+
+    from groupfel.cost_models.energy_meter import RaplMeter
+
+    _zone(tmp_path / "intel-rapl:0", "package-0", 0, top=1000)
+    energy = tmp_path / "intel-rapl:0" / "energy_uj"
+
+    def write(uj):     # atomically, as sysfs reads are
+        (tmp_path / "next").write_text(f"{uj}\n")
+        os.replace(tmp_path / "next", energy)
+
+    steps = (600, 200, 800, 400, 900, 300)
+    zones, _ = rapl_zones(tmp_path)
+    meter = RaplMeter(zones, poll_s=None)
+    mark = meter.start()
+    for uj in steps:
+        write(uj)
+        mark.poll()
+    assert meter.stop(mark)[0] == pytest.approx(3300e-6)
+    write(0)
+    meter = RaplMeter(zones, poll_s=0.005)
+    mark = meter.start()
+    for uj in steps:
+        write(uj)
+        seen = mark.polls
+        deadline = time.monotonic() + 30
+        while mark.polls < seen + 2 and time.monotonic() < deadline:    # the poller has read it
+            time.sleep(0.002)
+    joules, seconds = meter.stop(mark)
+    assert joules == pytest.approx(3300e-6) and seconds > 0
+
+
 def _zone(path, name, uj, top=2**32):
     path.mkdir(parents=True, exist_ok=True)
     (path / "name").write_text(f"{name}\n")
