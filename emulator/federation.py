@@ -145,6 +145,7 @@ class Federation:
         self._priced: dict[bytes, tuple[list[str], dict[str, np.ndarray]]] = {}
         self._transfer: dict[int, float] = {}     # a model over each client's link, in seconds
         self._cost: dict[bytes, float] = {}       # a group round's nominal Eq. 5 charge, per group
+        self._site_busy: dict[int, float] = {}    # this round's seconds each edge's server held a core
 
     @staticmethod
     def environment(initial_time: float = 0.0) -> simpy.Environment:
@@ -154,8 +155,30 @@ class Federation:
     def run_round(self, t: int, sampled: list[tuple[int, Group]]) -> None:
         """Play round t's time and charges to its end on the context's clock."""
         env = self.ctx.env
+        start = float(env.now)
         if not self._computed(t, sampled):
             env.run(until=env.process(self.global_round(t, sampled)))
+        self.charge_sites(t, start, sampled)
+
+    def charge_sites(self, t: int, start: float, sampled: list[tuple[int, Group]]) -> None:
+        """The edge servers' idle over round t's stretch of the clock (less the seconds each held a
+        core, charged as they ran) and the cloud's aggregation of the round's group models
+        (``cost.edge_power``, ``cost.cloud_power``). Under group-rounds an edge is charged for the
+        rounds it serves, under full-fleet every edge for every round, under marginal no idle."""
+        led, busy, self._site_busy = self.ctx.ledger, self._site_busy, {}
+        if led.charges_site("edge") and led.power.accounting != "marginal":
+            span = float(self.ctx.env.now) - start
+            edges = range(self.ctx.topology.n_edges) if led.power.accounting == "full-fleet" \
+                else sorted({g.edge for _, g in sampled})
+            for j in edges:
+                led.charge_site(round=t, site="edge", edge=j, state="idle", seconds=max(span - busy.get(j, 0.0), 0.0))
+        seconds = self.cloud_seconds(len(sampled))
+        if led.charges_site("cloud") and seconds > 0:
+            led.charge_site(round=t, site="cloud", edge=-1, state="aggregation", seconds=seconds, x=len(sampled))
+
+    def cloud_seconds(self, n_models: int) -> float:
+        """Seconds the cloud spends averaging ``n_models`` group models: none here (no edge curves)."""
+        return 0.0
 
     def _computed(self, t: int, sampled: list[tuple[int, Group]]) -> bool:
         """Play round t as :meth:`global_round` would, without its SimPy events, where that gives

@@ -28,6 +28,9 @@ TEXT = ("device", "component")   # kept as codes into their names once expanded
 ENERGY_COLUMNS = ["round", "edge", "group", "group_round", "client", "device", "state", "seconds", "joules"]
 ENERGY_DTYPES = {**{c: DTYPES[c] for c in ENERGY_COLUMNS[:6]}, "state": object, "seconds": float, "joules": float}
 ENERGY_SCALARS = ("round", "edge", "group", "group_round", "state")
+# the edge servers' and the cloud's joules (cost.edge_power, cost.cloud_power): one row per charge;
+# edge is -1 for the cloud
+SITE_COLUMNS = ["round", "site", "edge", "state", "seconds", "joules"]
 
 
 class Rows:
@@ -91,6 +94,8 @@ class CostLedger:
         self.energy_by_state: dict[str, float] = {}
         self.client_energy = np.zeros(0)    # joules spent so far by each client (a battery's level)
         self.client_seconds = np.zeros(0)   # seconds charged energy this session (full-fleet accounting's mark)
+        self._sites: list[tuple] = []       # the edges' and the cloud's charges (SITE_COLUMNS)
+        self.site_energy: dict[str, float] = {}
 
     @property
     def measures_energy(self) -> bool:
@@ -121,6 +126,28 @@ class CostLedger:
         np.add.at(self.client_energy, clients, joules)
         np.add.at(self.client_seconds, clients, seconds)
 
+    def charges_site(self, site: str) -> bool:
+        """Whether the run charges ``site``'s ("edge" or "cloud") energy."""
+        return self.power is not None and getattr(self.power, site, None) is not None
+
+    def charge_site(self, *, round: int, site: str, edge: int, state: str, seconds: float, x: float = 0.0) -> float:
+        """Charge an edge server (``site`` "edge") or the cloud power(state) × ``seconds`` (× its
+        PUE); returns the joules (0 where the run does not charge the site)."""
+        if not self.charges_site(site):
+            return 0.0
+        joules = self.power.site_joules(site, state, seconds, x)
+        self._sites.append((int(round), site, int(edge), state, float(seconds), joules))
+        self.site_energy[site] = self.site_energy.get(site, 0.0) + joules
+        return joules
+
+    def site_frame(self) -> pd.DataFrame | None:
+        """Every edge and cloud charge, rounds numbered from 1; None where the run charges neither."""
+        if not self._sites and not self.site_energy:
+            return None
+        df = pd.DataFrame(self._sites, columns=SITE_COLUMNS)
+        df["round"] = (df["round"] + 1).astype(np.int32)
+        return df
+
     def seconds_of(self, n: int) -> np.ndarray:
         """Each of ``n`` clients' seconds charged energy so far this session."""
         out = np.zeros(n)
@@ -134,6 +161,8 @@ class CostLedger:
         from groupfel.cost_models.power import STATES
 
         return {"energy_j": self.energy_total, **{f"energy_{s}_j": self.energy_by_state.get(s, 0.0) for s in STATES},
+                **{f"{site}_energy_j": self.site_energy.get(site, 0.0) for site in ("edge", "cloud")
+                   if self.charges_site(site) or site in self.site_energy},
                 **({"energy_accounting": self.power.accounting} if self.power is not None else {})}
 
     def scratch(self) -> "CostLedger":
@@ -153,6 +182,9 @@ class CostLedger:
         for block in other._energy:
             self._energy.append(block)
             self._add_energy(block[4], block[6], block[8], block[7])
+        for row in other._sites:
+            self._sites.append(row)
+            self.site_energy[row[1]] = self.site_energy.get(row[1], 0.0) + row[5]
 
     def energy_frame(self) -> pd.DataFrame | None:
         """Every energy charge, rounds numbered from 1; None where the run measures no energy."""
@@ -232,6 +264,8 @@ class CostLedger:
                                          for c in ENERGY_COLUMNS},
                              "total": self.energy_total, "by_state": self.energy_by_state,
                              "client": self.client_energy}
+        if self._sites:
+            out["sites"] = list(self._sites)
         return out
 
     @classmethod
@@ -254,4 +288,7 @@ class CostLedger:
             led.energy_total = float(energy["total"])
             led.energy_by_state = dict(energy["by_state"])
             led.client_energy = np.asarray(_array(energy["client"]), dtype=float)
+        for row in state.get("sites", []):
+            led._sites.append(tuple(row))
+            led.site_energy[row[1]] = led.site_energy.get(row[1], 0.0) + row[5]
         return led

@@ -191,6 +191,35 @@ def test_a_client_offline_before_its_upload_ends_drops_out_then(tmp_path, access
     assert not (e[(e.client == 1) & (e.state == "idle")]["joules"] > 0).any()
 
 
+@pytest.mark.parametrize("accounting, edge_j, cloud_j", [
+    # the edge holds its core 5..7 s (aggregation 2 s at 5 W: 10 J) and idles the rest of the 8 s
+    # round (6 s at 1.6 W: 9.6 J); the cloud averages 1 group model in 2 s at 50 W, × PUE 1.5: 150 J
+    ("group-rounds", 10.0 + 9.6, 150.0),
+    # above idle: (5 - 1.6) W × 2 s, no idle; the cloud (50 - 20) W × 2 s × 1.5
+    ("marginal", 6.8, 90.0),
+])
+def test_the_edge_servers_and_the_cloud_are_charged_by_hand(accounting, edge_j, cloud_j):
+    from groupfel.cost_models.power import DevicePower, Polynomial, PowerCurve, PowerModel, shipped_power
+
+    def const(w):
+        return PowerCurve(Polynomial((w,)))
+    fed, env = _fed(2, cores=1, aggregation=2.0)
+    fed.ctx.ledger.power = PowerModel(
+        {"dev": DevicePower("dev", {s: const(w) for s, w in WATTS.items()}),
+         "raspberry-pi-4-edge": shipped_power()["raspberry-pi-4-edge"],
+         "dc": DevicePower("dc", {"aggregation": const(50.0), "secagg_server": const(50.0), "idle": const(20.0)})},
+        accounting, edge="raspberry-pi-4-edge", cloud="dc", cloud_pue=1.5)
+    fed.run_round(0, _groups([0, 1]))
+    assert env.now == pytest.approx(8.0)
+    led = fed.ctx.ledger
+    assert led.site_energy == pytest.approx({"edge": edge_j, "cloud": cloud_j}, rel=1e-12)
+    rows = led.site_frame()
+    assert rows[rows.site == "edge"].set_index("state")["seconds"].to_dict() == \
+        pytest.approx({"aggregation": 2.0, **({"idle": 6.0} if accounting != "marginal" else {})})
+    row = led.energy_row()
+    assert row["edge_energy_j"] == pytest.approx(edge_j) and row["cloud_energy_j"] == pytest.approx(cloud_j)
+
+
 def test_generated_availability_is_seeded_and_alternates():
     cfg = AvailabilityConfig(mean_on_s=100.0, mean_off_s=100.0)
     a, b = Availability(cfg, 50, 7), Availability(cfg, 50, 7)

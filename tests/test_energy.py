@@ -188,6 +188,12 @@ def test_whatif_prices_energy_by_group_size_and_access_capacity(tmp_path, capsys
     same = api.whatif([2, 4], clients=40, rounds=1, edge_clients=8, access_mbps=[8, 50], profiles_file=POWER,
                       energy=True)
     assert same["edge_energy_j"].to_numpy() == pytest.approx(df["edge_energy_j"].to_numpy())
+    # the edge server too: without edge curves it idles (1.6 W) through the round
+    server = api.whatif([2, 4], clients=40, rounds=1, edge_clients=8, access_mbps=[8, 50], profiles_file=POWER,
+                        energy=True, edge_power="raspberry-pi-4-edge")
+    assert server["edge_server_energy_j"].to_numpy() == pytest.approx(1.6 * server["makespan_s"].to_numpy())
+    assert server["edge_total_energy_j"].to_numpy() == pytest.approx(
+        (server["edge_energy_j"] + server["edge_server_energy_j"]).to_numpy())
 
 
 @pytest.mark.slow
@@ -221,6 +227,38 @@ def test_energy_budget_stops_the_run_and_batteries_take_clients_offline(tmp_path
     assert manifest["stop_message"].startswith("batteries: every client's battery (train.client_energy_budget = 1 J)")
     flat = pd.read_csv(next((tmp_path / "flat").rglob("results.csv")))
     assert (flat["clients_sampled"].iloc[1:] > 0).all()
+
+
+def test_a_run_charges_its_edge_servers_and_the_cloud_beside_its_clients(tmp_path, tiny_dict):
+    d = one_arm(tiny_dict, rounds=2, group_rounds=1)
+    (tmp_path / "edge.csv").write_text("device,task,operation,method,a,b,c\n"
+                                       "edge,t,group_overhead,aggregation,0,0.5,1\n")
+    d["topology"].update(edge_access_mbps=50.0, edge_profile="edge/t")
+    d["cost"].update(energy=True, profiles_file=str(tmp_path / "edge.csv"), edge_power="raspberry-pi-4-edge",
+                     cloud_power="raspberry-pi-4-edge", cloud_pue=1.5)
+    assert main(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "r"), "--quiet"]) == 0
+    arm = next((tmp_path / "r").rglob("manifest.json")).parent
+    res = pd.read_csv(arm / "results.csv")
+    sites = pd.read_parquet(arm / "server_energy.parquet")
+    by_site = sites.groupby("site")["joules"].sum()
+    assert res["edge_energy_j"].iloc[-1] == pytest.approx(by_site["edge"])
+    assert res["cloud_energy_j"].iloc[-1] == pytest.approx(by_site["cloud"])
+    # each edge row is the shipped server's watts × seconds; the cloud's its aggregation × PUE 1.5
+    watts = {"idle": 1.6, "aggregation": 5.0, "secagg_server": 5.0}
+    edge = sites[sites.site == "edge"]
+    assert edge["joules"].to_numpy() == pytest.approx(edge["state"].map(watts).to_numpy() * edge["seconds"].to_numpy())
+    cloud = sites[sites.site == "cloud"]
+    assert (cloud["state"] == "aggregation").all() and len(cloud) == 2
+    assert cloud["joules"].to_numpy() == pytest.approx(5.0 * 1.5 * cloud["seconds"].to_numpy())
+    manifest = json.loads((arm / "manifest.json").read_text())
+    assert manifest["total_edge_energy_j"] == pytest.approx(by_site["edge"])
+    assert "aggregation" in manifest["power_assumed"]["raspberry-pi-4-edge"]
+    # the clients' joules are the same as without the servers
+    d["cost"].update(edge_power=None, cloud_power=None)
+    del d["cost"]["edge_power"], d["cost"]["cloud_power"]
+    assert main(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "c"), "--quiet"]) == 0
+    clients = pd.read_csv(next((tmp_path / "c").rglob("results.csv")))
+    pd.testing.assert_frame_equal(res[clients.columns], clients)
 
 
 @pytest.mark.parametrize("accounting, shared", [("full-fleet", False), ("marginal", False),

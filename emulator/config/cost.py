@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .base import _Strict, path_of
 
@@ -29,3 +29,26 @@ class CostConfig(_Strict):
         "group round's start to its end, idle while it waits), full-fleet (also every online client idle "
         "between its work, sampled or not) or marginal (the work above idle power: idle is 0 W and every "
         "other state its power less idle).")
+    edge_power: str | None = Field(None, description="Charge the edge servers' energy too (needs cost.energy): "
+                                   "the device whose [[power]] tables give a server's aggregation, secagg_server "
+                                   "and idle watts (shipped: raspberry-pi-4-edge, a Raspberry Pi 4 as edge "
+                                   "server, its busy states assumed; or your own device in cost.profiles_file). "
+                                   "Each edge is charged its aggregation and secure-aggregation seconds "
+                                   "(topology.edge_profile's curves) at those powers and is idle for the rest of "
+                                   "each round it serves (every round under full-fleet; never under marginal). "
+                                   "Unset: edges use no energy.")
+    cloud_power: str | None = Field(None, description="Charge the cloud's aggregation energy too (needs "
+                                    "cost.energy): the device whose [[power]] tables give its aggregation and "
+                                    "idle watts; its seconds are topology.edge_profile's aggregation curve at the "
+                                    "number of group models it averages each round. Unset: the cloud is free.")
+    edge_pue: float = Field(1.0, ge=1.0, le=10.0, description="The edge sites' power usage effectiveness: an "
+                            "edge's joules are its server's × this (1: no facility overhead).")
+    cloud_pue: float = Field(1.0, ge=1.0, le=10.0, description="The cloud data centre's power usage "
+                             "effectiveness: the cloud's joules are its server's × this (1: no overhead).")
+
+    @model_validator(mode="after")
+    def _sites_need_energy(self):
+        for key in ("edge_power", "cloud_power"):
+            if getattr(self, key) is not None and not self.energy:
+                raise ValueError(f"{key} charges joules: set cost.energy = true, or remove {key}")
+        return self

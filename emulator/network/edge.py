@@ -39,6 +39,19 @@ class EdgeNetwork:
             s += n_dropped * float(c["secagg-server-recovery"](n_alive + n_dropped))
         return max(s, 0.0)
 
+    def server_parts(self, n_alive: int, n_dropped: int) -> dict[str, float]:
+        """:meth:`server_time`'s seconds by server state: aggregation and secure aggregation's
+        server part (with its dropout recovery)."""
+        c, n = self.edge_curves, n_alive + n_dropped
+        if n_alive <= 0:
+            return {}
+        out = {"aggregation": float(c["aggregation"](n)) if "aggregation" in c else 0.0, "secagg_server": 0.0}
+        if self.secagg and "secagg-server" in c:
+            out["secagg_server"] += float(c["secagg-server"](n))
+        if self.secagg and n_dropped and "secagg-server-recovery" in c:
+            out["secagg_server"] += n_dropped * float(c["secagg-server-recovery"](n))
+        return {k: max(v, 0.0) for k, v in out.items()}
+
     def manifest(self) -> dict:
         return {"edge_access_mbps": None if self.access_bps is None else self.access_bps / 1e6,
                 "edge_cores": self.cores, "edge_link_shared": self.cloud_shared, "upload_vectors": self.vectors,

@@ -344,6 +344,12 @@ class ContendedFederation(Federation):
                     got = env.now
                     yield env.timeout(hold)
                 e.core_busy_s += hold
+                if ctx.ledger.charges_site("edge"):     # the edge server's busy states, as they ran
+                    self._site_busy[j] = self._site_busy.get(j, 0.0) + hold
+                    for state, sec in net.server_parts(n_alive, int((lost | left).sum())).items():
+                        if sec > 0:
+                            ctx.ledger.charge_site(round=t, site="edge", edge=j, state=state, seconds=sec,
+                                                   x=n_alive + int((lost | left).sum()))
                 e.waits.append((gid, k, queued, got, env.now))
                 self.trace.append({"kind": "core", "round": t + 1, "edge": j, "group": gid, "group_round": k,
                                    "client": -1, "bytes": 0, "queued": queued, "start": got, "end": env.now})
@@ -438,6 +444,11 @@ class ContendedFederation(Federation):
             if left:
                 a = env.now
         return spans, ((down_s, down_air), (up_s, up_air)), a if left else None, left and not cut
+
+    def cloud_seconds(self, n_models: int) -> float:
+        """The edge profile's aggregation curve at the round's group models (the cloud averages them)."""
+        curve = self.net.edge_curves.get("aggregation")
+        return max(float(curve(n_models)), 0.0) if curve is not None and n_models else 0.0
 
     def _flat(self, c: int) -> bool:
         """Whether client c's battery (``train.client_energy_budget``) is empty."""

@@ -14,13 +14,15 @@ def edge_makespan(group_sizes: list[int], n_samples: np.ndarray, training, overh
                   local_epochs: int, model_bytes: int, client_mbps, latency_s,
                   access_mbps: float | None, cores: int | None, edge_curves: dict | None = None,
                   secagg: bool = True, edge_mbps: float = 1000.0, edge_latency_s: float = 0.01,
-                  operation: str = "secagg", power=None) -> dict:
+                  operation: str = "secagg", power=None, server_power=None) -> dict:
     """One global round of one edge whose sampled groups have ``group_sizes`` members (holding
     ``n_samples`` in order), on the shared-edge model: its makespan, Eq. 5 cost, time waiting for
     a core and the access links' utilisation (``groupfel whatif``'s makespan columns).
     ``client_mbps`` and ``latency_s``: one value for every client or one per client. ``power``:
     the clients' :class:`~groupfel.cost_models.power.DevicePower`, adding the round's joules
-    (``edge_energy_j`` and one ``energy_<state>_j`` column per state)."""
+    (``edge_energy_j`` and one ``energy_<state>_j`` column per state); ``server_power``: the edge
+    server's :class:`~groupfel.cost_models.power.DevicePower` (its aggregation, secure-aggregation
+    and idle joules: ``edge_server_energy_j``; with the clients', ``edge_total_energy_j``)."""
     from groupfel.cost_models import CostModel, DeviceProfile
     from groupfel.topologies import Link, build_topology
 
@@ -40,7 +42,9 @@ def edge_makespan(group_sizes: list[int], n_samples: np.ndarray, training, overh
     if power is not None:
         from groupfel.cost_models.power import DevicePower, PowerModel
 
-        ledger.power = PowerModel({"d": DevicePower("d", power.states)})
+        servers = {"edge-server": server_power} if server_power is not None else {}
+        ledger.power = PowerModel({"d": DevicePower("d", power.states), **servers},
+                                  edge="edge-server" if servers else None)
     fed = ContendedFederation(RoundContext(env, model_bytes, cost, ledger, topo, 0, group_rounds,
                                            local_epochs), net)
     starts = np.concatenate([[0], np.cumsum(group_sizes)[:-1]]).astype(int)
@@ -54,4 +58,8 @@ def edge_makespan(group_sizes: list[int], n_samples: np.ndarray, training, overh
             "access_up_utilisation": e["access_up_utilisation"],
             "bytes_client_edge": r["bytes"]["edge_to_client"] + r["bytes"]["client_to_edge"],
             **({"edge_energy_j": ledger.energy_total,
-                **{k: v for k, v in ledger.energy_row().items() if k != "energy_j"}} if power is not None else {})}
+                **{k: v for k, v in ledger.energy_row().items() if k not in ("energy_j", "edge_energy_j")}}
+               if power is not None else {}),
+            **({"edge_server_energy_j": ledger.site_energy.get("edge", 0.0),
+                "edge_total_energy_j": ledger.energy_total + ledger.site_energy.get("edge", 0.0)}
+               if power is not None and server_power is not None else {})}
