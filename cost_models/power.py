@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, 
 from groupfel.errors import InputError
 from groupfel.userfile import parse_toml, read_text
 
+from .carbon import CarbonIntensity
 from .curves import Curve, PiecewiseLinear, Polynomial, table_error
 from .profiles import Number
 
@@ -213,6 +214,7 @@ class PowerModel:
     cloud: str | None = None
     edge_pue: float = 1.0
     cloud_pue: float = 1.0
+    carbon: CarbonIntensity | None = None      # grams CO2e beside the joules (cost.carbon_intensity*)
 
     def watts(self, devices, state: str, x=None) -> np.ndarray:
         x = np.zeros(len(devices)) if x is None else np.broadcast_to(np.asarray(x, dtype=float), (len(devices),))

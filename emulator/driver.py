@@ -286,6 +286,8 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path, on_round: OnRound | None
         **({"stop_message": state.stop_message} if state.stop_message else {}),
         "rounds_run": state.t, "total_cost_eq5": state.ledger.total, "sim_time_s": state.sim_time,
         **{f"total_{k}_energy_j": v for k, v in state.ledger.site_energy.items()},
+        **({"carbon": {**world.power.carbon.manifest(), "total_g": dict(state.ledger.carbon_g)}}
+           if world.power is not None and world.power.carbon is not None else {}),
         **({"total_energy_j": state.ledger.energy_total, "power_sources": world.power.sources(),
             "power_assumed": world.power.assumed()}
            if world.power is not None else {}),

@@ -171,10 +171,12 @@ class Federation:
             edges = range(self.ctx.topology.n_edges) if led.power.accounting == "full-fleet" \
                 else sorted({g.edge for _, g in sampled})
             for j in edges:
-                led.charge_site(round=t, site="edge", edge=j, state="idle", seconds=max(span - busy.get(j, 0.0), 0.0))
+                led.charge_site(round=t, site="edge", edge=j, state="idle", seconds=max(span - busy.get(j, 0.0), 0.0),
+                                at=start)
         seconds = self.cloud_seconds(len(sampled))
         if led.charges_site("cloud") and seconds > 0:
-            led.charge_site(round=t, site="cloud", edge=-1, state="aggregation", seconds=seconds, x=len(sampled))
+            led.charge_site(round=t, site="cloud", edge=-1, state="aggregation", seconds=seconds, x=len(sampled),
+                            at=start)
 
     def cloud_seconds(self, n_models: int) -> float:
         """Seconds the cloud spends averaging ``n_models`` group models: none here (no edge curves)."""
@@ -381,9 +383,10 @@ class Federation:
         seconds["idle"] = np.where(completed, np.maximum(duration - busy, 0.0), 0.0)
         x = {"training": g.n_samples, "group_operation": np.full(g.size, g.size), "transmit": rate, "receive": rate}
         clients, devs = g.clients[present], [d for d, p in zip(devices, present) if p]
+        at = float(self.ctx.env.now) - duration        # the group round's start: its carbon intensity
         for state, sec in seconds.items():
             led.charge_energy(round=t, edge=j, group=gid, group_round=k, clients=clients, devices=devs, state=state,
-                              seconds=sec[present], x=np.asarray(x[state])[present] if state in x else None)
+                              seconds=sec[present], x=np.asarray(x[state])[present] if state in x else None, at=at)
 
     def charges(self, t: int, k: int, g: Group) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
         """Group round k of round t: each member's Eq. 5 charge per component, who drops, and
@@ -443,7 +446,7 @@ class Federation:
             if len(members):
                 led.charge_energy(round=t, edge=j, group=-1, group_round=-1, clients=members,
                                   devices=[topo.client_device[c] for c in members], state="idle",
-                                  seconds=rest[members])
+                                  seconds=rest[members], at=start)
 
     def online_now(self) -> np.ndarray | None:
         """Which clients are online at the clock's time: None, everyone (see

@@ -96,22 +96,36 @@ class CostLedger:
         self.client_seconds = np.zeros(0)   # seconds charged energy this session (full-fleet accounting's mark)
         self._sites: list[tuple] = []       # the edges' and the cloud's charges (SITE_COLUMNS)
         self.site_energy: dict[str, float] = {}
+        # grams CO2e (cost.carbon_intensity*): one array per energy block, one number per site row
+        self._grams: list[np.ndarray] = []
+        self._grams_loaded: np.ndarray | None = None
+        self._site_grams: list[float] = []
+        self.carbon_g: dict[str, float] = {}     # client, edge, cloud -> grams
 
     @property
     def measures_energy(self) -> bool:
         return self.power is not None or bool(self._energy) or self._energy_loaded is not None
 
     def charge_energy(self, *, round: int, edge: int, group: int, group_round: int, clients: np.ndarray,
-                      devices, state: str, seconds: np.ndarray, x=None) -> np.ndarray:
+                      devices, state: str, seconds: np.ndarray, x=None, at: float = 0.0) -> np.ndarray:
         """Charge power(state) × ``seconds`` to each client (``x``: the state curve's argument);
-        returns the joules."""
+        returns the joules. ``at``: the simulated time the carbon intensity is read at."""
         clients = np.asarray(clients, dtype=np.int32)
         seconds = np.asarray(seconds, dtype=float)
         joules = self.power.joules(list(devices), state, seconds, x)
         self._energy.append((round, edge, group, group_round, clients, np.asarray(devices, dtype=object), state,
                              seconds, joules))
         self._add_energy(clients, state, joules, seconds)
+        if self.power.carbon is not None:
+            self._add_grams("client", self.power.carbon.grams("client", joules, at))
         return joules
+
+    def _add_grams(self, site: str, grams) -> None:
+        if site == "client":
+            self._grams.append(np.asarray(grams, dtype=float))
+        else:
+            self._site_grams.append(float(grams))
+        self.carbon_g[site] = self.carbon_g.get(site, 0.0) + float(np.sum(grams))
 
     def _add_energy(self, clients: np.ndarray, state: str, joules: np.ndarray, seconds: np.ndarray) -> None:
         total = float(joules.sum())
@@ -130,7 +144,8 @@ class CostLedger:
         """Whether the run charges ``site``'s ("edge" or "cloud") energy."""
         return self.power is not None and getattr(self.power, site, None) is not None
 
-    def charge_site(self, *, round: int, site: str, edge: int, state: str, seconds: float, x: float = 0.0) -> float:
+    def charge_site(self, *, round: int, site: str, edge: int, state: str, seconds: float, x: float = 0.0,
+                    at: float = 0.0) -> float:
         """Charge an edge server (``site`` "edge") or the cloud power(state) × ``seconds`` (× its
         PUE); returns the joules (0 where the run does not charge the site)."""
         if not self.charges_site(site):
@@ -138,6 +153,8 @@ class CostLedger:
         joules = self.power.site_joules(site, state, seconds, x)
         self._sites.append((int(round), site, int(edge), state, float(seconds), joules))
         self.site_energy[site] = self.site_energy.get(site, 0.0) + joules
+        if self.power.carbon is not None:
+            self._add_grams(site, self.power.carbon.grams(site, joules, at))
         return joules
 
     def site_frame(self) -> pd.DataFrame | None:
@@ -146,6 +163,8 @@ class CostLedger:
             return None
         df = pd.DataFrame(self._sites, columns=SITE_COLUMNS)
         df["round"] = (df["round"] + 1).astype(np.int32)
+        if self._site_grams:
+            df["grams"] = self._site_grams
         return df
 
     def seconds_of(self, n: int) -> np.ndarray:
@@ -163,7 +182,17 @@ class CostLedger:
         return {"energy_j": self.energy_total, **{f"energy_{s}_j": self.energy_by_state.get(s, 0.0) for s in STATES},
                 **{f"{site}_energy_j": self.site_energy.get(site, 0.0) for site in ("edge", "cloud")
                    if self.charges_site(site) or site in self.site_energy},
+                **self._carbon_row(),
                 **({"energy_accounting": self.power.accounting} if self.power is not None else {})}
+
+    def _carbon_row(self) -> dict:
+        """The results row's grams CO2e (clients', each site's) and the intensity they follow."""
+        if self.power is None or self.power.carbon is None:
+            return {}
+        sites = [s for s in ("edge", "cloud") if self.charges_site(s)]
+        return {"carbon_g": self.carbon_g.get("client", 0.0),
+                **{f"{s}_carbon_g": self.carbon_g.get(s, 0.0) for s in sites},
+                "carbon_intensity": self.power.carbon.source}
 
     def scratch(self) -> "CostLedger":
         """An empty ledger for a dry play of a round: the same power model and battery levels."""
@@ -185,6 +214,10 @@ class CostLedger:
         for row in other._sites:
             self._sites.append(row)
             self.site_energy[row[1]] = self.site_energy.get(row[1], 0.0) + row[5]
+        for grams in other._grams:
+            self._add_grams("client", grams)
+        for (_, site, *_rest), grams in zip(other._sites, other._site_grams):
+            self._add_grams(site, grams)
 
     def energy_frame(self) -> pd.DataFrame | None:
         """Every energy charge, rounds numbered from 1; None where the run measures no energy."""
@@ -194,7 +227,17 @@ class CostLedger:
         df = pd.DataFrame({**cols, "round": (cols["round"] + 1).astype(np.int32)})
         for c in ("device", "state"):
             df[c] = df[c].astype("category")
+        grams = self._all_grams()
+        if grams is not None:
+            df["grams"] = grams
         return df
+
+    def _all_grams(self) -> np.ndarray | None:
+        """Each energy row's grams CO2e, in row order (None: the run prices no carbon)."""
+        if self._grams_loaded is None and not self._grams:
+            return None
+        return np.concatenate([self._grams_loaded if self._grams_loaded is not None else np.zeros(0),
+                               *self._grams])
 
     def charge(self, *, round: int, edge: int, group: int, group_round: int, clients: np.ndarray,
                devices: list[str], component: str, amounts: np.ndarray, start: np.ndarray,
@@ -264,8 +307,15 @@ class CostLedger:
                                          for c in ENERGY_COLUMNS},
                              "total": self.energy_total, "by_state": self.energy_by_state,
                              "client": self.client_energy}
+            grams = self._all_grams()
+            if grams is not None:
+                out["energy"]["grams"] = grams
         if self._sites:
             out["sites"] = list(self._sites)
+            if self._site_grams:
+                out["site_grams"] = list(self._site_grams)
+        if self.carbon_g:
+            out["carbon_g"] = dict(self.carbon_g)
         return out
 
     @classmethod
@@ -288,7 +338,11 @@ class CostLedger:
             led.energy_total = float(energy["total"])
             led.energy_by_state = dict(energy["by_state"])
             led.client_energy = np.asarray(_array(energy["client"]), dtype=float)
+            if "grams" in energy:
+                led._grams_loaded = np.asarray(energy["grams"], dtype=float)
         for row in state.get("sites", []):
             led._sites.append(tuple(row))
             led.site_energy[row[1]] = led.site_energy.get(row[1], 0.0) + row[5]
+        led._site_grams = list(state.get("site_grams", []))
+        led.carbon_g = dict(state.get("carbon_g", {}))
         return led

@@ -226,8 +226,13 @@ def build_power_model(config: RunConfig, topology: Topology, counts: np.ndarray,
             server = build_server_power(device, extra, sizes, key)
             sites[device] = replace(server, states={**(model.devices[device].states if device in model.devices
                                                        else {}), **server.states})
+    carbon = None
+    if c.carbon_intensity is not None or c.carbon_intensity_file is not None:
+        from groupfel.cost_models.carbon import read_intensity
+
+        carbon = read_intensity(c.carbon_intensity, c.carbon_intensity_file, c.carbon_start)
     return replace(model, devices={**model.devices, **sites}, accounting=c.energy_accounting, edge=c.edge_power,
-                   cloud=c.cloud_power, edge_pue=c.edge_pue, cloud_pue=c.cloud_pue)
+                   cloud=c.cloud_power, edge_pue=c.edge_pue, cloud_pue=c.cloud_pue, carbon=carbon)
 
 
 def build_engine(config: RunConfig, dataset: Dataset, topology: Topology, algorithm: Algorithm,

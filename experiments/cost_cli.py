@@ -220,7 +220,8 @@ def _cmd_whatif(args) -> int:
     if "makespan_s" in df:
         plot_makespan(df, out / "whatif.png", title + f"; one edge of {args.edge_clients} clients")
         cols = ["edge_groups", "edge_group_sizes", "access_mbps", "edge_cores", "makespan_s", "core_wait_s",
-                "edge_cost", *[c for c in ("edge_energy_j", "edge_server_energy_j", "edge_total_energy_j") if c in df],
+                "edge_cost", *[c for c in ("edge_energy_j", "edge_server_energy_j", "edge_total_energy_j", "carbon_g",
+                                           "edge_total_carbon_g") if c in df],
                 "group_size", "total_per_round"]
         print(f"one edge of {args.edge_clients} clients: the groups it forms (edge_groups of edge_group_sizes) "
               f"for each --group-sizes value (group_size: the smallest that forms them)")
@@ -231,7 +232,8 @@ def _cmd_whatif(args) -> int:
         print("edge_energy_j: joules of the edge's clients in one round, group-rounds accounting (sampled "
               "clients in their group rounds; whatif.csv's energy_accounting)"
               + ("; edge_server_energy_j: its server's (aggregation, secure aggregation, idle for the rest of "
-                 "the round); edge_total_energy_j: both" if "edge_server_energy_j" in df else ""))
+                 "the round); edge_total_energy_j: both" if "edge_server_energy_j" in df else "")
+              + (f"; carbon_g: grams CO2e at {df['carbon_intensity'].iloc[0]}" if "carbon_g" in df else ""))
     if "makespan_s" in df:
         for cap, part in df.groupby("access_mbps", dropna=False, sort=False):
             fast = part.loc[part["makespan_s"].idxmin()]
@@ -295,6 +297,8 @@ def _with_makespan(df, args, prof, overhead, sc):
     server = None
     if getattr(args, "edge_power", None) and power is None:
         raise InputError("--edge-power: prices the edge server's joules beside its clients'; add --energy")
+    if getattr(args, "carbon_intensity", None) is not None and power is None:
+        raise InputError("--carbon-intensity: prices the joules in grams CO2e; add --energy")
     if getattr(args, "edge_power", None):
         from groupfel.cost_models.power import build_server_power, read_power
 
@@ -313,7 +317,7 @@ def _with_makespan(df, args, prof, overhead, sc):
                               local_epochs=sc.local_epochs, model_bytes=int(args.model_mb * 1e6),
                               client_mbps=args.client_mbps, latency_s=args.latency_s, access_mbps=cap,
                               cores=args.edge_cores, edge_curves=curves, secagg="secagg" in op, operation=op,
-                              power=power, server_power=server)
+                              power=power, server_power=server, carbon_intensity=getattr(args, "carbon_intensity", None))
             lo, hi = min(sizes), max(sizes)
             rows.append({"group_size": s, "edge_groups": len(sizes),
                          "edge_group_sizes": f"{lo}" if lo == hi else f"{lo}-{hi}",
@@ -444,6 +448,9 @@ def register_whatif(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--edge-power", metavar="DEVICE", help="with --energy: the edge server's device in the power "
                    "profiles (shipped: raspberry-pi-4-edge), adding its joules (edge_server_energy_j) and the "
                    "edge's total with its clients' (edge_total_energy_j)")
+    m.add_argument("--carbon-intensity", type=Number(float, 0, 1e4, "g/kWh"), metavar="G_PER_KWH",
+                   help="with --energy: the grid's carbon intensity, adding grams CO2e (carbon_g for the clients; "
+                   "with --edge-power edge_server_carbon_g and edge_total_carbon_g)")
     m.add_argument("--edge-profile", help="DEVICE/TASK profile with the edge's aggregation and secagg-server "
                    "curves (default: aggregation takes no time)")
     m.add_argument("--model-mb", type=Number(float, 1e-6, 10**6, "MB"), default=1.0, help="model size in MB (10^6 bytes; default 1)")

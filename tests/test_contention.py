@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import simpy
 
@@ -218,6 +219,70 @@ def test_the_edge_servers_and_the_cloud_are_charged_by_hand(accounting, edge_j, 
         pytest.approx({"aggregation": 2.0, **({"idle": 6.0} if accounting != "marginal" else {})})
     row = led.energy_row()
     assert row["edge_energy_j"] == pytest.approx(edge_j) and row["cloud_energy_j"] == pytest.approx(cloud_j)
+
+
+EMAPS = ("Datetime (UTC),Country,Zone Name,Zone Id,Carbon Intensity gCO₂eq/kWh (direct),"
+         "Carbon Intensity gCO₂eq/kWh (LCA),Low Carbon Percentage,Renewable Percentage,Data Source,Data Estimated\n"
+         "2024-01-01 00:00:00,Germany,Germany,DE,80,100,50,40,x,false\n"
+         "2024-01-01 01:00:00,Germany,Germany,DE,350,400,20,10,x,false\n"
+         "2024-01-01 02:00:00,Germany,Germany,DE,90,110,50,40,x,false\n")
+
+
+@pytest.mark.parametrize("fmt", ["electricity-maps", "simgrid"])
+def test_joules_and_grams_of_clients_edges_and_the_cloud_by_hand(tmp_path, fmt):
+    """A shared 8 Mbit/s access, one core, aggregation 2 s, client 1 gone at 5.5 s mid-upload; an
+    hourly intensity whose hour turns at 3 s simulated (100 g/kWh, then 400). Clients: client 0
+    19.25 J (receive 2 + listen 1.25 + training 5 + operation 3 + transmit 7 + idle 2 s × 0.5 W
+    waiting for the edge), client 1 13 J; priced at their group round's start (1 s: 100 g/kWh).
+    The edge holds its core 6.25..8.25 s (10 J, priced at 6.25 s: 400 g/kWh) and idles the rest of
+    the 9.25 s round (7.25 s × 1.6 W = 11.6 J at 0 s: 100). The cloud: 2 s × 50 W × PUE 1.5 =
+    150 J at the round's start (100)."""
+    from groupfel.cost_models.carbon import read_intensity
+    from groupfel.cost_models.power import DevicePower, Polynomial, PowerCurve, PowerModel, shipped_power
+
+    if fmt == "electricity-maps":
+        (tmp_path / "ci.csv").write_text(EMAPS)
+        carbon = read_intensity(None, tmp_path / "ci.csv", "2024-01-01 00:59:57")
+        assert "(LCA)" in carbon.source
+    else:
+        (tmp_path / "ci.txt").write_text("client\t0\t100\nedge\t0\t100\nedge\t3\t400\ncloud\t0\t100\n")
+        carbon = read_intensity(None, tmp_path / "ci.txt")
+
+    def const(w):
+        return PowerCurve(Polynomial((w,)))
+    csv = tmp_path / "avail.csv"
+    csv.write_text("client,start_s,end_s\n0,0,1000\n1,0,5.5\n")
+    avail = Availability(AvailabilityConfig(file=str(csv)), 2, 0)
+    fed, env = _fed(2, access=8.0, cores=1, aggregation=2.0, avail=avail)
+    fed.ctx.ledger.power = PowerModel(
+        {"dev": DevicePower("dev", {s: const(w) for s, w in WATTS.items()}),
+         "raspberry-pi-4-edge": shipped_power()["raspberry-pi-4-edge"],
+         "dc": DevicePower("dc", {"aggregation": const(50.0), "secagg_server": const(50.0), "idle": const(20.0)})},
+        edge="raspberry-pi-4-edge", cloud="dc", cloud_pue=1.5, carbon=carbon)
+    sampled = _groups([0, 1])
+    fed.offline(0, sampled)
+    fed.run_round(0, sampled)
+    assert env.now == pytest.approx(9.25)
+    led = fed.ctx.ledger
+    e = led.energy_frame()
+    kwh = 3.6e6
+    assert e.groupby("client")["joules"].sum().to_dict() == pytest.approx({0: 19.25, 1: 13.0}, rel=1e-9)
+    assert e.groupby("client")["grams"].sum().to_dict() == pytest.approx(
+        {0: 19.25 / kwh * 100, 1: 13.0 / kwh * 100}, rel=1e-9)
+    sites = led.site_frame().set_index(["site", "state"])
+    assert sites["joules"].to_dict() == pytest.approx(
+        {("edge", "aggregation"): 10.0, ("edge", "idle"): 11.6, ("cloud", "aggregation"): 150.0}, rel=1e-9)
+    assert sites["grams"].to_dict() == pytest.approx(
+        {("edge", "aggregation"): 10.0 / kwh * 400, ("edge", "idle"): 11.6 / kwh * 100,
+         ("cloud", "aggregation"): 150.0 / kwh * 100}, rel=1e-9)
+    row = led.energy_row()
+    assert row["carbon_g"] == pytest.approx(32.25 / kwh * 100, rel=1e-9)
+    assert row["edge_carbon_g"] == pytest.approx((10.0 * 400 + 11.6 * 100) / kwh, rel=1e-9)
+    assert row["carbon_intensity"] == carbon.source
+    back = CostLedger.from_state(led.state())        # a checkpoint keeps every gram
+    pd.testing.assert_frame_equal(back.energy_frame(), e)
+    pd.testing.assert_frame_equal(back.site_frame(), led.site_frame())
+    assert back.carbon_g == led.carbon_g
 
 
 def test_generated_availability_is_seeded_and_alternates():

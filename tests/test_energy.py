@@ -235,7 +235,7 @@ def test_a_run_charges_its_edge_servers_and_the_cloud_beside_its_clients(tmp_pat
                                        "edge,t,group_overhead,aggregation,0,0.5,1\n")
     d["topology"].update(edge_access_mbps=50.0, edge_profile="edge/t")
     d["cost"].update(energy=True, profiles_file=str(tmp_path / "edge.csv"), edge_power="raspberry-pi-4-edge",
-                     cloud_power="raspberry-pi-4-edge", cloud_pue=1.5)
+                     cloud_power="raspberry-pi-4-edge", cloud_pue=1.5, carbon_intensity=380.0)
     assert main(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "r"), "--quiet"]) == 0
     arm = next((tmp_path / "r").rglob("manifest.json")).parent
     res = pd.read_csv(arm / "results.csv")
@@ -252,10 +252,17 @@ def test_a_run_charges_its_edge_servers_and_the_cloud_beside_its_clients(tmp_pat
     assert cloud["joules"].to_numpy() == pytest.approx(5.0 * 1.5 * cloud["seconds"].to_numpy())
     manifest = json.loads((arm / "manifest.json").read_text())
     assert manifest["total_edge_energy_j"] == pytest.approx(by_site["edge"])
+    # grams CO2e at a constant 380 g/kWh, each site's and the clients', the source named
+    last = res.iloc[-1]
+    for col, joules in (("carbon_g", "energy_j"), ("edge_carbon_g", "edge_energy_j"), ("cloud_carbon_g", "cloud_energy_j")):
+        assert last[col] == pytest.approx(last[joules] / 3.6e6 * 380.0, rel=1e-12)
+    assert last["carbon_intensity"] == "constant 380 g/kWh" == manifest["carbon"]["source"]
+    e = pd.read_parquet(arm / "energy.parquet")
+    assert e["grams"].to_numpy() == pytest.approx(e["joules"].to_numpy() / 3.6e6 * 380.0, rel=1e-12)
     assert "aggregation" in manifest["power_assumed"]["raspberry-pi-4-edge"]
     # the clients' joules are the same as without the servers
-    d["cost"].update(edge_power=None, cloud_power=None)
-    del d["cost"]["edge_power"], d["cost"]["cloud_power"]
+    for key in ("edge_power", "cloud_power", "cloud_pue", "carbon_intensity"):
+        del d["cost"][key]
     assert main(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "c"), "--quiet"]) == 0
     clients = pd.read_csv(next((tmp_path / "c").rglob("results.csv")))
     pd.testing.assert_frame_equal(res[clients.columns], clients)

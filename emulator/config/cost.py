@@ -46,9 +46,26 @@ class CostConfig(_Strict):
     cloud_pue: float = Field(1.0, ge=1.0, le=10.0, description="The cloud data centre's power usage "
                              "effectiveness: the cloud's joules are its server's × this (1: no overhead).")
 
+    carbon_intensity: float | None = Field(None, ge=0.0, le=1e4, description="Price grams CO2e too (needs "
+                                           "cost.energy): the grid's carbon intensity in g/kWh, the same for "
+                                           "every client, edge and cloud and at every time (with "
+                                           "carbon_intensity_file: what the file leaves out). grams = joules / "
+                                           "3.6e6 × intensity. Unset: no carbon columns.")
+    carbon_intensity_file: path_of("carbon intensity file") | None = Field(
+        None, description="An hourly carbon intensity (needs cost.energy): an Electricity Maps export (CSV with "
+        "Datetime (UTC) and a carbon intensity column in gCO₂eq/kWh; the life-cycle one where present) or a "
+        "SimGrid carbon-footprint trace (lines 'host timestamp g/kWh', host client, edge, cloud or *, "
+        "simulated seconds). Each charge is priced at its group round's (or round's) start; the manifest "
+        "names the file and column (docs/energy.md, Carbon).")
+    carbon_start: str | None = Field(None, description="With an Electricity Maps carbon_intensity_file: the UTC "
+                                     "date and time simulated second 0 is (ISO 8601, e.g. 2024-06-01 12:00); "
+                                     "unset: the file's first hour. The file repeats after its last hour.")
+
     @model_validator(mode="after")
     def _sites_need_energy(self):
-        for key in ("edge_power", "cloud_power"):
+        for key in ("edge_power", "cloud_power", "carbon_intensity", "carbon_intensity_file"):
             if getattr(self, key) is not None and not self.energy:
-                raise ValueError(f"{key} charges joules: set cost.energy = true, or remove {key}")
+                raise ValueError(f"{key} prices joules: set cost.energy = true, or remove {key}")
+        if self.carbon_start is not None and self.carbon_intensity_file is None:
+            raise ValueError("carbon_start sets second 0 of carbon_intensity_file: give the file, or remove it")
         return self

@@ -349,7 +349,7 @@ class ContendedFederation(Federation):
                     for state, sec in net.server_parts(n_alive, int((lost | left).sum())).items():
                         if sec > 0:
                             ctx.ledger.charge_site(round=t, site="edge", edge=j, state=state, seconds=sec,
-                                                   x=n_alive + int((lost | left).sum()))
+                                                   x=n_alive + int((lost | left).sum()), at=got)
                 e.waits.append((gid, k, queued, got, env.now))
                 self.trace.append({"kind": "core", "round": t + 1, "edge": j, "group": gid, "group_round": k,
                                    "client": -1, "bytes": 0, "queued": queued, "start": got, "end": env.now})

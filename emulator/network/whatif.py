@@ -14,7 +14,8 @@ def edge_makespan(group_sizes: list[int], n_samples: np.ndarray, training, overh
                   local_epochs: int, model_bytes: int, client_mbps, latency_s,
                   access_mbps: float | None, cores: int | None, edge_curves: dict | None = None,
                   secagg: bool = True, edge_mbps: float = 1000.0, edge_latency_s: float = 0.01,
-                  operation: str = "secagg", power=None, server_power=None) -> dict:
+                  operation: str = "secagg", power=None, server_power=None,
+                  carbon_intensity: float | None = None) -> dict:
     """One global round of one edge whose sampled groups have ``group_sizes`` members (holding
     ``n_samples`` in order), on the shared-edge model: its makespan, Eq. 5 cost, time waiting for
     a core and the access links' utilisation (``groupfel whatif``'s makespan columns).
@@ -22,7 +23,9 @@ def edge_makespan(group_sizes: list[int], n_samples: np.ndarray, training, overh
     the clients' :class:`~groupfel.cost_models.power.DevicePower`, adding the round's joules
     (``edge_energy_j`` and one ``energy_<state>_j`` column per state); ``server_power``: the edge
     server's :class:`~groupfel.cost_models.power.DevicePower` (its aggregation, secure-aggregation
-    and idle joules: ``edge_server_energy_j``; with the clients', ``edge_total_energy_j``)."""
+    and idle joules: ``edge_server_energy_j``; with the clients', ``edge_total_energy_j``);
+    ``carbon_intensity`` (g/kWh): their grams CO2e (``carbon_g``, ``edge_server_carbon_g``,
+    ``edge_total_carbon_g``)."""
     from groupfel.cost_models import CostModel, DeviceProfile
     from groupfel.topologies import Link, build_topology
 
@@ -43,8 +46,13 @@ def edge_makespan(group_sizes: list[int], n_samples: np.ndarray, training, overh
         from groupfel.cost_models.power import DevicePower, PowerModel
 
         servers = {"edge-server": server_power} if server_power is not None else {}
+        carbon = None
+        if carbon_intensity is not None:
+            from groupfel.cost_models.carbon import read_intensity
+
+            carbon = read_intensity(carbon_intensity)
         ledger.power = PowerModel({"d": DevicePower("d", power.states), **servers},
-                                  edge="edge-server" if servers else None)
+                                  edge="edge-server" if servers else None, carbon=carbon)
     fed = ContendedFederation(RoundContext(env, model_bytes, cost, ledger, topo, 0, group_rounds,
                                            local_epochs), net)
     starts = np.concatenate([[0], np.cumsum(group_sizes)[:-1]]).astype(int)
@@ -58,8 +66,12 @@ def edge_makespan(group_sizes: list[int], n_samples: np.ndarray, training, overh
             "access_up_utilisation": e["access_up_utilisation"],
             "bytes_client_edge": r["bytes"]["edge_to_client"] + r["bytes"]["client_to_edge"],
             **({"edge_energy_j": ledger.energy_total,
-                **{k: v for k, v in ledger.energy_row().items() if k not in ("energy_j", "edge_energy_j")}}
+                **{k: v for k, v in ledger.energy_row().items()
+                   if k not in ("energy_j", "edge_energy_j", "edge_carbon_g")}}
                if power is not None else {}),
+            **({"edge_server_carbon_g": ledger.carbon_g.get("edge", 0.0),
+                "edge_total_carbon_g": ledger.carbon_g.get("client", 0.0) + ledger.carbon_g.get("edge", 0.0)}
+               if power is not None and server_power is not None and carbon_intensity is not None else {}),
             **({"edge_server_energy_j": ledger.site_energy.get("edge", 0.0),
                 "edge_total_energy_j": ledger.energy_total + ledger.site_energy.get("edge", 0.0)}
                if power is not None and server_power is not None else {})}
