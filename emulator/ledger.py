@@ -17,6 +17,8 @@ index the run loop derives its seeds from; :meth:`CostLedger.frame` shows it as 
 """
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pandas as pd
 
@@ -101,6 +103,7 @@ class CostLedger:
         self._grams_loaded: np.ndarray | None = None
         self._site_grams: list[float] = []
         self.carbon_g: dict[str, float] = {}     # client, edge, cloud -> grams
+        self.battery: dict | None = None         # batteries that charge: their levels (network.battery)
 
     @property
     def measures_energy(self) -> bool:
@@ -198,6 +201,8 @@ class CostLedger:
         """An empty ledger for a dry play of a round: the same power model and battery levels."""
         led = CostLedger()
         led.power, led.client_energy = self.power, self.client_energy.copy()
+        if self.battery is not None:
+            led.battery = copy.deepcopy(self.battery)
         return led
 
     def replay(self, other: "CostLedger") -> None:
@@ -211,6 +216,8 @@ class CostLedger:
         for block in other._energy:
             self._energy.append(block)
             self._add_energy(block[4], block[6], block[8], block[7])
+        if other.battery is not None:     # the play's battery levels are the run's from now on
+            self.battery = copy.deepcopy(other.battery)
         for row in other._sites:
             self._sites.append(row)
             self.site_energy[row[1]] = self.site_energy.get(row[1], 0.0) + row[5]
@@ -316,6 +323,8 @@ class CostLedger:
                 out["site_grams"] = list(self._site_grams)
         if self.carbon_g:
             out["carbon_g"] = dict(self.carbon_g)
+        if self.battery is not None:
+            out["battery"] = copy.deepcopy(self.battery)
         return out
 
     @classmethod
@@ -345,4 +354,6 @@ class CostLedger:
             led.site_energy[row[1]] = led.site_energy.get(row[1], 0.0) + row[5]
         led._site_grams = list(state.get("site_grams", []))
         led.carbon_g = dict(state.get("carbon_g", {}))
+        if state.get("battery") is not None:
+            led.battery = copy.deepcopy(state["battery"])
         return led

@@ -491,7 +491,8 @@ def whatif_values(**values):
 
 def _cmd_timeline(args) -> int:
     from .plots import ACCOUNTING
-    from .timeline import energy_accounting, energy_per_client, load_energy, load_network, load_round, plot_timeline, summary
+    from .timeline import (battery_events, energy_accounting, energy_per_client, load_energy, load_network, load_round,
+                           plot_timeline, summary)
 
     arm_dir = Path(args.arm_dir)
     rows = load_round(arm_dir, args.round)
@@ -506,6 +507,9 @@ def _cmd_timeline(args) -> int:
         moved = network.groupby("kind")["bytes"].sum()
         print(f"transfers: {int(moved.get('download', 0)):,} bytes down, {int(moved.get('upload', 0)):,} up; "
               f"groups waited {float((cores['start'] - cores['queued']).sum()):.4g} s for edge cores")
+    events = battery_events(arm_dir, args.round)
+    if events:
+        print("batteries: " + "; ".join(f"client {e['client']} {e['event']} at {e['time_s']:.6g} s" for e in events))
     energy = load_energy(arm_dir, args.round)
     if energy is None:
         print("energy: not measured (the run had no cost.energy)")

@@ -81,6 +81,20 @@ def energy_accounting(arm_dir: Path) -> str:
         return "group-rounds"
 
 
+def battery_events(arm_dir: Path, round_: int) -> list[dict]:
+    """Batteries that emptied or came back charged during the round (train.client_charge_w): the
+    manifest's events from the round's start to its end."""
+    from groupfel.emulator.runfiles import load_json
+
+    try:
+        net = load_json(Path(arm_dir) / "manifest.json")["network"]
+        r = next(x for x in net["rounds"] if x["round"] == round_)
+    except (OSError, KeyError, TypeError, ValueError, StopIteration):
+        return []
+    end = r["start_s"] + r["makespan_s"]
+    return [e for e in net.get("battery_events", []) if r["start_s"] <= e["time_s"] <= end]
+
+
 def energy_per_client(energy: pd.DataFrame) -> pd.DataFrame:
     """One row per client of the round: joules in each state and in all. Idle outside the
     group rounds (``full-fleet``: charged with group -1) is its own column, ``idle_between_j``."""

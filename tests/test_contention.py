@@ -285,6 +285,45 @@ def test_joules_and_grams_of_clients_edges_and_the_cloud_by_hand(tmp_path, fmt):
     assert back.carbon_g == led.carbon_g
 
 
+def test_a_battery_that_charges_takes_its_client_off_and_brings_it_back():
+    """Two clients, batteries of 20 J charging at 2 W (always plugged in), back when full. Each
+    group round spends 17 J a client (receive 1 s × 2 W, training 5 J, operation 3 J, transmit
+    1 s × 7 W) in 4 s. Round 1: group rounds at 1 s (20 J) and 5 s (20 - 17 + 2 × 4 = 11 J). Round
+    2: at 11 s 11 - 17 + 2 × 6 = 6 J; at 15 s 6 - 17 + 8 = -3 J: both empty, nobody trains, the
+    round ends at 16 s. Nobody is charged until 15 + 23 J / 2 W = 26.5 s: the clock waits for
+    them, and both come back then."""
+    from groupfel.emulator.network.battery import Battery
+
+    fed, env = _fed(2, group_rounds=2)
+    _powered(fed)
+    fed.net.battery_j = 20.0
+    fed.net.battery = Battery(20.0, 2.0)
+    sampled = _groups([0, 1])
+    for t in range(2):
+        fed.offline(t, sampled)
+        fed.run_round(t, sampled)
+    assert env.now == pytest.approx(16.0)
+    led = fed.ctx.ledger
+    assert led.client_energy.tolist() == pytest.approx([51.0, 51.0])
+    assert [(a, e) for a, _, e in led.battery["events"]] == [(15.0, "empty"), (15.0, "empty")]
+    off = led.frame()
+    assert sorted(off[off.component == OFFLINE][["round", "group_round"]].values.tolist()) == [[2, 1], [2, 1]]
+    assert fed.await_online() is None and env.now == pytest.approx(26.5)
+    assert fed.online_now().all()
+    assert [(a, c, e) for a, c, e in led.battery["events"][2:]] == [(26.5, 0, "charged"), (26.5, 1, "charged")]
+    assert fed.manifest(led)["network"]["battery_events"][-1] == {"time_s": 26.5, "client": 1, "event": "charged"}
+
+
+def test_drain_only_batteries_never_come_back():
+    fed, env = _fed(2, group_rounds=2)
+    _powered(fed)
+    fed.net.battery_j = 20.0
+    sampled = _groups([0, 1])
+    fed.offline(0, sampled)
+    fed.run_round(0, sampled)
+    assert fed.await_online().startswith("batteries: every client's battery (train.client_energy_budget = 20 J)")
+
+
 def test_generated_availability_is_seeded_and_alternates():
     cfg = AvailabilityConfig(mean_on_s=100.0, mean_off_s=100.0)
     a, b = Availability(cfg, 50, 7), Availability(cfg, 50, 7)

@@ -290,6 +290,31 @@ def test_an_energy_budget_is_never_overshot_in_any_accounting(tmp_path, tiny_dic
     assert got["round"].max() == (2 if accounting == "full-fleet" else 3)
 
 
+def test_batteries_that_charge_bring_their_clients_back(tmp_path, tiny_dict, capsys):
+    d = one_arm(tiny_dict, rounds=6, group_rounds=1)
+    d["cost"].update(energy=True, profiles_file=POWER)
+    d["train"].update(client_energy_budget=4.0, client_charge_w=0.05)
+    assert main(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "r"), "--quiet"]) == 0
+    arm = next((tmp_path / "r").rglob("manifest.json")).parent
+    manifest = json.loads((arm / "manifest.json").read_text())
+    assert manifest["stop_reason"] == "rounds" and manifest["rounds_run"] == 6
+    net = manifest["network"]
+    assert net["battery"] == {"capacity_j": 4.0, "charge_w": 0.05, "resume_share": 1.0, "charging": "always"}
+    kinds = {e["event"] for e in net["battery_events"]}
+    assert kinds == {"empty", "charged"}, net["battery_events"]
+    back = next(e for e in net["battery_events"] if e["event"] == "charged")
+    r = next(x for x in net["rounds"] if x["start_s"] <= back["time_s"] <= x["start_s"] + x["makespan_s"])
+    capsys.readouterr()
+    assert main(["timeline", str(arm), "--round", str(r["round"]), "--out", str(tmp_path / "t.png")]) == 0
+    assert f"client {back['client']} charged at" in capsys.readouterr().out
+    # the simple case: the same batteries without charging empty for good and the run stops
+    del d["train"]["client_charge_w"]
+    d["train"]["rounds"] = 30
+    assert main(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "drain"), "--quiet"]) == 0
+    drained = json.loads(next((tmp_path / "drain").rglob("manifest.json")).read_text())
+    assert drained["stop_reason"] == "batteries"
+
+
 @pytest.mark.parametrize("text, says", [
     ('[[power]]\ndevice = "d"\nstate = "idle"\nunits = "kJ"\nvalue = 1', "power[0].units: power is in W or mW"),
     ('[[power]]\ndevice = "d"\nstate = "idle"\nvalue = -1', "power[0].value: power -1 W; give watts from 0"),

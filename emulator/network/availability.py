@@ -14,13 +14,14 @@ from ..rng import rng as stream
 from .clientcsv import client_id, number, read_csv, require_every_client
 from .fedscale import read_behaviour
 
+
 class Availability:
     """Each client's online intervals [start, end) in simulated seconds, read from a CSV, from a
     FedScale behaviour trace (repeating every finish_time s, as FedScale reads it) or drawn as an
     alternating on/off process (exponential durations), extended lazily as time goes on."""
 
-    def __init__(self, cfg: AvailabilityConfig, n: int, seed: int):
-        self.cfg, self.n, self.seed = cfg, n, seed
+    def __init__(self, cfg: AvailabilityConfig, n: int, seed: int, where: str = "topology.availability.file"):
+        self.cfg, self.n, self.seed, self.where = cfg, n, seed, where
         self._iv: list[list[tuple[float, float]]] = [[] for _ in range(n)]
         self._gen: list[tuple[np.random.Generator, float, bool]] = []
         self._period: np.ndarray | None = None      # a FedScale trace repeats every finish_time s
@@ -46,7 +47,7 @@ class Availability:
                 self._gen.append((r, 0.0, bool(r.random() < on / (on + off))))
 
     def _read(self, path: str) -> None:
-        where = "topology.availability.file"
+        where = self.where
         _, rows = read_csv(path, where, ("client", "start_s", "end_s"))
         for line, row in rows:
             c = client_id(row, where, line, self.n)
@@ -112,3 +113,17 @@ class Availability:
         p = float(self._period[c])
         base, local = time - time % p, time % p
         return next((base + a for a, _ in iv if a > local), base + p + iv[0][0])
+
+    def seconds_between(self, c: int, start: float, end: float) -> float:
+        """Client c's online seconds in [start, end)."""
+        total, x = 0.0, start
+        while x < end:
+            if self.online(c, x):
+                y = min(self.online_until(c, x), end)
+                total, x = total + (y - x), y
+            else:
+                nxt = self.next_online(c, x)
+                if nxt is None or nxt >= end:
+                    break
+                x = nxt
+        return total

@@ -8,6 +8,7 @@ from groupfel.errors import InputError
 
 from ..config import RunConfig
 from .availability import Availability
+from .battery import Battery
 from .heterogeneity import ClientNet, client_net
 from .payload import payload_vectors
 
@@ -25,6 +26,7 @@ class EdgeNetwork:
     edge_curves: dict = field(default_factory=dict)     # aggregation, secagg-server, secagg-server-recovery
     availability: Availability | None = None
     battery_j: float | None = None     # each client's energy budget: an empty battery takes it offline
+    battery: Battery | None = None     # with a charging power: batteries that charge (train.client_charge_w)
 
     def server_time(self, n_alive: int, n_dropped: int) -> float:
         """Seconds an edge core spends aggregating a group round of ``n_alive`` survivors."""
@@ -57,6 +59,7 @@ class EdgeNetwork:
                 "edge_cores": self.cores, "edge_link_shared": self.cloud_shared, "upload_vectors": self.vectors,
                 "secure_aggregation_messages": self.secagg, "edge_curves": sorted(self.edge_curves),
                 "clients": self.clients.manifest(),
+                **({"battery": self.battery.manifest()} if self.battery is not None else {}),
                 **({"availability_fedscale_ids": self.availability.trace_ids}
                    if self.availability is not None and self.availability.trace_ids is not None else {})}
 
@@ -88,4 +91,24 @@ def build_network(config: RunConfig, n_clients: int, algorithm, operations: tupl
     avail = Availability(tc.availability, n_clients, config.seed) if tc.availability is not None else None
     return EdgeNetwork(None if tc.edge_access_mbps is None else tc.edge_access_mbps * 1e6, tc.edge_cores,
                        tc.edge_link.shared, clients, payload_vectors(algorithm),
-                       any("secagg" in op for op in operations), curves, avail, battery)
+                       any("secagg" in op for op in operations), curves, avail, battery,
+                       _battery(config, n_clients, avail))
+
+
+def _battery(config: RunConfig, n: int, avail: Availability | None) -> Battery | None:
+    """Batteries that charge (``train.client_charge_w``); None: drain only, or no batteries."""
+    t = config.train
+    if t.client_charge_w is None:
+        return None
+    charging = None
+    if t.client_charging_file is not None:
+        from ..config import AvailabilityConfig
+
+        charging = Availability(AvailabilityConfig(file=t.client_charging_file), n, config.seed,
+                                "train.client_charging_file")
+    elif t.client_charging_from_availability:
+        if avail is None:
+            raise InputError("train.client_charging_from_availability: reads topology.availability's online "
+                             "intervals as charging; set topology.availability, or remove it")
+        charging = avail
+    return Battery(float(t.client_energy_budget), float(t.client_charge_w), charging, t.client_resume_share)

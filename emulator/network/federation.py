@@ -90,7 +90,11 @@ class ContendedFederation(Federation):
             offline = [{"round": int(r.round), "group_round": int(r.group_round), "client": int(r.client),
                         "edge": int(r.edge), "group": int(r.group), "time_s": float(r.start)}
                        for r in rows.itertuples(index=False)]
-        return {"network": {**self.net.manifest(), "bytes_total": totals, "offline": offline, "rounds": self.stats}}
+        battery = ledger.battery if ledger is not None else None
+        events = {"battery_events": [{"time_s": a, "client": c, "event": e} for a, c, e in battery["events"]]} \
+            if battery is not None else {}
+        return {"network": {**self.net.manifest(), "bytes_total": totals, "offline": offline, "rounds": self.stats,
+                            **events}}
 
     def write_outputs(self, arm_dir) -> None:
         """network.parquet: every transfer and core hold (the timeline's), this session's added to
@@ -167,11 +171,21 @@ class ContendedFederation(Federation):
         env, net, n = self.ctx.env, self.net, len(clients)
         now = float(env.now)
         alive = [int(c) for c in clients if not self._flat(int(c))]
-        if not alive:
+        charging = net.battery is not None
+        if not alive and not charging:
             return (f"batteries: every client's battery (train.client_energy_budget = {net.battery_j:g} J) is empty "
                     f"at {now:g} s simulated")
         times = [net.availability.next_online(c, now) for c in alive] if net.availability is not None else []
+        if charging:        # an empty battery's client is back once charged (and online)
+            for c in (int(c) for c in clients if self._flat(int(c))):
+                back = net.battery.back_at(self.ctx.ledger.battery, c, now)
+                if back is not None and net.availability is not None:
+                    back = net.availability.next_online(c, back)
+                times.append(back)
         times = [x for x in times if x is not None]
+        if not times and not alive:
+            return (f"batteries: every client's battery (train.client_energy_budget = {net.battery_j:g} J) is empty "
+                    f"at {now:g} s simulated and none charges again (train.client_charge_w)")
         if not times:
             flat = n - len(alive)
             return (f"availability: no client is online at or after {now:g} s simulated"
@@ -450,7 +464,14 @@ class ContendedFederation(Federation):
         curve = self.net.edge_curves.get("aggregation")
         return max(float(curve(n_models)), 0.0) if curve is not None and n_models else 0.0
 
-    def _flat(self, c: int) -> bool:
-        """Whether client c's battery (``train.client_energy_budget``) is empty."""
-        spent = self.ctx.ledger.client_energy
-        return self.net.battery_j is not None and c < len(spent) and spent[c] >= self.net.battery_j
+    def _flat(self, c: int, now: float | None = None) -> bool:
+        """Whether client c's battery (``train.client_energy_budget``) is empty (at ``now``, default
+        the clock's time: a battery that charges is brought up to date then)."""
+        led, battery = self.ctx.ledger, self.net.battery
+        spent = led.client_energy
+        if battery is None:
+            return self.net.battery_j is not None and c < len(spent) and spent[c] >= self.net.battery_j
+        if led.battery is None:
+            led.battery = battery.fresh(self.ctx.topology.n_clients)
+        return battery.flat(led.battery, c, float(self.ctx.env.now if now is None else now),
+                            float(spent[c]) if c < len(spent) else 0.0)
