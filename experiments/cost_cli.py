@@ -492,7 +492,7 @@ def whatif_values(**values):
 def _cmd_timeline(args) -> int:
     from .plots import ACCOUNTING
     from .timeline import (battery_events, energy_accounting, energy_per_client, load_energy, load_network, load_round,
-                           plot_timeline, summary)
+                           plot_timeline, site_energy, summary)
 
     arm_dir = Path(args.arm_dir)
     rows = load_round(arm_dir, args.round)
@@ -521,6 +521,10 @@ def _cmd_timeline(args) -> int:
               f"{'; idle_between_j: idle outside its group rounds' if 'idle_between_j' in per else ''}):")
         print(per.to_string(index=False, float_format=_number))
         print(f"round {args.round}: {per['total_j'].sum():.6g} J over {len(per)} clients")
+        sites = site_energy(arm_dir, args.round)
+        if sites is not None and len(sites):
+            print(f"\nedge servers and the cloud in round {args.round} (J, {acc} accounting; edge -1: the cloud):")
+            print(sites.to_string(index=False, float_format=_number))
     print(f"plot: {out}")
     return 0
 

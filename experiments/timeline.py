@@ -95,6 +95,23 @@ def battery_events(arm_dir: Path, round_: int) -> list[dict]:
     return [e for e in net.get("battery_events", []) if r["start_s"] <= e["time_s"] <= end]
 
 
+def site_energy(arm_dir: Path, round_: int) -> pd.DataFrame | None:
+    """The round's joules (and grams) per edge server and the cloud, by state (cost.edge_power,
+    cost.cloud_power), else None."""
+    path = Path(arm_dir) / "server_energy.parquet"
+    if not path.exists():
+        return None
+    e = _read(path, ("round", "site", "edge", "state", "joules"))
+    e = e[e["round"] == round_]
+    values = ["joules", *(["grams"] if "grams" in e else [])]
+    table = e.pivot_table(index=["site", "edge"], columns="state", values="joules", aggfunc="sum", fill_value=0.0)
+    table.columns = [f"{c}_j" for c in table.columns]
+    table["total_j"] = table.sum(axis=1)
+    if "grams" in values:
+        table["grams"] = e.groupby(["site", "edge"])["grams"].sum()
+    return table.reset_index()
+
+
 def energy_per_client(energy: pd.DataFrame) -> pd.DataFrame:
     """One row per client of the round: joules in each state and in all. Idle outside the
     group rounds (``full-fleet``: charged with group -1) is its own column, ``idle_between_j``."""

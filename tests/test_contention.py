@@ -285,6 +285,74 @@ def test_joules_and_grams_of_clients_edges_and_the_cloud_by_hand(tmp_path, fmt):
     assert back.carbon_g == led.carbon_g
 
 
+def test_the_whole_systems_joules_and_grams_by_hand(tmp_path):
+    """Clients, the edge and the cloud in one shared-link round with secure aggregation, a drop-out,
+    batteries that charge and an hourly intensity, every number by hand.
+
+    Secure aggregation in a group of 2: download 1e6 + 2 × 64 + 168 = 1,000,296 B (8,002,368 bit),
+    upload 1e6 + 64 + 168 + 66 = 1,000,298 B (8,002,384 bit). x_t 0..1 s; both download at
+    4 Mbit/s to 3.000592 s (receive 1.000296 s, listen 1.000296 s), train to 4.000592, operate to
+    5.000592, upload at 4 Mbit/s. Client 1 goes offline at 5.5 s having sent 1,997,632 bit
+    (transmit 0.249704 s, listen 0.249704 s); client 0's 6,004,752 bit left go at 8 Mbit/s to
+    6.250594 s (transmit 1.000298 s, listen 0.249704 s more). The edge holds its core 3.5 s
+    (aggregation 2 s; secure aggregation 1 s + 1 drop-out × 0.5 s) to 9.750594 s, then sends the
+    model up (1 s): the round ends at 10.750594 s. Client 0 idles 8.750594 - 5.250594 = 3.5 s."""
+    from groupfel.cost_models.carbon import read_intensity
+    from groupfel.cost_models.power import DevicePower, Polynomial, PowerCurve, PowerModel, shipped_power
+    from groupfel.emulator.network.battery import Battery
+
+    (tmp_path / "ci.csv").write_text(EMAPS)
+    carbon = read_intensity(None, tmp_path / "ci.csv", "2024-01-01 00:59:57")     # 100 g/kWh, 400 from 3 s
+
+    def const(w):
+        return PowerCurve(Polynomial((w,)))
+    (tmp_path / "avail.csv").write_text("client,start_s,end_s\n0,0,1000\n1,0,5.5\n")
+    avail = Availability(AvailabilityConfig(file=str(tmp_path / "avail.csv")), 2, 0)
+    fed, env = _fed(2, access=8.0, cores=1, aggregation=2.0, avail=avail)
+    fed.net.secagg = True
+    fed.net.edge_curves.update({"secagg-server": quadratic(0.0, 0.0, 1.0),
+                                "secagg-server-recovery": quadratic(0.0, 0.0, 0.5)})
+    fed.net.battery_j, fed.net.battery = 15.0, Battery(15.0, 0.5)
+    fed.ctx.ledger.power = PowerModel(
+        {"dev": DevicePower("dev", {s: const(w) for s, w in WATTS.items()}),
+         "raspberry-pi-4-edge": shipped_power()["raspberry-pi-4-edge"],
+         "dc": DevicePower("dc", {"aggregation": const(50.0), "secagg_server": const(50.0), "idle": const(20.0)})},
+        edge="raspberry-pi-4-edge", cloud="dc", cloud_pue=1.5, carbon=carbon)
+    sampled = _groups([0, 1])
+    assert fed.offline(0, sampled) == {(0, 1)}
+    fed.run_round(0, sampled)
+    end = 10.750594
+    assert env.now == pytest.approx(end, rel=1e-12)
+    led, kwh = fed.ctx.ledger, 3.6e6
+    rows = led.energy_frame().groupby(["client", "state"], observed=True)[["seconds", "joules", "grams"]].sum()
+    hand = {(0, "receive"): (1.000296, 2), (0, "training"): (1, 5), (0, "group_operation"): (1, 3),
+            (0, "transmit"): (1.000298, 7), (0, "listen"): (1.25, 1), (0, "idle"): (3.5, 0.5),
+            (1, "receive"): (1.000296, 2), (1, "training"): (1, 5), (1, "group_operation"): (1, 3),
+            (1, "transmit"): (0.249704, 7), (1, "listen"): (1.25, 1)}
+    for key, (sec, w) in hand.items():
+        assert rows.loc[key, "seconds"] == pytest.approx(sec, rel=1e-9), key
+        assert rows.loc[key, "joules"] == pytest.approx(sec * w, rel=1e-9), key
+        assert rows.loc[key, "grams"] == pytest.approx(sec * w / kwh * 100, rel=1e-9), key   # at 1 s: 100 g/kWh
+    assert rows.loc[(1, "idle"), "joules"] == 0.0           # it left: no idle
+    sites = led.site_frame().set_index(["site", "state"])
+    edge_idle = (end - 3.5) * 1.6
+    assert sites["joules"].to_dict() == pytest.approx(
+        {("edge", "aggregation"): 10.0, ("edge", "secagg_server"): 7.5, ("edge", "idle"): edge_idle,
+         ("cloud", "aggregation"): 150.0}, rel=1e-9)
+    assert sites["grams"].to_dict() == pytest.approx(
+        {("edge", "aggregation"): 10.0 / kwh * 400, ("edge", "secagg_server"): 7.5 / kwh * 400,
+         ("edge", "idle"): edge_idle / kwh * 100, ("cloud", "aggregation"): 150.0 / kwh * 100}, rel=1e-9)
+    # batteries: checked at 1 s (full), spent 20.002678 J and 12.99852 J, charged 0.5 W since:
+    # client 0 at 15 - 20.002678 + 0.5 × 9.750594 = -0.127381 J is empty; client 1 (6.876777 J) is
+    # offline for good, so the clock waits until client 0 holds 15 J: 30.254762 s later
+    assert led.client_energy.tolist() == pytest.approx([20.002678, 12.99852], rel=1e-9)
+    assert fed.await_online() is None
+    assert env.now == pytest.approx(end + (15 + 0.127381) / 0.5, rel=1e-9)
+    assert led.battery["level"][1] == pytest.approx(15 - 12.99852 + 0.5 * (end - 1), rel=1e-9)
+    assert fed.online_now().tolist() == [True, False]       # client 0 is back, charged
+    assert [(c, e) for _, c, e in led.battery["events"]] == [(0, "empty"), (0, "charged")]
+
+
 def test_a_battery_that_charges_takes_its_client_off_and_brings_it_back():
     """Two clients, batteries of 20 J charging at 2 W (always plugged in), back when full. Each
     group round spends 17 J a client (receive 1 s × 2 W, training 5 J, operation 3 J, transmit

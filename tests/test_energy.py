@@ -260,6 +260,12 @@ def test_a_run_charges_its_edge_servers_and_the_cloud_beside_its_clients(tmp_pat
     e = pd.read_parquet(arm / "energy.parquet")
     assert e["grams"].to_numpy() == pytest.approx(e["joules"].to_numpy() / 3.6e6 * 380.0, rel=1e-12)
     assert "aggregation" in manifest["power_assumed"]["raspberry-pi-4-edge"]
+    # the timeline prints each edge's and the cloud's joules in the round
+    from groupfel.experiments.timeline import site_energy
+
+    table = site_energy(arm, 2)
+    r2 = sites[sites["round"] == 2]
+    assert table["total_j"].sum() == pytest.approx(r2["joules"].sum()) and set(table["site"]) == {"edge", "cloud"}
     # the clients' joules are the same as without the servers
     for key in ("edge_power", "cloud_power", "cloud_pue", "carbon_intensity"):
         del d["cost"][key]
