@@ -137,7 +137,8 @@ def plot_makespan(df: pd.DataFrame, path, title: str) -> None:
                              color=line[0].get_color(), label=f"{label}: clients + edge server")
     if energy:
         axes[2].set_xlabel("size of the groups the edge forms (clients)")
-        axes[2].set_ylabel("the edge's clients' energy per round (J),\ngroup-rounds: sampled clients in their group rounds")
+        who = "clients' (dashed: + its server's)" if "edge_total_energy_j" in df else "clients'"
+        axes[2].set_ylabel(f"the edge's {who} energy per round (J),\ngroup-rounds: sampled clients in their group rounds")
         axes[2].set_title("energy: one line per access capacity", fontsize=9)
         axes[2].legend(fontsize=8)
         axes[2].grid(alpha=0.3)

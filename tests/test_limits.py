@@ -211,6 +211,7 @@ def _flag_bases(tmp: Path) -> dict[tuple[str, str], list[str]]:
                                              "--local-epochs", "--groups-per-round", "--participation", "--seed",
                                              "--access-mbps", "--edge-cores", "--edge-clients", "--model-mb",
                                              "--client-mbps", "--latency-s", "--group-sizes")}
+    bases |= {("whatif", "--carbon-intensity"): [*edge, "--energy"]}
     bases |= {("whatif", f): grouped for f in ("--alpha", "--clients-per-edge", "--labels", "--max-cov", "--jobs",
                                                 "--min-group-size")}
     return bases
@@ -237,7 +238,9 @@ def _finite_json(obj, where: str) -> None:
 def _check_run_outputs(out: Path) -> None:
     for results in out.rglob("results.csv"):
         df = pd.read_csv(results)
-        for col in ("cost", "sim_time_s", "accuracy", "loss", *[c for c in df if c.startswith("energy_")]):
+        for col in ("cost", "sim_time_s", "accuracy", "loss",
+                    *[c for c in df if c.endswith("_energy_j") or c.startswith("energy_") and c.endswith("_j")
+                      or c.endswith("carbon_g")]):
             if col in df:
                 assert np.isfinite(df[col]).all(), (results, col, df[col].tolist())
     for ledger in out.rglob("ledger.parquet"):

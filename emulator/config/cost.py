@@ -57,8 +57,8 @@ class CostConfig(_Strict):
         "SimGrid carbon-footprint trace (lines 'host timestamp g/kWh', host client, edge, cloud or *, "
         "simulated seconds). Each charge is priced at its group round's (or round's) start; the manifest "
         "names the file and column (docs/energy.md, Carbon).")
-    carbon_start: str | None = Field(None, description="With an Electricity Maps carbon_intensity_file: the UTC "
-                                     "date and time simulated second 0 is (ISO 8601, e.g. 2024-06-01 12:00); "
+    carbon_start: str | None = Field(None, description="The UTC date and time simulated second 0 is in an "
+                                     "Electricity Maps carbon_intensity_file (ISO 8601, e.g. 2024-06-01 12:00); "
                                      "unset: the file's first hour. The file repeats after its last hour.")
 
     @model_validator(mode="after")

@@ -96,13 +96,13 @@ class TrainConfig(_Strict):
                                           "offline until charged to client_resume_share of its battery. Unset: "
                                           "batteries only drain, and an empty client is off for good.")
     client_charging_file: path_of("CSV file") | None = Field(
-        None, description="With client_charge_w: a CSV client, start_s, end_s of the intervals each client "
-        "charges (as topology.availability.file); unset: always plugged in.")
+        None, description="The intervals each client charges in (needs client_charge_w), a CSV client, "
+        "start_s, end_s (as topology.availability.file); unset: always plugged in.")
     client_charging_from_availability: bool = Field(
-        False, description="With client_charge_w: a client charges while topology.availability says it is online "
-        "(FedScale reads its behaviour trace's online intervals as charging).")
-    client_resume_share: float = Field(1.0, gt=0, le=1.0, description="With client_charge_w: an empty client "
-                                       "comes back once its battery holds this share of its capacity (1: full).")
+        False, description="A client charges while topology.availability says it is online (needs "
+        "client_charge_w; FedScale reads its behaviour trace's online intervals as charging).")
+    client_resume_share: float = Field(1.0, gt=0, le=1.0, description="An empty client comes back once its "
+                                       "battery holds this share of its capacity (needs client_charge_w; 1: full).")
     eval_every: Rounds = Field(1, description="Evaluate the global model every this many rounds.")
     report_best: bool = Field(False, description="Per-group mode: also report each client's best local test "
                               "accuracy over the evaluations after round 0 (local_error_best_* columns; the HCCT "
