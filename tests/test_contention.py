@@ -382,6 +382,18 @@ def test_a_battery_that_charges_takes_its_client_off_and_brings_it_back():
     assert fed.manifest(led)["network"]["battery_events"][-1] == {"time_s": 26.5, "client": 1, "event": "charged"}
 
 
+def test_a_battery_charges_only_in_its_charging_intervals(tmp_path):
+    """Charging in [0, 10) and [20, 30) at 1 W: 15 J from 5 s take 5 s to 10 s and 10 s more from
+    20 s: charged at 30 s; 30 J never (the intervals hold 20 s in all)."""
+    from groupfel.emulator.network.battery import Battery
+
+    (tmp_path / "charge.csv").write_text("client,start_s,end_s\n0,0,10\n0,20,30\n")
+    plugged = Availability(AvailabilityConfig(file=str(tmp_path / "charge.csv")), 1, 0, "train.client_charging_file")
+    b = Battery(100.0, 1.0, plugged)
+    assert b.charged_by(0, 5.0, 15.0) == 30.0 and b.charged_by(0, 5.0, 30.0) is None
+    assert b.charging_seconds(0, 5.0, 25.0) == 10.0
+
+
 def test_drain_only_batteries_never_come_back():
     fed, env = _fed(2, group_rounds=2)
     _powered(fed)
