@@ -214,6 +214,7 @@ class PowerModel:
     cloud: str | None = None
     edge_pue: float = 1.0
     cloud_pue: float = 1.0
+    n_edges: int = 0                             # the topology's edges (one results column each)
     carbon: CarbonIntensity | None = None      # grams CO2e beside the joules (cost.carbon_intensity*)
 
     def watts(self, devices, state: str, x=None) -> np.ndarray:

@@ -98,6 +98,7 @@ class CostLedger:
         self.client_seconds = np.zeros(0)   # seconds charged energy this session (full-fleet accounting's mark)
         self._sites: list[tuple] = []       # the edges' and the cloud's charges (SITE_COLUMNS)
         self.site_energy: dict[str, float] = {}
+        self.edge_energy: dict[int, float] = {}     # each edge server's joules
         # grams CO2e (cost.carbon_intensity*): one array per energy block, one number per site row
         self._grams: list[np.ndarray] = []
         self._grams_loaded: np.ndarray | None = None
@@ -154,11 +155,17 @@ class CostLedger:
         if not self.charges_site(site):
             return 0.0
         joules = self.power.site_joules(site, state, seconds, x)
-        self._sites.append((int(round), site, int(edge), state, float(seconds), joules))
-        self.site_energy[site] = self.site_energy.get(site, 0.0) + joules
+        self._add_site_row((int(round), site, int(edge), state, float(seconds), joules))
         if self.power.carbon is not None:
             self._add_grams(site, self.power.carbon.grams(site, joules, at))
         return joules
+
+    def _add_site_row(self, row: tuple) -> None:
+        """A site charge made elsewhere (a dry play, a checkpoint), with its totals."""
+        self._sites.append(row)
+        self.site_energy[row[1]] = self.site_energy.get(row[1], 0.0) + row[5]
+        if row[1] == "edge":
+            self.edge_energy[int(row[2])] = self.edge_energy.get(int(row[2]), 0.0) + row[5]
 
     def site_frame(self) -> pd.DataFrame | None:
         """Every edge and cloud charge, rounds numbered from 1; None where the run charges neither."""
@@ -185,6 +192,8 @@ class CostLedger:
         return {"energy_j": self.energy_total, **{f"energy_{s}_j": self.energy_by_state.get(s, 0.0) for s in STATES},
                 **{f"{site}_energy_j": self.site_energy.get(site, 0.0) for site in ("edge", "cloud")
                    if self.charges_site(site) or site in self.site_energy},
+                **({f"edge{j}_energy_j": self.edge_energy.get(j, 0.0) for j in range(self.power.n_edges)}
+                   if self.charges_site("edge") else {}),
                 **self._carbon_row(),
                 **({"energy_accounting": self.power.accounting} if self.power is not None else {})}
 
@@ -219,8 +228,7 @@ class CostLedger:
         if other.battery is not None:     # the play's battery levels are the run's from now on
             self.battery = copy.deepcopy(other.battery)
         for row in other._sites:
-            self._sites.append(row)
-            self.site_energy[row[1]] = self.site_energy.get(row[1], 0.0) + row[5]
+            self._add_site_row(row)
         for grams in other._grams:
             self._add_grams("client", grams)
         for (_, site, *_rest), grams in zip(other._sites, other._site_grams):
@@ -350,8 +358,7 @@ class CostLedger:
             if "grams" in energy:
                 led._grams_loaded = np.asarray(energy["grams"], dtype=float)
         for row in state.get("sites", []):
-            led._sites.append(tuple(row))
-            led.site_energy[row[1]] = led.site_energy.get(row[1], 0.0) + row[5]
+            led._add_site_row(tuple(row))
         led._site_grams = list(state.get("site_grams", []))
         led.carbon_g = dict(state.get("carbon_g", {}))
         if state.get("battery") is not None:

@@ -232,7 +232,8 @@ def build_power_model(config: RunConfig, topology: Topology, counts: np.ndarray,
 
         carbon = read_intensity(c.carbon_intensity, c.carbon_intensity_file, c.carbon_start)
     return replace(model, devices={**model.devices, **sites}, accounting=c.energy_accounting, edge=c.edge_power,
-                   cloud=c.cloud_power, edge_pue=c.edge_pue, cloud_pue=c.cloud_pue, carbon=carbon)
+                   cloud=c.cloud_power, edge_pue=c.edge_pue, cloud_pue=c.cloud_pue, carbon=carbon,
+                   n_edges=topology.n_edges)
 
 
 def build_engine(config: RunConfig, dataset: Dataset, topology: Topology, algorithm: Algorithm,

@@ -243,6 +243,8 @@ def test_a_run_charges_its_edge_servers_and_the_cloud_beside_its_clients(tmp_pat
     by_site = sites.groupby("site")["joules"].sum()
     assert res["edge_energy_j"].iloc[-1] == pytest.approx(by_site["edge"])
     assert res["cloud_energy_j"].iloc[-1] == pytest.approx(by_site["cloud"])
+    per_edge = sites[sites.site == "edge"].groupby("edge")["joules"].sum()     # a column per edge
+    assert [res[f"edge{j}_energy_j"].iloc[-1] for j in (0, 1)] == pytest.approx([per_edge.get(0, 0.0), per_edge.get(1, 0.0)])
     # each edge row is the shipped server's watts × seconds; the cloud's its aggregation × PUE 1.5
     watts = {"idle": 1.6, "aggregation": 5.0, "secagg_server": 5.0}
     edge = sites[sites.site == "edge"]
