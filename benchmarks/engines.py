@@ -12,7 +12,7 @@ GFLOP/s (forward + backward FLOPs counted by torch's FlopCounterMode) and as a s
 float32 matmul measured in the same run; and the emulator's own share of a round (everything
 that is not the engine). ``--network`` times the same round on shared edges
 (:func:`shared_edges`: access capacity, cores, an edge profile, heterogeneous clients and
-availability, :mod:`groupfel.emulator.contention`), for the overhead that model adds.
+availability, :mod:`groupfel.emulator.network`), for the overhead that model adds.
 """
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def shared_edges(n_clients: int, seed: int = 0):
     online 90 % of the time (on/off means 900 s and 100 s)."""
     from groupfel.cost_models import quadratic
     from groupfel.emulator.config import AvailabilityConfig, HeterogeneityConfig
-    from groupfel.emulator.contention import Availability, EdgeNetwork, client_net
+    from groupfel.emulator.network import Availability, EdgeNetwork, client_net
 
     curves = {"aggregation": quadratic(0.0, 0.01, 0.0), "secagg-server": quadratic(3.5e-5, 5e-4, 4e-3),
               "secagg-server-recovery": quadratic(3.4e-5, -3e-4, 1e-2)}
@@ -112,7 +112,7 @@ def federation(engine, topo, network=None) -> Federation:
     ctx = RoundContext(Federation.environment(), engine.model_bytes, cost, CostLedger(), topo, 0, K, E)
     if network is None:
         return Federation(ctx)
-    from groupfel.emulator.contention import ContendedFederation
+    from groupfel.emulator.network import ContendedFederation
 
     return ContendedFederation(ctx, network)
 
@@ -141,7 +141,7 @@ def main() -> None:
                     help="force the batched engine's formulation (default: its own choice)")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads of this process (the sequential engine); default torch's")
-    ap.add_argument("--network", action="store_true", help="on shared edges (groupfel.emulator.contention)")
+    ap.add_argument("--network", action="store_true", help="on shared edges (groupfel.emulator.network)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

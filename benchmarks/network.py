@@ -18,14 +18,14 @@ Builds, on this machine (root needed), one edge and N clients out of network nam
 * Real processes: a server in the edge namespace and one client process per client namespace
   (``ip netns exec``). The server sends each client its download, the client sleeps its compute
   time and sends its upload back: byte for byte what the emulator's accounting says they move
-  (``groupfel.emulator.contention.client_bytes``: the model, SCAFFOLD's second vector, secure
+  (``groupfel.emulator.network.client_bytes``: the model, SCAFFOLD's second vector, secure
   aggregation's key and share messages). When a group's uploads are all in, the server hands its
   aggregation to one of ``edge_cores`` worker processes (groups wait in line for a free one), which
   holds its core for the aggregation time (a sleep: on a shared 2-core machine timed busy work
   would measure the neighbours, and the queue for cores is what is checked).
 * The round's phases are timed on CLOCK_MONOTONIC, which every namespace shares.
 
-The emulated side is the emulator's own clock: ``groupfel.emulator.contention.ContendedFederation``, the
+The emulated side is the emulator's own clock: ``groupfel.emulator.network.ContendedFederation``, the
 shared-edge processes a run uses, plays the same group round (``edge_access_mbps``, per-client
 bandwidths and speed factors, ``edge_cores``, an edge ``aggregation`` curve).
 
@@ -88,8 +88,8 @@ class Scenario:
 
     def transfer_bytes(self) -> tuple[list[int], list[int]]:
         """Each client's (download, upload) bytes: the emulator's own accounting
-        (``groupfel.emulator.contention.client_bytes``), which the real processes send byte for byte."""
-        from groupfel.emulator.contention import client_bytes
+        (``groupfel.emulator.network.client_bytes``), which the real processes send byte for byte."""
+        from groupfel.emulator.network import client_bytes
 
         down, up = [0] * self.n, [0] * self.n
         for members in self.groups:
@@ -136,7 +136,7 @@ def scenarios(quick: bool = False) -> list[Scenario]:
 # The emulated side
 
 def emulate(sc: Scenario, efficiency: float = EFFICIENCY) -> dict:
-    """The round on the emulator's own clock (``groupfel.emulator.contention.ContendedFederation``: the
+    """The round on the emulator's own clock (``groupfel.emulator.network.ContendedFederation``: the
     shared-edge processes a run uses), with every link's rate times ``efficiency``. Returns the
     makespan and each client's and group's phase ends, in seconds from the first download."""
     import numpy as np
@@ -144,7 +144,7 @@ def emulate(sc: Scenario, efficiency: float = EFFICIENCY) -> dict:
     from groupfel.cost_models import CostModel
     from groupfel.cost_models.curves import linear
     from groupfel.cost_models.profiles import DeviceProfile
-    from groupfel.emulator.contention import ClientNet, ContendedFederation, EdgeNetwork
+    from groupfel.emulator.network import ClientNet, ContendedFederation, EdgeNetwork
     from groupfel.emulator.federation import Federation, Group, RoundContext
     from groupfel.emulator.ledger import CostLedger
     from groupfel.topologies.topology import Link, build_topology

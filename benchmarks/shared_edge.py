@@ -1,4 +1,4 @@
-"""Shared edges (groupfel.emulator.contention): the SimPy time they add to a Table 1 round, and a what-if
+"""Shared edges (groupfel.emulator.network): the SimPy time they add to a Table 1 round, and a what-if
 table of round makespan and Eq. 5 cost by group size at three access capacities.
 
     python benchmarks/shared_edge.py [--repeats 20] [--capacities 20,100,500] [--sizes 2,3,4,5,6,8,10,12,15,20,30,40]
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from groupfel.cost_models import get_profile, read_profiles
-from groupfel.emulator.contention import edge_makespan
+from groupfel.emulator.network import edge_makespan
 
 HERE = Path(__file__).parent
 

@@ -6,10 +6,12 @@ zones overlap, so they are summed without counting anything twice: where a top-l
 ``psys`` (the platform: the SoC and more, which contains the packages) is present, it alone is
 read; else every package zone ``intel-rapl:N`` plus each of its ``dram`` sub-zones (DRAM is
 outside the package; the core, uncore and other sub-zones are inside it and are not added again).
-A reading is the sum of the counters' advances, with one wrap allowed per reading (a package at
-200 W wraps a 2^32 µJ counter in about 6 h, far longer than one measured call). The counters cover
-the whole machine's package (or platform), so other work on it is included; the measurement
-file's header says so.
+A counter wraps often: a 2^32 µJ range (4295 J) lasts about 21 s at 200 W, and the usual
+262,143,328,850 µJ range (262 kJ) about 22 min. So, as Zeus does, a reading polls the counters in
+the background every :data:`RAPL_POLL_S` and sums each poll's advance, across at most one wrap per
+poll (a counter would need over 2.6 MW to wrap twice in 0.1 s of its usual range): a reading of
+any length counts every wrap. The counters cover the whole machine's package (or platform), so
+other work on it is included; the measurement file's header says so.
 
 A power-meter log: a CSV with columns ``timestamp`` (Unix seconds) and ``watts``; the energy of a
 call is the trapezoidal integral of the log over the call's start and end, on this machine's clock:
@@ -25,6 +27,7 @@ Where neither is readable, :func:`open_meter` says why in one line; nothing reco
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +38,7 @@ from groupfel.errors import InputError
 
 POWERCAP = Path("/sys/class/powercap")
 RAPL_MIN_SPAN_S = 0.05   # RAPL updates about every 1 ms: 50 updates per reading
+RAPL_POLL_S = 0.1        # how often a reading polls the counters for wraps (Zeus: 0.1 s)
 MIN_SAMPLES = 10         # a log's samples per reading (the trapezoid's error is about one sample's share)
 CLOCK_SLACK_S = 1.0      # how far a log's last timestamp may lie ahead of this machine's clock
 
@@ -87,27 +91,61 @@ def rapl_zones(root: Path = POWERCAP) -> tuple[list[RaplZone], str | None]:
 
 
 def advance(before: int, after: int, max_range: int) -> int:
-    """A counter's advance in µJ between two readings, across one wrap at ``max_range``."""
+    """A counter's advance in µJ between two polls, across one wrap at ``max_range``."""
     return after - before if after >= before else after + max_range - before
 
 
+class RaplReading:
+    """The counters' advance since it began, polled every ``poll_s`` on a thread of its own so that
+    every wrap is counted (:meth:`poll` adds one poll's advances)."""
+
+    def __init__(self, zones: list[RaplZone], poll_s: float | None = RAPL_POLL_S):
+        self.zones = zones
+        self.last = [z.read_uj() for z in zones]
+        self.uj = 0
+        self.polls = 0
+        self.t0 = time.perf_counter()
+        self._lock, self._done = threading.Lock(), threading.Event()
+        self._thread = None
+        if poll_s is not None:
+            self._thread = threading.Thread(target=self._run, args=(poll_s,), name="rapl-poll", daemon=True)
+            self._thread.start()
+
+    def _run(self, poll_s: float) -> None:
+        while not self._done.wait(poll_s):
+            self.poll()
+
+    def poll(self) -> None:
+        with self._lock:
+            now = [z.read_uj() for z in self.zones]
+            self.uj += sum(advance(b, a, z.max_range_uj) for b, a, z in zip(self.last, now, self.zones))
+            self.last, self.polls = now, self.polls + 1
+
+    def end(self) -> tuple[int, float]:
+        """Stop polling; (µJ since the start, seconds)."""
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.poll()
+        return self.uj, time.perf_counter() - self.t0
+
+
 class RaplMeter:
-    """Joules over a span: read every package's counter at its start and end."""
+    """Joules over a span: every package's counter polled from its start to its end."""
 
     kind = "rapl"
     min_span_s = RAPL_MIN_SPAN_S
 
-    def __init__(self, zones: list[RaplZone]):
-        self.zones = zones
+    def __init__(self, zones: list[RaplZone], poll_s: float | None = RAPL_POLL_S):
+        self.zones, self.poll_s = zones, poll_s
 
-    def start(self):
-        return [z.read_uj() for z in self.zones], time.perf_counter()
+    def start(self) -> RaplReading:
+        return RaplReading(self.zones, self.poll_s)
 
-    def stop(self, mark, calls: int = 1) -> tuple[float, float]:
+    def stop(self, mark: RaplReading, calls: int = 1) -> tuple[float, float]:
         """(joules, the seconds they cover), per call of the ``calls`` the reading spans."""
-        before, t0 = mark
-        joules = sum(advance(b, z.read_uj(), z.max_range_uj) for b, z in zip(before, self.zones)) * 1e-6
-        return joules / calls, (time.perf_counter() - t0) / calls
+        uj, seconds = mark.end()
+        return uj * 1e-6 / calls, seconds / calls
 
     def describe(self) -> str:
         what = "the whole platform" if any(z.name == "psys" for z in self.zones) else "the whole package"

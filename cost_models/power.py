@@ -46,18 +46,24 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, 
 from groupfel.errors import InputError
 from groupfel.userfile import parse_toml, read_text
 
+from .carbon import CarbonIntensity
 from .curves import Curve, PiecewiseLinear, Polynomial, table_error
 from .profiles import Number
 
 STATES = ("training", "group_operation", "transmit", "receive", "listen", "idle")
-StateName = Literal["training", "group_operation", "transmit", "receive", "listen", "idle"]
+# an edge server's or the cloud's states (cost.edge_power, cost.cloud_power): aggregating a group's
+# models, its share of secure aggregation (and dropout recovery), idle while it serves the round
+SERVER_STATES = ("aggregation", "secagg_server", "idle")
+StateName = Literal["training", "group_operation", "transmit", "receive", "listen", "idle", "aggregation",
+                    "secagg_server"]
 CONSTANT_STATES = ("idle", "listen")
 # what each state's curve is a function of (error messages and docs)
 X_OF = {"training": "samples", "group_operation": "group size", "transmit": "Mbit/s", "receive": "Mbit/s",
-        "listen": None, "idle": None}
+        "listen": None, "idle": None, "aggregation": "group size", "secagg_server": "group size"}
 POWER_UNITS = {"W": 1.0, "mW": 1e-3}
 MAX_WATTS = 1e6     # a megawatt client is a typo (the limits harness)
 SHIPPED_POWER = "raspberry-pi-4-power.toml"
+SHIPPED_SERVER_POWER = "edge-server-power.toml"    # a Raspberry Pi 4 as an edge server
 
 
 @dataclass(frozen=True)
@@ -158,8 +164,9 @@ def parse_power_table(table) -> dict[str, DevicePower]:
             continue
         where = table.where(row)
         state = row.get("method")
-        if state not in STATES:
-            raise InputError(f"{where}: method {state!r} is not a power state; choose one of {list(STATES)}")
+        if state not in STATES + SERVER_STATES[:2]:
+            raise InputError(f"{where}: method {state!r} is not a power state; choose one of "
+                             f"{list(STATES + SERVER_STATES[:2])}")
         if "units" in table.header and (row.get("units") or "W") not in POWER_UNITS:
             raise InputError(f"{where}: column 'units': power is in W or mW, got {row.get('units')!r}")
         s = POWER_UNITS[(row.get("units") or "W") if "units" in table.header else "W"]
@@ -186,8 +193,11 @@ def read_power(path: str | Path) -> dict[str, DevicePower]:
 
 @cache
 def shipped_power() -> dict[str, DevicePower]:
-    text = resources.files(__package__).joinpath("profiles", SHIPPED_POWER).read_text()
-    return parse_power_toml(tomllib.loads(text), f"shipped {SHIPPED_POWER}")
+    out = {}
+    for name in (SHIPPED_POWER, SHIPPED_SERVER_POWER):
+        text = resources.files(__package__).joinpath("profiles", name).read_text()
+        out.update(parse_power_toml(tomllib.loads(text), f"shipped {name}"))
+    return out
 
 
 @dataclass(frozen=True)
@@ -198,6 +208,14 @@ class PowerModel:
 
     devices: dict[str, DevicePower]
     accounting: str = "group-rounds"
+    # the edge servers' and the cloud's devices (cost.edge_power, cost.cloud_power; None: free) and
+    # their facilities' power usage effectiveness (joules at the wall × PUE)
+    edge: str | None = None
+    cloud: str | None = None
+    edge_pue: float = 1.0
+    cloud_pue: float = 1.0
+    n_edges: int = 0                             # the topology's edges (one results column each)
+    carbon: CarbonIntensity | None = None      # grams CO2e beside the joules (cost.carbon_intensity*)
 
     def watts(self, devices, state: str, x=None) -> np.ndarray:
         x = np.zeros(len(devices)) if x is None else np.broadcast_to(np.asarray(x, dtype=float), (len(devices),))
@@ -214,13 +232,26 @@ class PowerModel:
             w = w - self.watts(devices, "idle")
         return w * np.asarray(seconds, dtype=float)
 
+    def site_joules(self, site: str, state: str, seconds: float, x: float = 0.0) -> float:
+        """An edge server's (``site`` "edge") or the cloud's joules in ``state`` for ``seconds``,
+        its facility's PUE included; under ``marginal`` the power above its idle."""
+        device, pue = (self.edge, self.edge_pue) if site == "edge" else (self.cloud, self.cloud_pue)
+        if device is None:
+            return 0.0
+        states = self.devices[device].states
+        w = float(states[state].curve(np.array([float(x)]))[0])
+        if self.accounting == "marginal":
+            w -= float(states["idle"].curve(np.zeros(1))[0])
+        return w * float(seconds) * pue
+
     def sources(self) -> dict:
         """The manifest's record: device → state → source (None: the user's own number)."""
         return {d: {s: pc.source for s, pc in p.states.items()} for d, p in self.devices.items()}
 
     def assumed(self) -> dict[str, list[str]]:
         """device → the states whose power is an assumption, not a measurement (none: left out)."""
-        out = {d: [s for s in STATES if p.states[s].assumed] for d, p in self.devices.items()}
+        out = {d: [s for s in (*STATES, *SERVER_STATES[:2]) if s in p.states and p.states[s].assumed]
+               for d, p in self.devices.items()}
         return {d: s for d, s in out.items() if s}
 
 
@@ -260,3 +291,19 @@ def build_power(devices: list[str], extra: dict[str, DevicePower] | None, uses: 
     return PowerModel(out)
 
 
+
+
+def build_server_power(device: str, extra: dict[str, DevicePower] | None, sizes: np.ndarray, where: str) -> DevicePower:
+    """An edge server's or the cloud's power (:data:`SERVER_STATES`): the shipped power of
+    ``device`` with the user's file's states over it, every state given, checked at ``sizes``."""
+    shipped, extra = shipped_power(), extra or {}
+    states = {**(shipped[device].states if device in shipped else {}),
+              **(extra[device].states if device in extra else {})}
+    missing = [s for s in SERVER_STATES if s not in states]
+    if missing:
+        raise InputError(f"{where}: device {device!r} has no power for {', '.join(missing)} (the shipped server "
+                         f"is raspberry-pi-4-edge); add a [[power]] table for each to cost.profiles_file")
+    for s in SERVER_STATES:
+        check_watts(states[s].curve, sizes if s != "idle" else np.zeros(1),
+                    f"{states[s].where or where} ({device} {s} power)")
+    return DevicePower(device, {s: states[s] for s in SERVER_STATES})

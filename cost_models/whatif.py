@@ -131,10 +131,14 @@ def plot_makespan(df: pd.DataFrame, path, title: str) -> None:
         label = "dedicated links" if cap != cap else f"access {cap:g} Mbit/s"
         ax.plot(part["x"], part["makespan_s"], marker="o", ms=3.5, label=label)
         if energy:
-            axes[2].plot(part["x"], part["edge_energy_j"], marker="o", ms=3.5, label=label)
+            line = axes[2].plot(part["x"], part["edge_energy_j"], marker="o", ms=3.5, label=f"{label}: clients")
+            if "edge_total_energy_j" in part:     # the edge server's joules on top of its clients'
+                axes[2].plot(part["x"], part["edge_total_energy_j"], marker="s", ms=3.5, ls="--",
+                             color=line[0].get_color(), label=f"{label}: clients + edge server")
     if energy:
         axes[2].set_xlabel("size of the groups the edge forms (clients)")
-        axes[2].set_ylabel("the edge's clients' energy per round (J)")
+        who = "clients' (dashed: + its server's)" if "edge_total_energy_j" in df else "clients'"
+        axes[2].set_ylabel(f"the edge's {who} energy per round (J),\ngroup-rounds: sampled clients in their group rounds")
         axes[2].set_title("energy: one line per access capacity", fontsize=9)
         axes[2].legend(fontsize=8)
         axes[2].grid(alpha=0.3)

@@ -99,7 +99,7 @@ def new_federation(world: World, env: Environment, ledger: CostLedger, stats: li
     network = getattr(world, "network", None)
     if network is None:
         return Federation(ctx)
-    from .contention import ContendedFederation
+    from .network import ContendedFederation
 
     return ContendedFederation(ctx, network, stats)
 

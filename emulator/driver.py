@@ -276,6 +276,9 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path, on_round: OnRound | None
     energy = state.ledger.energy_frame()
     if energy is not None:
         atomic_write(arm_dir / "energy.parquet", lambda p: energy.to_parquet(p, index=False))
+    sites = state.ledger.site_frame()
+    if sites is not None:       # the edge servers' and the cloud's joules (cost.edge_power, cost.cloud_power)
+        atomic_write(arm_dir / "server_energy.parquet", lambda p: sites.to_parquet(p, index=False))
     strategy.write_outputs()
     strategy.fed.write_outputs(arm_dir)
     write_distances(arm_dir, (state.initial_grouping or {}).get("distances"))
@@ -284,6 +287,9 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path, on_round: OnRound | None
         "complete": True, "stop_reason": stop_reason, **({"message": str(diverged)} if diverged else {}),
         **({"stop_message": state.stop_message} if state.stop_message else {}),
         "rounds_run": state.t, "total_cost_eq5": state.ledger.total, "sim_time_s": state.sim_time,
+        **{f"total_{k}_energy_j": v for k, v in state.ledger.site_energy.items()},
+        **({"carbon": {**world.power.carbon.manifest(), "total_g": dict(state.ledger.carbon_g)}}
+           if world.power is not None and world.power.carbon is not None else {}),
         **({"total_energy_j": state.ledger.energy_total, "power_sources": world.power.sources(),
             "power_assumed": world.power.assumed()}
            if world.power is not None else {}),

@@ -145,6 +145,7 @@ class Federation:
         self._priced: dict[bytes, tuple[list[str], dict[str, np.ndarray]]] = {}
         self._transfer: dict[int, float] = {}     # a model over each client's link, in seconds
         self._cost: dict[bytes, float] = {}       # a group round's nominal Eq. 5 charge, per group
+        self._site_busy: dict[int, float] = {}    # this round's seconds each edge's server held a core
 
     @staticmethod
     def environment(initial_time: float = 0.0) -> simpy.Environment:
@@ -154,8 +155,32 @@ class Federation:
     def run_round(self, t: int, sampled: list[tuple[int, Group]]) -> None:
         """Play round t's time and charges to its end on the context's clock."""
         env = self.ctx.env
+        start = float(env.now)
         if not self._computed(t, sampled):
             env.run(until=env.process(self.global_round(t, sampled)))
+        self.charge_sites(t, start, sampled)
+
+    def charge_sites(self, t: int, start: float, sampled: list[tuple[int, Group]]) -> None:
+        """The edge servers' idle over round t's stretch of the clock (less the seconds each held a
+        core, charged as they ran) and the cloud's aggregation of the round's group models
+        (``cost.edge_power``, ``cost.cloud_power``). Under group-rounds an edge is charged for the
+        rounds it serves, under full-fleet every edge for every round, under marginal no idle."""
+        led, busy, self._site_busy = self.ctx.ledger, self._site_busy, {}
+        if led.charges_site("edge") and led.power.accounting != "marginal":
+            span = float(self.ctx.env.now) - start
+            edges = range(self.ctx.topology.n_edges) if led.power.accounting == "full-fleet" \
+                else sorted({g.edge for _, g in sampled})
+            for j in edges:
+                led.charge_site(round=t, site="edge", edge=j, state="idle", seconds=max(span - busy.get(j, 0.0), 0.0),
+                                at=start)
+        seconds = self.cloud_seconds(len(sampled))
+        if led.charges_site("cloud") and seconds > 0:
+            led.charge_site(round=t, site="cloud", edge=-1, state="aggregation", seconds=seconds, x=len(sampled),
+                            at=start)
+
+    def cloud_seconds(self, n_models: int) -> float:
+        """Seconds the cloud spends averaging ``n_models`` group models: none here (no edge curves)."""
+        return 0.0
 
     def _computed(self, t: int, sampled: list[tuple[int, Group]]) -> bool:
         """Play round t as :meth:`global_round` would, without its SimPy events, where that gives
@@ -358,9 +383,10 @@ class Federation:
         seconds["idle"] = np.where(completed, np.maximum(duration - busy, 0.0), 0.0)
         x = {"training": g.n_samples, "group_operation": np.full(g.size, g.size), "transmit": rate, "receive": rate}
         clients, devs = g.clients[present], [d for d, p in zip(devices, present) if p]
+        at = float(self.ctx.env.now) - duration        # the group round's start: its carbon intensity
         for state, sec in seconds.items():
             led.charge_energy(round=t, edge=j, group=gid, group_round=k, clients=clients, devices=devs, state=state,
-                              seconds=sec[present], x=np.asarray(x[state])[present] if state in x else None)
+                              seconds=sec[present], x=np.asarray(x[state])[present] if state in x else None, at=at)
 
     def charges(self, t: int, k: int, g: Group) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
         """Group round k of round t: each member's Eq. 5 charge per component, who drops, and
@@ -396,7 +422,7 @@ class Federation:
 
     def offline(self, t: int, sampled: list[tuple[int, Group]]) -> frozenset[tuple[int, int]]:
         """(group round, client) pairs of round t whose client is offline: none here (see
-        :class:`groupfel.emulator.contention.ContendedFederation`)."""
+        :class:`groupfel.emulator.network.ContendedFederation`)."""
         return frozenset()
 
     def absent(self, t: int) -> set[int]:
@@ -420,11 +446,11 @@ class Federation:
             if len(members):
                 led.charge_energy(round=t, edge=j, group=-1, group_round=-1, clients=members,
                                   devices=[topo.client_device[c] for c in members], state="idle",
-                                  seconds=rest[members])
+                                  seconds=rest[members], at=start)
 
     def online_now(self) -> np.ndarray | None:
         """Which clients are online at the clock's time: None, everyone (see
-        :class:`groupfel.emulator.contention.ContendedFederation`)."""
+        :class:`groupfel.emulator.network.ContendedFederation`)."""
         return None
 
     def await_online(self, clients: np.ndarray | None = None) -> str | None:
@@ -448,10 +474,22 @@ class Federation:
         return dry
 
     def round_energy(self, t: int, groups: list[Group]) -> float:
-        """The joules round t will charge: its play on a scratch clock (energy needs the times)."""
-        dry = self.scratch()
+        """The joules round t will charge: its play on a scratch clock (energy needs the times),
+        with the fleet's idle in it under the full-fleet accounting."""
+        dry, start = self.scratch(), float(self.ctx.env.now)
         dry.run_round(t, list(enumerate(groups)))
-        return dry.ctx.ledger.energy_total
+        return dry.ctx.ledger.energy_total + dry.fleet_idle_joules(start)
+
+    def fleet_idle_joules(self, start: float) -> float:
+        """What :meth:`charge_fleet_idle` will charge for [``start``, now) after a dry play on a
+        scratch ledger (whose seconds are the play's alone); 0 outside the full-fleet accounting."""
+        led, topo = self.ctx.ledger, self.ctx.topology
+        if led.power is None or led.power.accounting != "full-fleet":
+            return 0.0
+        n = topo.n_clients
+        rest = self.online_seconds(start, float(self.ctx.env.now)) - led.seconds_of(n)
+        idle = np.flatnonzero(rest > 0)
+        return float(led.power.joules([topo.client_device[c] for c in idle], "idle", rest[idle]).sum())
 
     def round_cost(self, t: int, groups: list[Group]) -> float:
         """What round t will charge to the ledger (Eq. 5 plus any dropout recovery)."""

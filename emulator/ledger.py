@@ -17,6 +17,8 @@ index the run loop derives its seeds from; :meth:`CostLedger.frame` shows it as 
 """
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pandas as pd
 
@@ -28,6 +30,9 @@ TEXT = ("device", "component")   # kept as codes into their names once expanded
 ENERGY_COLUMNS = ["round", "edge", "group", "group_round", "client", "device", "state", "seconds", "joules"]
 ENERGY_DTYPES = {**{c: DTYPES[c] for c in ENERGY_COLUMNS[:6]}, "state": object, "seconds": float, "joules": float}
 ENERGY_SCALARS = ("round", "edge", "group", "group_round", "state")
+# the edge servers' and the cloud's joules (cost.edge_power, cost.cloud_power): one row per charge;
+# edge is -1 for the cloud
+SITE_COLUMNS = ["round", "site", "edge", "state", "seconds", "joules"]
 
 
 class Rows:
@@ -91,22 +96,40 @@ class CostLedger:
         self.energy_by_state: dict[str, float] = {}
         self.client_energy = np.zeros(0)    # joules spent so far by each client (a battery's level)
         self.client_seconds = np.zeros(0)   # seconds charged energy this session (full-fleet accounting's mark)
+        self._sites: list[tuple] = []       # the edges' and the cloud's charges (SITE_COLUMNS)
+        self.site_energy: dict[str, float] = {}
+        self.edge_energy: dict[int, float] = {}     # each edge server's joules
+        # grams CO2e (cost.carbon_intensity*): one array per energy block, one number per site row
+        self._grams: list[np.ndarray] = []
+        self._grams_loaded: np.ndarray | None = None
+        self._site_grams: list[float] = []
+        self.carbon_g: dict[str, float] = {}     # client, edge, cloud -> grams
+        self.battery: dict | None = None         # batteries that charge: their levels (network.battery)
 
     @property
     def measures_energy(self) -> bool:
         return self.power is not None or bool(self._energy) or self._energy_loaded is not None
 
     def charge_energy(self, *, round: int, edge: int, group: int, group_round: int, clients: np.ndarray,
-                      devices, state: str, seconds: np.ndarray, x=None) -> np.ndarray:
+                      devices, state: str, seconds: np.ndarray, x=None, at: float = 0.0) -> np.ndarray:
         """Charge power(state) × ``seconds`` to each client (``x``: the state curve's argument);
-        returns the joules."""
+        returns the joules. ``at``: the simulated time the carbon intensity is read at."""
         clients = np.asarray(clients, dtype=np.int32)
         seconds = np.asarray(seconds, dtype=float)
         joules = self.power.joules(list(devices), state, seconds, x)
         self._energy.append((round, edge, group, group_round, clients, np.asarray(devices, dtype=object), state,
                              seconds, joules))
         self._add_energy(clients, state, joules, seconds)
+        if self.power.carbon is not None:
+            self._add_grams("client", self.power.carbon.grams("client", joules, at))
         return joules
+
+    def _add_grams(self, site: str, grams) -> None:
+        if site == "client":
+            self._grams.append(np.asarray(grams, dtype=float))
+        else:
+            self._site_grams.append(float(grams))
+        self.carbon_g[site] = self.carbon_g.get(site, 0.0) + float(np.sum(grams))
 
     def _add_energy(self, clients: np.ndarray, state: str, joules: np.ndarray, seconds: np.ndarray) -> None:
         total = float(joules.sum())
@@ -121,6 +144,39 @@ class CostLedger:
         np.add.at(self.client_energy, clients, joules)
         np.add.at(self.client_seconds, clients, seconds)
 
+    def charges_site(self, site: str) -> bool:
+        """Whether the run charges ``site``'s ("edge" or "cloud") energy."""
+        return self.power is not None and getattr(self.power, site, None) is not None
+
+    def charge_site(self, *, round: int, site: str, edge: int, state: str, seconds: float, x: float = 0.0,
+                    at: float = 0.0) -> float:
+        """Charge an edge server (``site`` "edge") or the cloud power(state) × ``seconds`` (× its
+        PUE); returns the joules (0 where the run does not charge the site)."""
+        if not self.charges_site(site):
+            return 0.0
+        joules = self.power.site_joules(site, state, seconds, x)
+        self._add_site_row((int(round), site, int(edge), state, float(seconds), joules))
+        if self.power.carbon is not None:
+            self._add_grams(site, self.power.carbon.grams(site, joules, at))
+        return joules
+
+    def _add_site_row(self, row: tuple) -> None:
+        """A site charge made elsewhere (a dry play, a checkpoint), with its totals."""
+        self._sites.append(row)
+        self.site_energy[row[1]] = self.site_energy.get(row[1], 0.0) + row[5]
+        if row[1] == "edge":
+            self.edge_energy[int(row[2])] = self.edge_energy.get(int(row[2]), 0.0) + row[5]
+
+    def site_frame(self) -> pd.DataFrame | None:
+        """Every edge and cloud charge, rounds numbered from 1; None where the run charges neither."""
+        if not self._sites and not self.site_energy:
+            return None
+        df = pd.DataFrame(self._sites, columns=SITE_COLUMNS)
+        df["round"] = (df["round"] + 1).astype(np.int32)
+        if self._site_grams:
+            df["grams"] = self._site_grams
+        return df
+
     def seconds_of(self, n: int) -> np.ndarray:
         """Each of ``n`` clients' seconds charged energy so far this session."""
         out = np.zeros(n)
@@ -133,12 +189,29 @@ class CostLedger:
             return {}
         from groupfel.cost_models.power import STATES
 
-        return {"energy_j": self.energy_total, **{f"energy_{s}_j": self.energy_by_state.get(s, 0.0) for s in STATES}}
+        return {"energy_j": self.energy_total, **{f"energy_{s}_j": self.energy_by_state.get(s, 0.0) for s in STATES},
+                **{f"{site}_energy_j": self.site_energy.get(site, 0.0) for site in ("edge", "cloud")
+                   if self.charges_site(site) or site in self.site_energy},
+                **({f"edge{j}_energy_j": self.edge_energy.get(j, 0.0) for j in range(self.power.n_edges)}
+                   if self.charges_site("edge") else {}),
+                **self._carbon_row(),
+                **({"energy_accounting": self.power.accounting} if self.power is not None else {})}
+
+    def _carbon_row(self) -> dict:
+        """The results row's grams CO2e (clients', each site's) and the intensity they follow."""
+        if self.power is None or self.power.carbon is None:
+            return {}
+        sites = [s for s in ("edge", "cloud") if self.charges_site(s)]
+        return {"carbon_g": self.carbon_g.get("client", 0.0),
+                **{f"{s}_carbon_g": self.carbon_g.get(s, 0.0) for s in sites},
+                "carbon_intensity": self.power.carbon.source}
 
     def scratch(self) -> "CostLedger":
         """An empty ledger for a dry play of a round: the same power model and battery levels."""
         led = CostLedger()
         led.power, led.client_energy = self.power, self.client_energy.copy()
+        if self.battery is not None:
+            led.battery = copy.deepcopy(self.battery)
         return led
 
     def replay(self, other: "CostLedger") -> None:
@@ -152,6 +225,14 @@ class CostLedger:
         for block in other._energy:
             self._energy.append(block)
             self._add_energy(block[4], block[6], block[8], block[7])
+        if other.battery is not None:     # the play's battery levels are the run's from now on
+            self.battery = copy.deepcopy(other.battery)
+        for row in other._sites:
+            self._add_site_row(row)
+        for grams in other._grams:
+            self._add_grams("client", grams)
+        for (_, site, *_rest), grams in zip(other._sites, other._site_grams):
+            self._add_grams(site, grams)
 
     def energy_frame(self) -> pd.DataFrame | None:
         """Every energy charge, rounds numbered from 1; None where the run measures no energy."""
@@ -161,7 +242,17 @@ class CostLedger:
         df = pd.DataFrame({**cols, "round": (cols["round"] + 1).astype(np.int32)})
         for c in ("device", "state"):
             df[c] = df[c].astype("category")
+        grams = self._all_grams()
+        if grams is not None:
+            df["grams"] = grams
         return df
+
+    def _all_grams(self) -> np.ndarray | None:
+        """Each energy row's grams CO2e, in row order (None: the run prices no carbon)."""
+        if self._grams_loaded is None and not self._grams:
+            return None
+        return np.concatenate([self._grams_loaded if self._grams_loaded is not None else np.zeros(0),
+                               *self._grams])
 
     def charge(self, *, round: int, edge: int, group: int, group_round: int, clients: np.ndarray,
                devices: list[str], component: str, amounts: np.ndarray, start: np.ndarray,
@@ -231,6 +322,17 @@ class CostLedger:
                                          for c in ENERGY_COLUMNS},
                              "total": self.energy_total, "by_state": self.energy_by_state,
                              "client": self.client_energy}
+            grams = self._all_grams()
+            if grams is not None:
+                out["energy"]["grams"] = grams
+        if self._sites:
+            out["sites"] = list(self._sites)
+            if self._site_grams:
+                out["site_grams"] = list(self._site_grams)
+        if self.carbon_g:
+            out["carbon_g"] = dict(self.carbon_g)
+        if self.battery is not None:
+            out["battery"] = copy.deepcopy(self.battery)
         return out
 
     @classmethod
@@ -253,4 +355,12 @@ class CostLedger:
             led.energy_total = float(energy["total"])
             led.energy_by_state = dict(energy["by_state"])
             led.client_energy = np.asarray(_array(energy["client"]), dtype=float)
+            if "grams" in energy:
+                led._grams_loaded = np.asarray(energy["grams"], dtype=float)
+        for row in state.get("sites", []):
+            led._add_site_row(tuple(row))
+        led._site_grams = list(state.get("site_grams", []))
+        led.carbon_g = dict(state.get("carbon_g", {}))
+        if state.get("battery") is not None:
+            led.battery = copy.deepcopy(state["battery"])
         return led

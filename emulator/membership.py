@@ -193,7 +193,7 @@ def charge_client_work(ledger: CostLedger, env, topology, t: int,
         if ledger.power is not None:   # the work's seconds at training power (no radio, no idle)
             ledger.charge_energy(round=t, edge=j, group=-1, group_round=-1, clients=members,
                                  devices=[topology.client_device[c] for c in members], state="training",
-                                 seconds=amounts, x=topology.n_samples[members])
+                                 seconds=amounts, x=topology.n_samples[members], at=float(env.now))
     if work:
         env.run(until=env.now + max(float(a.max()) for _, _, a in work))
 

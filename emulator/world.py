@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from groupfel.cost_models import CostModel, get_profile, read_profiles
-from groupfel.cost_models.power import PowerModel, build_power, read_power
+from groupfel.cost_models.power import PowerModel, build_power, build_server_power, read_power
 from groupfel.topologies import (DATASETS, Dataset, Link, Topology, assign_devices, build_topology, client_sizes,
                         dirichlet_partition, label_matrix, load_dataset)
 from groupfel.topologies.partition import (apply_client_types, authors_label_shift, authors_shards_partition,
@@ -19,7 +19,7 @@ from groupfel.topologies.partition import (apply_client_types, authors_label_shi
 from .config import SHIFTS, RunConfig, parts
 from groupfel.errors import InputError
 from .algorithms import Algorithm, FedAvg, algorithms, make_algorithm
-from .contention import EdgeNetwork, build_network
+from .network import EdgeNetwork, build_network
 from .devices import resolve as resolve_device
 from .stacked import Kernels
 from .stacking import Stacks
@@ -230,7 +230,21 @@ def build_power_model(config: RunConfig, topology: Topology, counts: np.ndarray,
     uses = {d: {"training": counts[devices == d], "group_operation": sizes, "transmit": rates[devices == d],
                 "receive": rates[devices == d], "listen": np.zeros(1), "idle": np.zeros(1)} for d in set(devices.tolist())}
     model = build_power(sorted(config.topology.devices), extra, uses)
-    return replace(model, accounting=config.cost.energy_accounting)
+    c = config.cost
+    sites = {}
+    for key, device in (("cost.edge_power", c.edge_power), ("cost.cloud_power", c.cloud_power)):
+        if device is not None:
+            server = build_server_power(device, extra, sizes, key)
+            sites[device] = replace(server, states={**(model.devices[device].states if device in model.devices
+                                                       else {}), **server.states})
+    carbon = None
+    if c.carbon_intensity is not None or c.carbon_intensity_file is not None:
+        from groupfel.cost_models.carbon import read_intensity
+
+        carbon = read_intensity(c.carbon_intensity, c.carbon_intensity_file, c.carbon_start)
+    return replace(model, devices={**model.devices, **sites}, accounting=c.energy_accounting, edge=c.edge_power,
+                   cloud=c.cloud_power, edge_pue=c.edge_pue, cloud_pue=c.cloud_pue, carbon=carbon,
+                   n_edges=topology.n_edges)
 
 
 def build_engine(config: RunConfig, dataset: Dataset, topology: Topology, algorithm: Algorithm,

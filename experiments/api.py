@@ -309,12 +309,15 @@ def whatif(group_sizes: Iterable[int] = range(2, 41), *, profile: str = "raspber
            participation: float = 0.1, seed: int = 0, profiles_file: str | None = None,
            access_mbps: float | Sequence[float] | None = None, edge_cores: int | None = None,
            edge_clients: int | None = None, edge_profile: str | None = None, model_mb: float = 1.0,
-           client_mbps: float = 20.0, latency_s: float = 0.02, energy: bool = False) -> pd.DataFrame:
+           client_mbps: float = 20.0, latency_s: float = 0.02, energy: bool = False,
+           edge_power: str | None = None, carbon_intensity: float | None = None) -> pd.DataFrame:
     """Eq. 5 cost per global round across group sizes, without training (``groupfel whatif``):
     one row per group size with the training and group-operation cost of a round. Any of
     ``access_mbps`` (one capacity or several), ``edge_cores`` or ``edge_clients`` adds the round
     makespan of one shared edge (one row per size and capacity; see the whatif guide); ``energy``
-    adds that round's joules (the profile device's power per state: see the Energy page)."""
+    adds that round's joules (the profile device's power per state: see the Energy page), and
+    ``edge_power`` (a server device, e.g. raspberry-pi-4-edge) its edge server's, and
+    ``carbon_intensity`` (g/kWh) their grams CO2e."""
     from types import SimpleNamespace
 
     from groupfel.cost_models.whatif import Scenario, sweep as price
@@ -327,7 +330,8 @@ def whatif(group_sizes: Iterable[int] = range(2, 41), *, profile: str = "raspber
                       edge_cores=edge_cores, edge_clients=edge_clients, model_mb=model_mb,
                       client_mbps=client_mbps, latency_s=latency_s)
     args = SimpleNamespace(profile=profile, training=training, profiles_file=profiles_file,
-                           edge_profile=edge_profile, energy=bool(energy), **{k: v.pop(k) for k in (
+                           edge_profile=edge_profile, energy=bool(energy), edge_power=edge_power,
+                           carbon_intensity=carbon_intensity, **{k: v.pop(k) for k in (
                                "access_mbps", "edge_cores", "edge_clients", "model_mb", "client_mbps", "latency_s")})
     prof, overhead = _whatif_curves(args)
     sc = Scenario(**v)

@@ -220,12 +220,20 @@ def _cmd_whatif(args) -> int:
     if "makespan_s" in df:
         plot_makespan(df, out / "whatif.png", title + f"; one edge of {args.edge_clients} clients")
         cols = ["edge_groups", "edge_group_sizes", "access_mbps", "edge_cores", "makespan_s", "core_wait_s",
-                "edge_cost", *(["edge_energy_j"] if "edge_energy_j" in df else []), "group_size", "total_per_round"]
+                "edge_cost", *[c for c in ("edge_energy_j", "edge_server_energy_j", "edge_total_energy_j", "carbon_g",
+                                           "edge_total_carbon_g") if c in df],
+                "group_size", "total_per_round"]
         print(f"one edge of {args.edge_clients} clients: the groups it forms (edge_groups of edge_group_sizes) "
               f"for each --group-sizes value (group_size: the smallest that forms them)")
     else:
         plot_sweep(df, out / "whatif.png", title)
     print(df[cols].to_string(index=False, float_format=_number))
+    if "edge_energy_j" in df:
+        print("edge_energy_j: joules of the edge's clients in one round, group-rounds accounting (sampled "
+              "clients in their group rounds; whatif.csv's energy_accounting)"
+              + ("; edge_server_energy_j: its server's (aggregation, secure aggregation, idle for the rest of "
+                 "the round); edge_total_energy_j: both" if "edge_server_energy_j" in df else "")
+              + (f"; carbon_g: grams CO2e at {df['carbon_intensity'].iloc[0]}" if "carbon_g" in df else ""))
     if "makespan_s" in df:
         for cap, part in df.groupby("access_mbps", dropna=False, sort=False):
             fast = part.loc[part["makespan_s"].idxmin()]
@@ -267,11 +275,11 @@ def _whatif_power(args, prof, n_samples, edge_clients: int, caps):
 
 def _with_makespan(df, args, prof, overhead, sc):
     """The round makespan of one edge of --edge-clients clients, cut into groups of each size, at
-    each --access-mbps capacity and --edge-cores (the shared-edge model, groupfel.emulator.contention)."""
+    each --access-mbps capacity and --edge-cores (the shared-edge model, groupfel.emulator.network)."""
     import numpy as np
     import pandas as pd
 
-    from groupfel.emulator.contention import edge_makespan
+    from groupfel.emulator.network import edge_makespan
 
     caps = args.access_mbps or [None]
     m = args.edge_clients if args.edge_clients is not None else 60
@@ -286,6 +294,16 @@ def _with_makespan(df, args, prof, overhead, sc):
     n = sc.sample_counts()[:m]
     op = args.profile.rpartition("/")[2]
     power = _whatif_power(args, prof, n, m, caps) if getattr(args, "energy", False) else None
+    server = None
+    if getattr(args, "edge_power", None) and power is None:
+        raise InputError("--edge-power: prices the edge server's joules beside its clients'; add --energy")
+    if getattr(args, "carbon_intensity", None) is not None and power is None:
+        raise InputError("--carbon-intensity: prices the joules in grams CO2e; add --energy")
+    if getattr(args, "edge_power", None):
+        from groupfel.cost_models.power import build_server_power, read_power
+
+        server = build_server_power(args.edge_power, read_power(args.profiles_file) if args.profiles_file else None,
+                                    np.arange(1, m + 1), "--edge-power")
     # the groups the edge actually forms: m // s groups, the remainder spread (sizes s..s+1); sizes
     # asked for that form the same groups (60 clients at 16 and at 20: 3 groups of 20) are one row
     formed: dict[tuple[int, ...], int] = {}
@@ -299,7 +317,7 @@ def _with_makespan(df, args, prof, overhead, sc):
                               local_epochs=sc.local_epochs, model_bytes=int(args.model_mb * 1e6),
                               client_mbps=args.client_mbps, latency_s=args.latency_s, access_mbps=cap,
                               cores=args.edge_cores, edge_curves=curves, secagg="secagg" in op, operation=op,
-                              power=power)
+                              power=power, server_power=server, carbon_intensity=getattr(args, "carbon_intensity", None))
             lo, hi = min(sizes), max(sizes)
             rows.append({"group_size": s, "edge_groups": len(sizes),
                          "edge_group_sizes": f"{lo}" if lo == hi else f"{lo}-{hi}",
@@ -427,6 +445,12 @@ def register_whatif(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--energy", action="store_true", help="add the edge's round energy in joules (edge_energy_j and "
                    "energy_<state>_j columns): the --profile device's power per state, from the shipped power "
                    "profile and --profiles-file's [[power]] tables")
+    m.add_argument("--edge-power", metavar="DEVICE", help="with --energy: the edge server's device in the power "
+                   "profiles (shipped: raspberry-pi-4-edge), adding its joules (edge_server_energy_j) and the "
+                   "edge's total with its clients' (edge_total_energy_j)")
+    m.add_argument("--carbon-intensity", type=Number(float, 0, 1e4, "g/kWh"), metavar="G_PER_KWH",
+                   help="with --energy: the grid's carbon intensity, adding grams CO2e (carbon_g for the clients; "
+                   "with --edge-power edge_server_carbon_g and edge_total_carbon_g)")
     m.add_argument("--edge-profile", help="DEVICE/TASK profile with the edge's aggregation and secagg-server "
                    "curves (default: aggregation takes no time)")
     m.add_argument("--model-mb", type=Number(float, 1e-6, 10**6, "MB"), default=1.0, help="model size in MB (10^6 bytes; default 1)")
@@ -466,7 +490,9 @@ def whatif_values(**values):
 
 
 def _cmd_timeline(args) -> int:
-    from .timeline import energy_per_client, load_energy, load_network, load_round, plot_timeline, summary
+    from .plots import ACCOUNTING
+    from .timeline import (battery_events, energy_accounting, energy_per_client, load_energy, load_network, load_round,
+                           plot_timeline, site_energy, summary)
 
     arm_dir = Path(args.arm_dir)
     rows = load_round(arm_dir, args.round)
@@ -481,14 +507,24 @@ def _cmd_timeline(args) -> int:
         moved = network.groupby("kind")["bytes"].sum()
         print(f"transfers: {int(moved.get('download', 0)):,} bytes down, {int(moved.get('upload', 0)):,} up; "
               f"groups waited {float((cores['start'] - cores['queued']).sum()):.4g} s for edge cores")
+    events = battery_events(arm_dir, args.round)
+    if events:
+        print("batteries: " + "; ".join(f"client {e['client']} {e['event']} at {e['time_s']:.6g} s" for e in events))
     energy = load_energy(arm_dir, args.round)
     if energy is None:
         print("energy: not measured (the run had no cost.energy)")
     else:
         per = energy_per_client(energy)
-        print(f"\nenergy per client in round {args.round} (J; power × simulated seconds in each state):")
+        acc = energy_accounting(arm_dir)
+        print(f"\nenergy per client in round {args.round} (J; power × simulated seconds in each state; "
+              f"{acc} accounting: {ACCOUNTING.get(acc, acc)}"
+              f"{'; idle_between_j: idle outside its group rounds' if 'idle_between_j' in per else ''}):")
         print(per.to_string(index=False, float_format=_number))
         print(f"round {args.round}: {per['total_j'].sum():.6g} J over {len(per)} clients")
+        sites = site_energy(arm_dir, args.round)
+        if sites is not None and len(sites):
+            print(f"\nedge servers and the cloud in round {args.round} (J, {acc} accounting; edge -1: the cloud):")
+            print(sites.to_string(index=False, float_format=_number))
     print(f"plot: {out}")
     return 0
 

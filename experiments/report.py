@@ -25,7 +25,7 @@ from groupfel.errors import InputError
 from groupfel.emulator.io import atomic_write
 from groupfel.emulator.runfiles import load_csv, load_json, load_parquet
 
-from .stats import METRICS, conclusion, render_summary
+from .stats import ALL_METRICS, conclusion, render_summary
 
 
 @dataclass
@@ -184,7 +184,81 @@ def _energy(study: Study, bands: dict) -> str:
             f"(cost.energy_accounting: {ACCOUNTING.get(acc, acc)}); line: mean, band: 95 % CI over seeds.</p>"
             f"<p>{html.escape(assumed) if assumed else 'Every power used is a measurement (power_sources in each manifest).'}</p>"
             f"{bands['energy_j']}<p>Energy by state at the end of each arm run, mean over seeds:</p>"
-            f"{_table(by_state.round(4).reset_index())}")
+            f"{_table(by_state.round(4).reset_index())}{_sites_and_carbon(last)}{_energy_views(study, acc)}")
+
+
+def _sites_and_carbon(last: pd.DataFrame) -> str:
+    """The edge servers' and the cloud's joules and every site's grams CO2e beside the clients'
+    (cost.edge_power, cost.cloud_power, cost.carbon_intensity*), mean over seeds."""
+    cols = [c for c in ("energy_j", "edge_energy_j", "cloud_energy_j", "carbon_g", "edge_carbon_g", "cloud_carbon_g")
+            if c in last]
+    if cols == ["energy_j"]:
+        return ""
+    table = last[cols].groupby(level="arm", sort=False).mean()
+    table.columns = [{"energy_j": "clients (J)", "edge_energy_j": "edge servers (J)", "cloud_energy_j": "cloud (J)",
+                      "carbon_g": "clients (g CO2e)", "edge_carbon_g": "edge servers (g CO2e)",
+                      "cloud_carbon_g": "cloud (g CO2e)"}[c] for c in cols]
+    source = last["carbon_intensity"].iloc[0] if "carbon_intensity" in last else None
+    return (f"<h3>Clients, edge servers and the cloud</h3><p>Joules{' and grams CO2e' if source else ''} at the "
+            f"end of each arm run, mean over seeds (the sites' joules include their PUE)"
+            f"{f'; carbon intensity: {html.escape(str(source))}' if source else ''}.</p>"
+            f"{_table(table.round(6).reset_index())}")
+
+
+def _energy_views(study: Study, accounting: str) -> str:
+    """Joules per round by state (mean over seeds, one panel per arm) and who pays: each client's
+    joules over the run, spread across clients (a fairness view)."""
+    from groupfel.cost_models.power import STATES
+
+    from .plots import plt
+
+    per_round, per_client = {}, []
+    for a in study.arms:
+        path = a.path / "energy.parquet"
+        if not path.exists():
+            continue
+        e = pd.read_parquet(path, columns=["round", "client", "state", "joules"])
+        e["state"] = e["state"].astype(str)
+        per_round.setdefault(a.label, []).append(e.pivot_table(index="round", columns="state", values="joules",
+                                                                aggfunc="sum", fill_value=0.0))
+        c = e.groupby("client")["joules"].sum()
+        per_client.append(pd.DataFrame({"arm": a.label, "seed": a.seed, "client": c.index, "joules": c.to_numpy()}))
+    if not per_round:
+        return ""
+    arms = list(per_round)
+    fig, axes = plt.subplots(1, len(arms), figsize=(4.2 * len(arms), 3.4), sharey=True, squeeze=False)
+    for ax, arm in zip(axes[0], arms):
+        mean = pd.concat(per_round[arm]).groupby(level=0).mean()
+        mean = mean.reindex(columns=[s for s in STATES if s in mean.columns])
+        bottom = np.zeros(len(mean))
+        for state in mean.columns:
+            ax.bar(mean.index, mean[state], bottom=bottom, label=state)
+            bottom += mean[state].to_numpy()
+        ax.set(title=arm, xlabel="global round")
+        ax.set_xticks(mean.index)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0][0].set_ylabel(f"joules per round (mean over seeds)\n{accounting}")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    clients = pd.concat(per_client, ignore_index=True)
+    fig2, ax2 = plt.subplots(figsize=(max(4.0, 1.6 * len(arms)), 3.4))
+    ax2.boxplot([clients.loc[clients.arm == arm, "joules"] for arm in arms])
+    ax2.set_xticks(range(1, len(arms) + 1), arms)
+    ax2.set(ylabel=f"a client's joules over the run\n({accounting}; every seed)", title="who pays: joules per client")
+    ax2.grid(alpha=0.3, axis="y")
+    fig2.tight_layout()
+
+    def gini(x: np.ndarray) -> float:
+        x = np.sort(np.asarray(x, dtype=float))
+        return float((2 * np.arange(1, len(x) + 1) - len(x) - 1) @ x / (len(x) * x.sum())) if x.sum() > 0 else 0.0
+    spread = clients.groupby(["arm", "seed"], sort=False)["joules"].agg(
+        ["mean", "min", "max", gini]).groupby(level="arm", sort=False).mean()
+    spread.columns = ["mean J per client", "least J", "most J", "Gini"]
+    spread["most / mean"] = spread["most J"] / spread["mean J per client"]
+    return (f"<h3>Joules per round by state</h3>{_png(fig)}<h3>Who pays: joules per client</h3>"
+            f"<p>Each client's joules over its run (clients never sampled, and so charged nothing under "
+            f"group-rounds, left out); the table is the mean over seeds of each run's spread (Gini 0: every "
+            f"client pays alike).</p>{_table(spread.round(4).reset_index())}{_png(fig2)}")
 
 
 def _grouping(study: Study) -> str:
@@ -283,8 +357,8 @@ def _summary(study: Study) -> str:
                  f"their point's first arm in accuracy at equal cost after Holm's correction over the sweep, "
                  f"{int(said.str.startswith('equivalent').sum())} are equivalent to it; "
                  f"{int(said.str.startswith('undecided').sum())} comparisons are undecided (verdict column).")
-        foot = "".join(f"<p>{html.escape(n)}</p>" for n in [*notes(study.summary, METRICS),
-                                                             false_equivalent_note(study.summary, METRICS)] if n)
+        foot = "".join(f"<p>{html.escape(n)}</p>" for n in [*notes(study.summary, ALL_METRICS),
+                                                             false_equivalent_note(study.summary, ALL_METRICS)] if n)
         return (f"<p><b>{html.escape(first)}</b></p><p>{html.escape(words)}</p><p>Mean [95 % CI] over seeds {study.extra['sweep']['seeds']}.</p>"
                 f"{_table(compact)}{foot}<details><summary>full table (every metric, interval and paired "
                 f"difference: summary.csv)</summary>{_table(study.summary[cols])}</details>{plots}")

@@ -590,7 +590,9 @@ def summarize(results: pd.DataFrame, run_dir: Path, target: float | None = None)
             "size_mean": g["size_mean"],
             "avg_cov": round(g["cov_mean"], 3), "rounds": int(last["round"]), "cost": float(last["cost"]),
             "sim_time_s": float(last["sim_time_s"]),
-            **({"energy_j": float(last["energy_j"])} if "energy_j" in df else {}), "final_acc": float(last["accuracy"]),
+            **({"energy_j": float(last["energy_j"])} if "energy_j" in df else {}),
+            **({"energy_accounting": last["energy_accounting"]} if "energy_accounting" in df else {}),
+            "final_acc": float(last["accuracy"]),
             "best_acc": float(df["accuracy"].max()),
             "acc_at_common_cost": accuracy_at_cost(df, common),
             "stop": manifest["stop_reason"]})

@@ -35,6 +35,10 @@ METRICS = {
     "cost_to_target": "Eq. 5 cost to reach the target accuracy",
     "sim_time_s": "simulated wall-clock time",
 }
+# Metrics a study compares where its runs measured them (cost.energy; cost.carbon_intensity*):
+# the clients' joules and grams CO2e at each run's end, in the same paired tests and verdicts.
+OPTIONAL_METRICS = {"energy_j": "energy (J), all clients", "carbon_g": "carbon (g CO2e), all clients"}
+ALL_METRICS = {**METRICS, **OPTIONAL_METRICS}
 # The range each metric can take: its intervals are clipped to it.
 BOUNDS = {"final_acc": (0.0, 1.0), "acc_at_common_cost": (0.0, 1.0), "cost_to_target": (0.0, np.inf),
           "sim_time_s": (0.0, np.inf), "accuracy": (0.0, 1.0), "loss": (0.0, np.inf), "cost": (0.0, np.inf),
@@ -43,13 +47,14 @@ BOUNDS = {"final_acc": (0.0, 1.0), "acc_at_common_cost": (0.0, 1.0), "cost_to_ta
           **{f"local_error_{k}": (0.0, 1.0) for k in ("mean", "std", "min", "max")},
           **{f"local_error_best_{k}": (0.0, 1.0) for k in ("mean", "std", "min", "max")},
           # FedCollab Eqs. 11-12: IPR is a share of clients, RSD a standard deviation
-          "ipr": (0.0, 1.0), "rsd": (0.0, np.inf)}
+          "ipr": (0.0, 1.0), "rsd": (0.0, np.inf), "energy_j": (0.0, np.inf), "carbon_g": (0.0, np.inf)}
 MIN_PAIRS = 3
 # Equivalence margins δ (metric -> size, relative to the reference arm's mean?): a difference
 # inside ±δ counts as none. One accuracy point, and 5 % of a cost or time; a config's [margins]
 # table sets its own (docs/statistics-and-safety.md says where the defaults come from).
 MARGINS: dict[str, tuple[float, bool]] = {"final_acc": (0.01, False), "acc_at_common_cost": (0.01, False),
-                                          "cost_to_target": (0.05, True), "sim_time_s": (0.05, True)}
+                                          "cost_to_target": (0.05, True), "sim_time_s": (0.05, True),
+                                          "energy_j": (0.05, True), "carbon_g": (0.05, True)}
 # Paired differences at least this skewed (|G1|) are flagged beside their decision: the
 # simulations (benchmarks/sequential.py) hold 5 % up to a skewness of about 3 but not beyond, and a
 # single extreme seed among 10 to 20 gives a sample skewness of 2.5 to 4.
@@ -172,7 +177,7 @@ def add_verdicts(summary: pd.DataFrame, metrics=None, level: float = LEVEL, hist
     at least it (``<m>_withheld``: the comparison stays open, and a study that adds seeds goes on)."""
     from .sequential import NAMES, UNDECIDED, decide, keep, step_down
 
-    metrics = [m for m in (metrics or METRICS) if f"{m}_diff_p" in summary]
+    metrics = [m for m in (metrics or ALL_METRICS) if f"{m}_diff_p" in summary]
     cells = [(i, m) for i in range(len(summary)) for m in metrics if np.isfinite(summary[f"{m}_diff_n"].iloc[i])]
     if history is None:
         history = {(i, m): [(summary[f"{m}_diff_p"].iloc[i],
@@ -255,7 +260,7 @@ def is_open(r, m: str) -> bool:
 
 def any_open(summary: pd.DataFrame) -> bool:
     """Whether any comparison of ``summary`` has a test and is undecided (:func:`is_open`)."""
-    return any(is_open(r, m) for _, r in summary.iloc[1:].iterrows() for m in METRICS if f"{m}_decision" in r)
+    return any(is_open(r, m) for _, r in summary.iloc[1:].iterrows() for m in ALL_METRICS if f"{m}_decision" in r)
 
 
 def heading_nowhere(summary: pd.DataFrame) -> bool:
@@ -267,7 +272,7 @@ def heading_nowhere(summary: pd.DataFrame) -> bool:
 
     if "max_seeds" not in summary:
         return False
-    open_ = [(r, m) for _, r in summary.iloc[1:].iterrows() for m in METRICS if f"{m}_decision" in r and is_open(r, m)]
+    open_ = [(r, m) for _, r in summary.iloc[1:].iterrows() for m in ALL_METRICS if f"{m}_decision" in r and is_open(r, m)]
     n_max = int(summary["max_seeds"].max())
     return bool(open_) and all(
         bool(futile(r[f"{m}_diff_mean"], r[f"{m}_diff_sd"], int(r[f"{m}_diff_n"]), n_max, r[f"{m}_margin"], len(open_)))
@@ -335,6 +340,9 @@ def per_seed_metrics(results: pd.DataFrame, target: float | None) -> pd.DataFram
                          "cost_to_target": float(hit.iloc[0]) if len(hit) else float("nan"),
                          "sim_time_s": float(df["sim_time_s"].iloc[-1]), "cost": float(df["cost"].iloc[-1]),
                          **({"energy_j": float(df["energy_j"].iloc[-1])} if "energy_j" in df else {}),
+                         **({"carbon_g": float(df["carbon_g"].iloc[-1])} if "carbon_g" in df else {}),
+                         **({"energy_accounting": df["energy_accounting"].iloc[-1]}
+                            if "energy_accounting" in df else {}),
                          "common_cost": float(common)})
     return pd.DataFrame(rows)
 
@@ -353,12 +361,13 @@ def summarize_seeds(per_seed: pd.DataFrame, arms: list[str], level: float = LEVE
     skewness| is at least this at a look (:func:`add_verdicts`)."""
     from .sequential import fixed_seeds_needed, look_pvalues, rare_seed, repeated_p_path, skewness, untested
 
-    wide = {m: per_seed.pivot(index="seed", columns="arm", values=m).sort_index() for m in METRICS}
+    metrics = [m for m in ALL_METRICS if m in METRICS or m in per_seed]
+    wide = {m: per_seed.pivot(index="seed", columns="arm", values=m).sort_index() for m in metrics}
     n_seeds = len(wide["final_acc"])
     looks = [n for n in (looks or [n_seeds]) if n <= n_seeds] or [n_seeds]
     sequential = max_seeds is not None
     batch = seed_batch or (looks[1] - looks[0] if len(looks) > 1 else 2)
-    margins = {m: (margins or {}).get(m, MARGINS[m][0]) for m in METRICS}
+    margins = {m: (margins or {}).get(m, MARGINS[m][0]) for m in metrics}
     rows = []
     history = {}   # (row, metric) -> [(q_diff, q_eq, mean) after each look]
     for arm in arms:
@@ -368,7 +377,7 @@ def summarize_seeds(per_seed: pd.DataFrame, arms: list[str], level: float = LEVE
             row["max_seeds"] = int(max_seeds)
         if withhold_skew is not None:
             row["withhold_skew"] = float(withhold_skew)
-        for m in METRICS:
+        for m in metrics:
             mean, lo, hi = mean_ci(wide[m][arm], level)
             lo, hi, clipped = clip(lo, hi, BOUNDS.get(m))
             row[f"{m}_mean"], row[f"{m}_ci95_low"], row[f"{m}_ci95_high"] = mean, lo, hi
@@ -415,15 +424,12 @@ def summarize_seeds(per_seed: pd.DataFrame, arms: list[str], level: float = LEVE
             history[(len(rows), m)] = after
         rows.append(row)
     out = pd.DataFrame(rows)
-    if "energy_j" in per_seed:   # measured energy (cost.energy): its mean and interval over seeds, no verdict
-        energy = per_seed.pivot(index="seed", columns="arm", values="energy_j").sort_index()
-        for i, arm in enumerate(arms):
-            mean, lo, hi = mean_ci(energy[arm], level)
-            lo, hi, _ = clip(lo, hi, (0.0, np.inf))
-            out.loc[i, ["energy_j_mean", "energy_j_ci95_low", "energy_j_ci95_high"]] = mean, lo, hi
+    if "energy_j" in per_seed:
+        if "energy_accounting" in per_seed:     # which joules these are (cost.energy_accounting)
+            out["energy_accounting"] = per_seed["energy_accounting"].iloc[0]
     out = add_verdicts(out, level=level, history=history, looks=looks)
     m_family = max(int(out.attrs.get("comparisons", 1)), 1)
-    for m in METRICS:
+    for m in metrics:
         if f"{m}_diff_sd" not in out:
             continue
         out[f"{m}_seeds_needed"] = [
@@ -488,14 +494,13 @@ def notes(summary: pd.DataFrame, metrics) -> list[str]:
 def render_summary(summary: pd.DataFrame, target: float | None) -> str:
     """The printed study table: mean [95 % CI] per arm and metric, then each arm's paired
     difference from the first arm, in words."""
-    metrics = [m for m in METRICS if m != "cost_to_target" or target is not None]
+    metrics = [m for m in ALL_METRICS if (m != "cost_to_target" or target is not None)
+               and (m in METRICS or f"{m}_mean" in summary)]
     n = int(summary["seeds"].max())
     ci = n >= MIN_PAIRS     # fewer seeds: intervals too wide (or of zero width) to print
     table = pd.DataFrame({"arm": summary["arm"],
                           **{c: summary[c] for c in ("groups", "group_size", "avg_cov", "rounds", "overhead_share") if c in summary},
-                          **{m: [_ci(r, m, intervals=ci) for _, r in summary.iterrows()] for m in metrics},
-                          **({"energy_j": [_ci(r, "energy_j", intervals=ci) for _, r in summary.iterrows()]}
-                             if "energy_j_mean" in summary else {})})
+                          **{m: [_ci(r, m, intervals=ci) for _, r in summary.iterrows()] for m in metrics}})
     if target is not None:
         table["target_reached"] = [f"{k}/{n}" for k in summary["target_reached"]]
     lines = [f"mean [95 % CI] over {n} seeds:" if ci else
@@ -503,6 +508,9 @@ def render_summary(summary: pd.DataFrame, target: float | None) -> str:
              f"seeds = [0, 1, 2] for them):",
              table.to_string(index=False, float_format=lambda v: f"{v:.4g}")]
     lines += notes(summary, metrics) if ci else []   # both notes concern intervals
+    if "energy_accounting" in summary and "energy_j" in metrics:     # which joules (and grams) these are
+        lines.append(f"energy_j: the clients' joules, {summary['energy_accounting'].iloc[0]} accounting"
+                     + ("; carbon_g: their grams CO2e" if "carbon_g" in metrics else ""))
     first = summary["arm"].iloc[0]
     summary = _decided(summary, metrics)
     rows = []
@@ -538,7 +546,7 @@ def stopped(summary: pd.DataFrame) -> str:
     with some open."""
     n, looks = int(summary["seeds"].max()), int(summary["looks"].max()) if "looks" in summary else 1
     planned = int(summary["max_seeds"].max()) if "max_seeds" in summary else n
-    open_ = sum(is_open(r, m) for _, r in summary.iloc[1:].iterrows() for m in METRICS if f"{m}_decision" in r)
+    open_ = sum(is_open(r, m) for _, r in summary.iloc[1:].iterrows() for m in ALL_METRICS if f"{m}_decision" in r)
     if open_ and n >= planned:
         return f"ran to its maximum ({planned} seeds) with {open_} comparison{'s' if open_ != 1 else ''} open"
     if open_ and heading_nowhere(summary):
@@ -618,7 +626,8 @@ def conclusion(summary: pd.DataFrame, target: float | None) -> str:
     so the rest are decided on other seeds (a fixed table continued on the same seeds would be a
     second test: the run refuses it)."""
     n = int(summary["seeds"].max())
-    metrics = [m for m in METRICS if m != "cost_to_target" or target is not None]
+    metrics = [m for m in ALL_METRICS if (m != "cost_to_target" or target is not None)
+               and (m in METRICS or f"{m}_mean" in summary)]
     summary = _decided(summary, metrics)
     best = summary.loc[summary["acc_at_common_cost_mean"].idxmax()]
     first = summary.iloc[0]

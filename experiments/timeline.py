@@ -14,7 +14,7 @@ from groupfel.errors import InputError
 
 LEDGER_COLUMNS = ("round", "edge", "group", "group_round", "client", "component", "amount", "start", "end")
 NETWORK_COLUMNS = ("kind", "round", "edge", "group", "group_round", "client", "queued", "start", "end")
-OFFLINE = "offline"     # the ledger's zero charge of a client found offline (groupfel.emulator.contention)
+OFFLINE = "offline"     # the ledger's zero charge of a client found offline (groupfel.emulator.network)
 
 # one colour per component in every chart: the shipped components by name, any other by a hash of it
 COLORS = {"training": "tab:blue", "secagg": "tab:orange", "scaffold-secagg": "tab:orange", "backdoor": "tab:green",
@@ -59,7 +59,7 @@ def load_network(arm_dir: Path, round_: int) -> pd.DataFrame | None:
     return net[net["round"] == round_]
 
 
-ENERGY_COLUMNS = ("round", "client", "state", "seconds", "joules")
+ENERGY_COLUMNS = ("round", "group", "client", "state", "seconds", "joules")
 
 
 def load_energy(arm_dir: Path, round_: int) -> pd.DataFrame | None:
@@ -71,12 +71,57 @@ def load_energy(arm_dir: Path, round_: int) -> pd.DataFrame | None:
     return e[e["round"] == round_]
 
 
+def energy_accounting(arm_dir: Path) -> str:
+    """The arm's ``cost.energy_accounting`` (its manifest's config)."""
+    from groupfel.emulator.runfiles import load_json
+
+    try:
+        return load_json(Path(arm_dir) / "manifest.json")["config"]["cost"]["energy_accounting"]
+    except (OSError, KeyError, TypeError, ValueError):
+        return "group-rounds"
+
+
+def battery_events(arm_dir: Path, round_: int) -> list[dict]:
+    """Batteries that emptied or came back charged during the round (train.client_charge_w): the
+    manifest's events from the round's start to its end."""
+    from groupfel.emulator.runfiles import load_json
+
+    try:
+        net = load_json(Path(arm_dir) / "manifest.json")["network"]
+        r = next(x for x in net["rounds"] if x["round"] == round_)
+    except (OSError, KeyError, TypeError, ValueError, StopIteration):
+        return []
+    end = r["start_s"] + r["makespan_s"]
+    return [e for e in net.get("battery_events", []) if r["start_s"] <= e["time_s"] <= end]
+
+
+def site_energy(arm_dir: Path, round_: int) -> pd.DataFrame | None:
+    """The round's joules (and grams) per edge server and the cloud, by state (cost.edge_power,
+    cost.cloud_power), else None."""
+    path = Path(arm_dir) / "server_energy.parquet"
+    if not path.exists():
+        return None
+    e = _read(path, ("round", "site", "edge", "state", "joules"))
+    e = e[e["round"] == round_]
+    values = ["joules", *(["grams"] if "grams" in e else [])]
+    table = e.pivot_table(index=["site", "edge"], columns="state", values="joules", aggfunc="sum", fill_value=0.0)
+    table.columns = [f"{c}_j" for c in table.columns]
+    table["total_j"] = table.sum(axis=1)
+    if "grams" in values:
+        table["grams"] = e.groupby(["site", "edge"])["grams"].sum()
+    return table.reset_index()
+
+
 def energy_per_client(energy: pd.DataFrame) -> pd.DataFrame:
-    """One row per client of the round: joules in each state and in all."""
+    """One row per client of the round: joules in each state and in all. Idle outside the
+    group rounds (``full-fleet``: charged with group -1) is its own column, ``idle_between_j``."""
     from groupfel.cost_models.power import STATES
 
+    energy = energy.assign(state=energy["state"].astype(str))
+    if "group" in energy:
+        energy.loc[(energy["group"] < 0) & (energy["state"] == "idle"), "state"] = "idle_between"
     table = energy.pivot_table(index="client", columns="state", values="joules", aggfunc="sum", observed=True)
-    table = table.reindex(columns=[s for s in STATES if s in table.columns]).fillna(0.0)
+    table = table.reindex(columns=[s for s in (*STATES, "idle_between") if s in table.columns]).fillna(0.0)
     table.columns = [f"{c}_j" for c in table.columns]
     table["total_j"] = table.sum(axis=1)
     return table.reset_index()

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from groupfel.cost_models import read_profiles
-from groupfel.emulator.contention import client_bytes, quota_seconds
+from groupfel.emulator.network import client_bytes, quota_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("clock_benchmark", ROOT / "benchmarks" / "clock.py")
@@ -120,7 +120,7 @@ def test_emulated_round_within_10_percent_of_real_clients_under_quotas():
 
 def test_heterogeneity_file_gives_each_client_a_cpu_quota(tmp_path):
     from groupfel.emulator.config import HeterogeneityConfig
-    from groupfel.emulator.contention import client_net
+    from groupfel.emulator.network import client_net
     from groupfel.errors import InputError
 
     f = tmp_path / "c.csv"

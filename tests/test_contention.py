@@ -5,12 +5,13 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import simpy
 
 from groupfel.cost_models import CostModel, DeviceProfile, linear, quadratic
 from groupfel.emulator.config import AvailabilityConfig, HeterogeneityConfig, parse_config
-from groupfel.emulator.contention import (OFFLINE, Availability, ClientNet, ContendedFederation, EdgeNetwork,
+from groupfel.emulator.network import (OFFLINE, Availability, ClientNet, ContendedFederation, EdgeNetwork,
                                  client_bytes, client_net)
 from groupfel.errors import InputError
 from groupfel.emulator.federation import Group, RoundContext
@@ -146,6 +147,263 @@ def test_a_client_offline_before_it_finishes_drops_out_then(tmp_path):
     assert env.now == pytest.approx(10.0)
 
 
+WATTS = {"receive": 2.0, "training": 5.0, "group_operation": 3.0, "transmit": 7.0, "listen": 1.0, "idle": 0.5}
+
+
+def _powered(fed):
+    from groupfel.cost_models.power import DevicePower, Polynomial, PowerCurve, PowerModel
+
+    fed.ctx.ledger.power = PowerModel({"dev": DevicePower("dev", {s: PowerCurve(Polynomial((w,)))
+                                                                   for s, w in WATTS.items()})})
+    return fed
+
+
+@pytest.mark.parametrize("access, gone, end, joules", [
+    # dedicated 8 Mbit/s links: download 1..2, train 2..3, operation 3..4, upload 4..5; client 1
+    # leaves at 4.5 having sent 4 of its 8 Mbit: receive 1 s × 2 W + training 5 J + operation 3 J +
+    # transmit 0.5 s × 7 W = 13.5 J. Client 0 alone uploads to 5 s; the edge's model goes up 5..6.
+    (None, 4.5, 6.0, {0: 2 + 5 + 3 + 7, 1: 13.5}),
+    # 8 Mbit/s shared: both download 1..3 at 4 Mbit/s (1 s receive + 1 s listen each), train 3..4,
+    # operate 4..5 and upload from 5 at 4 Mbit/s; client 1 leaves at 5.5 having sent 2 Mbit (0.25 s
+    # of airtime at its own 8 Mbit/s, 0.25 s listening): 2 + 1 + 5 + 3 + 1.75 + 0.25 = 13 J. Client
+    # 0's 6 Mbit left then go at 8 Mbit/s: 5.5..6.25 (transmit 1 s, listen 0.25 s more: 18.25 J);
+    # the edge's model goes up 6.25..7.25.
+    (8.0, 5.5, 7.25, {0: 2 + 5 + 3 + 7 + 1.25, 1: 13.0}),
+])
+def test_a_client_offline_before_its_upload_ends_drops_out_then(tmp_path, access, gone, end, joules):
+    """FedScale drops a client that is not online at the end of its compute and communication:
+    its update does not count (the compute's offline set), it is charged its Eq. 5 work (it did
+    it) and its radio until it left, nothing after, and a shared medium's capacity is the
+    others' from then on."""
+    csv = tmp_path / "avail.csv"
+    csv.write_text(f"client,start_s,end_s\n0,0,1000\n1,0,{gone}\n")
+    avail = Availability(AvailabilityConfig(file=str(csv)), 2, 0)
+    fed, env = _fed(2, avail=avail, access=access)
+    _powered(fed)
+    sampled = _groups([0, 1])
+    assert fed.offline(0, sampled) == {(0, 1)}
+    fed.run_round(0, sampled)
+    assert env.now == pytest.approx(end)
+    led = fed.ctx.ledger.frame()
+    assert led[led.component == OFFLINE][["client", "start"]].values.tolist() == [[1, gone]]
+    assert fed.ctx.ledger.total == pytest.approx(4.0)          # both trained and operated: 2 × (1 + 1) s
+    e = fed.ctx.ledger.energy_frame()
+    assert e.groupby("client")["joules"].sum().to_dict() == pytest.approx(joules, rel=1e-12)
+    assert not (e[(e.client == 1) & (e.state == "idle")]["joules"] > 0).any()
+
+
+@pytest.mark.parametrize("accounting, edge_j, cloud_j", [
+    # the edge holds its core 5..7 s (aggregation 2 s at 5 W: 10 J) and idles the rest of the 8 s
+    # round (6 s at 1.6 W: 9.6 J); the cloud averages 1 group model in 2 s at 50 W, × PUE 1.5: 150 J
+    ("group-rounds", 10.0 + 9.6, 150.0),
+    # above idle: (5 - 1.6) W × 2 s, no idle; the cloud (50 - 20) W × 2 s × 1.5
+    ("marginal", 6.8, 90.0),
+])
+def test_the_edge_servers_and_the_cloud_are_charged_by_hand(accounting, edge_j, cloud_j):
+    from groupfel.cost_models.power import DevicePower, Polynomial, PowerCurve, PowerModel, shipped_power
+
+    def const(w):
+        return PowerCurve(Polynomial((w,)))
+    fed, env = _fed(2, cores=1, aggregation=2.0)
+    fed.ctx.ledger.power = PowerModel(
+        {"dev": DevicePower("dev", {s: const(w) for s, w in WATTS.items()}),
+         "raspberry-pi-4-edge": shipped_power()["raspberry-pi-4-edge"],
+         "dc": DevicePower("dc", {"aggregation": const(50.0), "secagg_server": const(50.0), "idle": const(20.0)})},
+        accounting, edge="raspberry-pi-4-edge", cloud="dc", cloud_pue=1.5)
+    fed.run_round(0, _groups([0, 1]))
+    assert env.now == pytest.approx(8.0)
+    led = fed.ctx.ledger
+    assert led.site_energy == pytest.approx({"edge": edge_j, "cloud": cloud_j}, rel=1e-12)
+    rows = led.site_frame()
+    assert rows[rows.site == "edge"].set_index("state")["seconds"].to_dict() == \
+        pytest.approx({"aggregation": 2.0, **({"idle": 6.0} if accounting != "marginal" else {})})
+    row = led.energy_row()
+    assert row["edge_energy_j"] == pytest.approx(edge_j) and row["cloud_energy_j"] == pytest.approx(cloud_j)
+
+
+EMAPS = ("Datetime (UTC),Country,Zone Name,Zone Id,Carbon Intensity gCO₂eq/kWh (direct),"
+         "Carbon Intensity gCO₂eq/kWh (LCA),Low Carbon Percentage,Renewable Percentage,Data Source,Data Estimated\n"
+         "2024-01-01 00:00:00,Germany,Germany,DE,80,100,50,40,x,false\n"
+         "2024-01-01 01:00:00,Germany,Germany,DE,350,400,20,10,x,false\n"
+         "2024-01-01 02:00:00,Germany,Germany,DE,90,110,50,40,x,false\n")
+
+
+@pytest.mark.parametrize("fmt", ["electricity-maps", "simgrid"])
+def test_joules_and_grams_of_clients_edges_and_the_cloud_by_hand(tmp_path, fmt):
+    """A shared 8 Mbit/s access, one core, aggregation 2 s, client 1 gone at 5.5 s mid-upload; an
+    hourly intensity whose hour turns at 3 s simulated (100 g/kWh, then 400). Clients: client 0
+    19.25 J (receive 2 + listen 1.25 + training 5 + operation 3 + transmit 7 + idle 2 s × 0.5 W
+    waiting for the edge), client 1 13 J; priced at their group round's start (1 s: 100 g/kWh).
+    The edge holds its core 6.25..8.25 s (10 J, priced at 6.25 s: 400 g/kWh) and idles the rest of
+    the 9.25 s round (7.25 s × 1.6 W = 11.6 J at 0 s: 100). The cloud: 2 s × 50 W × PUE 1.5 =
+    150 J at the round's start (100)."""
+    from groupfel.cost_models.carbon import read_intensity
+    from groupfel.cost_models.power import DevicePower, Polynomial, PowerCurve, PowerModel, shipped_power
+
+    if fmt == "electricity-maps":
+        (tmp_path / "ci.csv").write_text(EMAPS)
+        carbon = read_intensity(None, tmp_path / "ci.csv", "2024-01-01 00:59:57")
+        assert "(LCA)" in carbon.source
+    else:
+        (tmp_path / "ci.txt").write_text("client\t0\t100\nedge\t0\t100\nedge\t3\t400\ncloud\t0\t100\n")
+        carbon = read_intensity(None, tmp_path / "ci.txt")
+
+    def const(w):
+        return PowerCurve(Polynomial((w,)))
+    csv = tmp_path / "avail.csv"
+    csv.write_text("client,start_s,end_s\n0,0,1000\n1,0,5.5\n")
+    avail = Availability(AvailabilityConfig(file=str(csv)), 2, 0)
+    fed, env = _fed(2, access=8.0, cores=1, aggregation=2.0, avail=avail)
+    fed.ctx.ledger.power = PowerModel(
+        {"dev": DevicePower("dev", {s: const(w) for s, w in WATTS.items()}),
+         "raspberry-pi-4-edge": shipped_power()["raspberry-pi-4-edge"],
+         "dc": DevicePower("dc", {"aggregation": const(50.0), "secagg_server": const(50.0), "idle": const(20.0)})},
+        edge="raspberry-pi-4-edge", cloud="dc", cloud_pue=1.5, carbon=carbon)
+    sampled = _groups([0, 1])
+    fed.offline(0, sampled)
+    fed.run_round(0, sampled)
+    assert env.now == pytest.approx(9.25)
+    led = fed.ctx.ledger
+    e = led.energy_frame()
+    kwh = 3.6e6
+    assert e.groupby("client")["joules"].sum().to_dict() == pytest.approx({0: 19.25, 1: 13.0}, rel=1e-9)
+    assert e.groupby("client")["grams"].sum().to_dict() == pytest.approx(
+        {0: 19.25 / kwh * 100, 1: 13.0 / kwh * 100}, rel=1e-9)
+    sites = led.site_frame().set_index(["site", "state"])
+    assert sites["joules"].to_dict() == pytest.approx(
+        {("edge", "aggregation"): 10.0, ("edge", "idle"): 11.6, ("cloud", "aggregation"): 150.0}, rel=1e-9)
+    assert sites["grams"].to_dict() == pytest.approx(
+        {("edge", "aggregation"): 10.0 / kwh * 400, ("edge", "idle"): 11.6 / kwh * 100,
+         ("cloud", "aggregation"): 150.0 / kwh * 100}, rel=1e-9)
+    row = led.energy_row()
+    assert row["carbon_g"] == pytest.approx(32.25 / kwh * 100, rel=1e-9)
+    assert row["edge_carbon_g"] == pytest.approx((10.0 * 400 + 11.6 * 100) / kwh, rel=1e-9)
+    assert row["carbon_intensity"] == carbon.source
+    back = CostLedger.from_state(led.state())        # a checkpoint keeps every gram
+    pd.testing.assert_frame_equal(back.energy_frame(), e)
+    pd.testing.assert_frame_equal(back.site_frame(), led.site_frame())
+    assert back.carbon_g == led.carbon_g
+
+
+def test_the_whole_systems_joules_and_grams_by_hand(tmp_path):
+    """Clients, the edge and the cloud in one shared-link round with secure aggregation, a drop-out,
+    batteries that charge and an hourly intensity, every number by hand.
+
+    Secure aggregation in a group of 2: download 1e6 + 2 × 64 + 168 = 1,000,296 B (8,002,368 bit),
+    upload 1e6 + 64 + 168 + 66 = 1,000,298 B (8,002,384 bit). x_t 0..1 s; both download at
+    4 Mbit/s to 3.000592 s (receive 1.000296 s, listen 1.000296 s), train to 4.000592, operate to
+    5.000592, upload at 4 Mbit/s. Client 1 goes offline at 5.5 s having sent 1,997,632 bit
+    (transmit 0.249704 s, listen 0.249704 s); client 0's 6,004,752 bit left go at 8 Mbit/s to
+    6.250594 s (transmit 1.000298 s, listen 0.249704 s more). The edge holds its core 3.5 s
+    (aggregation 2 s; secure aggregation 1 s + 1 drop-out × 0.5 s) to 9.750594 s, then sends the
+    model up (1 s): the round ends at 10.750594 s. Client 0 idles 8.750594 - 5.250594 = 3.5 s."""
+    from groupfel.cost_models.carbon import read_intensity
+    from groupfel.cost_models.power import DevicePower, Polynomial, PowerCurve, PowerModel, shipped_power
+    from groupfel.emulator.network.battery import Battery
+
+    (tmp_path / "ci.csv").write_text(EMAPS)
+    carbon = read_intensity(None, tmp_path / "ci.csv", "2024-01-01 00:59:57")     # 100 g/kWh, 400 from 3 s
+
+    def const(w):
+        return PowerCurve(Polynomial((w,)))
+    (tmp_path / "avail.csv").write_text("client,start_s,end_s\n0,0,1000\n1,0,5.5\n")
+    avail = Availability(AvailabilityConfig(file=str(tmp_path / "avail.csv")), 2, 0)
+    fed, env = _fed(2, access=8.0, cores=1, aggregation=2.0, avail=avail)
+    fed.net.secagg = True
+    fed.net.edge_curves.update({"secagg-server": quadratic(0.0, 0.0, 1.0),
+                                "secagg-server-recovery": quadratic(0.0, 0.0, 0.5)})
+    fed.net.battery_j, fed.net.battery = 15.0, Battery(15.0, 0.5)
+    fed.ctx.ledger.power = PowerModel(
+        {"dev": DevicePower("dev", {s: const(w) for s, w in WATTS.items()}),
+         "raspberry-pi-4-edge": shipped_power()["raspberry-pi-4-edge"],
+         "dc": DevicePower("dc", {"aggregation": const(50.0), "secagg_server": const(50.0), "idle": const(20.0)})},
+        edge="raspberry-pi-4-edge", cloud="dc", cloud_pue=1.5, carbon=carbon)
+    sampled = _groups([0, 1])
+    assert fed.offline(0, sampled) == {(0, 1)}
+    fed.run_round(0, sampled)
+    end = 10.750594
+    assert env.now == pytest.approx(end, rel=1e-12)
+    led, kwh = fed.ctx.ledger, 3.6e6
+    rows = led.energy_frame().groupby(["client", "state"], observed=True)[["seconds", "joules", "grams"]].sum()
+    hand = {(0, "receive"): (1.000296, 2), (0, "training"): (1, 5), (0, "group_operation"): (1, 3),
+            (0, "transmit"): (1.000298, 7), (0, "listen"): (1.25, 1), (0, "idle"): (3.5, 0.5),
+            (1, "receive"): (1.000296, 2), (1, "training"): (1, 5), (1, "group_operation"): (1, 3),
+            (1, "transmit"): (0.249704, 7), (1, "listen"): (1.25, 1)}
+    for key, (sec, w) in hand.items():
+        assert rows.loc[key, "seconds"] == pytest.approx(sec, rel=1e-9), key
+        assert rows.loc[key, "joules"] == pytest.approx(sec * w, rel=1e-9), key
+        assert rows.loc[key, "grams"] == pytest.approx(sec * w / kwh * 100, rel=1e-9), key   # at 1 s: 100 g/kWh
+    assert rows.loc[(1, "idle"), "joules"] == 0.0           # it left: no idle
+    sites = led.site_frame().set_index(["site", "state"])
+    edge_idle = (end - 3.5) * 1.6
+    assert sites["joules"].to_dict() == pytest.approx(
+        {("edge", "aggregation"): 10.0, ("edge", "secagg_server"): 7.5, ("edge", "idle"): edge_idle,
+         ("cloud", "aggregation"): 150.0}, rel=1e-9)
+    assert sites["grams"].to_dict() == pytest.approx(
+        {("edge", "aggregation"): 10.0 / kwh * 400, ("edge", "secagg_server"): 7.5 / kwh * 400,
+         ("edge", "idle"): edge_idle / kwh * 100, ("cloud", "aggregation"): 150.0 / kwh * 100}, rel=1e-9)
+    # batteries: checked at 1 s (full), spent 20.002678 J and 12.99852 J, charged 0.5 W since:
+    # client 0 at 15 - 20.002678 + 0.5 × 9.750594 = -0.127381 J is empty; client 1 (6.876777 J) is
+    # offline for good, so the clock waits until client 0 holds 15 J: 30.254762 s later
+    assert led.client_energy.tolist() == pytest.approx([20.002678, 12.99852], rel=1e-9)
+    assert fed.await_online() is None
+    assert env.now == pytest.approx(end + (15 + 0.127381) / 0.5, rel=1e-9)
+    assert led.battery["level"][1] == pytest.approx(15 - 12.99852 + 0.5 * (end - 1), rel=1e-9)
+    assert fed.online_now().tolist() == [True, False]       # client 0 is back, charged
+    assert [(c, e) for _, c, e in led.battery["events"]] == [(0, "empty"), (0, "charged")]
+
+
+def test_a_battery_that_charges_takes_its_client_off_and_brings_it_back():
+    """Two clients, batteries of 20 J charging at 2 W (always plugged in), back when full. Each
+    group round spends 17 J a client (receive 1 s × 2 W, training 5 J, operation 3 J, transmit
+    1 s × 7 W) in 4 s. Round 1: group rounds at 1 s (20 J) and 5 s (20 - 17 + 2 × 4 = 11 J). Round
+    2: at 11 s 11 - 17 + 2 × 6 = 6 J; at 15 s 6 - 17 + 8 = -3 J: both empty, nobody trains, the
+    round ends at 16 s. Nobody is charged until 15 + 23 J / 2 W = 26.5 s: the clock waits for
+    them, and both come back then."""
+    from groupfel.emulator.network.battery import Battery
+
+    fed, env = _fed(2, group_rounds=2)
+    _powered(fed)
+    fed.net.battery_j = 20.0
+    fed.net.battery = Battery(20.0, 2.0)
+    sampled = _groups([0, 1])
+    for t in range(2):
+        fed.offline(t, sampled)
+        fed.run_round(t, sampled)
+    assert env.now == pytest.approx(16.0)
+    led = fed.ctx.ledger
+    assert led.client_energy.tolist() == pytest.approx([51.0, 51.0])
+    assert [(a, e) for a, _, e in led.battery["events"]] == [(15.0, "empty"), (15.0, "empty")]
+    off = led.frame()
+    assert sorted(off[off.component == OFFLINE][["round", "group_round"]].values.tolist()) == [[2, 1], [2, 1]]
+    assert fed.await_online() is None and env.now == pytest.approx(26.5)
+    assert fed.online_now().all()
+    assert [(a, c, e) for a, c, e in led.battery["events"][2:]] == [(26.5, 0, "charged"), (26.5, 1, "charged")]
+    assert fed.manifest(led)["network"]["battery_events"][-1] == {"time_s": 26.5, "client": 1, "event": "charged"}
+
+
+def test_a_battery_charges_only_in_its_charging_intervals(tmp_path):
+    """Charging in [0, 10) and [20, 30) at 1 W: 15 J from 5 s take 5 s to 10 s and 10 s more from
+    20 s: charged at 30 s; 30 J never (the intervals hold 20 s in all)."""
+    from groupfel.emulator.network.battery import Battery
+
+    (tmp_path / "charge.csv").write_text("client,start_s,end_s\n0,0,10\n0,20,30\n")
+    plugged = Availability(AvailabilityConfig(file=str(tmp_path / "charge.csv")), 1, 0, "train.client_charging_file")
+    b = Battery(100.0, 1.0, plugged)
+    assert b.charged_by(0, 5.0, 15.0) == 30.0 and b.charged_by(0, 5.0, 30.0) is None
+    assert b.charging_seconds(0, 5.0, 25.0) == 10.0
+
+
+def test_drain_only_batteries_never_come_back():
+    fed, env = _fed(2, group_rounds=2)
+    _powered(fed)
+    fed.net.battery_j = 20.0
+    sampled = _groups([0, 1])
+    fed.offline(0, sampled)
+    fed.run_round(0, sampled)
+    assert fed.await_online().startswith("batteries: every client's battery (train.client_energy_budget = 20 J)")
+
+
 def test_generated_availability_is_seeded_and_alternates():
     cfg = AvailabilityConfig(mean_on_s=100.0, mean_off_s=100.0)
     a, b = Availability(cfg, 50, 7), Availability(cfg, 50, 7)
@@ -235,7 +493,7 @@ def test_bad_keys_are_one_line_errors(top, key):
 def test_edge_makespan_by_hand():
     # the shared-access case above through the what-if's entry point: edge link 8 Mbit/s sends
     # x_t 0..1, downloads 1..5, train 5..6, operation 6..7, uploads 7..11, 2 models up 11..13
-    from groupfel.emulator.contention import edge_makespan
+    from groupfel.emulator.network import edge_makespan
 
     r = edge_makespan([2, 2], np.full(4, 10), linear(0.0, 1.0), quadratic(0.0, 0.0, 1.0), group_rounds=1,
                       local_epochs=1, model_bytes=MB, client_mbps=8.0, latency_s=0.0, access_mbps=8.0, cores=None,
@@ -308,7 +566,7 @@ def test_edge_makespan_mixed_bandwidths():
     # 2 clients, one group, dedicated links of 8 and 4 Mbit/s, no group operation time:
     # x_t 0..1; downloads 1..2 and 1..3; train 1 s; op 1 s; uploads: the slow client 5..7;
     # one model up 7..8
-    from groupfel.emulator.contention import edge_makespan
+    from groupfel.emulator.network import edge_makespan
 
     r = edge_makespan([2], np.full(2, 10), linear(0.0, 1.0), quadratic(0.0, 0.0, 1.0), group_rounds=1,
                       local_epochs=1, model_bytes=MB, client_mbps=[8.0, 4.0], latency_s=0.0, access_mbps=None,
@@ -366,15 +624,17 @@ def test_a_killed_shared_edge_run_resumes_to_the_same_tables(tmp_path):
     led = pd.read_parquet(tmp_path / "full" / "ledger.parquet")
     for ev in m["offline"]:
         later = led[(led.client == ev["client"]) & (led["round"] == ev["round"]) & (led.group_round >= ev["group_round"])]
-        # one that left mid-work keeps the training it did in that group round, nothing else
-        assert (later.loc[(later.group_round > ev["group_round"]) | (later.component != "training"), "amount"]
-                == 0).all()
+        # one that left mid-work keeps the training it did in that group round; one that left
+        # while uploading also its group operations, done before it left; nothing else
+        assert (later.loc[later.group_round > ev["group_round"], "amount"] == 0).all()
+        ops = later[(later.group_round == ev["group_round"]) & (later.component != "training")]
+        assert ((ops["amount"] == 0) | (ops["end"] <= ev["time_s"] + 1e-9)).all()
     from groupfel.experiments.cli import main
 
     assert main(["timeline", str(tmp_path / "full"), "--round", "1", "--out", str(tmp_path / "t.png")]) == 0
     assert (tmp_path / "t.png").stat().st_size > 0
     # without any of the keys the plain federation runs
-    from groupfel.emulator.contention import build_network
+    from groupfel.emulator.network import build_network
 
     assert build_network(parse_config(TINY), 12, None, ("secagg",)) is None
 

@@ -63,10 +63,11 @@ def test_one_group_round_two_states_by_hand(train_w, idle_w, expected):
     assert sec.loc[0].to_dict() == pytest.approx({"training": 6, "group_operation": 3, "idle": 6, "receive": 0,
                                                   "transmit": 0, "listen": 0})
     total = sum(expected.values())
-    assert ledger.energy_row() == pytest.approx({"energy_j": total, "energy_training_j": train_w * 18,
-                                                 "energy_idle_j": idle_w * 6, "energy_group_operation_j": 0.0,
-                                                 "energy_transmit_j": 0.0, "energy_receive_j": 0.0,
-                                                 "energy_listen_j": 0.0})
+    row = ledger.energy_row()
+    assert row.pop("energy_accounting") == "group-rounds"      # every row of joules names its accounting
+    assert row == pytest.approx({"energy_j": total, "energy_training_j": train_w * 18,
+                                 "energy_idle_j": idle_w * 6, "energy_group_operation_j": 0.0,
+                                 "energy_transmit_j": 0.0, "energy_receive_j": 0.0, "energy_listen_j": 0.0})
 
 
 def test_the_shipped_pi_power_gives_every_state_and_marks_the_assumed():
@@ -141,9 +142,14 @@ def test_a_run_without_energy_has_no_energy_columns_and_one_with_it_has_them(tmp
     manifest = json.loads(next((tmp_path / "on").rglob("manifest.json")).read_text())
     assert "sbc-reviews/issues/4" in manifest["power_sources"]["raspberry-pi-4"]["idle"]
     assert manifest["total_energy_j"] == pytest.approx(on["energy_j"].iloc[-1])
+    # every file of joules names its accounting
+    assert (on["energy_accounting"] == "group-rounds").all()
+    assert (pd.read_csv(next((tmp_path / "on").rglob("summary.csv")))["energy_accounting"] == "group-rounds").all()
     # timeline: energy per client, or one line saying the run measured none
     capsys.readouterr()
-    for run, says in (("off", "energy: not measured"), ("on", "energy per client in round 2")):
+    for run, says in (("off", "energy: not measured"),
+                      ("on", "energy per client in round 2 (J; power × simulated seconds in each state; "
+                             "group-rounds accounting")):
         arm = next((tmp_path / run).rglob("ledger.parquet")).parent
         assert main(["timeline", str(arm), "--round", "2", "--out", str(tmp_path / f"{run}.png")]) == 0
         assert says in capsys.readouterr().out
@@ -164,6 +170,7 @@ def test_whatif_prices_energy_by_group_size_and_access_capacity(tmp_path, capsys
             "--clients", "40", "--rounds", "1", "--out", str(tmp_path / "w")]
     assert main([*args, "--profiles-file", POWER]) == 0
     df = pd.read_csv(tmp_path / "w" / "whatif.csv")
+    assert (df["energy_accounting"] == "group-rounds").all() and "group-rounds accounting" in capsys.readouterr().out
     parts = df[[f"energy_{s}_j" for s in STATES]].sum(axis=1)
     assert (df["edge_energy_j"] > 0).all() and df["edge_energy_j"].to_numpy() == pytest.approx(parts.to_numpy())
     # a slower access link: the same Eq. 5 cost, more time on the radio and waiting, more joules
@@ -181,6 +188,12 @@ def test_whatif_prices_energy_by_group_size_and_access_capacity(tmp_path, capsys
     same = api.whatif([2, 4], clients=40, rounds=1, edge_clients=8, access_mbps=[8, 50], profiles_file=POWER,
                       energy=True)
     assert same["edge_energy_j"].to_numpy() == pytest.approx(df["edge_energy_j"].to_numpy())
+    # the edge server too: without edge curves it idles (1.6 W) through the round
+    server = api.whatif([2, 4], clients=40, rounds=1, edge_clients=8, access_mbps=[8, 50], profiles_file=POWER,
+                        energy=True, edge_power="raspberry-pi-4-edge")
+    assert server["edge_server_energy_j"].to_numpy() == pytest.approx(1.6 * server["makespan_s"].to_numpy())
+    assert server["edge_total_energy_j"].to_numpy() == pytest.approx(
+        (server["edge_energy_j"] + server["edge_server_energy_j"]).to_numpy())
 
 
 @pytest.mark.slow
@@ -214,6 +227,100 @@ def test_energy_budget_stops_the_run_and_batteries_take_clients_offline(tmp_path
     assert manifest["stop_message"].startswith("batteries: every client's battery (train.client_energy_budget = 1 J)")
     flat = pd.read_csv(next((tmp_path / "flat").rglob("results.csv")))
     assert (flat["clients_sampled"].iloc[1:] > 0).all()
+
+
+def test_a_run_charges_its_edge_servers_and_the_cloud_beside_its_clients(tmp_path, tiny_dict):
+    d = one_arm(tiny_dict, rounds=2, group_rounds=1)
+    (tmp_path / "edge.csv").write_text("device,task,operation,method,a,b,c\n"
+                                       "edge,t,group_overhead,aggregation,0,0.5,1\n")
+    d["topology"].update(edge_access_mbps=50.0, edge_profile="edge/t")
+    d["cost"].update(energy=True, profiles_file=str(tmp_path / "edge.csv"), edge_power="raspberry-pi-4-edge",
+                     cloud_power="raspberry-pi-4-edge", cloud_pue=1.5, carbon_intensity=380.0)
+    assert main(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "r"), "--quiet"]) == 0
+    arm = next((tmp_path / "r").rglob("manifest.json")).parent
+    res = pd.read_csv(arm / "results.csv")
+    sites = pd.read_parquet(arm / "server_energy.parquet")
+    by_site = sites.groupby("site")["joules"].sum()
+    assert res["edge_energy_j"].iloc[-1] == pytest.approx(by_site["edge"])
+    assert res["cloud_energy_j"].iloc[-1] == pytest.approx(by_site["cloud"])
+    per_edge = sites[sites.site == "edge"].groupby("edge")["joules"].sum()     # a column per edge
+    assert [res[f"edge{j}_energy_j"].iloc[-1] for j in (0, 1)] == pytest.approx([per_edge.get(0, 0.0), per_edge.get(1, 0.0)])
+    # each edge row is the shipped server's watts × seconds; the cloud's its aggregation × PUE 1.5
+    watts = {"idle": 1.6, "aggregation": 5.0, "secagg_server": 5.0}
+    edge = sites[sites.site == "edge"]
+    assert edge["joules"].to_numpy() == pytest.approx(edge["state"].map(watts).to_numpy() * edge["seconds"].to_numpy())
+    cloud = sites[sites.site == "cloud"]
+    assert (cloud["state"] == "aggregation").all() and len(cloud) == 2
+    assert cloud["joules"].to_numpy() == pytest.approx(5.0 * 1.5 * cloud["seconds"].to_numpy())
+    manifest = json.loads((arm / "manifest.json").read_text())
+    assert manifest["total_edge_energy_j"] == pytest.approx(by_site["edge"])
+    # grams CO2e at a constant 380 g/kWh, each site's and the clients', the source named
+    last = res.iloc[-1]
+    for col, joules in (("carbon_g", "energy_j"), ("edge_carbon_g", "edge_energy_j"), ("cloud_carbon_g", "cloud_energy_j")):
+        assert last[col] == pytest.approx(last[joules] / 3.6e6 * 380.0, rel=1e-12)
+    assert last["carbon_intensity"] == "constant 380 g/kWh" == manifest["carbon"]["source"]
+    e = pd.read_parquet(arm / "energy.parquet")
+    assert e["grams"].to_numpy() == pytest.approx(e["joules"].to_numpy() / 3.6e6 * 380.0, rel=1e-12)
+    assert "aggregation" in manifest["power_assumed"]["raspberry-pi-4-edge"]
+    # the timeline prints each edge's and the cloud's joules in the round
+    from groupfel.experiments.timeline import site_energy
+
+    table = site_energy(arm, 2)
+    r2 = sites[sites["round"] == 2]
+    assert table["total_j"].sum() == pytest.approx(r2["joules"].sum()) and set(table["site"]) == {"edge", "cloud"}
+    # the clients' joules are the same as without the servers
+    for key in ("edge_power", "cloud_power", "cloud_pue", "carbon_intensity"):
+        del d["cost"][key]
+    assert main(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "c"), "--quiet"]) == 0
+    clients = pd.read_csv(next((tmp_path / "c").rglob("results.csv")))
+    pd.testing.assert_frame_equal(res[clients.columns], clients)
+
+
+@pytest.mark.parametrize("accounting, shared", [("full-fleet", False), ("marginal", False),
+                                                 ("full-fleet", True)])
+def test_an_energy_budget_is_never_overshot_in_any_accounting(tmp_path, tiny_dict, accounting, shared):
+    """The budget is set just above round 3's joules inside its group rounds: under full-fleet,
+    round 3's fleet idle would cross it, so the run stops after round 2 (it used to run round 3
+    and end above the budget); under the others round 3 fits. Never above the budget."""
+    d = one_arm(tiny_dict, rounds=3, group_rounds=1)
+    d["cost"].update(energy=True, profiles_file=POWER, energy_accounting=accounting)
+    if shared:      # the shared-edge model (its dry play prices the round)
+        d["topology"]["edge_access_mbps"] = 50.0
+    assert main(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "full"), "--quiet"]) == 0
+    full = pd.read_csv(next((tmp_path / "full").rglob("results.csv"))).set_index("round")["energy_j"]
+    e = pd.read_parquet(next((tmp_path / "full").rglob("energy.parquet")))
+    inside = float(e[(e["round"] == 3) & (e["group"] >= 0)]["joules"].sum())
+    budget = float(full[2]) + inside + 1e-6
+    d["train"]["energy_budget"] = budget
+    assert main(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "b"), "--quiet"]) == 0
+    got = pd.read_csv(next((tmp_path / "b").rglob("results.csv")))
+    assert got["energy_j"].iloc[-1] <= budget
+    assert got["round"].max() == (2 if accounting == "full-fleet" else 3)
+
+
+def test_batteries_that_charge_bring_their_clients_back(tmp_path, tiny_dict, capsys):
+    d = one_arm(tiny_dict, rounds=6, group_rounds=1)
+    d["cost"].update(energy=True, profiles_file=POWER)
+    d["train"].update(client_energy_budget=4.0, client_charge_w=0.05)
+    assert main(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "r"), "--quiet"]) == 0
+    arm = next((tmp_path / "r").rglob("manifest.json")).parent
+    manifest = json.loads((arm / "manifest.json").read_text())
+    assert manifest["stop_reason"] == "rounds" and manifest["rounds_run"] == 6
+    net = manifest["network"]
+    assert net["battery"] == {"capacity_j": 4.0, "charge_w": 0.05, "resume_share": 1.0, "charging": "always"}
+    kinds = {e["event"] for e in net["battery_events"]}
+    assert kinds == {"empty", "charged"}, net["battery_events"]
+    back = next(e for e in net["battery_events"] if e["event"] == "charged")
+    r = next(x for x in net["rounds"] if x["start_s"] <= back["time_s"] <= x["start_s"] + x["makespan_s"])
+    capsys.readouterr()
+    assert main(["timeline", str(arm), "--round", str(r["round"]), "--out", str(tmp_path / "t.png")]) == 0
+    assert f"client {back['client']} charged at" in capsys.readouterr().out
+    # the simple case: the same batteries without charging empty for good and the run stops
+    del d["train"]["client_charge_w"]
+    d["train"]["rounds"] = 30
+    assert main(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "drain"), "--quiet"]) == 0
+    drained = json.loads(next((tmp_path / "drain").rglob("manifest.json")).read_text())
+    assert drained["stop_reason"] == "batteries"
 
 
 @pytest.mark.parametrize("text, says", [
@@ -298,6 +405,44 @@ def test_rapl_reader_on_a_fake_sysfs_tree_with_wraparound(tmp_path):
     (tmp_path / "intel-rapl:1" / "energy_uj").write_text("3500000\n")    # 2 500 000 µJ
     assert meter.stop(mark)[0] == pytest.approx(1.32885 + 2.5)
     assert advance(10, 4, 10) == 4 and advance(4, 10, 10) == 6
+
+
+def test_a_long_rapl_reading_counts_every_wrap_by_polling(tmp_path):
+    """A counter with a 1000 µJ range that wraps three times during one reading: 0 -> 600 -> 200
+    (wrapped) -> 800 -> 400 (wrapped) -> 900 -> 300 (wrapped) is 600 + 600 + 600 + 600 + 500 + 400
+    = 3300 µJ. Reading only its start and end (0 and 300) would give 300 µJ. Once by hand-driven
+    polls, once by the meter's own background thread."""
+    import os
+    import time
+
+    from groupfel.cost_models.energy_meter import RaplMeter
+
+    _zone(tmp_path / "intel-rapl:0", "package-0", 0, top=1000)
+    energy = tmp_path / "intel-rapl:0" / "energy_uj"
+
+    def write(uj):     # atomically, as sysfs reads are
+        (tmp_path / "next").write_text(f"{uj}\n")
+        os.replace(tmp_path / "next", energy)
+
+    steps = (600, 200, 800, 400, 900, 300)
+    zones, _ = rapl_zones(tmp_path)
+    meter = RaplMeter(zones, poll_s=None)
+    mark = meter.start()
+    for uj in steps:
+        write(uj)
+        mark.poll()
+    assert meter.stop(mark)[0] == pytest.approx(3300e-6)
+    write(0)
+    meter = RaplMeter(zones, poll_s=0.005)
+    mark = meter.start()
+    for uj in steps:
+        write(uj)
+        seen = mark.polls
+        deadline = time.monotonic() + 30
+        while mark.polls < seen + 2 and time.monotonic() < deadline:    # the poller has read it
+            time.sleep(0.002)
+    joules, seconds = meter.stop(mark)
+    assert joules == pytest.approx(3300e-6) and seconds > 0
 
 
 def _zone(path, name, uj, top=2**32):
@@ -432,7 +577,7 @@ def test_the_radio_is_charged_its_airtime_and_listens_for_the_rest_of_a_shared_t
     listen 0.5 W, training 3 W: 2 + 4 + 2 × 0.5 + 3 = 10 J, no idle (the group round is 5 s, all
     of it accounted). Charging the radio its power for the whole stretched transfer would give
     2 × 2 + 2 × 4 + 3 = 15 J."""
-    from groupfel.emulator.contention import edge_makespan
+    from groupfel.emulator.network import edge_makespan
 
     watts = {"receive": 2.0, "transmit": 4.0, "listen": 0.5, "training": 3.0, "group_operation": 1.0, "idle": 0.1}
     power = DevicePower("d", {s: PowerCurve(Polynomial((w,))) for s, w in watts.items()})
@@ -475,4 +620,12 @@ def test_the_three_accountings_by_hand(accounting, expected):
         fed.charge_fleet_idle(0, 0.0, charged)
     per_client = ledger.energy_frame().groupby("client")["joules"].sum()
     assert per_client[per_client != 0].to_dict() == pytest.approx(expected)
+    from groupfel.experiments.timeline import energy_per_client
+
+    table = energy_per_client(ledger.energy_frame()).set_index("client")
+    if accounting == "full-fleet":      # the timeline's idle outside group rounds is a column of its own
+        assert table["idle_between_j"].to_dict() == pytest.approx({0: 3.2, 1: 3.2, 2: 27.2})
+        assert table["idle_j"].to_dict() == pytest.approx({0: 9.6, 1: 0.0, 2: 0.0})
+    else:
+        assert "idle_between_j" not in table
     assert ledger.energy_total == pytest.approx(sum(expected.values()))

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import TINY, one_arm, one_error_line, write_toml
 from groupfel.emulator.config import AvailabilityConfig, HeterogeneityConfig, parse_config
-from groupfel.emulator.contention import Availability, client_net
+from groupfel.emulator.network import Availability, client_net
 from groupfel.errors import InputError, InputWarning
 from groupfel.experiments.cli import main
 

@@ -217,6 +217,7 @@ def _flag_bases(tmp: Path) -> dict[tuple[str, str], list[str]]:
                                              "--local-epochs", "--groups-per-round", "--participation", "--seed",
                                              "--access-mbps", "--edge-cores", "--edge-clients", "--model-mb",
                                              "--client-mbps", "--latency-s", "--group-sizes")}
+    bases |= {("whatif", "--carbon-intensity"): [*edge, "--energy"]}
     bases |= {("whatif", f): grouped for f in ("--alpha", "--clients-per-edge", "--labels", "--max-cov", "--jobs",
                                                 "--min-group-size")}
     return bases
@@ -243,7 +244,9 @@ def _finite_json(obj, where: str) -> None:
 def _check_run_outputs(out: Path) -> None:
     for results in out.rglob("results.csv"):
         df = pd.read_csv(results)
-        for col in ("cost", "sim_time_s", "accuracy", "loss", *[c for c in df if c.startswith("energy_")]):
+        for col in ("cost", "sim_time_s", "accuracy", "loss",
+                    *[c for c in df if c.endswith("_energy_j") or c.startswith("energy_") and c.endswith("_j")
+                      or c.endswith("carbon_g")]):
             if col in df:
                 assert np.isfinite(df[col]).all(), (results, col, df[col].tolist())
     for ledger in out.rglob("ledger.parquet"):
@@ -468,7 +471,7 @@ def test_shared_edge_keys_out_of_bounds_or_together_are_refused(edit, says):
 def test_slowdown_reads_as_a_slowdown(tmp_path):
     """Before, ``speed = 2`` made a client twice as slow; a slowdown of 2 now says so."""
     from groupfel.emulator.config import HeterogeneityConfig
-    from groupfel.emulator.contention import client_net
+    from groupfel.emulator.network import client_net
 
     f = tmp_path / "links.csv"
     f.write_text("client,bandwidth_mbps,latency_s,slowdown\n0,10,0.1,2\n1,10,0.1,1\n")
@@ -1092,9 +1095,9 @@ def _readers() -> dict[str, tuple[str, Any]]:
     from groupfel.cost_models.profiles import read_profiles
     from groupfel.emulator import runfiles
     from groupfel.emulator.config import AvailabilityConfig, HeterogeneityConfig, load_config
-    from groupfel.emulator.contention import Availability, client_net
+    from groupfel.emulator.network import Availability, client_net
     from groupfel.emulator.driver import load_checkpoint
-    from groupfel.emulator.fedscale import read_behaviour, read_capacity
+    from groupfel.emulator.network.fedscale import read_behaviour, read_capacity
     from groupfel.experiments.group_cli import read_label_matrix
     from groupfel.experiments.sweep import load_sweep
 

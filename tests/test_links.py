@@ -4,7 +4,7 @@ import math
 import pytest
 import simpy
 
-from groupfel.emulator.links import SharedLink, finish_times
+from groupfel.emulator.network.links import SharedLink, finish_times
 
 MB = 10**6                       # 1 MB = 8 Mbit
 MBIT = 1e6

@@ -49,6 +49,32 @@ def test_report_renders_in_chromium(browser, tiny_dict, tmp_path, capsys):
         print(f"\nreport screenshot: {shot}")
 
 
+@pytest.mark.slow
+def test_an_energy_report_renders_its_joules_carbon_and_who_pays_in_chromium(browser, tiny_dict, tmp_path, capsys):
+    tiny_dict.update(seeds=[0, 1, 2])
+    tiny_dict["train"].update(rounds=3)
+    tiny_dict["topology"]["edge_access_mbps"] = 50.0
+    tiny_dict["cost"].update(energy=True, edge_power="raspberry-pi-4-edge", carbon_intensity=380.0)
+    run = tmp_path / "run"
+    run_experiment(parse_config(tiny_dict), run, progress=False, jobs=1)
+    assert main(["report", str(run), "--out", str(tmp_path / "report.html")]) == 0
+    page = (tmp_path / "report.html").read_text()
+    for section in ("Accuracy against energy", "Clients, edge servers and the cloud", "constant 380 g/kWh",
+                    "Joules per round by state", "Who pays: joules per client", "Gini", "energy_j", "carbon_g"):
+        assert section in page, section
+    dom = chromium(browser, "--virtual-time-budget=10000", "--enable-logging=stderr", "--v=0", "--dump-dom",
+                   (tmp_path / "report.html").as_uri())
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    body = re.search(r"<body[^>]*>", dom.stdout).group(0)
+    images = int(re.search(r'data-images="(\d+)"', body).group(1))
+    assert f'data-decoded="{images}"' in body and 'data-errors="0"' in body and "CONSOLE" not in dom.stderr
+    shot = tmp_path / "report.png"
+    res = chromium(browser, "--window-size=1280,9000", f"--screenshot={shot}", (tmp_path / "report.html").as_uri())
+    assert res.returncode == 0 and shot.stat().st_size > 50_000
+    with capsys.disabled():
+        print(f"\nenergy report screenshot: {shot}")
+
+
 def test_report_of_an_unfinished_run_says_what_to_do(tiny_dict, tmp_path, capsys):
     (tmp_path / "run").mkdir()
     assert main(["report", str(tmp_path / "run")]) == 2

@@ -95,6 +95,29 @@ def test_summary_columns_paired_and_target_counts():
     assert sentence.startswith("Over 3 seeds") and "covg" in sentence and "2/3 seeds" in sentence
 
 
+def test_energy_and_carbon_are_compared_with_intervals_and_verdicts():
+    """Runs that measured energy and carbon: both enter the paired differences. rg uses 100, 95
+    and 110 J more than covg in seeds 0, 1, 2: a difference of 101.7 J whose interval lies above
+    0, verdict 'higher'; the grams follow (380 g/kWh)."""
+    results = _results({
+        (0, "covg"): ([0, 10, 20], [0.1, 0.6, 0.9]), (0, "rg"): ([0, 12, 24], [0.1, 0.5, 0.8]),
+        (1, "covg"): ([0, 10, 20], [0.1, 0.5, 0.84]), (1, "rg"): ([0, 12, 24], [0.1, 0.45, 0.7]),
+        (2, "covg"): ([0, 10, 20], [0.1, 0.7, 0.95]), (2, "rg"): ([0, 12, 24], [0.1, 0.55, 0.75])})
+    joules = {(0, "covg"): 1000.0, (0, "rg"): 1100.0, (1, "covg"): 980.0, (1, "rg"): 1075.0,
+              (2, "covg"): 1020.0, (2, "rg"): 1130.0}
+    results["energy_j"] = [joules[(s_, a)] * (r / 2) for s_, a, r in zip(results.seed, results.arm, results["round"])]
+    results["carbon_g"] = results["energy_j"] / 3.6e6 * 380.0
+    results["energy_accounting"] = "group-rounds"
+    s = summarize_seeds(per_seed_metrics(results, None), ["covg", "rg"])
+    rg = s.iloc[1]
+    assert rg["energy_j_diff_mean"] == pytest.approx((100 + 95 + 110) / 3)
+    assert rg["energy_j_diff_ci95_low"] > 0 and rg["energy_j_decision"] == "higher"
+    assert rg["carbon_g_diff_mean"] == pytest.approx(rg["energy_j_diff_mean"] / 3.6e6 * 380.0)
+    assert s["energy_accounting"].tolist() == ["group-rounds", "group-rounds"]
+    text = render_summary(s, None)
+    assert "energy_j" in text and "carbon_g" in text
+
+
 def test_one_seed_says_there_is_no_interval():
     results = _results({(0, "covg"): ([0, 10], [0.1, 0.6]), (0, "rg"): ([0, 10], [0.1, 0.5])})
     s = summarize_seeds(per_seed_metrics(results, None), ["covg", "rg"])

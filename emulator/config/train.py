@@ -5,7 +5,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from .base import PartName, _Strict
+from .base import PartName, _Strict, path_of
 from .limits import Count, Rounds
 from groupfel.userfile import short
 
@@ -80,12 +80,29 @@ class TrainConfig(_Strict):
     budget: float | None = Field(None, gt=0, le=1e300, description="Eq. 5 cost budget (the paper: 1e6): a round that "
                                  "would cross it is not run; an error if the first round would.")
     energy_budget: float | None = Field(None, gt=0, le=1e300, description="Energy budget of the run in joules "
-                                        "(needs cost.energy): a round that would cross it is not run; an error if "
-                                        "the first round would.")
+                                        "(needs cost.energy), never overshot in any cost.energy_accounting: each "
+                                        "round's joules are priced before it runs (played on a scratch clock, "
+                                        "full-fleet idle included), and a round that would cross the budget is "
+                                        "not run, so the run ends at or below it; an error if the first round "
+                                        "would cross it.")
     client_energy_budget: float | None = Field(None, gt=0, le=1e300, description="Each client's battery in joules "
                                                "(needs cost.energy): a client whose spent energy reaches it goes "
                                                "offline (checked at each group round's start, as "
                                                "topology.availability; turns on the shared-edge model).")
+    client_charge_w: float | None = Field(None, gt=0, le=1e6, description="Batteries that charge (needs "
+                                          "client_energy_budget): each client's charging power in watts while it "
+                                          "charges (always, client_charging_file's intervals, or topology."
+                                          "availability's online intervals). A client found empty at a check is "
+                                          "offline until charged to client_resume_share of its battery. Unset: "
+                                          "batteries only drain, and an empty client is off for good.")
+    client_charging_file: path_of("CSV file") | None = Field(
+        None, description="The intervals each client charges in (needs client_charge_w), a CSV client, "
+        "start_s, end_s (as topology.availability.file); unset: always plugged in.")
+    client_charging_from_availability: bool = Field(
+        False, description="A client charges while topology.availability says it is online (needs "
+        "client_charge_w; FedScale reads its behaviour trace's online intervals as charging).")
+    client_resume_share: float = Field(1.0, gt=0, le=1.0, description="An empty client comes back once its "
+                                       "battery holds this share of its capacity (needs client_charge_w; 1: full).")
     eval_every: Rounds = Field(1, description="Evaluate the global model every this many rounds.")
     report_best: bool = Field(False, description="Per-group mode: also report each client's best local test "
                               "accuracy over the evaluations after round 0 (local_error_best_* columns; the HCCT "
@@ -105,6 +122,19 @@ class TrainConfig(_Strict):
         if not PATTERN.match(value):
             raise ValueError(f"{short(value)} is not a device; give {HELP}")
         return value
+
+    @model_validator(mode="after")
+    def _charging(self):
+        if self.client_charge_w is not None and self.client_energy_budget is None:
+            raise ValueError("client_charge_w charges batteries: set client_energy_budget (each battery's joules), "
+                             "or remove it")
+        if self.client_charge_w is None and (self.client_charging_file is not None
+                                             or self.client_charging_from_availability):
+            raise ValueError("client_charging_file and client_charging_from_availability need client_charge_w "
+                             "(the charging power, W)")
+        if self.client_charging_file is not None and self.client_charging_from_availability:
+            raise ValueError("give client_charging_file or client_charging_from_availability, not both")
+        return self
 
     @model_validator(mode="after")
     def _stop(self):

@@ -13,6 +13,8 @@ Stable API (``benchmarks/network.py`` builds on it; keep it):
   fixed term that holds no capacity). Returns the finish time.
 - ``SharedLink.send(nbytes, cap_bps)``: the same flow without latency and without a process of
   its own: an event that fires when its last byte is through (cheaper inside another process).
+- ``SharedLink.cancel(done)``: end the flow whose event ``send`` returned before its last byte (its
+  sender went away); the other flows share the capacity from then on. Returns the bits it had left.
 - ``SharedLink.carried_bits``, ``SharedLink.busy_s``: bits moved and time with at least one flow
   active, for utilisation (``carried_bits / (capacity_bps · window)``).
 - ``finish_times(flows, capacity_bps)``: the finish time of each ``(start_s, nbytes, cap_bps,
@@ -103,6 +105,16 @@ class SharedLink:
         self._flows.append(flow)
         self._reschedule()
         return flow.done
+
+    def cancel(self, done: simpy.Event) -> float:
+        """End the unfinished flow of ``done`` (from :meth:`send`) now; the bits it had left."""
+        flow = next((f for f in self._flows if f.done is done), None)
+        if flow is None:
+            return 0.0
+        self._advance()
+        self._flows.remove(flow)
+        self._reschedule()
+        return max(flow.bits, 0.0)
 
     # -- processor sharing -------------------------------------------------------------------
 
