@@ -366,18 +366,33 @@ def _busy_s() -> float:
     return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
 
 
+def _pressure_s() -> float | None:
+    """Seconds in which some runnable task waited for a CPU (PSI, /proc/pressure/cpu), or None."""
+    try:
+        with open("/proc/pressure/cpu") as f:
+            return int(f.readline().rpartition("total=")[2]) / 1e6
+    except (OSError, ValueError):
+        return None
+
+
 class Window:
-    """The cores other work took while ours ran: the machine's busy CPU seconds over a stretch,
-    less those of our cgroups, over the stretch's wall seconds."""
+    """The machine's other work while ours ran: the cores it took (the machine's busy CPU seconds
+    over a stretch, less those of our cgroups, over the stretch's wall seconds), and the share of
+    the stretch in which some task waited for a CPU (PSI's cpu "some"; None where the kernel has
+    no PSI). The first is what was left to others; the second says whether anyone wanted more."""
 
     def __init__(self, ours: list[CpuQuota]):
         self.ours = ours
         self.t, self.busy, self.cpu = time.monotonic(), _busy_s(), sum(q.cpu_s() for q in ours)
+        self.pressure = _pressure_s()
 
     def close(self) -> dict:
         wall = time.monotonic() - self.t
         busy, cpu = _busy_s() - self.busy, sum(q.cpu_s() for q in self.ours) - self.cpu
+        pressure = _pressure_s()
         return {"others_cores": max(0.0, busy - cpu) / wall if wall > 0 else 0.0, "ours_cores": cpu / wall,
+                "cpu_pressure": None if pressure is None or self.pressure is None or wall <= 0
+                else (pressure - self.pressure) / wall,
                 "load_average": os.getloadavg()[0], "wall_s": wall}
 
 
@@ -828,7 +843,9 @@ def serve(spec: dict, j: int) -> None:
                 th.join()
             queued = time.monotonic()
             got = [uploads[i] for i in alive if i in uploads]
-            a, b = cores.run((len(alive), m, got, len(alive) - len(got)))
+            # as the emulator charges it: every member of the group that sent nothing, whether it
+            # left in this group round or was gone at its start, is a dropout to recover
+            a, b = cores.run((len(rd.groups[g]), m, got, len(rd.groups[g]) - len(got)))
             records.append({"t": t, "k": k, "g": g, "start": start, "upload_end": ends, "queued": queued,
                             "aggregation_start": a, "aggregation_end": b})
 
@@ -1080,15 +1097,19 @@ def emulate(rd: Round, profiles: dict, model_bytes: int, efficiency: float = net
             out["aggregation"].append(r["end"] - r["start"])
         else:
             out[name[r["kind"]]].append(r["end"] - r["start"])
-    spans, train = {}, [0.0] * n
+    spans, train, secagg = {}, [0.0] * n, {}
     for row in ledger.frame().itertuples(index=False):
         key = (int(row.round), int(row.group_round), int(row.client))
         if row.component == "training":
             spans[key] = (row.start, row.end)
-        if row.component in ("training", "secagg") and key in done:
-            out["train" if row.component == "training" else "secagg"].append(row.end - row.start)
-            if row.component == "training":
-                train[key[2]] += row.end - row.start
+        if row.component == "training" and key in done:
+            out["train"].append(row.end - row.start)
+            train[key[2]] += row.end - row.start
+        elif row.component.startswith("secagg") and key in done:
+            # secagg, and secagg-recovery where a member is gone: back to back before the upload
+            a, b = secagg.get(key, (row.start, row.end))
+            secagg[key] = (min(a, row.start), max(b, row.end))
+    out["secagg"] = [b - a for a, b in secagg.values()]
     if wan is None:
         first = min(r["start"] for r in fed.trace if r["kind"] == "download")
         last = max(r["end"] for r in fed.trace if r["kind"] == "core")
@@ -1141,7 +1162,8 @@ def phase_cell(ph: dict | None) -> str:
 
 
 def _load_text(load: dict) -> str:
-    return f"{load['others_cores']:.2f}"
+    p = load.get("cpu_pressure")
+    return f"{load['others_cores']:.2f}" + ("" if p is None else f" ({100 * p:.0f} %)")
 
 
 def validate(rds: list[Round], out=print, workdir: Path | None = None) -> list[dict]:
@@ -1162,7 +1184,7 @@ def validate(rds: list[Round], out=print, workdir: Path | None = None) -> list[d
     out("| scenario | clients | measured s | emulated s | makespan error % | "
         + " | ".join(f"{p} error %" for p in PHASES)
         + " | finish spread ms (upload bound %) | CPU share of quota: run; calibrations "
-        + "| other work, cores: calibration; run; calibration | training CPU, curve vs run % |")
+        + "| other work, cores (CPU pressure): calibration; run; calibration | training CPU, curve vs run % |")
     out("| --- " * (9 + len(PHASES)) + "|")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
