@@ -807,9 +807,16 @@ def serve(spec: dict, j: int) -> None:
     cloud. Prints every event's time (CLOCK_MONOTONIC) as one JSON line."""
     from groupfel.emulator.contention import client_bytes
 
+    import numpy as np
+
+    from groupfel.cost_models.secagg import quantize
+
     rd, model_bytes = Round.from_json(spec), spec["model_bytes"]
     m = model_bytes // 4
-    cores = net.Cores(rd.edge_cores, _aggregate, warm=None)   # the edge's cores: a line for free ones
+    # the edge's cores: a line for free ones. Each unmasks one group of two before the run: its
+    # first calls into OpenSSL and numpy (imports, set-up: tens of ms) are an edge's start-up
+    keys, q = _group_keys(2), quantize(np.zeros(m), 1.0)
+    cores = net.Cores(rd.edge_cores, _aggregate, warm=(2, m, [client_secagg(u, 2, q, keys) for u in range(2)], 1))
     downloads = _downloads(rd, j, model_bytes)
     print("ready", flush=True)
     print(" ".join(str(p.pid) for p in cores.procs), flush=True)
@@ -1308,9 +1315,9 @@ def main(argv: list[str] | None = None) -> int:
     if done:
         errs = sorted(abs(r["error_pct"]) for r in done)
         print(f"makespan error over {len(done)} scenarios ({len(rows) - len(done)} refused): median "
-              f"{statistics.median(errs):.1f} %, worst {errs[-1]:.1f} % (goals {MAKESPAN_GOALS_PCT[0]:g} % and "
-              f"{MAKESPAN_GOALS_PCT[1]:g} %); every phase of {1000 * PHASE_MIN_S:g} ms or more within "
-              f"{PHASE_GOAL_PCT:g} %; {time.monotonic() - t:.0f} s")
+              f"{statistics.median(errs):.1f} %, worst {errs[-1]:.1f} % (goals: median {MAKESPAN_GOALS_PCT[0]:g} %, "
+              f"worst {MAKESPAN_GOALS_PCT[1]:g} %, every phase of {1000 * PHASE_MIN_S:g} ms or more within "
+              f"{PHASE_GOAL_PCT:g} %); {time.monotonic() - t:.0f} s")
     why = check(rows, a.quick or bool(a.scenario))
     print("check passed" if not why else "check failed: " + "; ".join(why))
     return 1 if why else 0
