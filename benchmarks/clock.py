@@ -9,15 +9,16 @@ global rounds, and expect the time a real deployment takes. For each scenario, o
 (root needed):
 
 1. **Devices.** Each device is a share of one core: a cgroup CPU quota (v2 ``cpu.max`` or v1
-   ``cpu.cfs_quota_us``, period 10 ms, ``--period-ms``). The scenario's client devices are
-   measured together, one process per client under its own quota, as they run in the round (the
-   same cores, caches and neighbours), with ``groupfel.cost_models.measure`` (training:
-   ``measure("training")``, one epoch of the digits CNN at sample counts from half the shards to
-   a whole round's epochs, so that every call spans many quota periods; secure aggregation: the
-   client's part of the protocol, ``time_secagg_parts`` on the wall clock); the edge's cores alone
-   under theirs (``measure("secagg", server=True, clock="wall")``). They are measured before and
-   again after the real run, and ``groupfel.cost_models.calibrate`` fits both together: the
-   machine's other work at calibration brackets the run's. Nothing is fitted to the run checked.
+   ``cpu.cfs_quota_us``, period 10 ms, ``--period-ms``). Each client process measures its own
+   device, under its quota, among the other clients measuring theirs, just before the run and
+   again just after it (so the machine's other work at calibration brackets the run's, and the
+   process, its memory and its neighbours are the run's), with ``groupfel.cost_models.measure``
+   (training: ``measure("training")``, one epoch of the digits CNN at sample counts from half the
+   shards to a whole round's epochs, so that most calls span many quota periods; secure
+   aggregation: the client's part of the protocol, ``time_secagg_parts`` on the wall clock). The
+   edge's core is measured alone under its quota before and after
+   (``measure("secagg", server=True, clock="wall")``). ``groupfel.cost_models.calibrate`` fits all
+   of it together and writes the profile CSV a user would get. Nothing is fitted to the run.
 2. **The real run.** ``benchmarks/network.py``'s namespaces for each edge (an edge, an access point
    with per-client HTB leaves under a shared class, a namespace per client) and, for scenarios
    with a cloud, a cloud namespace behind one WAN link (a bridge; HTB on both directions, one leaf
@@ -375,31 +376,62 @@ def _pressure_s() -> float | None:
         return None
 
 
+def _load(s0: tuple, s1: tuple) -> dict:
+    """Other work between two samples (time, machine busy s, our cgroups' CPU s, PSI s)."""
+    wall = s1[0] - s0[0]
+    if wall <= 0:
+        return {"others_cores": 0.0, "ours_cores": 0.0, "cpu_pressure": None, "load_average": os.getloadavg()[0],
+                "wall_s": 0.0}
+    busy, cpu = s1[1] - s0[1], s1[2] - s0[2]
+    return {"others_cores": max(0.0, busy - cpu) / wall, "ours_cores": cpu / wall,
+            "cpu_pressure": None if s0[3] is None or s1[3] is None else (s1[3] - s0[3]) / wall,
+            "load_average": os.getloadavg()[0], "wall_s": wall}
+
+
 class Window:
     """The machine's other work while ours ran: the cores it took (the machine's busy CPU seconds
     over a stretch, less those of our cgroups, over the stretch's wall seconds), and the share of
     the stretch in which some task waited for a CPU (PSI's cpu "some"; None where the kernel has
-    no PSI). The first is what was left to others; the second says whether anyone wanted more."""
+    no PSI). The first is what was left to others; the second says whether anyone wanted more.
+    ``sample`` every ``every_s`` on a thread (``start``) gives the figures of any stretch after."""
 
-    def __init__(self, ours: list[CpuQuota]):
-        self.ours = ours
-        self.t, self.busy, self.cpu = time.monotonic(), _busy_s(), sum(q.cpu_s() for q in ours)
-        self.pressure = _pressure_s()
+    def __init__(self, ours: list[CpuQuota], every_s: float = 0.1):
+        self.ours, self.every_s = ours, every_s
+        self.samples = [self._sample()]
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _sample(self) -> tuple:
+        return time.monotonic(), _busy_s(), sum(q.cpu_s() for q in self.ours), _pressure_s()
+
+    def start(self) -> Window:
+        def loop() -> None:
+            while not self._stop.wait(self.every_s):
+                self.samples.append(self._sample())
+        self._thread = threading.Thread(target=loop, daemon=True)
+        self._thread.start()
+        return self
 
     def close(self) -> dict:
-        wall = time.monotonic() - self.t
-        busy, cpu = _busy_s() - self.busy, sum(q.cpu_s() for q in self.ours) - self.cpu
-        pressure = _pressure_s()
-        return {"others_cores": max(0.0, busy - cpu) / wall if wall > 0 else 0.0, "ours_cores": cpu / wall,
-                "cpu_pressure": None if pressure is None or self.pressure is None or wall <= 0
-                else (pressure - self.pressure) / wall,
-                "load_average": os.getloadavg()[0], "wall_s": wall}
+        """Stop sampling; the figures of the whole stretch."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+        self.samples.append(self._sample())
+        return _load(self.samples[0], self.samples[-1])
+
+    def between(self, a: float, b: float) -> dict:
+        """The figures from the last sample at or before ``a`` to the first at or after ``b``."""
+        s0 = max((s for s in self.samples if s[0] <= a), key=lambda s: s[0], default=self.samples[0])
+        s1 = min((s for s in self.samples if s[0] >= b), key=lambda s: s[0], default=self.samples[-1])
+        return _load(s0, s1)
 
 
 def starved(rd: Round, shares: list[float], where: str) -> str | None:
     """Why a scenario's numbers say nothing of the emulator: a client that got less than
     ``STARVED`` of its quota (other work on the machine took the core), or None."""
-    worst = min(range(rd.n), key=lambda i: shares[i])
+    measured = [i for i in range(rd.n) if shares[i] is not None]     # None: not measured (it dropped out)
+    worst = min(measured, key=lambda i: shares[i])
     if shares[worst] >= STARVED:
         return None
     return (f"client {worst} got {100 * shares[worst]:.0f} % of its {100 * rd.quotas[worst]:g} % quota {where}, "
@@ -416,46 +448,12 @@ def training_sizes(samples: list[int], epochs: int = 1) -> list[int]:
     return sorted({max(32, min(samples) // 2), *samples, 2 * max(samples), epochs * max(samples)})
 
 
-def calibrate_batch(rd: Round, model_bytes: int, workdir: Path, tag: str) -> dict:
-    """Measure every client's device at once, each process under its client's quota (the round's
-    concurrency), then the edge's core alone under its quota. Returns the measurement files, each
-    client's CPU share of its quota while it trained, and the other work meanwhile."""
-    group_sizes = sorted({2, 3, 4, 5, *(len(g) for g in rd.groups)})   # recovery needs 3 sizes from 3
-    params = model_bytes // 4
-    files, shares = [], [0.0] * rd.n
-    boot = CpuQuota(f"gfq{os.getpid()}boot", 1.0)
-    quotas: list[CpuQuota] = []
-    procs: list[subprocess.Popen] = []
-    try:
-        for i in range(rd.n):
-            same = [rd.samples[c] for c in range(rd.n) if rd.quotas[c] == rd.quotas[i]]
-            spec = {"kind": "client", "device": rd.device(i), "sizes": training_sizes(same, rd.epochs),
-                    "group_sizes": group_sizes, "params": params}
-            procs.append(_spawn([sys.executable, HERE, "--role", "calibrate", "--spec", json.dumps(spec)], boot))
-        for i, p in enumerate(procs):
-            _ready(p)
-            quotas.append(CpuQuota(f"gfq{os.getpid()}cal{i}", rd.quotas[i]))
-            quotas[-1].add(p.pid)
-        window = Window(quotas + [boot])
-        for p in procs:
-            _go(p)
-        outs = _finish(procs, 900.0)
-        load = window.close()
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for q in quotas:
-            q.close()
-    for i, out in enumerate(outs):
-        text, _, tail = out.rpartition("\n#share ")
-        shares[i] = float(tail) / rd.quotas[i]
-        files.append(workdir / f"measurements-{tag}-c{i}.csv")
-        files[-1].write_text(text)
+def calibrate_edge(rd: Round, model_bytes: int, workdir: Path, tag: str) -> Path:
+    """Measure the edge's core alone under its quota: the aggregator's part of secure aggregation
+    and its dropout recovery, on the wall clock. Returns the measurement file."""
     edge = f"edge{device_name(rd.edge_quota)}"
-    spec = {"kind": "edge", "device": edge, "group_sizes": group_sizes, "params": params}
-    quota = CpuQuota(f"gfq{os.getpid()}cale", rd.edge_quota)
+    spec = {"device": edge, "group_sizes": group_sizes(rd), "params": model_bytes // 4}
+    boot, quota = CpuQuota(f"gfq{os.getpid()}boot", 1.0), CpuQuota(f"gfq{os.getpid()}cale", rd.edge_quota)
     try:
         p = _start([sys.executable, HERE, "--role", "calibrate", "--spec", json.dumps(spec)], boot)
         quota.add(p.pid)
@@ -464,9 +462,13 @@ def calibrate_batch(rd: Round, model_bytes: int, workdir: Path, tag: str) -> dic
     finally:
         quota.close()
         boot.close()
-    files.append(workdir / f"measurements-{tag}-{edge}.csv")
-    files[-1].write_text(out.rpartition("\n#share ")[0])
-    return {"files": files, "shares": shares, "load": load}
+    path = workdir / f"measurements-{tag}-{edge}.csv"
+    path.write_text(out)
+    return path
+
+
+def group_sizes(rd: Round) -> list[int]:
+    return sorted({2, 3, 4, 5, *(len(g) for g in rd.groups)})   # recovery is timed from 3: three sizes
 
 
 def fit_profiles(files: list[Path], workdir: Path) -> dict:
@@ -480,37 +482,41 @@ def fit_profiles(files: list[Path], workdir: Path) -> dict:
 
 
 def run_calibration(spec: dict) -> None:
-    """(In the device's cgroup) its measurement CSV on stdout, then ``#share`` and the CPU share
-    its training measurement got."""
+    """(In the edge core's cgroup) its measurement CSV on stdout."""
     import torch
 
-    from groupfel.cost_models.measure import INPUT_SHAPE, NUM_CLASSES, Measurement, measure, measurements_csv
-    from groupfel.cost_models.secagg import time_secagg_parts
+    from groupfel.cost_models.measure import INPUT_SHAPE, NUM_CLASSES, measure, measurements_csv
     from groupfel.emulator.models import build_model
 
     torch.set_num_threads(1)
     _wait_go()
-    device, params = spec["device"], spec["params"]
-    if spec["kind"] == "edge":
-        rows, header = measure("secagg", spec["group_sizes"], lambda: build_model("cnn", INPUT_SHAPE, NUM_CLASSES),
-                               params=params, device=device, server=True, clock="wall", repeats=REPEATS)
-        print(measurements_csv(rows, header), end="")
-        print("\n#share 1")
-        return
-    cpu0, wall0 = _cpu(), time.monotonic()
-    rows, header = measure("training", spec["sizes"], lambda: build_model("cnn", INPUT_SHAPE, NUM_CLASSES),
-                           repeats=REPEATS, device=device)
-    share = (_cpu() - cpu0) / (time.monotonic() - wall0)
-    # the client's part of secure aggregation on the wall clock (the edge does the aggregator's)
-    sizes = spec["group_sizes"]
-    for n in sizes:                     # one untimed pass, as measure's sweeps
+    rows, header = measure("secagg", spec["group_sizes"], lambda: build_model("cnn", INPUT_SHAPE, NUM_CLASSES),
+                           params=spec["params"], device=spec["device"], server=True, clock="wall", repeats=REPEATS)
+    print(measurements_csv(rows, header), end="")
+
+
+def calibrate_client(rd: Round, i: int, model_bytes: int) -> dict:
+    """(In client i's process, under its quota) its device measured with ``measure``: one epoch of
+    the CNN at ``training_sizes`` of the shards of the clients on its device, and its part of
+    secure aggregation on the wall clock. Returns the measurement CSV, the CPU share of its quota
+    its training measurement got, and when it ran."""
+    from groupfel.cost_models.measure import INPUT_SHAPE, NUM_CLASSES, Measurement, measure, measurements_csv
+    from groupfel.cost_models.secagg import time_secagg_parts
+    from groupfel.emulator.models import build_model
+
+    same = [rd.samples[c] for c in range(rd.n) if rd.quotas[c] == rd.quotas[i]]
+    params, start = model_bytes // 4, time.monotonic()
+    cpu0 = _cpu()
+    rows, header = measure("training", training_sizes(same, rd.epochs),
+                           lambda: build_model("cnn", INPUT_SHAPE, NUM_CLASSES), repeats=REPEATS, device=rd.device(i))
+    share = (_cpu() - cpu0) / (time.monotonic() - start) / rd.quotas[i]
+    for n in group_sizes(rd):           # one untimed pass, as measure's sweeps
         time_secagg_parts(n, params, clock="wall")
     for _ in range(REPEATS):
-        for n in sizes:
-            rows.append(Measurement("secagg", "secagg", device, n, None,
+        for n in group_sizes(rd):
+            rows.append(Measurement("secagg", "secagg", rd.device(i), n, None,
                                     time_secagg_parts(n, params, clock="wall")[0]))
-    print(measurements_csv(rows, header), end="")
-    print(f"\n#share {share}")
+    return {"csv": measurements_csv(rows, header), "share": share, "start": start, "end": time.monotonic()}
 
 
 def _cpu() -> float:
@@ -687,12 +693,12 @@ def measure_round(rd: Round, model_bytes: int, netem: bool = False, timeout_s: f
                 _ready(p)   # start-up done: from now on each runs on its device's share
                 quotas.append(CpuQuota(f"gfq{os.getpid()}c{i}", rd.quotas[i]))
                 quotas[-1].add(p.pid)
-            window = Window(quotas)
+            window = Window(quotas).start()
             for p in edges + clients:
                 _go(p)
             procs += edges + clients
             outs = _finish(procs, timeout_s)
-            load = window.close()
+            window.close()
             throttled = [q.throttled_s() for q in quotas[-rd.n:]]
     finally:
         for p in procs:
@@ -703,7 +709,14 @@ def measure_round(rd: Round, model_bytes: int, netem: bool = False, timeout_s: f
             q.close()
     outs = [json.loads(o.splitlines()[-1]) for o in outs]
     cloud = outs.pop(0) if rd.wan_mbps is not None else None
-    return measured_phases(rd, cloud, outs[:rd.edges], outs[rd.edges:]) | {"throttled": throttled, "load": load}
+    clients = outs[rd.edges:]
+    m = measured_phases(rd, cloud, outs[:rd.edges], [c["records"] for c in clients])
+    cals = [c["calibrations"] for c in clients]
+    after = [b for _, b in cals if b is not None]
+    loads = [window.between(min(a["start"] for a, _ in cals), max(a["end"] for a, _ in cals)),
+             window.between(m["start"], m["end"]),
+             window.between(min(b["start"] for b in after), max(b["end"] for b in after))]
+    return m | {"throttled": throttled, "loads": loads, "calibrations": cals}
 
 
 def measured_phases(rd: Round, cloud: dict | None, edges: list[dict], clients: list[list[dict]]) -> dict:
@@ -736,7 +749,7 @@ def measured_phases(rd: Round, cloud: dict | None, edges: list[dict], clients: l
                 out["cloud up"].append(cloud["rounds"][t]["end"][j] - c["up_start"])
         first = cloud["rounds"][0]["start"]
         last = max(max(r["end"]) for r in cloud["rounds"])
-    return {**out, "makespan": last - first, "train_cpu": cpu, "train_wall": wall,
+    return {**out, "makespan": last - first, "start": first, "end": last, "train_cpu": cpu, "train_wall": wall,
             "share": [c / w / q if w > 0 else 0.0 for c, w, q in zip(cpu, wall, rd.quotas)],
             "spread": max((max(v) - min(v) for v in starts.values()), default=0.0),
             "dropped": [i for i, recs in enumerate(clients) if any(r["dropped"] for r in recs)]}
@@ -1002,6 +1015,9 @@ def client(spec: dict, i: int) -> None:
     batches = [b for _ in range(rd.epochs) for b in range(0, len(y), BATCH)]
     drop = rd.drops.get(i)
     _wait_go()
+    # the device measured here, under the quota, among the other clients measuring theirs: before
+    # the run and again after it, each client in its own process as it runs the rounds
+    calibrations = [calibrate_client(rd, i, model_bytes)]
     conn = net.connect(rd.edge_clients(rd.edge_of(g)).index(i))
     records = []
     for t in range(rd.rounds):
@@ -1028,17 +1044,18 @@ def client(spec: dict, i: int) -> None:
                    "train_cpu": _cpu() - cpu0, "dropped": stop is not None}
             records.append(rec)
             if stop is not None:          # offline: the connection goes, nothing is sent
-                conn.close()
-                print(json.dumps(records), flush=True)
+                conn.close()          # (and no second calibration: the others still run)
+                print(json.dumps({"records": records, "calibrations": calibrations + [None]}), flush=True)
                 return
             q = quantize(torch.nn.utils.parameters_to_vector(params).detach().numpy(), 2.0**16)
             payload = client_secagg(u, n, q, data[4 * m:4 * m + 64 * n])
             rec["upload_start"] = time.monotonic()
             conn.sendall(payload)
             assert len(payload) == up
-    net._recv_exactly(conn, 1)
+    net._recv_exactly(conn, 1)           # the last client round of the run is over
     conn.close()
-    print(json.dumps(records), flush=True)
+    calibrations.append(calibrate_client(rd, i, model_bytes))
+    print(json.dumps({"records": records, "calibrations": calibrations}), flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1202,20 +1219,27 @@ def validate(rds: list[Round], out=print, workdir: Path | None = None) -> list[d
             if rd.wan_latency_s > 0 and not netem:
                 rd = Round.from_json({**asdict(rd), "wan_latency_s": 0.0})
                 name += " (WAN delay 0: no netem here)"
-            before = calibrate_batch(rd, model_bytes, wd, "before")
+            files = [calibrate_edge(rd, model_bytes, wd, "before")]
             m = measure_round(rd, model_bytes, netem)
-            after = calibrate_batch(rd, model_bytes, wd, "after")
-            loads = [before["load"], m["load"], after["load"]]
+            files.append(calibrate_edge(rd, model_bytes, wd, "after"))
+            for i, cal in enumerate(m["calibrations"]):
+                for tag, c in zip(("before", "after"), cal):
+                    if c is not None:
+                        files.append(wd / f"measurements-{tag}-c{i}.csv")
+                        files[-1].write_text(c["csv"])
+            before = [a["share"] for a, _ in m["calibrations"]]
+            after = [None if b is None else b["share"] for _, b in m["calibrations"]]
+            loads = m["loads"]
             load_cell = "; ".join(_load_text(x) for x in loads)
-            why = (starved(rd, m["share"], "in the run") or starved(rd, before["shares"], "at the first calibration")
-                   or starved(rd, after["shares"], "at the second calibration"))
+            why = (starved(rd, m["share"], "in the run") or starved(rd, before, "at the first calibration")
+                   or starved(rd, after, "at the second calibration"))
             if why:
                 out(f"| {name} | {rd.n} | refused: {why} (other work {load_cell} cores; load average "
-                    f"{m['load']['load_average']:.1f}) |")
+                    f"{loads[1]['load_average']:.1f}) |")
                 rows.append({"scenario": name, "clients": rd.n, "refused": why, "loads": loads,
-                             "round_share": m["share"], "calibration_share": [before["shares"], after["shares"]]})
+                             "round_share": m["share"], "calibration_share": [before, after]})
                 continue
-            profiles = fit_profiles(before["files"] + after["files"], wd)
+            profiles = fit_profiles(files, wd)
             drop_at = drop_times(rd, profiles, model_bytes) if rd.drops else None
             e = emulate(rd, profiles, model_bytes, drop_at=drop_at)
             steady = emulate(rd, profiles, model_bytes, quota_term=False, drop_at=drop_at)
@@ -1229,13 +1253,14 @@ def validate(rds: list[Round], out=print, workdir: Path | None = None) -> list[d
                    "error_pct": error_pct(e["makespan"], m["makespan"]), "phases": phases,
                    "emulated_steady": steady["makespan"], "error_steady_pct": error_pct(steady["makespan"], m["makespan"]),
                    "finish_spread_s": m["spread"], "upload_bound_pct": 100 * m["spread"] / upload,
-                   "round_share": m["share"], "calibration_share": [before["shares"], after["shares"]],
+                   "round_share": m["share"], "calibration_share": [before, after],
                    "loads": loads, "throttled_s": m["throttled"], "training_cpu_drift_pct": drift,
                    "dropped": [m["dropped"], e["offline"]], "drop_at": drop_at,
-                   "measured_phases": m, "emulated_phases": {k: v for k, v in e.items() if k != "training_spans"},
+                   "measured_phases": {k: v for k, v in m.items() if k != "calibrations"}, "emulated_phases": {k: v for k, v in e.items() if k != "training_spans"},
                    "round": asdict(rd)}
             rows.append(row)
-            shares = f"{100 * min(m['share']):.0f} %; {100 * min(before['shares']):.0f}, {100 * min(after['shares']):.0f} %"
+            shares = (f"{100 * min(m['share']):.0f} %; {100 * min(before):.0f}, "
+                      f"{100 * min(x for x in after if x is not None):.0f} %")
             out(f"| {name} | {rd.n} | {row['measured']:.3f} | {row['emulated']:.3f} | {row['error_pct']:+.1f} | "
                 + " | ".join(phase_cell(phases.get(p)) for p in PHASES)
                 + f" | {1000 * m['spread']:.0f} ({row['upload_bound_pct']:.1f}) | {shares} | {load_cell} | {drift:+.1f} |")

@@ -135,6 +135,8 @@ def test_phase_check_holds_every_phase_of_20_ms_or_more():
 def test_starved_scenario_refused_in_one_line(monkeypatch, tmp_path):
     rd = clock.Round("starved", [0.5, 0.25], [[0, 1]], [100, 100], [8.0, 8.0])
     assert clock.starved(rd, [1.02, 0.95], "in the run") is None
+    assert clock.starved(rd, [0.5, None], "after") == (
+        "client 0 got 50 % of its 50 % quota after, under 90 %: other work on the machine starved it")
     why = clock.starved(rd, [0.97, 0.71], "in the run")
     assert why == "client 1 got 71 % of its 25 % quota in the run, under 90 %: other work on the machine starved it"
     # validate prints the scenario's one line and reports nothing else of it: here the real
@@ -142,8 +144,10 @@ def test_starved_scenario_refused_in_one_line(monkeypatch, tmp_path):
     load = {"others_cores": 1.93, "ours_cores": 0.7, "cpu_pressure": 0.97, "load_average": 9.5, "wall_s": 3.0}
     monkeypatch.setattr(clock.net, "check_available", lambda: None)
     monkeypatch.setattr(clock, "check_quota", lambda: None)
-    monkeypatch.setattr(clock, "calibrate_batch", lambda *a: {"files": [], "shares": [1.0, 1.0], "load": load})
-    monkeypatch.setattr(clock, "measure_round", lambda *a: {"share": [0.99, 0.62], "load": load})
+    cal = {"csv": "", "share": 1.0, "start": 0.0, "end": 1.0}
+    monkeypatch.setattr(clock, "calibrate_edge", lambda rd, mb, wd, tag: wd / f"{tag}.csv")
+    monkeypatch.setattr(clock, "measure_round", lambda *a: {"share": [0.99, 0.62], "loads": [load] * 3,
+                                                            "calibrations": [[cal, cal], [cal, None]]})
     monkeypatch.setattr(clock, "fit_profiles", lambda *a: pytest.fail("a starved scenario is not fitted"))
     lines = []
     rows = clock.validate([rd], out=lines.append, workdir=tmp_path)
