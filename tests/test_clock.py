@@ -129,7 +129,7 @@ def test_phase_check_holds_every_phase_of_20_ms_or_more():
         "u: refused", f"1 scenarios reported, the goals need {clock.MIN_SCENARIOS}",
         "t: train +18.2 %", "t: upload 2 measured, 1 emulated"]
     assert clock.check([{**row, "error_pct": 6.0, "phases": {}}], quick=True) == [
-        "makespan median 6.0 % > 2 %", "makespan worst 6.0 % > 5 %"]
+        "makespan median 6.00 % > 2 %", "makespan worst 6.00 % > 5 %"]
 
 
 def test_starved_scenario_refused_in_one_line(monkeypatch, tmp_path):
