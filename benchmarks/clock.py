@@ -729,6 +729,7 @@ def measured_phases(rd: Round, cloud: dict | None, edges: list[dict], clients: l
     out: dict = {p: [] for p in PHASES}
     groups = {(r["t"], r["k"], r["g"]): r for e in edges for r in e["groups"]}
     cpu, wall = [0.0] * rd.n, [0.0] * rd.n
+    compute: list[list[float]] = [[] for _ in range(rd.n)]
     starts: dict[tuple, list[float]] = {}
     for i, recs in enumerate(clients):
         for r in recs:
@@ -739,6 +740,7 @@ def measured_phases(rd: Round, cloud: dict | None, edges: list[dict], clients: l
             out["train"].append(r["train_end"] - r["download_end"])
             out["secagg"].append(r["upload_start"] - r["train_end"])
             out["upload"].append(gr["upload_end"][str(i)] - r["upload_start"])
+            compute[i].append(r["upload_start"] - r["download_end"])
             cpu[i] += r["train_cpu"]
             wall[i] += r["train_end"] - r["download_end"]
             starts.setdefault((r["t"], r["k"], rd.group_of(i), rd.quotas[i], rd.samples[i]), []).append(r["upload_start"])
@@ -755,6 +757,7 @@ def measured_phases(rd: Round, cloud: dict | None, edges: list[dict], clients: l
         first = cloud["rounds"][0]["start"]
         last = max(max(r["end"]) for r in cloud["rounds"])
     return {**out, "makespan": last - first, "start": first, "end": last, "train_cpu": cpu, "train_wall": wall,
+            "compute": compute,
             "share": [c / w / q if w > 0 else 0.0 for c, w, q in zip(cpu, wall, rd.quotas)],
             "spread": max((max(v) - min(v) for v in starts.values()), default=0.0),
             "dropped": [i for i, recs in enumerate(clients) if any(r["dropped"] for r in recs)]}
@@ -1067,14 +1070,16 @@ def client(spec: dict, i: int) -> None:
 # 3. The emulated run
 
 def emulate(rd: Round, profiles: dict, model_bytes: int, efficiency: float = net.EFFICIENCY,
-            quota_term: bool = True, drop_at: dict[int, float] | None = None) -> dict:
+            quota_term: bool = True, drop_at: dict[int, float] | None = None,
+            slowdown: list[float] | None = None) -> dict:
     """The run on the emulator's clock with the calibrated profiles: each phase of each client
     round that finished and of each group round and edge round, as ``measure_round`` returns them,
     and each client's training spans. ``quota_term``: tell the emulator each client's CPU quota
     (``ClientNet.cpu_share``: the quota unspent during the download runs at full speed,
     ``groupfel.emulator.contention.quota_seconds``); without it the steps take their curves'
     steady time. ``drop_at``: client -> the simulated second it goes offline (an availability
-    trace); :func:`drop_times` finds them."""
+    trace); :func:`drop_times` finds them. ``slowdown``: each client's compute times this
+    (``ClientNet.slowdown``)."""
     import numpy as np
 
     from groupfel.cost_models import CostModel
@@ -1093,7 +1098,8 @@ def emulate(rd: Round, profiles: dict, model_bytes: int, efficiency: float = net
     topology = build_topology([len(rd.edge_clients(j)) for j in range(rd.edges)], devices, [np.arange(1)] * n,
                               np.ones((n, 1), dtype=int), Link(1.0, 0.0), edge_link)
     edge = profiles[f"edge{device_name(rd.edge_quota)}/{TASK}"].group_overhead
-    clients = ClientNet(np.array(rd.client_mbps, dtype=float) * efficiency, np.zeros(n), np.ones(n),
+    clients = ClientNet(np.array(rd.client_mbps, dtype=float) * efficiency, np.zeros(n),
+                        np.ones(n) if slowdown is None else np.array(slowdown, dtype=float),
                         cpu_share=np.array(rd.quotas, dtype=float) if quota_term else None,
                         cpu_period_s=PERIOD_US / 1e6)
     access = None if rd.edge_mbps is None else rd.edge_mbps * 1e6 * efficiency
@@ -1139,13 +1145,16 @@ def emulate(rd: Round, profiles: dict, model_bytes: int, efficiency: float = net
             a, b = secagg.get(key, (row.start, row.end))
             secagg[key] = (min(a, row.start), max(b, row.end))
     out["secagg"] = [b - a for a, b in secagg.values()]
+    compute: list[list[float]] = [[] for _ in range(n)]      # training start to secagg end
+    for key, (_, end) in sorted(secagg.items()):
+        compute[key[2]].append(end - spans[key][0])
     if wan is None:
         first = min(r["start"] for r in fed.trace if r["kind"] == "download")
         last = max(r["end"] for r in fed.trace if r["kind"] == "core")
     else:
         first = min(r["start"] for r in fed.trace if r["kind"] == "cloud-down")
         last = max(r["end"] for r in fed.trace if r["kind"] == "cloud-up")
-    return {**out, "makespan": last - first, "train_by_client": train, "training_spans": spans,
+    return {**out, "makespan": last - first, "train_by_client": train, "training_spans": spans, "compute": compute,
             "offline": sorted({int(c) for c in (ledger.frame().query("component == 'offline'")["client"])})}
 
 
@@ -1212,9 +1221,10 @@ def validate(rds: list[Round], out=print, workdir: Path | None = None) -> list[d
         f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; netem {'yes' if netem else 'no'}")
     out("| scenario | clients | measured s | emulated s | makespan error % | "
         + " | ".join(f"{p} error %" for p in PHASES)
-        + " | finish spread ms (upload bound %) | CPU share of quota: run; calibrations "
+        + " | finish spread ms (upload bound %) | upload error with the run's compute % "
+        + "| CPU share of quota: run; calibrations "
         + "| other work, cores (CPU pressure): calibration; run; calibration | training CPU, curve vs run % |")
-    out("| --- " * (9 + len(PHASES)) + "|")
+    out("| --- " * (10 + len(PHASES)) + "|")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for s, rd in enumerate(rds):
@@ -1254,10 +1264,18 @@ def validate(rds: list[Round], out=print, workdir: Path | None = None) -> list[d
             drift = 100 * (curve / sum(m["train_cpu"]) - 1)
             phases = compare(rd, m, e)
             upload = phases["upload"]["measured"]
+            # the network model apart from the compute model: the same run with each client's
+            # compute stretched to what it took in the run (its mean over its client rounds)
+            slow = [statistics.fmean(mc) / statistics.fmean(ec) if mc and ec else 1.0
+                    for mc, ec in zip(m["compute"], e["compute"])]
+            replay = emulate(rd, profiles, model_bytes, drop_at=drop_at, slowdown=slow)
+            replay_upload = error_pct(statistics.fmean(replay["upload"]), upload)
             row = {"scenario": name, "clients": rd.n, "measured": m["makespan"], "emulated": e["makespan"],
                    "error_pct": error_pct(e["makespan"], m["makespan"]), "phases": phases,
                    "emulated_steady": steady["makespan"], "error_steady_pct": error_pct(steady["makespan"], m["makespan"]),
                    "finish_spread_s": m["spread"], "upload_bound_pct": 100 * m["spread"] / upload,
+                   "upload_error_replay_pct": replay_upload, "replay_makespan_error_pct":
+                       error_pct(replay["makespan"], m["makespan"]), "replay_slowdown": slow,
                    "round_share": m["share"], "calibration_share": [before, after],
                    "loads": loads, "throttled_s": m["throttled"], "training_cpu_drift_pct": drift,
                    "dropped": [m["dropped"], e["offline"]], "drop_at": drop_at,
@@ -1268,7 +1286,8 @@ def validate(rds: list[Round], out=print, workdir: Path | None = None) -> list[d
                       f"{100 * min(x for x in after if x is not None):.0f} %")
             out(f"| {name} | {rd.n} | {row['measured']:.3f} | {row['emulated']:.3f} | {row['error_pct']:+.1f} | "
                 + " | ".join(phase_cell(phases.get(p)) for p in PHASES)
-                + f" | {1000 * m['spread']:.0f} ({row['upload_bound_pct']:.1f}) | {shares} | {load_cell} | {drift:+.1f} |")
+                + f" | {1000 * m['spread']:.0f} ({row['upload_bound_pct']:.1f}) | {replay_upload:+.1f} | {shares} "
+                + f"| {load_cell} | {drift:+.1f} |")
     return rows
 
 

@@ -65,6 +65,10 @@ def test_emulated_round_charges_the_quota_term(tmp_path):
     assert e["upload"] == pytest.approx([8 * up / 8e6] * 2)
     assert e["aggregation"] == pytest.approx([0.3]) and e["queue"] == [0.0]
     assert e["makespan"] < steady["makespan"]
+    assert e["compute"] == [pytest.approx([quota_seconds(2.1, 0.25, period)])] * 2
+    # the replay with the run's compute: each client's steps stretched by its slowdown
+    slow = clock.emulate(rd, profiles, model_bytes, efficiency=1.0, quota_term=False, slowdown=[1.5, 1.0])
+    assert slow["train"] == pytest.approx([3.0, 2.0]) and slow["compute"] == [[pytest.approx(3.15)], [pytest.approx(2.1)]]
 
 
 def test_client_and_edge_move_the_emulators_bytes_and_aggregate():
