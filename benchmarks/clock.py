@@ -55,7 +55,9 @@ work on the machine took meanwhile; a scenario where any client got less than ``
 quota is refused in one line, because no emulator of the device can know the machine's
 neighbours. ``finish spread`` bounds what the emulator's identical clients cannot show: the spread
 of the upload starts of clients it starts together, measured; on a shared link an upload can end
-up to that much earlier than the emulator's.
+up to that much earlier than the emulator's. ``upload error with the run's compute`` separates the
+network model from the compute model: the same run emulated with each client's compute stretched
+to what it took in the run.
 """
 from __future__ import annotations
 
@@ -512,9 +514,9 @@ def calibrate_client(rd: Round, i: int, model_bytes: int) -> dict:
                            lambda: build_model("cnn", INPUT_SHAPE, NUM_CLASSES), repeats=REPEATS, device=rd.device(i))
     share = (_cpu() - cpu0) / (time.monotonic() - start) / rd.quotas[i]
     # time_secagg_parts plays every party in this one process. On the wall clock a quota's
-    # throttling gaps land in whichever party's step, or between steps, they fall: under 10 % of a
-    # core one party's wall time is not its own (the 10-client scenario's secagg came out at 40 %
-    # of the run's). Its CPU seconds times the loop's wall over CPU seconds is: the device's pace.
+    # throttling gaps land in whichever party's step, or between steps, they fall, so one party's
+    # wall time is not its own; its CPU seconds times the loop's wall over CPU seconds is the
+    # device's pace for its work.
     for n in group_sizes(rd):           # one untimed pass, as measure's sweeps
         time_secagg_parts(n, params)
     cpu0, wall0 = _cpu(), time.monotonic()
@@ -1274,7 +1276,8 @@ def validate(rds: list[Round], out=print, workdir: Path | None = None) -> list[d
                    "error_pct": error_pct(e["makespan"], m["makespan"]), "phases": phases,
                    "emulated_steady": steady["makespan"], "error_steady_pct": error_pct(steady["makespan"], m["makespan"]),
                    "finish_spread_s": m["spread"], "upload_bound_pct": 100 * m["spread"] / upload,
-                   "upload_error_replay_pct": replay_upload, "replay_makespan_error_pct":
+                   "upload_error_replay_pct": replay_upload, "replay_phases": compare(rd, m, replay),
+                   "replay_makespan_error_pct":
                        error_pct(replay["makespan"], m["makespan"]), "replay_slowdown": slow,
                    "round_share": m["share"], "calibration_share": [before, after],
                    "loads": loads, "throttled_s": m["throttled"], "training_cpu_drift_pct": drift,
