@@ -98,6 +98,18 @@ def test_refused_without_root(monkeypatch):
         clock.validate(clock.scenarios(quick=True), out=lambda *_: None)
 
 
+def test_bad_scenario_or_json_refused_in_one_line(capsys, tmp_path):
+    assert clock.main(["--scenario", "no such"]) == 2
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith("--scenario: no scenario's name holds 'no such'; the names: ")
+    assert "2 edges, one WAN to the cloud" in out[0]
+    kept = tmp_path / "rows.json"
+    kept.write_text("[]")
+    assert clock.main(["--quick", "--json", str(kept)]) == 2
+    assert capsys.readouterr().out.strip() == f"--json: {kept} exists; give a new file (a run never overwrites another's rows)"
+    assert kept.read_text() == "[]"
+
+
 def test_training_sizes_bracket_the_shards_up_to_a_rounds_epochs():
     assert clock.training_sizes([150, 200]) == [75, 150, 200, 400]
     assert clock.training_sizes([40]) == [32, 40, 80]
