@@ -233,6 +233,10 @@ def test_two_edges_share_the_wan_in_group_and_global_rounds(tmp_path):
     alone = clock.emulate(clock.Round(**{**clock.asdict(rd), "wan_mbps": 2.0}), profiles, mb, efficiency=1.0,
                           quota_term=False)
     assert alone["makespan"] == pytest.approx(e["makespan"] - 2 * (1.0 + 2.0))
+    # a drop-out behind the WAN: the availability's dry run plays the shared WAN too
+    drop = clock.Round(**{**clock.asdict(rd), "drops": {7: (0, 1, 0.5)}})
+    d = clock.emulate(drop, profiles, mb, efficiency=1.0, quota_term=False, drop_at=clock.drop_times(drop, profiles, mb))
+    assert d["offline"] == [7] and len(d["train"]) == 2 * 2 * 8 - 3 and d["cloud down"] == pytest.approx([2.0] * 4)
 
 
 @pytest.mark.slow
