@@ -396,7 +396,7 @@ class Window:
     over a stretch, less those of our cgroups, over the stretch's wall seconds), and the share of
     the stretch in which some task waited for a CPU (PSI's cpu "some"; None where the kernel has
     no PSI). The first is what was left to others; the second says whether anyone wanted more.
-    ``sample`` every ``every_s`` on a thread (``start``) gives the figures of any stretch after."""
+    Sampled every ``every_s`` on a thread (``start``), it gives the figures of any stretch after."""
 
     def __init__(self, ours: list[CpuQuota], every_s: float = 0.1):
         self.ours, self.every_s = ours, every_s
