@@ -730,12 +730,14 @@ def measured_phases(rd: Round, cloud: dict | None, edges: list[dict], clients: l
     """Every phase of the real run from its processes' records (CLOCK_MONOTONIC)."""
     out: dict = {p: [] for p in PHASES}
     groups = {(r["t"], r["k"], r["g"]): r for e in edges for r in e["groups"]}
-    cpu, wall = [0.0] * rd.n, [0.0] * rd.n
+    cpu, wall, busy, span = [0.0] * rd.n, [0.0] * rd.n, [0.0] * rd.n, [0.0] * rd.n
     compute: list[list[float]] = [[] for _ in range(rd.n)]
     starts: dict[tuple, list[float]] = {}
     for i, recs in enumerate(clients):
         for r in recs:
             gr = groups[(r["t"], r["k"], rd.group_of(i))]
+            busy[i] += r["train_cpu"]        # the share of its quota: every training, cut short or not
+            span[i] += r["train_end"] - r["download_end"]
             if r["dropped"]:
                 continue
             out["download"].append(r["download_end"] - gr["start"])
@@ -760,7 +762,7 @@ def measured_phases(rd: Round, cloud: dict | None, edges: list[dict], clients: l
         last = max(max(r["end"]) for r in cloud["rounds"])
     return {**out, "makespan": last - first, "start": first, "end": last, "train_cpu": cpu, "train_wall": wall,
             "compute": compute,
-            "share": [c / w / q if w > 0 else 0.0 for c, w, q in zip(cpu, wall, rd.quotas)],
+            "share": [c / w / q if w > 0 else None for c, w, q in zip(busy, span, rd.quotas)],
             "spread": max((max(v) - min(v) for v in starts.values()), default=0.0),
             "dropped": [i for i, recs in enumerate(clients) if any(r["dropped"] for r in recs)]}
 
@@ -1285,7 +1287,7 @@ def validate(rds: list[Round], out=print, workdir: Path | None = None) -> list[d
                    "measured_phases": {k: v for k, v in m.items() if k != "calibrations"}, "emulated_phases": {k: v for k, v in e.items() if k != "training_spans"},
                    "round": asdict(rd)}
             rows.append(row)
-            shares = (f"{100 * min(m['share']):.0f} %; {100 * min(before):.0f}, "
+            shares = (f"{100 * min(x for x in m['share'] if x is not None):.0f} %; {100 * min(before):.0f}, "
                       f"{100 * min(x for x in after if x is not None):.0f} %")
             out(f"| {name} | {rd.n} | {row['measured']:.3f} | {row['emulated']:.3f} | {row['error_pct']:+.1f} | "
                 + " | ".join(phase_cell(phases.get(p)) for p in PHASES)

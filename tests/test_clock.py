@@ -264,6 +264,30 @@ def test_emulated_round_within_10_percent_of_real_clients_under_quotas():
     assert not list(roots[1].glob(f"gfq{os.getpid()}*")), table
 
 
+@pytest.mark.slow
+def test_rounds_through_the_cloud_with_a_drop_out_real_and_emulated():
+    why = clock.net.check_available() or clock.check_quota()
+    if why:
+        pytest.skip(f"real network or CPU quota unavailable: {why}")
+    # two edges of two clients behind one WAN, two global rounds; client 3 leaves half-way through
+    # its training in the first: the edge recovers it, and the second round plays without it
+    rd = clock.Round("tiny", [0.25] * 4, [[0, 1], [2, 3]], [64] * 4, [2.0] * 4, epochs=2, edge_mbps=4.0, rounds=2,
+                     group_edge=[0, 1], wan_mbps=2.0, drops={3: (0, 0, 0.5)})
+    lines: list[str] = []
+    rows = clock.validate([rd], out=lines.append)
+    table = "\n".join(lines)
+    r = rows[0]
+    if "refused" in r:
+        pytest.skip(f"the machine's other work starved the clients: {r['refused']}")
+    assert r["dropped"] == [[3], [3]], table
+    # both sides finished the same client rounds, group rounds and cloud hops
+    assert all(ph["count"][0] == ph["count"][1] for ph in r["phases"].values()), r["phases"]
+    assert r["phases"]["train"]["count"] == [6, 6] and r["phases"]["cloud up"]["count"] == [4, 4], r["phases"]
+    assert abs(r["error_pct"]) <= 10.0, table
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+    assert f"gfn{os.getpid()}x" not in left, left
+
+
 def test_heterogeneity_file_gives_each_client_a_cpu_quota(tmp_path):
     from groupfel.emulator.config import HeterogeneityConfig
     from groupfel.emulator.contention import client_net
