@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -91,3 +92,87 @@ def test_processes_send_the_emulators_bytes():
     assert spec["up"] == [2000 + 64 + 2 * (168 + 66)] * 3 + [2000 + 64]
     moved = net.emulate(sc)["bytes"]
     assert (moved["edge_to_client"], moved["client_to_edge"]) == (sum(spec["down"]), sum(spec["up"]))
+
+
+_clock_spec = importlib.util.spec_from_file_location("clock_benchmark_net", ROOT / "benchmarks" / "clock.py")
+clock = importlib.util.module_from_spec(_clock_spec)
+sys.modules[_clock_spec.name] = clock
+_clock_spec.loader.exec_module(clock)
+
+_WAN_PEERS = r'''
+import socket, sys, threading, time, json
+role, nbytes = sys.argv[1], int(sys.argv[2])
+def recv(c, n):
+    while n:
+        got = c.recv(min(n, 1 << 16))
+        if not got:
+            raise ConnectionError("closed")
+        n -= len(got)
+if role == "cloud":
+    s = socket.create_server(("10.99.0.1", 5078), backlog=4)
+    print("ready", flush=True)
+    conns = [s.accept()[0] for _ in range(2)]
+    for c in conns:
+        recv(c, 1)
+    t0 = time.monotonic()
+    def down(c):
+        c.sendall(b"x" * nbytes)
+        recv(c, 1)
+    th = [threading.Thread(target=down, args=(c,)) for c in conns]
+    [t.start() for t in th]; [t.join() for t in th]
+    t1 = time.monotonic()
+    ends = []
+    def up(c):
+        recv(c, nbytes)
+        ends.append(time.monotonic())
+    for c in conns:
+        c.sendall(b"g")
+    th = [threading.Thread(target=up, args=(c,)) for c in conns]
+    [t.start() for t in th]; [t.join() for t in th]
+    print(json.dumps({"down": t1 - t0, "up": max(ends) - t1}), flush=True)
+else:
+    for _ in range(100):
+        try:
+            c = socket.create_connection(("10.99.0.1", 5078)); break
+        except OSError:
+            time.sleep(0.05)
+    c.sendall(b"r")
+    recv(c, nbytes)
+    c.sendall(b"d")
+    recv(c, 1)
+    c.sendall(b"y" * nbytes)
+    time.sleep(0.5)
+'''
+
+
+@pytest.mark.slow
+def test_two_edges_share_one_wan_to_the_cloud():
+    why = net.check_available()
+    if why:
+        pytest.skip(f"real network unavailable: {why}")
+    # two edges, each with one client namespace behind it, and a cloud behind one 2 Mbit/s WAN:
+    # 100 kB to both edges at once, then 100 kB from both, each direction shared max-min fair
+    rd = clock.Round("wan", [0.25, 0.25], [[0], [1]], [100, 100], [8.0, 8.0], group_edge=[0, 1], wan_mbps=2.0)
+    nbytes, stamp = 100_000, "7"
+    import contextlib
+
+    with contextlib.ExitStack() as stack:
+        nws = [stack.enter_context(clock._edge_network(rd, j, 1000, stamp)) for j in range(2)]
+        wan = stack.enter_context(clock.Wan([nw.edge for nw in nws], 2.0, 0.0, stamp, netem=False))
+        cloud = subprocess.Popen(["ip", "netns", "exec", wan.cloud, sys.executable, "-c", _WAN_PEERS, "cloud",
+                                  str(nbytes)], stdout=subprocess.PIPE, text=True)
+        assert cloud.stdout.readline().strip() == "ready"
+        edges = [subprocess.Popen(["ip", "netns", "exec", nw.edge, sys.executable, "-c", _WAN_PEERS, "edge",
+                                   str(nbytes)]) for nw in nws]
+        out, _ = cloud.communicate(timeout=60)
+        for p in edges:
+            p.wait(timeout=30)
+        left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+        assert wan.cloud in left
+    times = json.loads(out.splitlines()[-1])
+    both = 2 * 8 * nbytes / (2e6 * net.EFFICIENCY)     # the two flows through one link: 0.84 s
+    assert 0.9 * both < times["down"] < 1.25 * both, times
+    assert 0.9 * both < times["up"] < 1.25 * both, times
+    # and every namespace went with the stack
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+    assert wan.cloud not in left and nws[0].edge not in left, left
