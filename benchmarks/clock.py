@@ -30,7 +30,7 @@ global rounds, and expect the time a real deployment takes. For each scenario, o
    rounds: it sends each member the model's float32 bytes, the group's public keys and share
    ciphertexts; the client trains E epochs of minibatch SGD, runs its part of secure aggregation
    with the ``cryptography`` primitives ``measure`` times and uploads the masked model, its keys,
-   boxes and unmasking shares (the bytes of ``groupfel.emulator.contention.client_bytes``); when a
+   boxes and unmasking shares (the bytes of ``groupfel.emulator.network.client_bytes``); when a
    group's uploads are in, one of the edge's cores (a worker process in its own quota's cgroup;
    groups wait in line) unmasks and sums them, and for a member that dropped out reconstructs its
    key and removes its pairwise masks (``secagg-server-recovery``). After its K group rounds the
@@ -39,7 +39,7 @@ global rounds, and expect the time a real deployment takes. For each scenario, o
    stand-ins made before the round: every operation and byte is the protocol's, the sum is not
    the group's mean.) Every event is timed on CLOCK_MONOTONIC, shared by all namespaces.
 3. **The emulated run.** The emulator's own shared-edge processes
-   (``groupfel.emulator.contention.ContendedFederation``; ``groupfel.emulator.wan.WanFederation``
+   (``groupfel.emulator.network.ContendedFederation``; ``groupfel.emulator.network.wan.WanFederation``
    where the edges share a WAN) play the same rounds with the calibrated profile: the same groups,
    sample counts, epochs, links (times TCP's 1448/1514 payload share, as ``network.py`` derives),
    access capacity, edge cores, the clients' quotas, and an availability trace that takes each
@@ -550,7 +550,7 @@ def burst_check(share: float = 0.25, cpu_s: tuple[float, ...] = (0.06, 0.2), rep
                 periods_us: tuple[int, ...] = (10_000, 100_000), out=print) -> list[dict]:
     """The quota term against the kernel: a process that sleeps 0.5 s, then spins ``cpu_s`` of CPU
     under ``share`` of a core; its median wall time against ``quota_seconds``, for each period."""
-    from groupfel.emulator.contention import quota_seconds
+    from groupfel.emulator.network import quota_seconds
 
     rows = []
     for period in periods_us:
@@ -808,7 +808,7 @@ def _downloads(rd: Round, j: int, model_bytes: int) -> dict:
     import torch
 
     from groupfel.cost_models.measure import INPUT_SHAPE, NUM_CLASSES
-    from groupfel.emulator.contention import client_bytes
+    from groupfel.emulator.network import client_bytes
     from groupfel.emulator.models import build_model
 
     torch.manual_seed(0)
@@ -830,7 +830,7 @@ def serve(spec: dict, j: int) -> None:
     """Edge j: each global round, the model from the cloud (if any); its groups' group rounds, each
     on its own thread (downloads, uploads, a core for the aggregation); its groups' models to the
     cloud. Prints every event's time (CLOCK_MONOTONIC) as one JSON line."""
-    from groupfel.emulator.contention import client_bytes
+    from groupfel.emulator.network import client_bytes
 
     import numpy as np
 
@@ -999,7 +999,7 @@ def client(spec: dict, i: int) -> None:
 
     from groupfel.cost_models.measure import INPUT_SHAPE, NUM_CLASSES
     from groupfel.cost_models.secagg import quantize
-    from groupfel.emulator.contention import client_bytes
+    from groupfel.emulator.network import client_bytes
     from groupfel.emulator.models import build_model
 
     rd, model_bytes = Round.from_json(spec), spec["model_bytes"]
@@ -1080,7 +1080,7 @@ def emulate(rd: Round, profiles: dict, model_bytes: int, efficiency: float = net
     round that finished and of each group round and edge round, as ``measure_round`` returns them,
     and each client's training spans. ``quota_term``: tell the emulator each client's CPU quota
     (``ClientNet.cpu_share``: the quota unspent during the download runs at full speed,
-    ``groupfel.emulator.contention.quota_seconds``); without it the steps take their curves'
+    ``groupfel.emulator.network.quota_seconds``); without it the steps take their curves'
     steady time. ``drop_at``: client -> the simulated second it goes offline (an availability
     trace); :func:`drop_times` finds them. ``slowdown``: each client's compute times this
     (``ClientNet.slowdown``)."""
@@ -1088,10 +1088,10 @@ def emulate(rd: Round, profiles: dict, model_bytes: int, efficiency: float = net
 
     from groupfel.cost_models import CostModel
     from groupfel.emulator.config import AvailabilityConfig
-    from groupfel.emulator.contention import Availability, ClientNet, ContendedFederation, EdgeNetwork
+    from groupfel.emulator.network import Availability, ClientNet, ContendedFederation, EdgeNetwork
     from groupfel.emulator.federation import Federation, Group, RoundContext
     from groupfel.emulator.ledger import CostLedger
-    from groupfel.emulator.wan import WanFederation
+    from groupfel.emulator.network.wan import WanFederation
     from groupfel.topologies.topology import Link, build_topology
 
     n = rd.n

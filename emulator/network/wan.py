@@ -1,17 +1,18 @@
 """Edges that reach the cloud through one shared wide-area link.
 
-:class:`~groupfel.emulator.contention.ContendedFederation` gives each edge a link of its own to
+:class:`~groupfel.emulator.network.ContendedFederation` gives each edge a link of its own to
 the cloud (``topology.edge_link``). Where several edges sit behind one uplink (a site's WAN
 connection), the cloud's model x_t going down to every edge and every edge's group models coming
 back share that link's capacity: :class:`WanFederation` plays them as flows of a
-:class:`~groupfel.emulator.links.SharedLink` per direction (max-min fair, each flow capped by its
+:class:`~groupfel.emulator.network.links.SharedLink` per direction (max-min fair, each flow capped by its
 edge's ``edge_link`` rate, the link's latency after its last byte). The hops appear in the trace
 as ``cloud-down`` and ``cloud-up`` rows (``group`` -1).
 """
 from __future__ import annotations
 
-from .contention import ContendedFederation, EdgeNetwork
-from .federation import Federation, RoundContext
+from ..federation import Federation, RoundContext
+from .edge import EdgeNetwork
+from .federation import ContendedFederation
 from .links import SharedLink
 
 
