@@ -538,6 +538,8 @@ class _MLflow:
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
         logging.getLogger("alembic").setLevel(logging.WARNING)   # a new SQLite store's migrations
+        # the libraries' own deprecation notes are not the run's warnings (the CLI prints each of those)
+        warnings.filterwarnings("ignore", module=r"(mlflow|sqlalchemy|alembic|pydantic)(\.|$)")
         self.where = uri = settings.uri or os.environ.get("MLFLOW_TRACKING_URI") or mlflow.get_tracking_uri()
         fix = ("start the tracking server (e.g. 'mlflow server --host 127.0.0.1 --port 5000') or set "
                "MLFLOW_TRACKING_URI / [track] uri to one that runs, or pass --track-optional to run without "
@@ -625,7 +627,6 @@ class _MLflow:
                 if metrics:
                     self.client.log_batch(runs[name]["id"], metrics=metrics)
         self.client.log_text(parent, text, "verdicts.txt")
-        self.client.log_table(parent, data=summary.reset_index(drop=True).astype(str), artifact_file="summary.json")
         for path in files:
             self.client.log_artifact(parent, str(path))
         with tempfile.TemporaryDirectory(prefix="groupfel-track-") as tmp:
