@@ -110,7 +110,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 400) -> None:
     import urllib.request
 
     end = time.time() + timeout
@@ -347,3 +347,13 @@ def test_tensorboard_ui_shows_accuracy_against_cost_in_chromium(tmp_path, browse
         assert px[..., :3].std() > 0.05   # a drawn page, not a blank one
     finally:
         _stop(tb)
+
+
+def test_a_run_without_tracking_imports_neither_tracker(tmp_path):
+    code = ("import sys, json\nfrom groupfel.experiments.cli import main\n"
+            f"assert main(['run', {str(write_toml(tmp_path, _tiny(rounds=1, arms=1)))!r}, '--output', "
+            f"{str(tmp_path / 'run')!r}, '--quiet']) == 0\n"
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'mlflow', 'tensorboard'})))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []

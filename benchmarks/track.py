@@ -1,0 +1,102 @@
+"""What tracking costs: the default demo (4 arms x 3 seeds on the process pool) with tracking off,
+to TensorBoard and to MLflow (a SQLite store), side by side in one run.
+
+    python benchmarks/track.py [--repeat N] [--mlflow-uri URI] [--screenshots DIR]
+
+Each repeat runs the three in turn (off, tensorboard, mlflow) into fresh temporary folders and
+prints each one's wall clock and the CPU seconds of its whole process tree (the pool's workers
+included), then each tracker's ratio to tracking off: the median over repeats. On a busy machine
+the wall clock carries the other jobs' noise; the CPU seconds carry less of it.
+
+``--screenshots DIR``: after the last repeat, TensorBoard's UI (on 127.0.0.1) showing the demo's
+accuracy against Eq. 5 cost, screenshotted in headless Chromium into DIR/track-tensorboard.png.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from sweep import TreeCPU
+
+from groupfel.experiments.runner import default_config, run_experiment
+
+MODES = ("off", "tensorboard", "mlflow")
+
+
+def one(mode: str, folder: Path, mlflow_uri: str | None) -> tuple[float, float]:
+    track = None if mode == "off" else {"tracker": mode, **(
+        {"uri": mlflow_uri or f"sqlite:///{folder / 'mlflow.db'}", "experiment": "demo"} if mode == "mlflow" else {})}
+    t0 = time.perf_counter()
+    with TreeCPU() as cpu:
+        run_experiment(default_config(), folder / "default", progress=False, track=track)
+    return time.perf_counter() - t0, cpu.seconds
+
+
+def screenshot(logdir: Path, out: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tb = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
+                           "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(240):
+            try:
+                urllib.request.urlopen(f"{url}/data/runs", timeout=2).close()
+                break
+            except OSError:
+                time.sleep(0.5)
+        browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        # the by_cost runs only, unsmoothed: each seed's accuracy against its Eq. 5 cost
+        page = f"{url}/?darkMode=false#scalars&tagFilter=accuracy_by_cost&regexInput=by_cost&_smoothingWeight=0"
+        subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                        "--window-size=1400,900", "--virtual-time-budget=20000", f"--screenshot={out}", page],
+                       capture_output=True, timeout=180, check=True)
+        print(f"screenshot: {out}")
+    finally:
+        tb.terminate()
+        tb.wait()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--mlflow-uri", help="an MLflow server to log to (default: a SQLite store per run)")
+    ap.add_argument("--screenshots", type=Path, metavar="DIR")
+    args = ap.parse_args()
+    times: dict[str, list[tuple[float, float]]] = {m: [] for m in MODES}
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chdir(tmp)   # MLflow's artifacts of a SQLite store land beside it
+        for r in range(args.repeat):
+            for mode in MODES:
+                folder = Path(tmp) / f"{mode}-{r}"
+                folder.mkdir()
+                times[mode].append(one(mode, folder, args.mlflow_uri))
+                wall, cpu = times[mode][-1]
+                print(f"repeat {r}: {mode:12s} {wall:7.1f} s wall {cpu:7.1f} CPU-s  (load average "
+                      f"{os.getloadavg()[0]:.1f})", flush=True)
+        if args.screenshots:
+            screenshot(Path(tmp) / f"tensorboard-{args.repeat - 1}" / "default" / "tensorboard",
+                       args.screenshots / "track-tensorboard.png")
+    base_wall = statistics.median(w for w, _ in times["off"])
+    base_cpu = statistics.median(c for _, c in times["off"])
+    print(f"\ndefault demo (12 runs, {len(os.sched_getaffinity(0))} cores), median of {args.repeat}:")
+    for mode in MODES:
+        wall = statistics.median(w for w, _ in times[mode])
+        cpu = statistics.median(c for _, c in times[mode])
+        print(f"  {mode:12s} {wall:7.1f} s wall ({wall / base_wall:.3f}x off)   {cpu:7.1f} CPU-s "
+              f"({cpu / base_cpu:.3f}x off)")
+
+
+if __name__ == "__main__":
+    main()
