@@ -1,7 +1,7 @@
 """What tracking costs: the default demo (4 arms x 3 seeds on the process pool) with tracking off,
 to TensorBoard and to MLflow (a SQLite store), side by side in one run.
 
-    python benchmarks/track.py [--repeat N] [--mlflow-uri URI] [--screenshots DIR]
+    python benchmarks/track.py [--repeat N] [--mlflow-uri URI] [--screenshots DIR] [--kill-resume]
 
 Each repeat runs the three in turn (off, tensorboard, mlflow) into fresh temporary folders and
 prints each one's wall clock and the CPU seconds of its whole process tree (the pool's workers
@@ -10,12 +10,19 @@ the wall clock carries the other jobs' noise; the CPU seconds carry less of it.
 
 ``--screenshots DIR``: after the last repeat, TensorBoard's UI (on 127.0.0.1) showing the demo's
 accuracy against Eq. 5 cost, screenshotted in headless Chromium into DIR/track-tensorboard.png.
+
+``--kill-resume``: the demo again per tracker from the command line, killed (kill -9, its whole
+process group) once the tracker has 5 rounds of some run, then ``groupfel run --resume``; every
+series read back from the tracker (TensorBoard's EventMultiplexer, MLflow's client) is compared
+with the uninterrupted run's, step by step.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -68,13 +75,70 @@ def screenshot(logdir: Path, out: Path) -> None:
         tb.wait()
 
 
+def killed(mode: str, folder: Path) -> None:
+    """The demo from the command line, killed -9 mid-run, then resumed."""
+    out = folder / "default"
+    env = {**os.environ, **({"MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}",
+                             "MLFLOW_EXPERIMENT_NAME": "demo"} if mode == "mlflow" else {})}
+    proc = subprocess.Popen([sys.executable, "-m", "groupfel", "run", "--output", str(out), "--track", mode, "--quiet"],
+                            env=env, start_new_session=True, stdout=subprocess.DEVNULL)
+    while proc.poll() is None:
+        try:
+            logs = json.loads((out / "track.json").read_text())["logs"].values()
+        except (OSError, ValueError, KeyError):
+            logs = []
+        if any(r["round"] >= 5 for log in logs for r in log["runs"].values()):
+            os.killpg(proc.pid, signal.SIGKILL)
+            break
+        time.sleep(0.2)
+    proc.wait()
+    subprocess.run([sys.executable, "-m", "groupfel", "run", "--resume", str(out), "--quiet"], env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+
+
+def series(mode: str, folder: Path) -> dict[tuple[str, str], list[tuple[int, float]]]:
+    """Every series the tracker holds: (run, tag) -> [(step, value)] in the order read back."""
+    out = {}
+    if mode == "tensorboard":
+        from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+
+        mux = EventMultiplexer().AddRunsFromDirectory(str(folder / "default" / "tensorboard"))
+        mux.Reload()
+        for run, tags in mux.Runs().items():
+            for tag in tags["scalars"]:
+                out[run, tag] = [(e.step, e.value) for e in mux.Scalars(run, tag)]
+        return out
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("demo")
+    for run in client.search_runs([exp.experiment_id], max_results=1000):
+        for key in run.data.metrics:
+            history = client.get_metric_history(run.info.run_id, key)
+            out[run.info.run_name, key] = sorted((m.step, m.value) for m in history)
+    return out
+
+
+def compare(mode: str, reference: Path, resumed: Path) -> None:
+    a, b = series(mode, reference), series(mode, resumed)
+    steps = sum(len(v) for v in a.values())
+    same = a == b
+    dup = sum(len(v) - len({s for s, _ in v}) for v in b.values())
+    print(f"kill -9 and resume, {mode}: {len({r for r, _ in b})} tracker runs, {len(b)} series, {steps} points in the "
+          f"uninterrupted run, {sum(len(v) for v in b.values())} after the kill and resume; identical: {same}; "
+          f"steps logged twice: {dup}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--mlflow-uri", help="an MLflow server to log to (default: a SQLite store per run)")
     ap.add_argument("--screenshots", type=Path, metavar="DIR")
+    ap.add_argument("--kill-resume", action="store_true")
     args = ap.parse_args()
     times: dict[str, list[tuple[float, float]]] = {m: [] for m in MODES}
+    if args.screenshots:
+        args.screenshots = args.screenshots.resolve()
     with tempfile.TemporaryDirectory() as tmp:
         os.chdir(tmp)   # MLflow's artifacts of a SQLite store land beside it
         for r in range(args.repeat):
@@ -87,7 +151,13 @@ def main() -> None:
                       f"{os.getloadavg()[0]:.1f})", flush=True)
         if args.screenshots:
             screenshot(Path(tmp) / f"tensorboard-{args.repeat - 1}" / "default" / "tensorboard",
-                       args.screenshots / "track-tensorboard.png")
+                       args.screenshots.resolve() / "track-tensorboard.png")
+        if args.kill_resume:
+            for mode in MODES[1:]:
+                folder = Path(tmp) / f"{mode}-killed"
+                folder.mkdir()
+                killed(mode, folder)
+                compare(mode, Path(tmp) / f"{mode}-0", folder)
     base_wall = statistics.median(w for w, _ in times["off"])
     base_cpu = statistics.median(c for _, c in times["off"])
     print(f"\ndefault demo (12 runs, {len(os.sched_getaffinity(0))} cores), median of {args.repeat}:")

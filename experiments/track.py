@@ -280,15 +280,13 @@ class Session:
                           f"same command to log what is missing", TrackWarning, stacklevel=2)
 
     def _save(self) -> None:
+        """The record of what the tracker holds, written after it holds it."""
         from groupfel.emulator.io import write_json
 
         runs = {k: {f: v for f, v in r.items() if f != "checked"} for k, r in self.log["runs"].items()}
         out = {"last": self.state["last"], "logs": {**self.state["logs"], self.key: {**self.log, "runs": runs}}}
-        try:
-            write_json(self.root / STATE, out)
-            self._dirty = False
-        except OSError as exc:
-            self._guard(lambda: (_ for _ in ()).throw(exc))
+        self._guard(lambda: write_json(self.root / STATE, out))
+        self._dirty = False
 
 
 # ---- reading the run folder ----------------------------------------------------------------------
@@ -444,7 +442,7 @@ class _TensorBoard:
         self.SummaryWriter = SummaryWriter
         self.logdir = Path(settings.dir) / root.name if settings.dir else root / TB_DIR
         check_writable(self.logdir, "dir", "track.dir" if settings.dir else "track (the run folder)")
-        self.where = str(self.logdir)
+        self.where = str(self.logdir.resolve())
         self.writers: dict[str, Any] = {}
         self.state: dict = {}
 
@@ -548,6 +546,7 @@ class _MLflow:
         self.client = MlflowClient(uri)
         self.root, self.name = root, root.name
         self.state: dict = {}
+        self.resumed = False   # the study's run marked running again in this process
         try:
             self.experiment_id = self._experiment(settings)
         except Exception as exc:   # the store's own errors, one line
@@ -569,9 +568,9 @@ class _MLflow:
                                          tags={"groupfel.run_dir": str(self.root.resolve())})
             parent = self.state["parent"] = run.info.run_id
             self._params(parent, _flat(_study_config(self.root)))
-        elif not self.state.get("resumed"):
+        elif not self.resumed:
             self.client.update_run(parent, status="RUNNING")
-        self.state["resumed"] = True
+        self.resumed = True
         return parent
 
     def _params(self, run_id: str, params: dict) -> None:
@@ -583,9 +582,15 @@ class _MLflow:
 
     def open_run(self, name: str, run: dict, params: dict, tags: dict) -> None:
         parent = self._parent()
-        made = self.client.create_run(self.experiment_id, run_name=name,
-                                      tags={"mlflow.parentRunId": parent, **tags})
-        run["id"] = made.info.run_id
+        # made before a kill that came ahead of the record: continue it rather than start a second one
+        found = self.client.search_runs([self.experiment_id], max_results=1, filter_string=(
+            f"tags.`mlflow.parentRunId` = '{parent}' and attributes.run_name = '{name}'"))
+        if found:
+            run["id"] = found[0].info.run_id
+            self.resume_run(name, run)
+        else:
+            run["id"] = self.client.create_run(self.experiment_id, run_name=name,
+                                               tags={"mlflow.parentRunId": parent, **tags}).info.run_id
         self._params(run["id"], params)
 
     def resume_run(self, name: str, run: dict) -> None:
