@@ -199,8 +199,6 @@ class Session:
     def sync(self) -> None:
         """Log every row not logged yet of every arm under ``root``; close the runs of finished arms."""
         with self.lock:
-            if self.broken:
-                return
             self._guard(self._sync)
             if self._dirty:
                 self._save()
@@ -275,11 +273,16 @@ class Session:
         try:
             call()
         except Exception as exc:   # a tracker's failure must never cost the run: warn once, stop tracking
-            self.broken = True
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
-            warnings.warn(f"track: {self.settings.tracker} at {self.backend.where} failed ({type(exc).__name__}: "
-                          f"{first}); the run goes on without tracking and its results are complete; rerun the "
-                          f"same command to log what is missing", TrackWarning, stacklevel=2)
+            self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        if self.broken:
+            return
+        self.broken = True
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        warnings.warn(f"track: {self.settings.tracker} at {self.backend.where} failed ({type(exc).__name__}: "
+                      f"{first}); the run goes on without tracking and its results are complete; rerun the "
+                      f"same command to log what is missing", TrackWarning, stacklevel=3)
 
     def _save(self) -> None:
         """The record of what the tracker holds, written after it holds it."""
@@ -287,8 +290,11 @@ class Session:
 
         runs = {k: {f: v for f, v in r.items() if f != "checked"} for k, r in self.log["runs"].items()}
         out = {"last": self.state["last"], "logs": {**self.state["logs"], self.key: {**self.log, "runs": runs}}}
-        self._guard(lambda: write_json(self.root / STATE, out))
-        self._dirty = False
+        try:   # also after a failure: what the tracker got before it stays recorded
+            write_json(self.root / STATE, out)
+            self._dirty = False
+        except OSError as exc:
+            self._failed(exc)
 
 
 # ---- reading the run folder ----------------------------------------------------------------------
