@@ -233,8 +233,9 @@ def test_an_unreachable_tracker_is_refused_before_any_work_or_skipped_when_optio
 
 # ---- kill -9, resume; a server that dies; every backend -------------------------------------------------
 
-def _start_run(args: list[str], env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "groupfel", *args], cwd=ROOT, stdout=subprocess.PIPE,
+def _start_run(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.Popen:
+    """The CLI in ``cwd`` (where a SQLite store's artifacts land, as MLflow places them)."""
+    return subprocess.Popen([sys.executable, "-m", "groupfel", *args], cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
                             env={**os.environ, **(env or {})})
 
@@ -262,7 +263,7 @@ def test_kill_9_and_resume_continue_the_same_tracker_runs(tmp_path, tracker):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     d["track"] = {"tracker": tracker, "every_s": 0.2, **({"uri": uri, "experiment": "kill"} if tracker == "mlflow" else {})}
     config, out = write_toml(tmp_path, d), tmp_path / "run"
-    proc = _start_run(["run", str(config), "--output", str(out), "--jobs", "2", "--quiet"], {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"})
+    proc = _start_run(["run", str(config), "--output", str(out), "--jobs", "2", "--quiet"], tmp_path)
     state = _wait_logged(out / "track.json", proc, 3)
     os.killpg(proc.pid, signal.SIGKILL)   # the driver and its workers, mid-round
     proc.wait()
@@ -271,7 +272,7 @@ def test_kill_9_and_resume_continue_the_same_tracker_runs(tmp_path, tracker):
         for run in log["runs"].values():
             run.update(round=max(run["round"] - 2, 0), cost=0)
     (out / "track.json").write_text(json.dumps(state))
-    done = subprocess.run([sys.executable, "-m", "groupfel", "run", "--resume", str(out), "--quiet"], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "groupfel", "run", "--resume", str(out), "--quiet"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     # every step once, each the results' value: as a run never killed (resumed results are those)
@@ -295,13 +296,13 @@ def test_a_real_mlflow_server_and_one_that_dies_mid_run(tmp_path):
         d["track"] = {"tracker": "mlflow", "experiment": "server", "every_s": 0.2}
         config = write_toml(tmp_path, d)
         env = {"MLFLOW_TRACKING_URI": uri}
-        ok = _start_run(["run", str(config), "--output", str(tmp_path / "ok"), "--jobs", "2", "--quiet"], env)
+        ok = _start_run(["run", str(config), "--output", str(tmp_path / "ok"), "--jobs", "2", "--quiet"], tmp_path, env)
         assert ok.wait(600) == 0, ok.communicate()[1][-2000:]
         client = MlflowClient(uri)
         parent, _ = _check_mlflow(client, "server", tmp_path / "ok")
         assert "report.html" in {a.path for a in client.list_artifacts(parent.info.run_id)}
         # the server dies mid-run: one warning, the run finishes, its results as the first run's
-        lost = _start_run(["run", str(config), "--output", str(tmp_path / "lost"), "--jobs", "2", "--quiet"], env)
+        lost = _start_run(["run", str(config), "--output", str(tmp_path / "lost"), "--jobs", "2", "--quiet"], tmp_path, env)
         _wait_logged(tmp_path / "lost" / "track.json", lost, 2)
         _stop(server)
         _, err = lost.communicate(timeout=600)
@@ -354,6 +355,6 @@ def test_a_run_without_tracking_imports_neither_tracker(tmp_path):
             f"assert main(['run', {str(write_toml(tmp_path, _tiny(rounds=1, arms=1)))!r}, '--output', "
             f"{str(tmp_path / 'run')!r}, '--quiet']) == 0\n"
             "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'mlflow', 'tensorboard'})))")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
