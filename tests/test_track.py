@@ -28,7 +28,6 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from groupfel.experiments import api  # noqa: E402
 from groupfel.experiments.cli import main  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 SERIES = ["cost", "training_cost", "overhead_cost", "sim_time_s", "round_time_s", "accuracy", "loss",
           "groups_sampled", "clients_sampled", "avg_sampled_cov"]
 
