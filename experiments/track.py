@@ -441,13 +441,12 @@ class _TensorBoard:
     writer reopen with its own ``purge_step``). The study's tables go to the log folder itself."""
 
     def __init__(self, settings, root: Path):
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            raise InputError(f"track: tensorboard is not installed; {INSTALL}") from None
+        from importlib.util import find_spec
+
         from groupfel.emulator.io import check_writable
 
-        self.SummaryWriter = SummaryWriter
+        if find_spec("tensorboard") is None:   # imported by the first writer, in the tracker's thread
+            raise InputError(f"track: tensorboard is not installed; {INSTALL}")
         self.logdir = Path(settings.dir) / root.name if settings.dir else root / TB_DIR
         check_writable(self.logdir, "dir", "track.dir" if settings.dir else "track (the run folder)")
         self.where = str(self.logdir.resolve())
@@ -455,9 +454,11 @@ class _TensorBoard:
         self.state: dict = {}
 
     def _writer(self, name: str, purge: int):
+        from torch.utils.tensorboard import SummaryWriter
+
         if name not in self.writers:
             # purge_step: TensorBoard's readers drop what an earlier writer logged from this step on
-            self.writers[name] = self.SummaryWriter(str(self.logdir / name), purge_step=purge, flush_secs=3600)
+            self.writers[name] = SummaryWriter(str(self.logdir / name), purge_step=purge, flush_secs=3600)
         return self.writers[name]
 
     def open_run(self, name: str, run: dict, params: dict, tags: dict) -> None:
@@ -499,7 +500,9 @@ class _TensorBoard:
 
     def log_study(self, summary, text: str, files: list[Path], finals: dict[str, dict]) -> None:
         step = self.state.get("study_step", -1) + 1
-        w = self.SummaryWriter(str(self.logdir), purge_step=step, flush_secs=3600)
+        from torch.utils.tensorboard import SummaryWriter
+
+        w = SummaryWriter(str(self.logdir), purge_step=step, flush_secs=3600)
         w.add_text("summary", _code(summary.to_string(index=False)), step)
         w.add_text("verdicts", _code(text), step)
         for name, row in finals.items():
@@ -552,7 +555,7 @@ class _MLflow:
                "tracking")
         _probe(uri, fix)
         self.client = MlflowClient(uri)
-        self.root, self.name = root, root.name
+        self.root, self.name, self.report = root, root.name, settings.report
         self.state: dict = {}
         self.resumed = False   # the study's run marked running again in this process
         try:
@@ -642,13 +645,14 @@ class _MLflow:
         self.client.log_text(parent, text, "verdicts.txt")
         for path in files:
             self.client.log_artifact(parent, str(path))
-        with tempfile.TemporaryDirectory(prefix="groupfel-track-") as tmp:
-            # `groupfel report` as a user runs it (the report module sits above the run commands)
-            report = Path(tmp) / "report.html"
-            subprocess.run([sys.executable, "-m", "groupfel", "report", str(self.root), "--out", str(report)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
-            if report.exists():   # else a folder the report cannot read (numerics of another machine): the rest stands
-                self.client.log_artifact(parent, str(report))
+        if self.report:
+            with tempfile.TemporaryDirectory(prefix="groupfel-track-") as tmp:
+                # `groupfel report` as a user runs it (the report module sits above the run commands)
+                report = Path(tmp) / "report.html"
+                subprocess.run([sys.executable, "-m", "groupfel", "report", str(self.root), "--out", str(report)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+                if report.exists():   # else a folder the report cannot read (numerics of another machine)
+                    self.client.log_artifact(parent, str(report))
         self.client.set_terminated(parent, "FINISHED")
 
     def close(self) -> None:

@@ -202,10 +202,14 @@ def test_seeds_auto_study_on_a_sqlite_store(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     d = _tiny(rounds=2, seeds="auto")
     d["max_seeds"] = 3
-    d["track"] = {"tracker": "mlflow", "uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "auto"}
+    d["track"] = {"tracker": "mlflow", "uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "auto",
+                  "report": False}
     api.run(d, tmp_path / "auto", jobs=2, progress=False)
-    _, children = _check_mlflow(MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}"), "auto", tmp_path / "auto")
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    parent, children = _check_mlflow(client, "auto", tmp_path / "auto")
     assert len(children) == 6
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert "verdicts.txt" in artifacts and "report.html" not in artifacts
 
 
 def test_an_unreachable_tracker_is_refused_before_any_work_or_skipped_when_optional(tmp_path, capsys, monkeypatch):

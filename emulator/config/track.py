@@ -23,5 +23,7 @@ class TrackConfig(_Strict):
                                    "MLflow's Default experiment.")
     optional: bool = Field(False, description="A tracker that cannot be reached at the start: false refuses the run "
                            "before any work; true runs without tracking after a warning.")
+    report: bool = Field(True, description="mlflow: build the study's report.html (`groupfel report`, seconds at "
+                         "the end) and log it with the plots.")
     every_s: float = Field(2.0, gt=0, le=3600, description="How often (seconds of wall time) the run looks for newly "
                            "evaluated rounds to log.")
