@@ -2,6 +2,7 @@
 to TensorBoard and to MLflow (a SQLite store), side by side in one run.
 
     python benchmarks/track.py [--repeat N] [--mlflow-uri URI] [--screenshots DIR] [--kill-resume]
+    python benchmarks/track.py --direct
 
 Each repeat runs the three in turn (off, tensorboard, mlflow), each as ``groupfel run`` in a process
 of its own (a tracker's imports count, as for a user), into fresh temporary folders, and prints
@@ -11,6 +12,11 @@ the wall clock carries the other jobs' noise; the CPU seconds carry less of it.
 
 ``--screenshots DIR``: after the last repeat, TensorBoard's UI (on 127.0.0.1) showing the demo's
 accuracy against Eq. 5 cost, screenshotted in headless Chromium into DIR/track-tensorboard.png.
+
+``--direct``: what the tracker itself spends, free of the other jobs' noise that a loaded machine
+puts on two whole runs: the demo in this process with each tracker, timing the tracker's own calls
+(opening it, its thread's CPU time logging the rounds, the study's summary at the end; the
+report.html artifact is a subprocess, timed on its own).
 
 ``--kill-resume``: the demo again per tracker from the command line, killed (kill -9, its whole
 process group) once the tracker has 5 rounds of some run, then ``groupfel run --resume``; every
@@ -133,13 +139,55 @@ def compare(mode: str, reference: Path, resumed: Path) -> None:
           f"steps logged twice: {dup}", flush=True)
 
 
+def direct() -> None:
+    """The tracker's own time in an in-process demo run, per tracker."""
+    from groupfel.experiments import track
+    from groupfel.experiments.runner import default_config, run_experiment
+
+    spent: dict[str, float] = {}
+
+    def timed(name, fn, clock):
+        def wrapper(*a, **k):
+            t0 = clock()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[name] = spent.get(name, 0.0) + clock() - t0
+        return wrapper
+
+    track.open_session = timed("open (wall)", track.open_session, time.perf_counter)
+    track.Session.sync = timed("logging rounds (CPU of the thread)", track.Session.sync, time.thread_time)
+    track.Session.finish = timed("summary at the end (wall)", track.Session.finish, time.perf_counter)
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chdir(tmp)
+        for mode in MODES[1:]:
+            spent.clear()
+            folder = Path(tmp) / mode
+            folder.mkdir()
+            settings = {"tracker": mode, **({"uri": f"sqlite:///{folder / 'mlflow.db'}", "experiment": "demo"}
+                                            if mode == "mlflow" else {})}
+            if mode == "mlflow":   # a store that exists, as a user's does (its first use creates its tables)
+                from mlflow import MlflowClient
+
+                MlflowClient(settings["uri"]).search_experiments()
+            t0, c0 = time.perf_counter(), time.process_time()
+            run_experiment(default_config(), folder / "default", progress=False, track=settings)
+            wall = time.perf_counter() - t0
+            print(f"{mode}: the demo took {wall:.1f} s wall in all (load average {os.getloadavg()[0]:.1f}); the "
+                  f"tracker: " + ", ".join(f"{k} {v:.2f} s" for k, v in spent.items()), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--mlflow-uri", help="an MLflow server to log to (default: a SQLite store per run)")
     ap.add_argument("--screenshots", type=Path, metavar="DIR")
     ap.add_argument("--kill-resume", action="store_true")
+    ap.add_argument("--direct", action="store_true")
     args = ap.parse_args()
+    if args.direct:
+        direct()
+        return
     times: dict[str, list[tuple[float, float]]] = {m: [] for m in MODES}
     if args.screenshots:
         args.screenshots = args.screenshots.resolve()
