@@ -170,7 +170,7 @@ def direct() -> None:
                 from mlflow import MlflowClient
 
                 MlflowClient(settings["uri"]).search_experiments()
-            t0, c0 = time.perf_counter(), time.process_time()
+            t0 = time.perf_counter()
             run_experiment(default_config(), folder / "default", progress=False, track=settings)
             wall = time.perf_counter() - t0
             print(f"{mode}: the demo took {wall:.1f} s wall in all (load average {os.getloadavg()[0]:.1f}); the "
