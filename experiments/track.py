@@ -180,6 +180,10 @@ class Session:
     # -- the thread ---------------------------------------------------------------------------
 
     def __enter__(self) -> Session:
+        # what a resumed run has already, logged here before the run starts: a writer's first import
+        # (torch.utils.tensorboard) must not race the run's own import of torch from another thread;
+        # new rows appear only once the run has imported torch
+        self.sync()
         self._thread = threading.Thread(target=self._loop, name="groupfel-track", daemon=True)
         self._thread.start()
         return self
@@ -445,7 +449,7 @@ class _TensorBoard:
 
         from groupfel.emulator.io import check_writable
 
-        if find_spec("tensorboard") is None:   # imported by the first writer, in the tracker's thread
+        if find_spec("tensorboard") is None:   # imported by the first writer (see Session.__enter__)
             raise InputError(f"track: tensorboard is not installed; {INSTALL}")
         self.logdir = Path(settings.dir) / root.name if settings.dir else root / TB_DIR
         check_writable(self.logdir, "dir", "track.dir" if settings.dir else "track (the run folder)")
