@@ -123,7 +123,7 @@ def _check_unchanged(config: RunConfig, run_dir: Path) -> None:
 def run(config: str | Path | dict | RunConfig, output: str | Path | None = None, *, jobs: int | None = None,
         backend: str = "local", address: str | None = None, gpus_per_task: float = 0.0, ship_data: bool = False,
         py_modules: tuple[str, ...] = (), force: bool = False, progress: bool = True,
-        stack: int | None = None) -> "Study":
+        stack: int | None = None, track: str | dict | None = None) -> "Study":
     """Run (or resume) every arm of every seed of ``config`` into ``output`` (default:
     ``output_dir/name``); every input error surfaces before anything is written.
 
@@ -132,7 +132,8 @@ def run(config: str | Path | dict | RunConfig, output: str | Path | None = None,
     share, ``ship_data`` sends the dataset from here through the object store, and ``py_modules``
     (paths of plug-in modules or packages) travel to the workers with the code. ``stack``: at most
     this many runs train together (``train.stack``; default: the device's fastest). An existing run directory of the same config is
-    resumed; ``force`` replaces one of a different config."""
+    resumed; ``force`` replaces one of a different config. ``track``: ``"tensorboard"``, ``"mlflow"``,
+    a dict of ``[track]`` keys or ``"none"``, over the config's ``[track]`` (see the track guide)."""
     from .runner import run_experiment
 
     from groupfel.emulator import numerics
@@ -157,7 +158,7 @@ def run(config: str | Path | dict | RunConfig, output: str | Path | None = None,
 
     ray = RayOptions(address=address, gpus_per_task=gpus_per_task, ship_data=ship_data, py_modules=tuple(py_modules))
     summary = run_experiment(cfg, run_dir, force=force, progress=progress, jobs=jobs, backend=backend,
-                             address=address, ray=ray)
+                             address=address, ray=ray, track=track)
     return Study(run_dir, cfg, summary)
 
 
@@ -293,12 +294,14 @@ class Study:
 
 
 def sweep(path: str | Path, output: str | Path | None = None, *, jobs: int | None = None, backend: str = "local",
-          address: str | None = None, force: bool = False, progress: bool = True) -> pd.DataFrame:
-    """Run a sweep file (a base config and axes); its summary table, one row per (point, arm)."""
+          address: str | None = None, force: bool = False, progress: bool = True,
+          track: str | dict | None = None) -> pd.DataFrame:
+    """Run a sweep file (a base config and axes); its summary table, one row per (point, arm).
+    ``track``: as :func:`run`'s, over the base config's ``[track]``."""
     from .sweep import run_sweep
 
     return run_sweep(path, backend=backend, jobs=jobs, address=address, output=output, force=force,
-                     progress=progress)
+                     progress=progress, track=track)
 
 
 # -- what the command's other tools do -----------------------------------------------------------

@@ -11,7 +11,7 @@ from groupfel.errors import DivergenceError, InputError, WorkerLostError
 from groupfel.userfile import clip
 from groupfel.emulator.io import check_writable
 
-from . import cost_cli, flags, group_cli, study_cli
+from . import cost_cli, flags, group_cli, study_cli, track
 
 
 def _cmd_run(args) -> int:
@@ -44,7 +44,8 @@ def _cmd_run(args) -> int:
     args.run_dir = run_dir   # for the resume hint if interrupted
     summary = api.run(config, run_dir, force=args.force, progress=not args.quiet, jobs=args.jobs,
                       backend=args.backend, address=args.address, gpus_per_task=args.gpus_per_task,
-                      ship_data=args.ship_data, py_modules=tuple(args.py_module)).summary
+                      ship_data=args.ship_data, py_modules=tuple(args.py_module),
+                      track=track.from_args(args)).summary
     if config.seeds is not None:
         print(seeds_printout(summary, config, run_dir))
         return report_diverged(run_dir)
@@ -201,6 +202,7 @@ def _add_sweep_parser(sub) -> None:
     p.add_argument("--output", metavar="DIR", help="sweep directory (default <output_dir>/<name>)")
     p.add_argument("--force", action="store_true", help="replace points run with a different config")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    track.add_track_arguments(p)
     p.set_defaults(func=_lazy(".sweep", "_cmd_sweep"))
 
 
@@ -227,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .backends import add_backend_arguments
 
     add_backend_arguments(run, "(seed, arm) runs of a config with seeds")
+    track.add_track_arguments(run)
     run.set_defaults(func=_cmd_run)
     run.lists_plugins = True
     plot = sub.add_parser("plot", help="plot result columns of runs or sweeps, one line (and band over seeds) per arm")

@@ -507,7 +507,7 @@ def run_study(rep: Reproduction, quick: bool, out: Path) -> int:
 
 def run(name: str, *, quick: bool = False, backend: str = "local", jobs: int | None = None,
         output: str | None = None, data_path: str | None = None, progress: bool = True,
-        overrides: dict[str, Any] | None = None, stack: int | None = None) -> int:
+        overrides: dict[str, Any] | None = None, stack: int | None = None, track=None) -> int:
     from contextlib import ExitStack
 
     import tomli_w
@@ -565,7 +565,7 @@ def run(name: str, *, quick: bool = False, backend: str = "local", jobs: int | N
             atomic_write(root / "sweep.toml", lambda p: p.write_text(tomli_w.dumps(sweep)))
 
         run_loaded_sweep(SweepConfig.model_validate(sweep), base, backend=backend, jobs=jobs, output=out,
-                         progress=progress, before_write=write_inputs)
+                         progress=progress, before_write=write_inputs, track=track)
         return _finish(rep, name, out, text, sweep)
 
 

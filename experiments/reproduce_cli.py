@@ -23,9 +23,11 @@ def _cmd_reproduce(args) -> int:
         from groupfel.emulator.devices import check
 
         overrides["train.device"] = check(args.device, "--device")
+    from .track import from_args
+
     return reproduce.run(args.name, quick=args.quick, backend=args.backend, jobs=args.jobs, output=args.output,
                          data_path=args.data_path, progress=not args.quiet, overrides=overrides,
-                         stack=args.stack)
+                         stack=args.stack, track=from_args(args))
 
 
 def add_reproduce_parser(sub) -> None:
@@ -46,6 +48,9 @@ def add_reproduce_parser(sub) -> None:
 
     add_device_argument(p)
     add_stack_argument(p)
+    from .track import add_track_arguments
+
+    add_track_arguments(p)
     p.add_argument("--render", action="store_true",
                    help="rewrite experiments/reproductions/README.md from its template and the committed results")
     p.set_defaults(func=_cmd_reproduce)

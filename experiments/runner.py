@@ -267,12 +267,29 @@ def check_own_place(run_dir: Path, where: str = "output") -> None:
 
 def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: bool = False,
                    progress: bool = True, jobs: int | None = None, backend: str = "local",
-                   address: str | None = None, ray=None) -> pd.DataFrame:
+                   address: str | None = None, ray=None, track=None) -> pd.DataFrame:
     """Validate everything, then run (or resume) each arm of each seed; returns the summary table.
     A config with ``seeds`` runs its (seed, arm) tasks on ``backend`` with ``jobs`` workers
-    (``ray``: :class:`groupfel.experiments.backends.RayOptions`)."""
-    numerics.apply(config.train.numerics)    # before torch loads here and in the workers
+    (``ray``: :class:`groupfel.experiments.backends.RayOptions`). ``track``: log to TensorBoard or
+    MLflow as the runs go, over the config's ``[track]`` (:func:`groupfel.experiments.track.resolve`)."""
+    from .track import open_session, study_text
+
+    numerics.apply(config.train.numerics)    # before torch loads (a TensorBoard writer imports it)
     run_dir = Path(run_dir) if run_dir else Path(config.output_dir) / config.name
+    session = open_session(track, config.track, run_dir, force=force)   # an unreachable tracker: before any work
+    config = config.model_copy(update={"track": None})
+    if session is None:
+        return _run_experiment(config, run_dir, force=force, progress=progress, jobs=jobs, backend=backend,
+                               address=address, ray=ray)
+    with session:
+        summary = _run_experiment(config, run_dir, force=force, progress=progress, jobs=jobs, backend=backend,
+                                  address=address, ray=ray)
+    session.finish(summary, study_text(summary, config))
+    return summary
+
+
+def _run_experiment(config: RunConfig, run_dir: Path, *, force, progress, jobs, backend, address, ray) -> pd.DataFrame:
+    numerics.apply(config.train.numerics)    # before torch loads here and in the workers
     check_own_place(run_dir, "--output" if run_dir != Path(config.output_dir) / config.name else "output_dir/name")
     if jobs is not None and jobs < 1:
         raise InputError(f"--jobs: must be >= 1, got {jobs}")

@@ -189,10 +189,11 @@ def point_configs(sweep: SweepConfig, base: dict) -> list[RunConfig]:
 
 def run_sweep(path: str | Path, *, backend: str = "local", jobs: int | None = None, address: str | None = None,
               output: str | Path | None = None, force: bool = False, progress: bool = True,
-              ray=None, device: str | None = None, stack: int | None = None) -> pd.DataFrame:
+              ray=None, device: str | None = None, stack: int | None = None, track=None) -> pd.DataFrame:
     """Validate every point, run every unfinished (point, seed, arm) task, write the sweep tables
     (``ray``: :class:`groupfel.experiments.backends.RayOptions`; ``device``: every point's
-    train.device; ``stack``: every point's train.stack)."""
+    train.device; ``stack``: every point's train.stack; ``track``: log to TensorBoard or MLflow, over
+    the base config's ``[track]``)."""
     sweep, base = load_sweep(path)
     if stack:
         base.setdefault("train", {})["stack"] = stack
@@ -201,17 +202,16 @@ def run_sweep(path: str | Path, *, backend: str = "local", jobs: int | None = No
 
         base.setdefault("train", {})["device"] = check(device, "--device")
     return run_loaded_sweep(sweep, base, backend=backend, jobs=jobs, address=address, output=output, force=force,
-                            progress=progress, ray=ray)
+                            progress=progress, ray=ray, track=track)
 
 
 def run_loaded_sweep(sweep: SweepConfig, base: dict, *, backend: str = "local", jobs: int | None = None,
                      address: str | None = None, output: str | Path | None = None, force: bool = False,
                      progress: bool = True, before_write: Callable[[Path], None] | None = None,
-                     ray=None) -> pd.DataFrame:
+                     ray=None, track=None) -> pd.DataFrame:
     """:func:`run_sweep` of a parsed sweep; ``before_write(root)`` runs once every point is valid,
     under the directory's lock, before anything else is written."""
-    from .backends import BACKENDS, check_backend
-    from .runner import validate
+    from .backends import BACKENDS
 
     if backend not in BACKENDS:
         raise InputError(f"--backend: {backend!r} is not one of {', '.join(BACKENDS)}")
@@ -223,9 +223,27 @@ def run_loaded_sweep(sweep: SweepConfig, base: dict, *, backend: str = "local", 
     numerics.apply(configs[0].train.numerics)    # before validation loads torch here and in the workers
     root = Path(output) if output else Path(sweep.output_dir or configs[0].output_dir) / sweep.name
     check_writable(root, "dir", "--output" if output else "sweep output_dir/name =")
-    from .runner import check_own_place, finished
+    from .runner import check_own_place
 
     check_own_place(root, "--output" if output else "sweep output_dir/name")
+    from .track import open_session, sweep_text
+
+    session = open_session(track, configs[0].track, root, force=force)   # an unreachable tracker: before any work
+    configs = [c.model_copy(update={"track": None}) for c in configs]
+    if session is None:
+        return _sweep(sweep, configs, root, backend=backend, jobs=jobs, address=address, force=force,
+                      progress=progress, before_write=before_write, ray=ray)
+    with session:
+        summary = _sweep(sweep, configs, root, backend=backend, jobs=jobs, address=address, force=force,
+                         progress=progress, before_write=before_write, ray=ray)
+    session.finish(summary, sweep_text(summary))
+    return summary
+
+
+def _sweep(sweep, configs, root, *, backend, jobs, address, force, progress, before_write, ray) -> pd.DataFrame:
+    from .backends import check_backend
+    from .runner import finished, validate
+
     pts = points(sweep)
 
     if not force and (root / "sweep.json").exists() and all(finished(c, root / point_name(i))
@@ -415,9 +433,11 @@ def _cmd_sweep(args) -> int:
     from .backends import ray_options
     from .stats import compact_summary, false_equivalent_note, notes
 
+    from .track import from_args
+
     summary = run_sweep(args.sweep, backend=args.backend, jobs=args.jobs, output=args.output, force=args.force,
                         progress=not args.quiet, ray=ray_options(args), device=args.device,
-                        stack=args.stack)
+                        stack=args.stack, track=from_args(args))
     sweep, _ = load_sweep(args.sweep)
     root = summary.attrs["root"]
     with_target = bool(summary["target_reached"].sum() > 0 or summary["cost_to_target_mean"].notna().any())

@@ -25,7 +25,8 @@ heavy = {}
 for argv in json.loads(sys.argv[1]):
     rc = main(argv)
     assert rc == 0, (argv, rc)
-    heavy[argv[0] + (" " + argv[1] if argv[0] == "study" else "")] = "torch" in sys.modules
+    heavy[argv[0] + (" " + argv[1] if argv[0] == "study" else "")] = sorted(
+        m for m in ("torch", "mlflow", "tensorboard") if m in sys.modules)
 print(json.dumps(heavy))
 """
 
@@ -60,12 +61,13 @@ def test_commands_that_train_nothing_do_not_import_torch(tmp_path):
     assert not any(imported.values()), imported
 
 
-def test_the_parser_imports_neither_pandas_pydantic_nor_numpy():
+def test_the_parser_imports_neither_pandas_pydantic_nor_numpy_nor_a_tracker():
     """``groupfel --help`` builds the whole parser: before, it imported pandas (groupfel.experiments.report),
     pydantic (groupfel.experiments.sweep) and numpy (the group command's policy list): 0.66 s; now 0.07 s
     (median of 7, benchmarks/startup.py, the same 2-core machine)."""
     code = ("import sys; from groupfel.experiments.cli import build_parser; build_parser(); "
-            "print(sorted(m for m in ('pandas', 'pydantic', 'numpy', 'torch', 'matplotlib') if m in sys.modules))")
+            "print(sorted(m for m in ('pandas', 'pydantic', 'numpy', 'torch', 'matplotlib', 'mlflow', 'tensorboard') "
+            "if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
@@ -81,7 +83,8 @@ def test_building_the_parser_imports_neither_torch_scipy_nor_matplotlib():
 
     root = Path(__file__).resolve().parents[1]
     code = ("import sys, json\nfrom groupfel.experiments.cli import build_parser\nbuild_parser()\n"
-            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'scipy', 'matplotlib'})))")
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'scipy', 'matplotlib', 'mlflow', "
+            "'tensorboard'})))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, env={"PYTHONPATH": str(root)},
                           capture_output=True, text=True, check=True)
     assert json.loads(proc.stdout) == []

@@ -16,12 +16,13 @@ from .parse import (DIRICHLET_CARRIED, ONLY_IN, _one_line, check_modes, check_us
 from .run import MarginsConfig, RunConfig, config_warnings, parts
 from .topology import (ArrivalsConfig, AvailabilityConfig, EdgeLinkConfig, HeterogeneityConfig, LinkConfig,
                        TopologyConfig, arrival_rounds)
+from .track import TrackConfig
 from .train import TrainConfig
 
 __all__ = ["ArmConfig", "ArrivalsConfig", "AvailabilityConfig", "ClientTypeConfig", "CostConfig", "Count", "DAY_S",
            "DEFAULT_MAX_SEEDS", "DIRICHLET_CARRIED", "DataConfig", "EdgeLinkConfig", "FaultsConfig", "FolderName",
            "HeterogeneityConfig", "INT64", "Index", "Latency", "LinkConfig", "MAX_CLIENTS", "MAX_ROUNDS", "MIN_MARGIN",
            "MarginsConfig", "Mbps", "ONLY_IN", "PartName", "RefMs", "Rounds", "RunConfig", "SHIFTS", "SamplingConfig",
-           "Seconds", "Sigma", "StragglerConfig", "TopologyConfig", "TrainConfig", "Weight", "_Strict", "_one_line",
+           "Seconds", "Sigma", "StragglerConfig", "TopologyConfig", "TrackConfig", "TrainConfig", "Weight", "_Strict", "_one_line",
            "arrival_rounds", "check_modes", "check_user_config", "config_warnings", "load_config", "parse_config",
            "parts", "read_toml"]

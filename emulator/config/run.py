@@ -12,6 +12,7 @@ from .data import DataConfig
 from .faults import FaultsConfig
 from .limits import DEFAULT_MAX_SEEDS, INT64, MIN_MARGIN
 from .topology import TopologyConfig, arrival_rounds
+from .track import TrackConfig
 from .train import TrainConfig
 from groupfel.userfile import short
 
@@ -55,6 +56,9 @@ class RunConfig(_Strict):
     faults: FaultsConfig = Field(FaultsConfig(), description="The `[faults]` table.")
     arms: list[ArmConfig] = Field(min_length=1, description="One or more `[[arms]]`; all share data, "
                                   "topology and costs.")
+    # changes no result, so never saved in config.json (a tracked run and an untracked one are the same run)
+    track: TrackConfig | None = Field(None, exclude=True, description="The `[track]` table: log the run to "
+                                      "TensorBoard or MLflow as it goes (see the guide's track page).")
 
     @field_validator("seeds", mode="before")
     @classmethod
