@@ -90,7 +90,7 @@ class CostLedger:
         self.energy_total = 0.0
         self.energy_by_state: dict[str, float] = {}
         self.client_energy = np.zeros(0)    # joules spent so far by each client (a battery's level)
-        self.client_seconds = np.zeros(0)   # seconds charged energy this session (full-fleet accounting's mark)
+        self.client_seconds = np.zeros(0)   # seconds charged energy so far (full-fleet accounting's mark)
 
     @property
     def measures_energy(self) -> bool:
@@ -230,7 +230,7 @@ class CostLedger:
             out["energy"] = {"columns": {c: e[c].astype(object) if c in ("device", "state") else e[c]
                                          for c in ENERGY_COLUMNS},
                              "total": self.energy_total, "by_state": self.energy_by_state,
-                             "client": self.client_energy}
+                             "client": self.client_energy, "seconds": self.client_seconds}
         return out
 
     @classmethod
@@ -253,4 +253,8 @@ class CostLedger:
             led.energy_total = float(energy["total"])
             led.energy_by_state = dict(energy["by_state"])
             led.client_energy = np.asarray(_array(energy["client"]), dtype=float)
+            # full-fleet accounting takes differences of these sums: a resume carries them on
+            # rather than starting from 0, so its differences round as an uninterrupted run's do
+            if "seconds" in energy:
+                led.client_seconds = np.asarray(_array(energy["seconds"]), dtype=float)
         return led

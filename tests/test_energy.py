@@ -221,7 +221,7 @@ def test_energy_budget_stops_the_run_and_batteries_take_clients_offline(tmp_path
     ('[[power]]\ndevice = "d"\nstate = "idle"\nvalue = -1', "power[0].value: power -1 W; give watts from 0"),
     ('[[power]]\ndevice = "d"\nstate = "sleep"\nvalue = 1', "power[0].state"),
     ('[[power]]\ndevice = "d"\nstate = "idle"\ncoefficients = [1, 2]', "idle power is a constant"),
-    ('[[power]]\ndevice = "d"\nstate = "training"\nvalue = 1e7', "give watts from 0 to 1e+06"),
+    ('[[power]]\ndevice = "d"\nstate = "training"\nvalue = 1e7', "power 10000000 W; give watts from 0 to 1,000,000"),
     ('[[power]]\ndevice = "d"\nstate = "training"\nvalue = 1\nwatts = 2', "power[0].watts: unknown key"),
 ])
 def test_bad_power_tables_are_one_line_naming_the_field(tmp_path, text, says):
