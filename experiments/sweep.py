@@ -223,15 +223,18 @@ def run_loaded_sweep(sweep: SweepConfig, base: dict, *, backend: str = "local", 
     numerics.apply(configs[0].train.numerics)    # before validation loads torch here and in the workers
     root = Path(output) if output else Path(sweep.output_dir or configs[0].output_dir) / sweep.name
     check_writable(root, "dir", "--output" if output else "sweep output_dir/name =")
-    from .runner import check_own_place, finished
+    from .runner import check_alone, check_own_place, finished, tidy
 
-    check_own_place(root, "--output" if output else "sweep output_dir/name")
+    where = "--output" if output else "sweep output_dir/name"
+    check_own_place(root, where)
     pts = points(sweep)
 
     if not force and (root / "sweep.json").exists() and all(finished(c, root / point_name(i))
                                                             for i, c in enumerate(configs)):
         # a rerun of a finished sweep: nothing to plan, no engine to build; tables recomputed, plots kept
         with run_lock(root):
+            check_alone(root, where)
+            tidy(root)
             summary = _saved_sweep_summary(sweep, root)
             if summary is None:
                 summary = finish_sweep(sweep, configs, root, replot=False)
@@ -242,6 +245,8 @@ def run_loaded_sweep(sweep: SweepConfig, base: dict, *, backend: str = "local", 
         validate(config, root / point_name(i), force=force, where=label)
     check_backend(backend, jobs, address, ray)   # a cluster without the GPUs asked for: before any file
     with run_lock(root):
+        check_alone(root, where)   # a run or sweep started inside it, or around it, since the first check
+        tidy(root)
         return _run_points(sweep, configs, pts, root, backend=backend, jobs=jobs, address=address, force=force,
                            progress=progress, before_write=before_write, ray=ray)
 

@@ -388,7 +388,7 @@ def test_a_log_too_coarse_for_a_reading_is_refused_and_short_calls_are_batched(t
 
     ahead = tmp_path / "ahead.csv"
     ahead.write_text("timestamp,watts\n" + "".join(f"{time.time() + 3600 + i},4.0\n" for i in range(20)))
-    with pytest.raises(InputError, match=r"ahead of this machine's clock; the meter's clock and this one must agree"):
+    with pytest.raises(InputError, match=r"ahead of this machine's clock; give timestamps in Unix seconds"):
         PowerLog(ahead).joules([(time.time() + 3600, time.time() + 3615, 1)])
     meter.min_span_s = 0.05     # a fast log: batch until 50 ms
     got = list(_sweep([3], 1, lambda n: 1e-4, meter))
