@@ -79,7 +79,8 @@ def crash_point() -> None:
     nothing flushed, as the out-of-memory killer or a power cut would) at its Nth step; unset or
     0 it only counts (:func:`steps_taken`)."""
     step = next(_steps)
-    if step == int(os.environ.get(CRASH_AT) or 0):
+    at = os.environ.get(CRASH_AT, "")
+    if at.isdigit() and step == int(at):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -97,8 +98,11 @@ TMP_SUFFIX = ".tmp"
 def remove_stale(run_dir: str | Path) -> None:
     """Temporary files a killed writer left in ``run_dir`` (``.<name>.<random>.tmp``, beside the
     file it was replacing): called under the run's lock, so no live writer owns them."""
+    import re
+
+    ours = re.compile(r"\..+\.[a-z0-9_]{8}" + re.escape(TMP_SUFFIX))   # mkstemp's name in atomic_write
     for tmp in Path(run_dir).rglob(f".*{TMP_SUFFIX}"):
-        if tmp.is_file() and not tmp.is_symlink():
+        if ours.fullmatch(tmp.name) and tmp.is_file() and not tmp.is_symlink():
             tmp.unlink(missing_ok=True)
 
 

@@ -12,6 +12,7 @@ import copy
 import hashlib
 import os
 import signal
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -43,9 +44,7 @@ def _fork_run(args: list[str], crash_at: int = 0) -> tuple[int, int]:
         code = 98
         try:
             os.close(r)
-            null = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(null, 1)
-            os.dup2(null, 2)
+            sys.stdout = sys.stderr = open(os.devnull, "w")
             os.environ[io.CRASH_AT] = str(crash_at)
             io.steps_taken(reset=True)
             code = main(args) or 0
@@ -120,6 +119,7 @@ def test_killed_multi_seed_run_resumes_to_the_same_bytes_at_every_point(tmp_path
     one stack (--stack 4); killed within an arm, between arms and seeds, and in the top-level
     tables."""
     d = copy.deepcopy(CRASHY)
+    del d["seed"]
     d["seeds"] = [0, 1]
     d["train"]["rounds"] = 2
     assert _crash_and_resume(tmp_path, d, ["--jobs", "1", "--stack", stack]) == []
@@ -135,9 +135,8 @@ def _fork_waiting(args: list[str], go: int, err: Path) -> int:
     if pid == 0:
         code = 98
         try:
-            null = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(null, 1)
-            os.dup2(os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+            sys.stdout = open(os.devnull, "w")
+            sys.stderr = open(err, "w", buffering=1)   # the CLI writes to sys.stderr (pytest's capture)
             os.read(go, 1)
             code = main(args) or 0
         except SystemExit as exc:
@@ -145,6 +144,7 @@ def _fork_waiting(args: list[str], go: int, err: Path) -> int:
         except BaseException:
             code = 99
         finally:
+            sys.stderr.flush()
             os._exit(code)
     return pid
 

@@ -358,11 +358,13 @@ def test_tidy_removes_temporaries_and_a_finished_arms_checkpoint_only(tmp_path):
         for p in io.checkpoint_files(arm / io.CHECKPOINT):
             p.write_bytes(b"x")
     (done / "manifest.json").write_text(json.dumps({"complete": True}))
-    (run / ".summary.csv.abc123.tmp").write_text("half")
-    (todo / ".results.csv.xyz.tmp").write_text("half")
+    (run / ".summary.csv.abc_1234.tmp").write_text("half")
+    (todo / ".results.csv.xyz98765.tmp").write_text("half")
+    (run / ".my-notes.tmp").write_text("the user's")   # not a name groupfel writes: kept
     runner.tidy(run)
     left = sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file())
-    assert left == ["a/manifest.json", "b/checkpoint.pt", "b/checkpoint.pt.tables0", "b/checkpoint.pt.tables1"]
+    assert left == [".my-notes.tmp", "a/manifest.json", "b/checkpoint.pt", "b/checkpoint.pt.tables0",
+                    "b/checkpoint.pt.tables1"]
 
 
 def test_network_trace_is_trimmed_back_to_the_checkpoint(tmp_path):
@@ -477,18 +479,30 @@ def test_a_refused_new_run_leaves_no_folder_it_created(tmp_path):
 
 # -- availability: what the first round's refusal says ---------------------------------------------------
 
-@pytest.mark.parametrize("start, end, says", [
-    ("0", "0.001", "are online at its start (0 s simulated) but go offline before their first group round ends"),
-    ("1000000.5", "1000001", "offline at its start"),
-])
-def test_first_round_with_nobody_able_to_train_is_one_line_and_leaves_nothing(tmp_path, capsys, start, end, says):
+def _availability_run(tmp_path, start, end) -> Path:
     d = copy.deepcopy(TINY)
     d["arms"] = d["arms"][1:]
     n = d["topology"]["edges"] * d["topology"]["clients_per_edge"]
     (tmp_path / "av.csv").write_text("client,start_s,end_s\n" + "".join(f"{c},{start},{end}\n" for c in range(n)))
     d["topology"].update(availability={"file": str(tmp_path / "av.csv")}, edge_access_mbps=30.0)
     d["output_dir"] = str(tmp_path / "results")
-    config = write_toml(tmp_path, d)
-    assert _exit(["run", str(config), "--quiet"]) == 2
-    assert says in one_error_line(capsys)
+    return write_toml(tmp_path, d)
+
+
+def test_first_round_whose_clients_leave_at_once_is_one_line_and_leaves_nothing(tmp_path, capsys):
+    """Online only in [0, 0.001): not "offline at 0 s, start at 0", which the file already does."""
+    assert _exit(["run", str(_availability_run(tmp_path, "0", "0.001")), "--quiet"]) == 2
+    err = one_error_line(capsys)
+    assert "are online at its start (0 s simulated) but go offline before their first group round ends" in err
+    assert "start_s = 0" not in err
     assert not (tmp_path / "results").exists()
+
+
+def test_clients_online_only_late_train_then_stop_with_a_reason(tmp_path, capsys):
+    """Every client online in [1000000.5, 1000001) only: the clock waits for them, the round runs,
+    then the run stops early saying why (exit 0, a finite result)."""
+    assert _exit(["run", str(_availability_run(tmp_path, "1000000.5", "1000001")), "--quiet"]) == 0
+    summary = pd.read_csv(tmp_path / "results" / "tiny" / "summary.csv")
+    assert summary["stop"].tolist() == ["availability"] and np.isfinite(summary["sim_time_s"]).all()
+    assert summary["sim_time_s"].iloc[0] >= 1000000.5
+    assert "stopped early: rg-random: availability: no client is online" in capsys.readouterr().out
