@@ -223,11 +223,13 @@ def run_loaded_sweep(sweep: SweepConfig, base: dict, *, backend: str = "local", 
     numerics.apply(configs[0].train.numerics)    # before validation loads torch here and in the workers
     root = Path(output) if output else Path(sweep.output_dir or configs[0].output_dir) / sweep.name
     check_writable(root, "dir", "--output" if output else "sweep output_dir/name =")
-    from .runner import check_alone, check_own_place, finished, tidy
+    from .runner import check_alone, check_file_limit, check_own_place, finished, tidy
 
     where = "--output" if output else "sweep output_dir/name"
     check_own_place(root, where)
     pts = points(sweep)
+    for i, config in enumerate(configs):
+        check_file_limit(config, root / point_name(i))
 
     if not force and (root / "sweep.json").exists() and all(finished(c, root / point_name(i))
                                                             for i, c in enumerate(configs)):
