@@ -21,7 +21,8 @@ A reading must span several of the meter's updates: RAPL's counters update about
 and a log every sampling interval, so a call shorter than the meter's ``min_span_s`` is repeated
 until the reading spans it (the reading is then per call). A log whose sampling interval is not
 known when ``measure`` starts (fewer than two rows yet) is checked once read: a reading that spans
-fewer than :data:`MIN_SAMPLES` of its intervals is refused in one line.
+fewer than :data:`MIN_SAMPLES` of its intervals is refused in one line. A log that is written while
+``measure`` runs is read once it covers the last call (waiting a few of its intervals at most).
 
 Where neither is readable, :func:`open_meter` says why in one line; nothing records a zero.
 """
@@ -41,6 +42,8 @@ RAPL_MIN_SPAN_S = 0.05   # RAPL updates about every 1 ms: 50 updates per reading
 RAPL_POLL_S = 0.1        # how often a reading polls the counters for wraps (Zeus: 0.1 s)
 MIN_SAMPLES = 10         # a log's samples per reading (the trapezoid's error is about one sample's share)
 CLOCK_SLACK_S = 1.0      # how far a log's last timestamp may lie ahead of this machine's clock
+MAX_INTERVAL_S = 6.0     # a log's longest sampling interval: a reading then spans a minute (MIN_SAMPLES of them)
+MAX_WAIT_S = 30.0        # how long the calls' end waits for a live log to cover them
 
 
 @dataclass(frozen=True)
@@ -164,9 +167,24 @@ class PowerLog:
         self.min_span_s = 0.0
         try:    # the log so far: its sampling interval sets how long a reading must be
             t, _ = self.read()
-            self.min_span_s = MIN_SAMPLES * float(np.median(np.diff(t)))
         except InputError:
-            pass   # not two rows yet: checked once the calls have run
+            return   # not two rows yet: checked once the calls have run
+        # before any call repeats for the log's sake: timestamps in another unit (milliseconds
+        # read as seconds lie far ahead and sample every 1,000 "s") would repeat each for hours
+        step = float(np.median(np.diff(t)))
+        self._check_clock(t, step)
+        if step > MAX_INTERVAL_S:
+            raise InputError(f"--power-log {self.path}: samples every {step:g} s, so each measured call would repeat "
+                             f"for {MIN_SAMPLES * step:g} s ({MIN_SAMPLES} samples a reading); log at least every "
+                             f"{MAX_INTERVAL_S:g} s, with timestamps in Unix seconds")
+        self.min_span_s = MIN_SAMPLES * step
+
+    def _check_clock(self, t: np.ndarray, step: float) -> None:
+        ahead = t[-1] - time.time()
+        if ahead > max(CLOCK_SLACK_S, step):   # a log from the future: the meter's clock is ahead of ours
+            raise InputError(f"--power-log {self.path}: its last timestamp is {ahead:.3g} s ahead of this machine's "
+                             f"clock; give timestamps in Unix seconds (not milliseconds), on a clock that agrees "
+                             f"with this one (sync both, e.g. with NTP, or shift the timestamps)")
 
     def start(self):
         return time.time()
@@ -202,11 +220,15 @@ class PowerLog:
         too short for its sampling interval, is refused."""
         t, w = self.read()
         step = float(np.median(np.diff(t)))
-        ahead = t[-1] - time.time()
-        if ahead > max(CLOCK_SLACK_S, step):   # a log from the future: the meter's clock is ahead of ours
-            raise InputError(f"--power-log {self.path}: its last timestamp is {ahead:.3g} s ahead of this machine's "
-                             f"clock; the meter's clock and this one must agree (sync both, e.g. with NTP, or shift "
-                             f"the timestamps)")
+        # a live meter writes its sample for the calls' last instant a moment after it: wait for
+        # it (a few of its intervals, at most MAX_WAIT_S) rather than find the log one sample short
+        end = max((b for _, b, _ in spans), default=t[-1])
+        deadline = time.monotonic() + min(MAX_WAIT_S, 3 * step + CLOCK_SLACK_S)
+        while t[-1] < end and time.monotonic() < deadline:
+            time.sleep(min(max(step / 4, 0.01), 0.5))
+            t, w = self.read()
+            step = float(np.median(np.diff(t)))
+        self._check_clock(t, step)
         out = []
         for a, b, calls in spans:
             if a < t[0] or b > t[-1]:

@@ -124,7 +124,8 @@ def check_watts(curve: Curve, xs, where: str) -> None:
     if len(bad):
         at = np.atleast_1d(np.asarray(xs, dtype=float))
         x = f" at {at[min(bad[0], len(at) - 1)]:g}" if len(at) > 1 or at[0] != 0 else ""
-        raise InputError(f"{where}: power {w[bad[0]]:g} W{x}; give watts from 0 to {MAX_WATTS:g}")
+        got = repr(float(w[bad[0]])).removesuffix(".0")   # as written: 1000000.5, not 1e+06
+        raise InputError(f"{where}: power {got} W{x}; give watts from 0 to {MAX_WATTS:,.0f}")
 
 
 def _add(out: dict[str, DevicePower], device: str, state: str, pc: PowerCurve) -> None:

@@ -36,13 +36,12 @@ from groupfel.userfile import check_file
 from . import numerics
 from .arm import (TRANSIENT, ArmPlan, ArmState, RoundStrategy, aggregation_weights, budget_error, energy_budget_error,
                   sample_groups)
-from .io import atomic_write, read_checkpoint, remove_checkpoint, remove_inside, write_checkpoint, write_json
+from .io import CHECKPOINT, atomic_write, read_checkpoint, remove_checkpoint, remove_inside, write_checkpoint, write_json
 from .ledger import CostLedger
 from .membership import write_distances
 from .rounds import STRATEGIES
 from .world import World
 
-CHECKPOINT = "checkpoint.pt"
 OnRound = Callable[[int, float, float | None], None]
 # What each mode's round strategy can run of a policy's declared regroup kind (GroupingPolicy.regroup)
 REGROUP_KINDS = {"global": ("interval", "cluster"),
@@ -185,6 +184,8 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> ArmState:
     check_file(path, str(path), "the checkpoint groupfel wrote (or delete it to restart the arm from scratch)", "run")
     try:
         blob = read_checkpoint(path)
+    except InputError:   # a side file refused by the gate of users' files: its own line
+        raise
     except pickle.UnpicklingError as exc:
         if "Unsupported global" not in str(exc):   # random bytes, not a pickle at all
             raise InputError(f"{path} is not a readable checkpoint (UnpicklingError); delete it to restart the "
@@ -256,6 +257,7 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path, on_round: OnRound | None
         fresh, state = True, ArmState()
     if fresh:
         (arm_dir / numerics.SESSIONS).unlink(missing_ok=True)   # a restarted arm: its old sessions are gone
+    _trim_network(arm_dir, state.t)
     recorded = numerics.session(arm_dir, cfg.train.numerics)
     diverged = None
     index = next((i for i, a in enumerate(cfg.arms) if a.name == plan.arm.name), 0)
@@ -344,14 +346,37 @@ def _rounds(strategy: RoundStrategy, fresh: bool, ckpt: Path, on_round: OnRound 
         acc = None
         if state.t % tc.eval_every == 0 or state.t == tc.rounds:
             acc = strategy.evaluate(final=False)
-            save_checkpoint(ckpt, state)
+            # The checkpoint commits the round: the files before it may run ahead of it (a resume
+            # trims them back to it, see _trim_network), never behind
             write_results(ckpt.parent, state, parquet=False)   # results.parquet: at the arm's end
             strategy.fed.write_outputs(ckpt.parent)
+            save_checkpoint(ckpt, state)
         if on_round:
             on_round(state.t, state.ledger.total, acc)
     if state.rows[-1]["round"] != state.t:
         strategy.evaluate(final=True)
     return stop
+
+
+NETWORK = "network.parquet"
+
+
+def _trim_network(arm_dir: Path, rounds: int) -> None:
+    """Keep the first ``rounds`` rounds of the shared edges' trace (network.parquet, rounds
+    numbered from 1), those the checkpoint this session starts from holds: a killed session may
+    have written later rounds before its checkpoint, and this session plays them again."""
+    from .runfiles import load_parquet
+
+    path = arm_dir / NETWORK
+    if not path.exists():
+        return
+    if rounds == 0:
+        path.unlink()
+        return
+    trace = load_parquet(path)
+    if "round" in trace and (trace["round"] > rounds).any():
+        kept = trace[trace["round"] <= rounds].reset_index(drop=True)
+        atomic_write(path, lambda p: kept.to_parquet(p, index=False))
 
 
 def write_results(arm_dir: Path, state: ArmState, parquet: bool = True) -> pd.DataFrame:

@@ -4,10 +4,12 @@ exit with the run that started them (:func:`exit_with_parent`)."""
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 import select
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -67,17 +69,56 @@ def _umask() -> int:
     return mask
 
 
+CRASH_AT = "GROUPFEL_CRASH_AT"
+_steps = itertools.count(1)   # write steps taken by this process (see crash_point)
+
+
+def crash_point() -> None:
+    """A write step (a temporary file written, a rename, a checkpoint's tables): the crash tests'
+    hook. With ``GROUPFEL_CRASH_AT=N`` in the environment the process kills itself (SIGKILL,
+    nothing flushed, as the out-of-memory killer or a power cut would) at its Nth step; unset or
+    0 it only counts (:func:`steps_taken`)."""
+    step = next(_steps)
+    at = os.environ.get(CRASH_AT, "")
+    if at.isdigit() and step == int(at):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def steps_taken(reset: bool = False) -> int:
+    """How many write steps this process took (``reset``: count from 0 again)."""
+    global _steps
+    taken = next(_steps) - 1
+    _steps = itertools.count(1 if reset else taken + 1)
+    return 0 if reset else taken
+
+
+TMP_SUFFIX = ".tmp"
+
+
+def remove_stale(run_dir: str | Path) -> None:
+    """Temporary files a killed writer left in ``run_dir`` (``.<name>.<random>.tmp``, beside the
+    file it was replacing): called under the run's lock, so no live writer owns them."""
+    import re
+
+    ours = re.compile(r"\..+\.[a-z0-9_]{8}" + re.escape(TMP_SUFFIX))   # mkstemp's name in atomic_write
+    for tmp in Path(run_dir).rglob(f".*{TMP_SUFFIX}"):
+        if ours.fullmatch(tmp.name) and tmp.is_file() and not tmp.is_symlink():
+            tmp.unlink(missing_ok=True)
+
+
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it over ``path``.
     The file gets the mode a plain ``open`` would give (0o666 less the umask), not mkstemp's 0o600."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
     os.close(fd)
     try:
         write(Path(tmp))
         os.chmod(tmp, 0o666 & ~_umask())
+        crash_point()
         os.replace(tmp, path)
+        crash_point()
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):   # name the file the user knows, not the temporary
@@ -144,6 +185,30 @@ def _release(f) -> None:
 
     fcntl.flock(f, fcntl.LOCK_UN)
     f.close()
+
+
+def held_elsewhere(folder: str | Path) -> str | None:
+    """The PID (as its lock file says) of another process holding ``folder``'s run lock, or None:
+    nobody, or this process. A probe takes the lock shared for an instant and lets it go."""
+    import fcntl
+
+    folder = Path(folder)
+    lock = folder / LOCK_NAME
+    if str(folder.resolve()) in _held or not lock.is_file():
+        return None
+    try:
+        f = open(lock)
+    except OSError:
+        return None
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return f.read().strip() or "unknown"
+        except OSError:
+            return None
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return None
 
 
 def _acquire(run_dir: Path):
@@ -214,6 +279,7 @@ def exit_with_parent(parent: int | None = None, poll_s: float = 0.5) -> None:
 # and token. A kill while the tables are written leaves the other side file, the one the last
 # checkpoint names, intact. Writing in place skips a new 20-50 MB file, its zip records and CRCs,
 # and the release of the old one's pages at every checkpoint.
+CHECKPOINT = "checkpoint.pt"   # an unfinished arm's, in its folder
 TABLES = (".tables0", ".tables1")
 _TABLE_MIN = 1 << 16          # tensors of at least this many bytes go to the side file
 _ALIGN = 64
@@ -267,6 +333,8 @@ def write_checkpoint(path: str | Path, blob: dict) -> None:
     try:
         with open(side, "r+b" if side.exists() else "w+b") as f:
             f.write(token)
+            f.flush()
+            crash_point()   # the side file half written: the last checkpoint names the other one
             for t, offset in zip(tables, offsets):
                 f.seek(offset)
                 f.write(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().data)
@@ -275,6 +343,7 @@ def write_checkpoint(path: str | Path, blob: dict) -> None:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise OSError(exc.errno, exc.strerror, str(side)) from None
         raise
+    crash_point()
     small["__tables__"] = {"file": side.name, "token": token.hex(), "size": at, "offsets": offsets}
     atomic_write(path, lambda p: torch.save(small, p))
     _written[key] = TABLES.index(side.name.removeprefix(path.name))
@@ -291,6 +360,26 @@ def _side_of(path: Path) -> int:
         return 1
 
 
+def _read_side(side: Path) -> bytearray:
+    """A side file's bytes through the gate of a run's files (a regular file within the limit, as
+    it is when opened: a FIFO swapped in after the check cannot hang the read)."""
+    import stat
+
+    from groupfel.userfile import check_file
+
+    if not side.exists() and not side.is_symlink():
+        raise ValueError(f"{side}: missing")
+    size = check_file(side, str(side), "the checkpoint's tables groupfel wrote (or delete the checkpoint to "
+                      "restart the arm from scratch)", "run")
+    fd = os.open(side, os.O_RDONLY | os.O_NONBLOCK)
+    with open(fd, "rb", closefd=True) as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputError(f"{side}: not a regular file; delete the checkpoint to restart the arm from scratch")
+        data = bytearray(size)
+        got = f.readinto(data)
+    return data[:got] if got < size else data
+
+
 def read_checkpoint(path: str | Path) -> dict:
     """What :func:`write_checkpoint` wrote: the blob with its tables back in place (CPU tensors).
     Loads with ``weights_only=True`` (tensors and plain containers only); raises ``ValueError``
@@ -305,10 +394,7 @@ def read_checkpoint(path: str | Path) -> dict:
     side = path.with_name(str(meta["file"]))
     if side.name.removeprefix(path.name) not in TABLES:
         raise ValueError(f"{path}: names side file {side.name!r}")
-    try:
-        data = bytearray(side.read_bytes())
-    except FileNotFoundError:
-        raise ValueError(f"{side}: missing") from None
+    data = _read_side(side)
     if len(data) < int(meta["size"]) or bytes(data[:16]).hex() != meta["token"]:
         raise ValueError(f"{side}: not the tables of {path.name} (short or another checkpoint's)")
     offsets = meta["offsets"]

@@ -95,7 +95,7 @@ class CostLedger:
         self.energy_total = 0.0
         self.energy_by_state: dict[str, float] = {}
         self.client_energy = np.zeros(0)    # joules spent so far by each client (a battery's level)
-        self.client_seconds = np.zeros(0)   # seconds charged energy this session (full-fleet accounting's mark)
+        self.client_seconds = np.zeros(0)   # seconds charged energy so far (full-fleet accounting's mark)
         self._sites: list[tuple] = []       # the edges' and the cloud's charges (SITE_COLUMNS)
         self.site_energy: dict[str, float] = {}
         self.edge_energy: dict[int, float] = {}     # each edge server's joules
@@ -178,7 +178,7 @@ class CostLedger:
         return df
 
     def seconds_of(self, n: int) -> np.ndarray:
-        """Each of ``n`` clients' seconds charged energy so far this session."""
+        """Each of ``n`` clients' seconds charged energy so far (a resume carries them on)."""
         out = np.zeros(n)
         out[:min(n, len(self.client_seconds))] = self.client_seconds[:n]
         return out
@@ -321,7 +321,7 @@ class CostLedger:
             out["energy"] = {"columns": {c: e[c].astype(object) if c in ("device", "state") else e[c]
                                          for c in ENERGY_COLUMNS},
                              "total": self.energy_total, "by_state": self.energy_by_state,
-                             "client": self.client_energy}
+                             "client": self.client_energy, "seconds": self.client_seconds}
             grams = self._all_grams()
             if grams is not None:
                 out["energy"]["grams"] = grams
@@ -355,6 +355,10 @@ class CostLedger:
             led.energy_total = float(energy["total"])
             led.energy_by_state = dict(energy["by_state"])
             led.client_energy = np.asarray(_array(energy["client"]), dtype=float)
+            # full-fleet accounting takes differences of these sums: a resume carries them on
+            # rather than starting from 0, so its differences round as an uninterrupted run's do
+            if "seconds" in energy:
+                led.client_seconds = np.asarray(_array(energy["seconds"]), dtype=float)
             if "grams" in energy:
                 led._grams_loaded = np.asarray(energy["grams"], dtype=float)
         for row in state.get("sites", []):

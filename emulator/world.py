@@ -215,6 +215,32 @@ def build_cost_model(config: RunConfig, algorithm: Algorithm | None = None) -> C
     return CostModel(profiles, training, tuple(operations), config.faults.recovery_multiple)
 
 
+def check_power_devices(config: RunConfig) -> list[str]:
+    """cost.profiles_file's [[power]] tables against the run's devices (``cost.energy``): a table
+    for a device the run does not have prices nothing. A name close to a device of the run that
+    the file gives no power for is a misspelling (the run would price that device's shipped
+    power), refused; another device is noted (one file may serve several configs)."""
+    import difflib
+
+    if not config.cost.energy or not config.cost.profiles_file:
+        return []
+    extra = read_power(config.cost.profiles_file)
+    ours = sorted(config.topology.devices)
+    notes = []
+    for device, table in extra.items():
+        if device in ours:
+            continue
+        where = next((pc.where for pc in table.states.values() if pc.where), str(config.cost.profiles_file))
+        close = difflib.get_close_matches(str(device), [d for d in ours if d not in extra], n=1, cutoff=0.75)
+        if close:
+            raise InputError(f"{where}: device {device!r} is not a device of this run; did you mean {close[0]!r}? "
+                             f"(topology.devices: {', '.join(ours)}; as written the run prices {close[0]!r} with "
+                             f"its shipped power)")
+        notes.append(f"{where}: device {device!r} is not a device of this run (topology.devices: {', '.join(ours)}); "
+                     f"its power prices nothing")
+    return notes
+
+
 def build_power_model(config: RunConfig, topology: Topology, counts: np.ndarray,
                       network: EdgeNetwork | None) -> PowerModel | None:
     """The devices' power per state (``cost.energy``), each curve checked where this run uses it:
@@ -336,6 +362,7 @@ def build_world(config: RunConfig, dataset: Dataset | None = None, stacks: Stack
     plugins = resolve_parts(config)   # a bad plug-in fails here, before anything loads
     algorithm = build_algorithm(config)
     cost = build_cost_model(config, algorithm)  # cheap checks first, before the data loads
+    power_notes = check_power_devices(config)
     # the network's files (per-client links, traces) are read and checked before the data loads too
     network = build_network(config, sum(config.topology.sizes), algorithm, cost.operations, config.cost.profiles_file)
     placement = place_data(config, load_data(config) if dataset is None else dataset)
@@ -343,7 +370,7 @@ def build_world(config: RunConfig, dataset: Dataset | None = None, stacks: Stack
     check_model_plugin(config, dataset)
     counts = np.array([len(s) for s in topology.client_samples])
     devices = np.array(topology.client_device)
-    notes = cost.check_range(max(config.topology.sizes), {d: counts[devices == d] for d in set(devices)})
+    notes = cost.check_range(max(config.topology.sizes), {d: counts[devices == d] for d in set(devices)}) + power_notes
     power = build_power_model(config, topology, counts, network)
     t = config.train
     try:

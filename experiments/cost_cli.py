@@ -203,6 +203,8 @@ def _cmd_whatif(args) -> int:
                   groups_per_round=args.groups_per_round, participation=args.participation, seed=args.seed)
     group_sizes = parse_sizes(args.group_sizes, "--group-sizes", most=sc.clients,
                               bound=f"the {sc.clients:,} clients (--clients)")
+    if _wants_makespan(args):
+        _edge_clients(args, sc.clients)
     _check_memory(sc.clients)
     _check_work(sc.rounds, [sc.clients // s for s in group_sizes], f"{len(group_sizes)} group size(s)")
     _check_whatif_curves(args, prof, overhead, group_sizes + [s + 1 for s in group_sizes], sc.sample_counts())
@@ -254,6 +256,20 @@ def _wants_makespan(args) -> bool:
         any(getattr(args, k, None) is not None for k in ("access_mbps", "edge_cores", "edge_clients"))
 
 
+EDGE_CLIENTS_DEFAULT = 60
+
+
+def _edge_clients(args, clients: int) -> int:
+    """The edge's clients (--edge-clients; default 60, or every client where there are fewer),
+    never more than --clients: the edge's clients are drawn from them."""
+    if args.edge_clients is None:
+        args.edge_clients = min(EDGE_CLIENTS_DEFAULT, clients)
+    elif args.edge_clients > clients:
+        raise InputError(f"--edge-clients {args.edge_clients:,}: more than the {clients:,} clients (--clients) the "
+                         f"edge's clients are drawn from; give at most {clients:,}, or raise --clients")
+    return args.edge_clients
+
+
 def _whatif_power(args, prof, n_samples, edge_clients: int, caps):
     """--energy: the --profile device's power per state (the shipped power profile and
     --profiles-file's [[power]] tables), checked where the what-if uses it."""
@@ -282,8 +298,7 @@ def _with_makespan(df, args, prof, overhead, sc):
     from groupfel.emulator.network import edge_makespan
 
     caps = args.access_mbps or [None]
-    m = args.edge_clients if args.edge_clients is not None else 60
-    args.edge_clients = m
+    m = _edge_clients(args, sc.clients)
     curves = {}
     if args.edge_profile:
         from groupfel.cost_models import get_profile, read_profiles
@@ -441,7 +456,8 @@ def register_whatif(sub: argparse._SubParsersAction) -> None:
                    "(default: dedicated client links)")
     m.add_argument("--edge-cores", type=Number(int, 1, 10**6), help="the edge server's cores (default: unlimited)")
     m.add_argument("--edge-clients", type=Number(int, 1, EDGE_CLIENTS),
-                   help=f"clients of the edge, all in sampled groups (default 60, at most {EDGE_CLIENTS:,})")
+                   help=f"clients of the edge, all in sampled groups (default 60, or --clients where fewer; at most "
+                   f"{EDGE_CLIENTS:,})")
     m.add_argument("--energy", action="store_true", help="add the edge's round energy in joules (edge_energy_j and "
                    "energy_<state>_j columns): the --profile device's power per state, from the shipped power "
                    "profile and --profiles-file's [[power]] tables")

@@ -99,8 +99,10 @@ def saved_summary(config: RunConfig, run_dir: Path) -> pd.DataFrame | None:
 
     run_dir = Path(run_dir)
     if not (csv_intact(run_dir / "summary.csv") and csv_intact(run_dir / "per_seed.csv")
-            and csv_intact(run_dir / "runs.csv") and parquet_intact(run_dir / "runs.parquet")):
-        return None   # a table missing or damaged: finish() writes them all again
+            and csv_intact(run_dir / "runs.csv") and parquet_intact(run_dir / "runs.parquet")
+            and csv_intact(run_dir / "curves.csv")
+            and all((run_dir / f"accuracy_vs_{x}.png").is_file() for x in ("cost", "time", "energy")[:2 + config.cost.energy])):
+        return None   # a table missing or damaged (or finish() killed before its last): it writes them all again
     summary = pd.read_csv(run_dir / "summary.csv")
     per_seed = pd.read_csv(run_dir / "per_seed.csv")
     summary.attrs["target"] = config.train.target_accuracy
@@ -265,6 +267,77 @@ def check_own_place(run_dir: Path, where: str = "output") -> None:
                                  f"'output_dir', or --output)")
 
 
+NEST_WAIT_S = 10.0   # how long a run waits for a run starting inside its folder to give way
+
+
+def check_alone(run_dir: Path, where: str = "output") -> None:
+    """Under ``run_dir``'s lock: no run or sweep lies around or inside it, as :func:`check_own_place`
+    found before the lock, nor is another process writing a folder around or inside it. Two runs
+    started at the same instant, one inside the other, both pass the first check; each then holds
+    its lock and sees the other's: the inner one gives way at once, the outer one waits (up to
+    :data:`NEST_WAIT_S`) for it to, so exactly one runs."""
+    import time
+
+    from groupfel.emulator.io import LOCK_NAME, held_elsewhere
+
+    run_dir = Path(run_dir)
+    real = run_dir.resolve()
+    for parent in real.parents:
+        pid = held_elsewhere(parent)
+        if pid is not None:
+            raise InputError(f"{where}: {run_dir} lies inside {parent}, which another groupfel process (PID {pid}) "
+                             f"is writing; give a folder outside it (change 'name' or 'output_dir', or --output)")
+    deadline = time.monotonic() + NEST_WAIT_S
+    while True:
+        inside = [(lock.parent, pid) for depth in ("*/", "*/*/", "*/*/*/") for lock in real.glob(depth + LOCK_NAME)
+                  if (pid := held_elsewhere(lock.parent)) is not None]
+        if not inside:
+            break
+        if time.monotonic() > deadline:
+            folder, pid = inside[0]
+            raise InputError(f"{where}: another groupfel process (PID {pid}) is writing {folder}, inside {run_dir}; "
+                             f"wait for it to finish, or give a folder that holds no run")
+        time.sleep(0.05)
+    check_own_place(run_dir, where)
+
+
+# What a run's manifest.json holds (the config, power sources, numerics) besides a few hundred
+# bytes a round (the shared edges' stats: a few hundred more per edge): what it reads back at its end
+MANIFEST_BASE = 16 * 1024
+MANIFEST_ROUND = 256
+MANIFEST_EDGE_ROUND = 512
+
+
+def check_file_limit(config: RunConfig, run_dir: Path) -> None:
+    """Where GROUPFEL_MAX_FILE_MB is set: before any work, the run's files (those already in
+    ``run_dir`` and the manifest each arm will write, which the run reads back at its end) fit
+    under it; else one line naming the file and the setting."""
+    import os
+
+    from groupfel.userfile import ENV_LIMIT, check_file, limit_of
+
+    if not os.environ.get(ENV_LIMIT, "").strip():
+        return
+    limit = limit_of("run")
+    if Path(run_dir).is_dir():
+        for path in sorted(Path(run_dir).rglob("*")):
+            if path.is_file() and not path.is_symlink() and path.name != ".groupfel.lock" and path.suffix != ".png":
+                check_file(path, str(path), "a file within the limit", "run")
+    rounds = config.train.rounds if config.train.rounds is not None else 1000
+    per_round = MANIFEST_ROUND + (MANIFEST_EDGE_ROUND * config.topology.edges if config.topology.contended else 0)
+    need = MANIFEST_BASE + 2 * len(config.model_dump_json()) + rounds * per_round
+    if need > limit:
+        raise InputError(f"{ENV_LIMIT}={os.environ[ENV_LIMIT].strip()}: each arm's manifest.json of this run holds "
+                         f"about {need / 1024:,.0f} KB, which the run reads back when it ends, more than the "
+                         f"{limit / 1024:,.1f} KB the setting allows a file; set {ENV_LIMIT} to at least "
+                         f"{-(-need * 10 // 2**20) / 10:g}, or unset it")
+
+
+def _where(config: RunConfig, run_dir: Path) -> str:
+    """How the user named the run's folder."""
+    return "--output" if Path(run_dir) != Path(config.output_dir) / config.name else "output_dir/name"
+
+
 def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: bool = False,
                    progress: bool = True, jobs: int | None = None, backend: str = "local",
                    address: str | None = None, ray=None, track=None) -> pd.DataFrame:
@@ -290,7 +363,8 @@ def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: boo
 
 def _run_experiment(config: RunConfig, run_dir: Path, *, force, progress, jobs, backend, address, ray) -> pd.DataFrame:
     numerics.apply(config.train.numerics)    # before torch loads here and in the workers
-    check_own_place(run_dir, "--output" if run_dir != Path(config.output_dir) / config.name else "output_dir/name")
+    check_own_place(run_dir, _where(config, run_dir))
+    check_file_limit(config, run_dir)
     if jobs is not None and jobs < 1:
         raise InputError(f"--jobs: must be >= 1, got {jobs}")
     if config.seeds == "auto":
@@ -305,6 +379,8 @@ def _run_experiment(config: RunConfig, run_dir: Path, *, force, progress, jobs, 
         # a rerun of a finished run: nothing to plan, no engine to build; the tables are recomputed
         # from the intact results, the plots kept
         with run_lock(run_dir):
+            check_alone(run_dir, _where(config, run_dir))
+            tidy(run_dir)
             if config.seeds is None:
                 return finish_seed(config, run_dir, replot=False)
             saved = saved_summary(config, run_dir)
@@ -323,16 +399,30 @@ def _run_experiment(config: RunConfig, run_dir: Path, *, force, progress, jobs, 
 def _locked(config: RunConfig, run_dir: Path, force: bool, run: Callable[[], pd.DataFrame]) -> pd.DataFrame:
     """``run()`` under the run directory's lock, after the checks a writer before us may have
     changed the answer to; a run stopped by bad input in its first round leaves nothing behind."""
-    new = not run_dir.exists()
+    created = _created(run_dir)
     try:
         with run_lock(run_dir):
+            check_alone(run_dir, _where(config, run_dir))
             check_dir(config, run_dir, force=force)
+            tidy(run_dir)
             if not force:
                 numerics.check_resume(run_dir, config.train.numerics)
             return run()
     except InputError:
-        _drop_if_empty(run_dir, new)
+        _drop_if_empty(run_dir, created)
         raise
+
+
+def tidy(run_dir: Path) -> None:
+    """What a writer killed between two steps left (called under the run's lock): its temporary
+    files, and the checkpoint of an arm it finished but had not removed yet."""
+    from groupfel.emulator.io import CHECKPOINT, remove_checkpoint, remove_stale
+    from groupfel.emulator.runfiles import complete_manifest
+
+    remove_stale(run_dir)
+    for side in Path(run_dir).rglob(f"{CHECKPOINT}*"):
+        if complete_manifest(side.parent) is not None:
+            remove_checkpoint(side.parent / CHECKPOINT)
 
 
 def _run_seeds(config, run_dir, *, force, progress, jobs, backend, address, ray, run_tasks) -> pd.DataFrame:
@@ -414,15 +504,34 @@ def _run_single(config: RunConfig, run_dir: Path, *, force: bool, progress: bool
                                                              progress=progress))
 
 
-def _drop_if_empty(run_dir: Path, new: bool) -> None:
+def _drop_if_empty(run_dir: Path, created: Path | None) -> None:
     """After a plug-in broke its contract in round 1 (every started arm removed its own directory):
-    a directory this run created that holds only config files and the lock goes too, so nothing
-    half-written is left behind."""
-    if not new or not run_dir.exists():
+    a directory this run created that holds only config files and the lock goes too, with the
+    folders above it this run created (``created``: the highest) where nothing else is in them,
+    so nothing half-written is left behind."""
+    if created is None or not run_dir.exists():
         return
     left = [p for p in run_dir.rglob("*") if p.is_file() and p.name not in ("config.json", "numerics.json", ".groupfel.lock")]
-    if not left:
-        shutil.rmtree(run_dir, ignore_errors=True)
+    if left:
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
+    for parent in run_dir.parents:
+        if not parent.is_relative_to(created):
+            break
+        try:
+            parent.rmdir()   # only an empty one
+        except OSError:
+            break
+
+
+def _created(run_dir: Path) -> Path | None:
+    """The highest folder of ``run_dir``'s path that does not exist yet (None: it exists)."""
+    if run_dir.exists():
+        return None
+    top = run_dir
+    while not top.parent.exists() and top.parent != top:
+        top = top.parent
+    return top
 
 
 def _run_arms(config, run_dir, world, plans, *, force, progress) -> pd.DataFrame:

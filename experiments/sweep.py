@@ -225,31 +225,36 @@ def run_loaded_sweep(sweep: SweepConfig, base: dict, *, backend: str = "local", 
     check_writable(root, "dir", "--output" if output else "sweep output_dir/name =")
     from .runner import check_own_place
 
-    check_own_place(root, "--output" if output else "sweep output_dir/name")
+    where = "--output" if output else "sweep output_dir/name"
+    check_own_place(root, where)
     from .track import open_session, sweep_text
 
     session = open_session(track, configs[0].track, root, force=force)   # an unreachable tracker: before any work
     configs = [c.model_copy(update={"track": None}) for c in configs]
     if session is None:
-        return _sweep(sweep, configs, root, backend=backend, jobs=jobs, address=address, force=force,
+        return _sweep(sweep, configs, root, where=where, backend=backend, jobs=jobs, address=address, force=force,
                       progress=progress, before_write=before_write, ray=ray)
     with session:
-        summary = _sweep(sweep, configs, root, backend=backend, jobs=jobs, address=address, force=force,
+        summary = _sweep(sweep, configs, root, where=where, backend=backend, jobs=jobs, address=address, force=force,
                          progress=progress, before_write=before_write, ray=ray)
     session.finish(summary, sweep_text(summary))
     return summary
 
 
-def _sweep(sweep, configs, root, *, backend, jobs, address, force, progress, before_write, ray) -> pd.DataFrame:
+def _sweep(sweep, configs, root, *, where, backend, jobs, address, force, progress, before_write, ray) -> pd.DataFrame:
     from .backends import check_backend
-    from .runner import finished, validate
+    from .runner import check_alone, check_file_limit, finished, tidy, validate
 
     pts = points(sweep)
+    for i, config in enumerate(configs):
+        check_file_limit(config, root / point_name(i))
 
     if not force and (root / "sweep.json").exists() and all(finished(c, root / point_name(i))
                                                             for i, c in enumerate(configs)):
         # a rerun of a finished sweep: nothing to plan, no engine to build; tables recomputed, plots kept
         with run_lock(root):
+            check_alone(root, where)
+            tidy(root)
             summary = _saved_sweep_summary(sweep, root)
             if summary is None:
                 summary = finish_sweep(sweep, configs, root, replot=False)
@@ -260,6 +265,8 @@ def _sweep(sweep, configs, root, *, backend, jobs, address, force, progress, bef
         validate(config, root / point_name(i), force=force, where=label)
     check_backend(backend, jobs, address, ray)   # a cluster without the GPUs asked for: before any file
     with run_lock(root):
+        check_alone(root, where)   # a run or sweep started inside it, or around it, since the first check
+        tidy(root)
         return _run_points(sweep, configs, pts, root, backend=backend, jobs=jobs, address=address, force=force,
                            progress=progress, before_write=before_write, ray=ray)
 

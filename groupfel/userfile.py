@@ -96,10 +96,18 @@ def read_bytes(path: str | Path, source: str, what: str, kind: str = "text") -> 
     except OSError as exc:
         raise InputError(f"{source}: cannot read ({exc.strerror}); check the path") from None
     with open(fd, "rb", closefd=True) as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise InputError(f"{source}: not a regular file; give {what}")
         try:
-            raw = f.read(limit + 1)
+            # a buffer the file's size (one byte more shows it grew), never the limit's: reading
+            # 8 GiB's worth asks for 8 GiB up front, which a memory limit (ulimit -v) refuses
+            parts = [f.read(min(st.st_size, limit) + 1)]
+            got = len(parts[0])
+            while got > st.st_size and got <= limit and (more := f.read(min(MiB, limit + 1 - got))):
+                parts.append(more)
+                got += len(more)
+            raw = b"".join(parts) if len(parts) > 1 else parts[0]
         except OSError as exc:
             raise InputError(f"{source}: cannot read ({exc.strerror}); check the path") from None
     if len(raw) > limit:    # it grew since the check

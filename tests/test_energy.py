@@ -328,7 +328,7 @@ def test_batteries_that_charge_bring_their_clients_back(tmp_path, tiny_dict, cap
     ('[[power]]\ndevice = "d"\nstate = "idle"\nvalue = -1', "power[0].value: power -1 W; give watts from 0"),
     ('[[power]]\ndevice = "d"\nstate = "sleep"\nvalue = 1', "power[0].state"),
     ('[[power]]\ndevice = "d"\nstate = "idle"\ncoefficients = [1, 2]', "idle power is a constant"),
-    ('[[power]]\ndevice = "d"\nstate = "training"\nvalue = 1e7', "give watts from 0 to 1e+06"),
+    ('[[power]]\ndevice = "d"\nstate = "training"\nvalue = 1e7', "power 10000000 W; give watts from 0 to 1,000,000"),
     ('[[power]]\ndevice = "d"\nstate = "training"\nvalue = 1\nwatts = 2', "power[0].watts: unknown key"),
 ])
 def test_bad_power_tables_are_one_line_naming_the_field(tmp_path, text, says):
@@ -533,7 +533,7 @@ def test_a_log_too_coarse_for_a_reading_is_refused_and_short_calls_are_batched(t
 
     ahead = tmp_path / "ahead.csv"
     ahead.write_text("timestamp,watts\n" + "".join(f"{time.time() + 3600 + i},4.0\n" for i in range(20)))
-    with pytest.raises(InputError, match=r"ahead of this machine's clock; the meter's clock and this one must agree"):
+    with pytest.raises(InputError, match=r"ahead of this machine's clock; give timestamps in Unix seconds"):
         PowerLog(ahead).joules([(time.time() + 3600, time.time() + 3615, 1)])
     meter.min_span_s = 0.05     # a fast log: batch until 50 ms
     got = list(_sweep([3], 1, lambda n: 1e-4, meter))

@@ -93,6 +93,10 @@ class RunConfig(_Strict):
             if getattr(self.train, key) is not None and not self.cost.energy:
                 raise ValueError(f"train.{key} is in joules and needs cost.energy = true; set it or remove "
                                  f"train.{key}")
+        if self.cost.energy_accounting != "group-rounds" and not self.cost.energy:
+            raise ValueError(f"cost.energy_accounting = \"{self.cost.energy_accounting}\" says what cost.energy "
+                             f"counts, and cost.energy is off, so it would change nothing; set cost.energy = true, "
+                             f"or remove cost.energy_accounting")
         self._check_arrivals()
         return self
 

@@ -214,6 +214,12 @@ class ContendedFederation(Federation):
         barely moves, so every later round would find the same: refused before any training."""
         members = {int(c) for _, g in sampled for c in g.clients}
         if members and all((0, c) in self._offline[0] for c in members):
+            online = self.online_now()
+            if online is not None and online[sorted(members)].any():   # online at the start, gone before the round ends
+                raise InputError(f"topology.availability: the {len(members)} clients sampled in round 1 are online at "
+                                 f"its start ({self.ctx.env.now:g} s simulated) but go offline before their first "
+                                 f"group round ends, so nothing would train; let clients stay online longer "
+                                 f"(intervals that end later, or a longer mean_on_s)")
             raise InputError(f"topology.availability: all {len(members)} clients sampled in round 1 are offline "
                              f"at its start ({self.ctx.env.now:g} s simulated), so nothing would train; let "
                              f"clients be online from 0 s (an interval with start_s = 0, or a shorter mean_off_s)")

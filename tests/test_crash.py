@@ -1,0 +1,180 @@
+"""A run killed (SIGKILL) at any write step resumes to an uninterrupted run's tables, byte for byte.
+
+The hook: ``GROUPFEL_CRASH_AT=N`` makes the process kill itself at its Nth write step
+(:func:`groupfel.emulator.io.crash_point`: a temporary file written, renamed, a checkpoint's side
+file half and fully written), so each kill point is deterministic, as SQLite's crash tests and
+ALICE/CrashMonkey replay a program's writes. Each run is a fork of this process (no start-up
+cost), killed at a step, then the same command run again; every CSV and Parquet file of the run
+must equal the uninterrupted run's, bitwise, and nothing of the kill (temporary files,
+checkpoints) may be left.
+"""
+import copy
+import hashlib
+import os
+import signal
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import TINY, write_toml
+from groupfel.emulator import io
+
+# energy full-fleet with availability on shared edges: the issue's repro, small
+CRASHY = copy.deepcopy(TINY)
+CRASHY["topology"].update(edges=2, clients_per_edge=4, edge_access_mbps=30.0,
+                          availability={"mean_on_s": 20.0, "mean_off_s": 5.0})
+CRASHY["data"].update(min_samples=8, max_samples=12)
+CRASHY["cost"].update(energy=True, energy_accounting="full-fleet")
+CRASHY["train"].update(rounds=3, eval_every=1, group_rounds=1)
+CRASHY["arms"][0]["grouping"]["min_group_size"] = 2
+CRASHY["arms"][1]["grouping"]["min_group_size"] = 2
+POINTS = 20
+
+
+def _fork_run(args: list[str], crash_at: int = 0) -> tuple[int, int]:
+    """``groupfel ARGS`` in a fork of this process, killed at its write step ``crash_at`` (0:
+    never); (its wait status, the write steps it took where it ended by itself)."""
+    from groupfel.experiments.cli import main
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: never returns into pytest
+        code = 98
+        try:
+            os.close(r)
+            sys.stdout = sys.stderr = open(os.devnull, "w")
+            os.environ[io.CRASH_AT] = str(crash_at)
+            io.steps_taken(reset=True)
+            code = main(args) or 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            code = 99
+        finally:
+            os.write(w, str(io.steps_taken()).encode())
+            os._exit(code)
+    os.close(w)
+    _, status = os.waitpid(pid, 0)
+    with os.fdopen(r) as f:
+        steps = f.read()
+    return status, int(steps or 0)
+
+
+def _tables(run: Path) -> dict[str, str]:
+    return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(run.rglob("*")) if p.is_file() and p.suffix in (".csv", ".parquet")}
+
+
+def _leftovers(run: Path) -> list[str]:
+    return sorted(str(p.relative_to(run)) for p in run.rglob("*")
+                  if p.name.endswith(io.TMP_SUFFIX) or p.name.startswith(io.CHECKPOINT))
+
+
+def _crash_and_resume(tmp_path: Path, d: dict, extra: list[str]) -> list[tuple[int, str]]:
+    """Kill the run at POINTS write steps spread over all of them; each then rerun (the same
+    command; --resume where config.json was written). Returns (step, what went wrong) for each
+    kill point whose tables differ from the uninterrupted run's."""
+    config = write_toml(tmp_path, d)
+    base = tmp_path / "base"
+    status, steps = _fork_run(["run", str(config), "--output", str(base), "--quiet", *extra])
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    expected = _tables(base)
+    assert any(k.endswith("network.parquet") for k in expected) and any(k.endswith("energy.parquet") for k in expected)
+    # spread over every step, the first ones (config files) and the last (the tables at the end) included
+    points = sorted(set(np.linspace(1, steps, POINTS).round().astype(int)))
+    assert len(points) >= POINTS, (steps, points)
+    bad = []
+    for k in points:
+        run = tmp_path / f"k{k}"
+        status, _ = _fork_run(["run", str(config), "--output", str(run), "--quiet", *extra], crash_at=k)
+        if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
+            bad.append((k, f"not killed at its step {k} (status {status})"))
+            continue
+        resume = (["run", "--resume", str(run), "--quiet", *extra] if (run / "config.json").is_file() and k % 2
+                  else ["run", str(config), "--output", str(run), "--quiet", *extra])
+        status, _ = _fork_run(resume)
+        if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
+            bad.append((k, f"resume failed (status {status})"))
+            continue
+        got = _tables(run)
+        differ = sorted(f for f in set(expected) | set(got) if expected.get(f) != got.get(f))
+        if differ or _leftovers(run):
+            bad.append((k, f"differ: {differ}; left: {_leftovers(run)}"))
+    return bad
+
+
+@pytest.mark.slow
+def test_killed_energy_run_resumes_to_the_same_bytes_at_every_point(tmp_path):
+    """Energy full-fleet + availability + shared edges (the issue's case: network.parquet lost a
+    round's rows and energy_j moved by 1e-13 J), one seed, two arms."""
+    assert _crash_and_resume(tmp_path, copy.deepcopy(CRASHY), []) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stack", ["1", "4"])
+def test_killed_multi_seed_run_resumes_to_the_same_bytes_at_every_point(tmp_path, stack):
+    """Two seeds x two arms, each (seed, arm) alone (--stack 1) or all four trained together in
+    one stack (--stack 4); killed within an arm, between arms and seeds, and in the top-level
+    tables."""
+    d = copy.deepcopy(CRASHY)
+    del d["seed"]
+    d["seeds"] = [0, 1]
+    d["train"]["rounds"] = 2
+    assert _crash_and_resume(tmp_path, d, ["--jobs", "1", "--stack", stack]) == []
+
+
+# -- runs started together never nest ------------------------------------------------------------------
+
+def _fork_waiting(args: list[str], go: int, err: Path) -> int:
+    """A fork that runs ``groupfel ARGS`` once ``go`` (a pipe) is readable; its stderr to ``err``."""
+    from groupfel.experiments.cli import main
+
+    pid = os.fork()
+    if pid == 0:
+        code = 98
+        try:
+            sys.stdout = open(os.devnull, "w")
+            sys.stderr = open(err, "w", buffering=1)   # the CLI writes to sys.stderr (pytest's capture)
+            os.read(go, 1)
+            code = main(args) or 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            code = 99
+        finally:
+            sys.stderr.flush()
+            os._exit(code)
+    return pid
+
+
+def test_nested_runs_started_together_never_both_run(tmp_path):
+    """20 times: `groupfel run c.toml --output out` and `... --output out/sub` released at the same
+    instant (in either order). One runs; the other exits 2 with one line; never a run inside a run."""
+    d = copy.deepcopy(TINY)
+    d["arms"] = d["arms"][1:]
+    d["train"].update(rounds=1)
+    config = write_toml(tmp_path, d)
+    outcomes = []
+    for i in range(20):
+        outer = tmp_path / f"try{i}"
+        inner = outer / "sub"
+        runs = [["run", str(config), "--output", str(outer), "--quiet"],
+                ["run", str(config), "--output", str(inner), "--quiet"]]
+        if i % 2:
+            runs.reverse()
+        r, w = os.pipe()
+        errs = [tmp_path / f"err{i}-{j}" for j in range(2)]
+        pids = [_fork_waiting(a, r, e) for a, e in zip(runs, errs)]
+        os.write(w, b"gogo")
+        codes = [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids]
+        os.close(r)
+        os.close(w)
+        assert sorted(codes) == [0, 2], (i, codes, [e.read_text() for e in errs])
+        lines = errs[codes.index(2)].read_text().strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("groupfel: error: "), lines
+        nested = (outer / "config.json").exists() and (inner / "config.json").exists()
+        assert not nested, (i, codes)
+        outcomes.append("outer" if (outer / "config.json").exists() else "inner")
+    assert len(outcomes) == 20
