@@ -103,6 +103,11 @@ def cell(name: str, mode: str, file: str, column: str, digits: int = 2, scale: f
     return fmt(float(r[column]) * scale, digits)
 
 
+def text(name: str, mode: str, file: str, column: str, **point) -> str:
+    """One value of any committed CSV as written (a name, a partition), the row chosen by ``point``."""
+    return str(_select(_csv(name, mode, file), None, point).iloc[0][column])
+
+
 def summary_ci(name: str, mode: str, metric: str, arm: str | None = None, digits: int = 2, scale: float = 100.0,
                **point) -> str:
     """``metric``'s mean [CI] (``final_acc``, ``acc_at_common_cost``, their ``_diff`` against the
@@ -281,11 +286,13 @@ def paired_last(name: str, mode: str, column: str, arm: str, ref: str, digits: i
 
 
 def paired_folders(name: str, mode: str, before: str, column: str, arm: str, digits: int = 2,
-                   scale: float = 100.0, **point) -> str:
+                   scale: float = 100.0, before_arm: str | None = None, **point) -> str:
     """Paired difference of ``column`` at each run's last evaluation between two committed runs of
     one reproduction, folder ``mode`` minus folder ``before`` (e.g. ``full`` − ``full-before``:
-    what a change of setting did), per seed: mean [95 % CI] over seeds."""
-    x, y = (_last_per_seed(name, f, column, arm, scale, point) for f in (mode, before))
+    what a change of setting did; ``before_arm`` in folder ``before``, default ``arm``: an arm
+    rerun alone against another arm of the first run), per seed: mean [95 % CI] over seeds."""
+    x = _last_per_seed(name, mode, column, arm, scale, point)
+    y = _last_per_seed(name, before, column, before_arm or arm, scale, point)
     return _paired([x[s] - y[s] for s in x if s in y], column, scale, digits)
 
 
@@ -634,7 +641,7 @@ FUNCTIONS = {f.__name__: f for f in (ours, paper, summary, cell, summary_ci, at_
                                      paired_at_cost, last, paired_last, paired_folders, before_after, paired_points, paired_final,
                                      cost_to, diverged, span, seeds, fmt, table1, arms_table, methods_table, grid, verdict_points, verdict_last, verdict_summary, verdict_ours, ours_bounds, either, before_after_at, mean_at, paired_at, paired_folders_at, csv_before_after,
                                      table2, table2_diff, table2_span, sources, base_sources, csv_seeds, arm_seeds, per_seed, csv_span, partitions,
-                                     seed_table)}
+                                     seed_table, text)}
 
 
 def render(template: Path = TEMPLATE) -> str:
