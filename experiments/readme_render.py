@@ -103,9 +103,20 @@ def cell(name: str, mode: str, file: str, column: str, digits: int = 2, scale: f
     return fmt(float(r[column]) * scale, digits)
 
 
-def text(name: str, mode: str, file: str, column: str, **point) -> str:
-    """One value of any committed CSV as written (a name, a partition), the row chosen by ``point``."""
-    return str(_select(_csv(name, mode, file), None, point).iloc[0][column])
+def text(name: str, mode: str, file: str, column: str, missing: str | None = None, **point) -> str:
+    """One value of any committed CSV as written (a name, a partition), the row chosen by ``point``;
+    ``missing`` where no row matches (a run not finished yet), if given."""
+    try:
+        return str(_select(_csv(name, mode, file), None, point).iloc[0][column])
+    except KeyError:
+        if missing is None:
+            raise
+        return missing
+
+
+def sig(name: str, mode: str, file: str, column: str, digits: int = 2, **point) -> str:
+    """As :func:`cell`, to ``digits`` significant digits (a value of any size: 8.6e-10, 1.4e+08)."""
+    return f"{float(_select(_csv(name, mode, file), None, point).iloc[0][column]):.{digits}g}"
 
 
 def summary_ci(name: str, mode: str, metric: str, arm: str | None = None, digits: int = 2, scale: float = 100.0,
@@ -641,7 +652,7 @@ FUNCTIONS = {f.__name__: f for f in (ours, paper, summary, cell, summary_ci, at_
                                      paired_at_cost, last, paired_last, paired_folders, before_after, paired_points, paired_final,
                                      cost_to, diverged, span, seeds, fmt, table1, arms_table, methods_table, grid, verdict_points, verdict_last, verdict_summary, verdict_ours, ours_bounds, either, before_after_at, mean_at, paired_at, paired_folders_at, csv_before_after,
                                      table2, table2_diff, table2_span, sources, base_sources, csv_seeds, arm_seeds, per_seed, csv_span, partitions,
-                                     seed_table, text)}
+                                     seed_table, text, sig)}
 
 
 def render(template: Path = TEMPLATE) -> str:
