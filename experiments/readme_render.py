@@ -108,7 +108,7 @@ def text(name: str, mode: str, file: str, column: str, missing: str | None = Non
     ``missing`` where no row matches (a run not finished yet), if given."""
     try:
         return str(_select(_csv(name, mode, file), None, point).iloc[0][column])
-    except KeyError:
+    except (KeyError, FileNotFoundError):
         if missing is None:
             raise
         return missing
