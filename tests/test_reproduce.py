@@ -115,6 +115,15 @@ def test_fig13_runs_fedprox_and_scaffold_on_random_groups_only():
     assert {a.grouping["min_group_size"] for c in configs for a in c.arms} == {15}
 
 
+@pytest.mark.parametrize("name", ["hcct-table4", "hcct-table4-digit", "hcct-table4-cifar10"])
+def test_hcct_table4_runs_hcct_p_as_the_authors_code_starts_its_groups(name):
+    """HCCT-P trains as FedAvg, swaps in each client's own last layer to evaluate, and starts every
+    group HCCT forms from its members' own models (main_cluster.py, personalize = 1)."""
+    configs = reproduce.point_configs(reproduce.load(name), False)
+    (hcct_p,) = [c for c in configs if c.train.algorithm == "fedper"]
+    assert hcct_p.train.algorithm_params == {"swap": "evaluate", "regroup": "own"}
+    assert [a.grouping["policy"] for a in hcct_p.arms] == ["hcct"]
+
 def test_fig15_runs_the_papers_client_counts_and_qcid_regroups_every_round():
     configs = reproduce.point_configs(reproduce.load("fig15"), False)
     assert sorted({sum(c.topology.sizes) for c in configs}) == [100, 200, 300]
