@@ -53,7 +53,8 @@ def layer_ratios(grads: np.ndarray, layers, ratio: str = "absolute") -> np.ndarr
       parameters. Ill-conditioned: the pooled mean of a gradient is about 0, so each ratio's sign
       and size follow the sign and size of that near-zero mean; a layer whose mean gradient is
       slightly positive wins with a huge ratio, and a few changed bits (another run, another seed)
-      can change the layer chosen.
+      can change the layer chosen. A softmax classifier's gradients sum to exactly 0 over the
+      classes, so its mean is float rounding and its ratio is ±(huge) by the rounding's sign.
     """
     def parts(layer):
         return layer if isinstance(layer, tuple) else (layer,)
