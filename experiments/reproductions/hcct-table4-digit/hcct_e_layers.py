@@ -9,7 +9,8 @@ gradient (the authors' ratio divides by it) and the layer each reading picks:
 * ``absolute``: the default now (BatchNorm modules not candidates);
 * ``authors``: ``layer_ratio = "authors"`` (main_cluster.py's expression; the sweep's reading).
 
-One epoch per seed, through the emulator's own per-group round (so the uploads are the run's).
+One epoch per seed, through the driver's own run of the arm (so the uploads are the run's): the
+checkpoint after epoch 0 holds them, and the run stops there.
 
     python experiments/reproductions/hcct-table4-digit/hcct_e_layers.py \
         experiments/reproductions/hcct-table4-digit/hcct-e-layers/hcct-e-layers.csv [seed ...]
@@ -24,11 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from groupfel import experiments
-from groupfel.emulator.arm import ArmState
 from groupfel.emulator.config import load_config
-from groupfel.emulator.driver import plan_arm
+from groupfel.emulator.driver import CHECKPOINT, load_checkpoint, plan_arm, run_arm
 from groupfel.emulator.models import model_layers, trainable_mask
-from groupfel.emulator.rounds import STRATEGIES
 from groupfel.emulator.world import build_world
 from groupfel.policies.hcct import HCCTEGrouping, layer_ratios
 
@@ -47,13 +46,21 @@ def uploads(seed: int) -> tuple[np.ndarray, tuple, np.ndarray | None]:
     arm = cfg.arms[0].model_copy(update={"name": "hcct-e", "grouping": grouping})
     cfg = cfg.model_copy(update={"seed": seed, "train": train, "arms": [arm]})
     world = build_world(cfg)
-    state = ArmState()
+
+    class _Epoch0Done(Exception):
+        pass
+
+    def stop_after_epoch_0(t, cost, acc):
+        if t == 1:   # evaluated and checkpointed after epoch 0's training
+            raise _Epoch0Done
+
     with tempfile.TemporaryDirectory() as d:
-        strategy = STRATEGIES[cfg.mode](world, plan_arm(world, 0), Path(d), state)
-        strategy.start(True)
-        strategy.before_round(0)
-        strategy.select(0)
-        strategy.train(0)
+        arm_dir = Path(d) / "hcct-e"
+        try:
+            run_arm(world, plan_arm(world, 0), arm_dir, on_round=stop_after_epoch_0)
+        except _Epoch0Done:
+            pass
+        state = load_checkpoint(arm_dir / CHECKPOINT)
     return state.gradients.cpu().numpy().astype(np.float64), model_layers(world.engine), trainable_mask(world.engine)
 
 
