@@ -312,8 +312,9 @@ def test_render_pairs_one_arm_between_two_committed_runs(tmp_path, monkeypatch):
 
 def test_render_pairs_an_arm_rerun_alone_with_another_arm_and_reads_text_cells(tmp_path, monkeypatch):
     """An arm rerun in a folder of its own (``b`` in ``rerun``) minus another arm of the first run
-    (``a`` in ``quick``), per seed (hand-computed: 60 − 50 and 90 − 70 points); a CSV's text cell,
-    ``missing`` where no row matches (a run not finished); a tiny value to 2 significant digits."""
+    (``a`` in ``quick``), per seed (hand-computed: 60 − 50 and 90 − 70 points), and its verdict; a
+    CSV's text cell, ``missing`` where no row matches (a run not finished); a tiny value to 2
+    significant digits; each seed's groups of a round from a run's groups.csv."""
     from groupfel.experiments import readme_render
 
     for folder, arm, last in (("rerun", "b", [0.6, 0.9]), ("quick", "a", [0.5, 0.7])):
@@ -323,14 +324,20 @@ def test_render_pairs_an_arm_rerun_alone_with_another_arm_and_reads_text_cells(t
                       "accuracy": [0.1, last[0], 0.1, last[1]]}).to_csv(d / "runs.csv", index=False)
     pd.DataFrame({"seed": [0, 0], "layer": ["8 (Conv2d)", "18 (Linear)"], "chosen": [False, True],
                   "mean": [0.5, 8.648e-10]}).to_csv(tmp_path / "x" / "quick" / "layers.csv", index=False)
+    pd.DataFrame({"arm": "b", "seed": [0, 0, 0, 1], "round": [2, 2, 2, 2],
+                  "clients": ["5 6 7 8", "0 1 2 3 4", "9", "0 1 2 3 4 5 6 7 8 9"]}).to_csv(
+        tmp_path / "x" / "rerun" / "groups.csv", index=False)
     (tmp_path / "t.md").write_text(
         '{{ paired_folders("x", "rerun", "quick", "accuracy", "b", 1, before_arm="a") }}; '
+        '{{ verdict_folders("x", "rerun", "quick", "accuracy", "b", "above", before_arm="a") }}; '
         '{{ text("x", "quick", "layers.csv", "layer", seed=0, chosen=True) }}; '
         '{{ text("x", "quick", "layers.csv", "layer", "not finished", seed=1, chosen=True) }}; '
-        '{{ sig("x", "quick", "layers.csv", "mean", seed=0, chosen=True) }}')
+        '{{ sig("x", "quick", "layers.csv", "mean", seed=0, chosen=True) }}; '
+        '{{ groups_at("x", "rerun", "b", 2) }}')
     monkeypatch.setattr(readme_render, "ROOT", tmp_path)
-    # 10 and 20 points: mean 15, t(1) 12.706 × 5 = 63.5
-    assert readme_render.render(tmp_path / "t.md") == "15.0 [-48.5, 78.5]; 18 (Linear); not finished; 8.6e-10"
+    # 10 and 20 points: mean 15, t(1) 12.706 × 5 = 63.5 (its interval reaches below 0: not reproduced)
+    assert readme_render.render(tmp_path / "t.md") == ("15.0 [-48.5, 78.5]; Not reproduced; 18 (Linear); not finished; "
+                                                       "8.6e-10; seed 0: {0-4}, {5-8}, {9}; seed 1: {0-9}")
 
 def test_render_pairs_arms_that_run_at_different_points(tmp_path, monkeypatch):
     """FedProx runs at its own point (train.algorithm is run-wide): its difference from Group-FEL
