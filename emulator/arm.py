@@ -132,6 +132,7 @@ class ArmState:
     gradients: torch.Tensor | None = None
     uploaded: torch.Tensor | None = None    # ... and whether it has one
     policy_memo: dict = field(default_factory=dict)   # edge -> what the grouping policy keeps there (EdgeView.memo)
+    trained_groups: list[dict] = field(default_factory=list)   # every round's groups that trained (groups.csv)
     best_accuracy: np.ndarray | None = None  # each client's best local test accuracy over evaluations at t >= 1
     network: list[dict] = field(default_factory=list)   # shared edges: each round's makespan, utilisation, bytes
     # not checkpointed: recomputed each session

@@ -201,6 +201,7 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> ArmState:
         blob.setdefault("network", [])   # checkpoints from before the shared-edge model
         blob.setdefault("policy_memo", {})   # ... and from before policies kept memos and best accuracies
         blob.setdefault("best_accuracy", None)
+        blob.setdefault("trained_groups", [])   # ... and from before groups.csv (it then starts where they resume)
     if not isinstance(blob, dict) or set(blob) != names:
         raise InputError(f"{path} is a checkpoint of another groupfel version; delete it to restart "
                          f"the arm from scratch")

@@ -43,7 +43,7 @@ from groupfel.errors import InputError
 from .federation import Group
 from .io import atomic_write, write_json
 from .ledger import CostLedger
-from .models import layer_slices, trainable_mask
+from .models import model_layers, trainable_mask
 from .rng import key, rng
 from .world import World
 
@@ -133,7 +133,7 @@ def form_groups(world: World, policy: GroupingPolicy, epoch: int, weights: torch
         if policy.needs_gradients:
             if weights is None:
                 weights = world.engine.initial_weights(world.config.seed)
-            view = EdgeView(labels, _probe_gradients(world, members, j, epoch, weights), layer_slices(world.engine),
+            view = EdgeView(labels, _probe_gradients(world, members, j, epoch, weights), model_layers(world.engine),
                             trainable=trainable_mask(world.engine))
             probe.append(probe_work(world, j, members, 1))
         if policy.needs_distances:

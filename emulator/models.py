@@ -23,6 +23,7 @@ import numpy as np
 from torch import nn
 
 from groupfel.errors import InputError
+from groupfel.policies.grouping import Layer
 
 ModelBuilder = Callable[[tuple[int, ...], int], nn.Module]
 
@@ -175,18 +176,31 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
     return model
 
 
-def layer_slices(engine) -> tuple[slice, ...] | None:
-    """Parameter ranges of each layer (weight and bias of one module) in the flat weight vector."""
+_NORMS = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm, nn.modules.instancenorm._InstanceNorm)
+
+
+def model_layers(engine) -> tuple[Layer, ...] | None:
+    """Each module that holds parameters, in the flat weight vector's order: its name (module path
+    and class), each parameter's range, and whether it normalises; None without a model."""
     model = getattr(engine, "model", None)
     if model is None:
         return None
-    bounds: dict[str, list[int]] = {}
+    parts: dict[str, list[slice]] = {}
     offset = 0
     for name, p in model.named_parameters():
-        span = bounds.setdefault(name.rsplit(".", 1)[0], [offset, offset])
+        parts.setdefault(name.rsplit(".", 1)[0], []).append(slice(offset, offset + p.numel()))
         offset += p.numel()
-        span[1] = offset
-    return tuple(slice(a, b) for a, b in bounds.values())
+    out = []
+    for path, spans in parts.items():
+        module = model.get_submodule(path)
+        out.append(Layer(f"{path} ({type(module).__name__})", tuple(spans), isinstance(module, _NORMS)))
+    return tuple(out)
+
+
+def layer_slices(engine) -> tuple[slice, ...] | None:
+    """Parameter ranges of each layer (weight and bias of one module) in the flat weight vector."""
+    layers = model_layers(engine)
+    return None if layers is None else tuple(layer.columns for layer in layers)
 
 
 def trainable_mask(engine) -> np.ndarray | None:

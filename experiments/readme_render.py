@@ -103,6 +103,22 @@ def cell(name: str, mode: str, file: str, column: str, digits: int = 2, scale: f
     return fmt(float(r[column]) * scale, digits)
 
 
+def text(name: str, mode: str, file: str, column: str, missing: str | None = None, **point) -> str:
+    """One value of any committed CSV as written (a name, a partition), the row chosen by ``point``;
+    ``missing`` where no row matches (a run not finished yet), if given."""
+    try:
+        return str(_select(_csv(name, mode, file), None, point).iloc[0][column])
+    except (KeyError, FileNotFoundError):
+        if missing is None:
+            raise
+        return missing
+
+
+def sig(name: str, mode: str, file: str, column: str, digits: int = 2, **point) -> str:
+    """As :func:`cell`, to ``digits`` significant digits (a value of any size: 8.6e-10, 1.4e+08)."""
+    return f"{float(_select(_csv(name, mode, file), None, point).iloc[0][column]):.{digits}g}"
+
+
 def summary_ci(name: str, mode: str, metric: str, arm: str | None = None, digits: int = 2, scale: float = 100.0,
                **point) -> str:
     """``metric``'s mean [CI] (``final_acc``, ``acc_at_common_cost``, their ``_diff`` against the
@@ -272,6 +288,16 @@ def verdict_last(name: str, mode: str, column: str, arm: str, ref: str, claim: s
     return word(low, high, claim)
 
 
+def verdict_folders(name: str, mode: str, before: str, column: str, arm: str, claim: str,
+                    before_arm: str | None = None, scale: float = 100.0, **point) -> str:
+    """:func:`word` for the claim that ``arm`` in folder ``mode`` − ``before_arm`` in folder
+    ``before`` (as :func:`paired_folders`) is ``claim`` zero."""
+    x = _last_per_seed(name, mode, column, arm, scale, point)
+    y = _last_per_seed(name, before, column, before_arm or arm, scale, point)
+    _, low, high = _interval([x[s] - y[s] for s in x if s in y], column, scale)
+    return word(low, high, claim)
+
+
 def paired_last(name: str, mode: str, column: str, arm: str, ref: str, digits: int = 2, scale: float = 100.0,
                 **point) -> str:
     """Paired difference arm − ref of ``column`` at each run's last evaluation (e.g.
@@ -281,11 +307,13 @@ def paired_last(name: str, mode: str, column: str, arm: str, ref: str, digits: i
 
 
 def paired_folders(name: str, mode: str, before: str, column: str, arm: str, digits: int = 2,
-                   scale: float = 100.0, **point) -> str:
+                   scale: float = 100.0, before_arm: str | None = None, **point) -> str:
     """Paired difference of ``column`` at each run's last evaluation between two committed runs of
     one reproduction, folder ``mode`` minus folder ``before`` (e.g. ``full`` − ``full-before``:
-    what a change of setting did), per seed: mean [95 % CI] over seeds."""
-    x, y = (_last_per_seed(name, f, column, arm, scale, point) for f in (mode, before))
+    what a change of setting did; ``before_arm`` in folder ``before``, default ``arm``: an arm
+    rerun alone against another arm of the first run), per seed: mean [95 % CI] over seeds."""
+    x = _last_per_seed(name, mode, column, arm, scale, point)
+    y = _last_per_seed(name, before, column, before_arm or arm, scale, point)
     return _paired([x[s] - y[s] for s in x if s in y], column, scale, digits)
 
 
@@ -489,6 +517,16 @@ def partitions(name: str, mode: str, file: str, column: str, **point) -> str:
                      for _, r in rows.iterrows())
 
 
+def groups_at(name: str, mode: str, arm: str, round: int) -> str:
+    """Each seed's groups of ``arm`` in round ``round`` of a committed ``groups.csv`` (a run's groups
+    per round, collected): "seed 0: {0-4}, {5-8}, {9}; seed 1: {0-9}"."""
+    rows = _select(_csv(name, mode, "groups.csv"), arm, {"round": round})
+    def members(g):
+        return sorted((sorted(int(c) for c in str(cs).split()) for cs in g["clients"]), key=min)
+
+    return "; ".join(f"seed {int(seed)}: " + ", ".join(_clients(m) for m in members(g)) for seed, g in rows.groupby("seed"))
+
+
 def seed_table(name: str, mode: str, file: str, at: list, cell, x: str = "epoch", indent: str = "") -> str:
     """A table of a committed CSV with a ``seed`` column: one row per value of ``x`` in ``at``, one
     column per seed the CSV holds, each cell ``cell(seed, x_value)``; lines after the first start
@@ -641,7 +679,7 @@ FUNCTIONS = {f.__name__: f for f in (ours, paper, summary, cell, summary_ci, at_
                                      paired_at_cost, last, paired_last, paired_folders, before_after, paired_points, paired_final,
                                      cost_to, diverged, span, seeds, fmt, table1, arms_table, methods_table, grid, verdict_points, verdict_last, verdict_summary, verdict_ours, ours_bounds, either, before_after_at, mean_at, paired_at, paired_folders_at, csv_before_after,
                                      table2, table2_diff, table2_span, sources, base_sources, csv_seeds, arm_seeds, per_seed, csv_span, csv_sum, partitions,
-                                     seed_table)}
+                                     seed_table, text, sig, verdict_folders, groups_at)}
 
 
 def render(template: Path = TEMPLATE) -> str:

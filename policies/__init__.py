@@ -8,7 +8,7 @@ not registered resolves as a plug-in (an installed entry point or ``"module:Clas
 from importlib import import_module
 
 from .cov import NORMALIZATIONS, cov_of_counts, group_cov
-from .grouping import EdgeGrouping, EdgeView, GroupingPolicy, enforce_min_size, groupings, resolve_leftover
+from .grouping import EdgeGrouping, EdgeView, GroupingPolicy, Layer, enforce_min_size, groupings, resolve_leftover
 from . import baselines, clustered, fedcollab, hcct, pergroup  # noqa: F401,E402  (register cdg, kldg, qcid,
 #   fedcollab, hcct, hcct-e, local, global, ifca, fedclar, fedcluster, fesem, kmeans)
 
@@ -26,6 +26,6 @@ def __getattr__(name: str):
 
 
 __all__ = ["AggregationRule", "aggregations", "NORMALIZATIONS", "cov_of_counts", "group_cov",
-           "EdgeGrouping", "EdgeView", "GroupingPolicy", "groupings", "resolve_leftover", "enforce_min_size",
+           "EdgeGrouping", "EdgeView", "GroupingPolicy", "Layer", "groupings", "resolve_leftover", "enforce_min_size",
            "SamplingPolicy", "groups_per_round", "inclusion_log_probabilities", "sample_without_replacement",
            "samplings"]

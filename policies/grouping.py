@@ -23,16 +23,31 @@ groupings = Registry("grouping")
 
 
 @dataclass(frozen=True)
+class Layer:
+    """One module of the model in the flat parameter vector: its name (module path and class, e.g.
+    ``"1 (BatchNorm2d)"``), the column range of each of its parameters (weight, bias, ...), and
+    whether it normalises (BatchNorm, GroupNorm, LayerNorm, InstanceNorm)."""
+
+    name: str
+    parts: tuple[slice, ...]
+    norm: bool = False
+
+    @property
+    def columns(self) -> slice:
+        return slice(self.parts[0].start, self.parts[-1].stop)
+
+
+@dataclass(frozen=True)
 class EdgeView:
     """What an edge server knows about its clients: a clients × labels count matrix and, for
     policies that set ``needs_gradients`` (HCCT), the gradients its clients sent after a probe
-    step (clients × parameters) with the parameter range of each model layer, and for policies that
-    set ``needs_distances`` (FedCollab with discriminators) the pairwise distances the clients'
-    discriminators estimated."""
+    step (clients × parameters) with each model layer (a :class:`Layer`, or only its column range),
+    and for policies that set ``needs_distances`` (FedCollab with discriminators) the pairwise
+    distances the clients' discriminators estimated."""
 
     label_counts: np.ndarray
     gradients: np.ndarray | None = None
-    layer_slices: tuple[slice, ...] | None = None
+    layer_slices: tuple[Layer | slice, ...] | None = None
     distances: np.ndarray | None = None   # clients × clients, from FedCollab's client discriminators
     memo: dict | None = None              # what a policy keeps for this edge across re-partitions (checkpointed)
     trainable: np.ndarray | None = None   # which gradient columns are parameters' (None: all; False: BatchNorm state)
@@ -40,6 +55,12 @@ class EdgeView:
     @property
     def n_samples(self) -> np.ndarray:
         return np.asarray(self.label_counts).sum(axis=1)
+
+    @property
+    def layers(self) -> tuple[Layer, ...]:
+        """:attr:`layer_slices` as layers (a bare range: one parameter, named by its position)."""
+        return tuple(s if isinstance(s, Layer) else Layer(f"layer {i}", (s,))
+                     for i, s in enumerate(self.layer_slices or ()))
 
     @property
     def n_clients(self) -> int:
@@ -128,6 +149,11 @@ class GroupingPolicy(ABC):
         (row indices), for the record (per-group mode's manifest: ``final_grouping.objective``);
         None: the policy has none."""
         return None
+
+    def notes(self, memo: dict) -> dict[str, str]:
+        """What a run records beside each partition this policy made on an edge (the run's
+        ``groups.csv``: a column per key), read from the edge's :attr:`EdgeView.memo`."""
+        return {}
 
 
 groupings.contract = (GroupingPolicy, "group", ("view", "rng"))

@@ -33,25 +33,46 @@ def group_utility(grads: np.ndarray, sizes: np.ndarray, members, alpha: float) -
     return float(len(members) * (-alpha / D) + cos.sum())
 
 
-LAYER_RATIOS = ("absolute", "signed")
+LAYER_RATIOS = ("absolute", "signed", "authors")
 
 
-def relative_variance_layer(grads: np.ndarray, layer_slices, ratio: str = "absolute") -> int:
-    """HCCT Eq. 19: the layer whose gradients vary most across clients, relative to their size.
+def layer_ratios(grads: np.ndarray, layers, ratio: str = "absolute") -> np.ndarray:
+    """HCCT Eq. 19's relative gradient variance Var/Mean of each layer across the clients.
 
-    Var is the across-client variance of each parameter averaged over the layer. Mean is, with
-    ``ratio = "absolute"`` (default, assumed: gradients are signed, so a plain mean could be ~0 or
-    negative and make the ratio meaningless), the mean |across-client mean| of the layer's
-    parameters; with ``"signed"`` (code: the HCCT authors' main_cluster.py divides by the layer's
-    signed mean) the plain mean, and the largest signed ratio wins. ``layer_slices``: each layer's
-    columns (slices or index arrays).
+    ``layers``: each layer's columns, a slice or index array, or a tuple of them, one per
+    parameter of the layer (weight, bias). ``ratio`` reads Eq. 19's Var/Mean:
+
+    * ``"absolute"`` (default, assumed: gradients are signed, so a plain mean could be ~0 or
+      negative and make the ratio meaningless): the across-client variance of each parameter
+      entry averaged over the layer, over the mean |across-client mean| of its entries.
+    * ``"signed"``: the same variance over the layer's plain (signed) mean; the largest signed
+      ratio wins.
+    * ``"authors"`` (code: the HCCT authors' main_cluster.py): for each parameter of the layer
+      apart, ``np.var`` over ``np.mean`` of all its entries of all clients pooled (the spread
+      across entries counts as well as across clients), and the layer's value is the sum over its
+      parameters. Ill-conditioned: the pooled mean of a gradient is about 0, so each ratio's sign
+      and size follow the sign and size of that near-zero mean; a layer whose mean gradient is
+      slightly positive wins with a huge ratio, and a few changed bits (another run, another seed)
+      can change the layer chosen. A softmax classifier's gradients sum to exactly 0 over the
+      classes, so its mean is float rounding and its ratio is ±(huge) by the rounding's sign.
     """
+    def parts(layer):
+        return layer if isinstance(layer, tuple) else (layer,)
+
+    if ratio == "authors":
+        return np.array([sum(grads[:, c].var() / grads[:, c].mean() for c in parts(layer)) for layer in layers])
+    cols = [np.concatenate([np.arange(grads.shape[1])[c] for c in parts(layer)]) for layer in layers]
     if ratio == "signed":
-        ratios = [grads[:, s].var(axis=0).mean() / grads[:, s].mean() for s in layer_slices]
+        values = [grads[:, c].var(axis=0).mean() / grads[:, c].mean() for c in cols]
     else:
-        ratios = [grads[:, s].var(axis=0).mean() / max(np.abs(grads[:, s].mean(axis=0)).mean(), _EPS)
-                  for s in layer_slices]
-    return int(np.nanargmax(ratios))
+        values = [grads[:, c].var(axis=0).mean() / max(np.abs(grads[:, c].mean(axis=0)).mean(), _EPS) for c in cols]
+    return np.array(values)
+
+
+def relative_variance_layer(grads: np.ndarray, layers, ratio: str = "absolute") -> int:
+    """HCCT Eq. 19's l*: the layer whose gradients vary most across clients relative to their
+    size (the largest of :func:`layer_ratios`)."""
+    return int(np.nanargmax(layer_ratios(grads, layers, ratio)))
 
 
 def hcct_partition(grads: np.ndarray, sizes: np.ndarray, alpha: float,
@@ -256,10 +277,22 @@ class HCCTEGrouping(HCCTGrouping):
     partition) or ``"once"`` (code: the HCCT authors' main_cluster.py picks ``cluster_layer``
     once, from every client's one training from the initial model, and keeps it): from the first
     gradients partitioned on the edge (under ``"alg1"``, the uploads of epoch t = 0, trained from
-    the initial model), kept in the edge's ``EdgeView.memo``."""
+    the initial model), kept in the edge's ``EdgeView.memo``.
+
+    ``layer_ratio`` says how Eq. 19's Var/Mean is read (:func:`relative_variance_layer`):
+    ``"absolute"`` (default, assumed), ``"signed"``, or ``"authors"`` (code: main_cluster.py's
+    own expression, per parameter pooled over clients and entries and summed over weight and
+    bias; ill-conditioned, as its sign follows a layer's mean gradient, about 0).
+
+    ``norm_layers``: whether normalisation modules (BatchNorm, GroupNorm, ...) are candidates for
+    l*. False (default; code: the authors' candidates are the model's convolutional and linear
+    layers, ``layer_values`` in main_cluster.py; HCCT Sec. 5.2 compares layers of the network, and
+    a BatchNorm's affine parameters are not one): only the other layers. The run records the layer
+    chosen at every partition by its module name (``groups.csv``'s ``layer``)."""
 
     layer: str = "every"
     layer_ratio: str = "absolute"
+    norm_layers: bool = False
 
     def __post_init__(self):
         super().__post_init__()
@@ -268,8 +301,11 @@ class HCCTEGrouping(HCCTGrouping):
                              f"gradients; \"once\": from the first, the HCCT authors' code), got {self.layer!r}")
         if self.layer_ratio not in LAYER_RATIOS:
             raise ValueError(f"layer_ratio must be one of {', '.join(LAYER_RATIOS)} (\"absolute\": Eq. 19 over the "
-                             f"mean |gradient|; \"signed\": over the signed mean, the HCCT authors' code), "
-                             f"got {self.layer_ratio!r}")
+                             f"mean |gradient|; \"signed\": over the signed mean; \"authors\": the HCCT authors' "
+                             f"expression), got {self.layer_ratio!r}")
+        if not isinstance(self.norm_layers, bool):
+            raise ValueError(f"norm_layers must be true or false (whether normalisation modules may be HCCT-E's "
+                             f"layer), got {self.norm_layers!r}")
 
     def _gradients(self, view: EdgeView) -> np.ndarray:
         if not view.layer_slices:
@@ -278,11 +314,28 @@ class HCCTEGrouping(HCCTGrouping):
             raise ValueError(f"grouping policy {self.name!r} needs the clients' gradients (EdgeView.gradients)")
         grads = np.asarray(view.gradients, dtype=float)
         keep = self._columns(view)
-        layers = [np.arange(s.start, s.stop) for s in view.layer_slices]
-        layers = layers if keep is None else [c[keep[c]] for c in layers if keep[c].any()]
-        pick = lambda: relative_variance_layer(grads, layers, self.layer_ratio)  # noqa: E731
+        names, candidates = [], []
+        for layer in view.layers:
+            if layer.norm and not self.norm_layers:
+                continue
+            parts = [np.arange(p.start, p.stop) for p in layer.parts]
+            parts = tuple(p if keep is None else p[keep[p]] for p in parts)
+            parts = tuple(p for p in parts if len(p))
+            if parts:
+                names.append(layer.name)
+                candidates.append(parts)
+        if not candidates:
+            raise ValueError(f"grouping policy {self.name!r}: the model has no layer to choose from"
+                             + ("" if self.norm_layers else " but normalisation modules; set norm_layers = true"))
+        pick = lambda: relative_variance_layer(grads, candidates, self.layer_ratio)  # noqa: E731
         if self.layer == "once" and view.memo is not None:
             best = view.memo["hcct_e_layer"] if "hcct_e_layer" in view.memo else view.memo.setdefault("hcct_e_layer", pick())
         else:
             best = pick()
-        return grads[:, layers[best]]
+        if view.memo is not None:
+            view.memo["hcct_e_layer_name"] = names[best]
+        return grads[:, np.concatenate(candidates[best])]
+
+    def notes(self, memo: dict) -> dict[str, str]:
+        """The layer l* of the edge's latest partition, by module name."""
+        return {"layer": memo["hcct_e_layer_name"]} if "hcct_e_layer_name" in memo else {}

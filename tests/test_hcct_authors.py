@@ -37,11 +37,104 @@ def test_hcct_e_layer_once_keeps_the_first_partitions_layer():
     once, every = HCCTEGrouping(alpha=1.0, layer="once"), HCCTEGrouping(alpha=1.0)
     memo: dict = {}
     np.testing.assert_array_equal(once._gradients(EdgeView(counts, first, slices, memo=memo)), first[:, 2:4])
-    assert memo == {"hcct_e_layer": 1}
+    assert memo == {"hcct_e_layer": 1, "hcct_e_layer_name": "layer 1"}
     np.testing.assert_array_equal(once._gradients(EdgeView(counts, later, slices, memo=memo)), later[:, 2:4])
     np.testing.assert_array_equal(every._gradients(EdgeView(counts, later, slices, memo={})), later[:, 0:2])
     with pytest.raises(ValueError, match="layer must be one of every, once"):
         HCCTEGrouping(layer="first")
+
+
+def test_a_per_group_run_writes_its_groups_and_hcct_e_layer_per_round(tiny_dict, tmp_path):
+    """groups.csv: every round's groups that trained, a partition of the clients each round, and
+    for HCCT-E the layer its Eq. 19 chose at that round's partition, by module name."""
+    import pandas as pd
+    from groupfel.emulator.models import model_layers
+    cfg = _pergroup(tiny_dict, "fedavg", grouping={"policy": "hcct-e", "alpha": 1e6, "schedule": "alg1"}, rounds=3)
+    world = build_world(cfg)
+    results = run_arm(world, plan_arm(world, 0), tmp_path / "a")
+    got = pd.read_csv(tmp_path / "a" / "groups.csv")
+    assert sorted(got["round"].unique()) == [1, 2, 3]
+    for r, rows in got.groupby("round"):
+        members = sorted(int(c) for cs in rows["clients"] for c in str(cs).split())
+        assert members == list(range(world.topology.n_clients))
+        assert len(rows) == results.loc[results["round"] == r, "groups_sampled"].item()
+    names = {layer.name for layer in model_layers(world.engine)}
+    assert got.loc[got["round"] == 1, "layer"].isna().all()      # t = 0: every client alone, no partition
+    assert set(got.loc[got["round"] > 1, "layer"]) <= names and got.loc[got["round"] > 1, "layer"].notna().all()
+
+
+def _digit_bn_layers():
+    """The layers of the HCCT authors' Digit model (FedBN's, ``digit-bn-cnn``) as an edge sees them."""
+    from groupfel.emulator.models import build_model, model_layers, trainable_mask
+    engine = SimpleNamespace(model=build_model("digit-bn-cnn", (1, 4, 4), 10))   # small inputs: a small fc1
+    return model_layers(engine), trainable_mask(engine)
+
+
+@pytest.mark.parametrize("ratio, gradient", [("absolute", "parameters"), ("signed", "state"), ("authors", "state")])
+def test_hcct_e_never_picks_a_batchnorm_module_by_default(ratio, gradient):
+    """On the authors' Digit model, BatchNorm modules whose gradients vary most (and, for the
+    signed readings, have the largest positive mean) are never l* by default; with
+    ``norm_layers = true`` they are, as before."""
+    layers, trainable = _digit_bn_layers()
+    assert [l.name for l in layers if not l.norm] == ["0 (Conv2d)", "4 (Conv2d)", "8 (Conv2d)", "12 (Linear)",
+                                                      "15 (Linear)", "18 (Linear)"]   # the authors' candidates
+    assert [l.name for l in layers if l.norm] == ["1 (BatchNorm2d)", "5 (BatchNorm2d)", "9 (BatchNorm2d)",
+                                                  "13 (_BatchNorm1d)", "16 (_BatchNorm1d)"]
+    n = 4
+    for seed in range(2):
+        rng = np.random.default_rng(seed)
+        grads = 1e-3 * rng.normal(size=(n, len(trainable))) + 1e-3
+        for layer in layers:   # every normalisation module: widely spread, positive mean
+            if layer.norm:
+                grads[:, layer.columns] = 1.0 + 5.0 * rng.normal(size=(n, layer.columns.stop - layer.columns.start))
+        view = EdgeView(np.full((n, 10), 20), grads, layers, memo={}, trainable=trainable)
+        chosen = HCCTEGrouping(alpha=100.0, layer_ratio=ratio, gradient=gradient)
+        chosen._gradients(view)
+        assert "BatchNorm" not in view.memo["hcct_e_layer_name"]
+        before = EdgeView(view.label_counts, grads, layers, memo={}, trainable=trainable)
+        HCCTEGrouping(alpha=100.0, layer_ratio=ratio, gradient=gradient, norm_layers=True)._gradients(before)
+        assert "BatchNorm" in before.memo["hcct_e_layer_name"]
+
+
+def test_hcct_e_authors_ratio_is_the_authors_expression():
+    """``layer_ratio = "authors"`` against main_cluster.py's own lines, run on the same gradients
+    in their layout (a dict of weight and bias arrays per client, a layer's value the sum of
+    ``np.var(g) / np.mean(g)`` of its weight and its bias)."""
+    from groupfel.policies.hcct import layer_ratios
+    rng = np.random.default_rng(3)
+    shapes = {"conv1": ((4, 1, 3, 3), (4,)), "fc1": ((5, 36), (5,)), "fc2": ((3, 5), (3,))}
+    n = 4
+    g_local_list = {k + ".weight": [] for k in shapes}
+    g_local_list.update({k + ".bias": [] for k in shapes})
+    rows = []
+    for _ in range(n):
+        row = []
+        for key, (w, b) in shapes.items():
+            gw, gb = rng.normal(0.01, 0.1, size=w), rng.normal(0.01, 0.1, size=b)
+            g_local_list[key + ".weight"].append(gw)
+            g_local_list[key + ".bias"].append(gb)
+            row += [gw.ravel(), gb.ravel()]
+        rows.append(np.concatenate(row))
+    # main_cluster.py, "choose which layer for clustering", verbatim but for the names
+    layer_values = {key: 0.0 for key in shapes}
+    g_local_var = dict()
+    for key in g_local_list.keys():
+        g_local_var[key] = np.var(g_local_list[key]) / np.mean(g_local_list[key])
+    for layer in layer_values.keys():
+        layer_values[layer] += g_local_var[layer + ".weight"]
+        layer_values[layer] += g_local_var[layer + ".bias"]
+    cluster_layer = max(zip(layer_values.values(), layer_values.keys()))[1]
+    # ours, on the flat rows with each layer's (weight, bias) ranges
+    layers, offset = [], 0
+    for w, b in shapes.values():
+        nw, nb = int(np.prod(w)), int(np.prod(b))
+        layers.append((slice(offset, offset + nw), slice(offset + nw, offset + nw + nb)))
+        offset += nw + nb
+    grads = np.stack(rows)
+    np.testing.assert_allclose(layer_ratios(grads, layers, "authors"), list(layer_values.values()), rtol=1e-12)
+    assert list(shapes)[relative_variance_layer(grads, layers, "authors")] == cluster_layer
+    with pytest.raises(ValueError, match="layer_ratio must be one of absolute, signed, authors"):
+        HCCTEGrouping(layer_ratio="pooled")
 
 
 # -- FLSC: each client's local model ---------------------------------------------------------------------

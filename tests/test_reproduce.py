@@ -115,6 +115,15 @@ def test_fig13_runs_fedprox_and_scaffold_on_random_groups_only():
     assert {a.grouping["min_group_size"] for c in configs for a in c.arms} == {15}
 
 
+@pytest.mark.parametrize("name", ["hcct-table4", "hcct-table4-digit", "hcct-table4-cifar10"])
+def test_hcct_table4_runs_hcct_p_as_the_authors_code_starts_its_groups(name):
+    """HCCT-P trains as FedAvg, swaps in each client's own last layer to evaluate, and starts every
+    group HCCT forms from its members' own models (main_cluster.py, personalize = 1)."""
+    configs = reproduce.point_configs(reproduce.load(name), False)
+    (hcct_p,) = [c for c in configs if c.train.algorithm == "fedper"]
+    assert hcct_p.train.algorithm_params == {"swap": "evaluate", "regroup": "own"}
+    assert [a.grouping["policy"] for a in hcct_p.arms] == ["hcct"]
+
 def test_fig15_runs_the_papers_client_counts_and_qcid_regroups_every_round():
     configs = reproduce.point_configs(reproduce.load("fig15"), False)
     assert sorted({sum(c.topology.sizes) for c in configs}) == [100, 200, 300]
@@ -300,6 +309,35 @@ def test_render_pairs_one_arm_between_two_committed_runs(tmp_path, monkeypatch):
     monkeypatch.setattr(readme_render, "ROOT", tmp_path)
     assert readme_render.render(tmp_path / "t.md") == "30.0 [-97.1, 100.0]"
 
+
+def test_render_pairs_an_arm_rerun_alone_with_another_arm_and_reads_text_cells(tmp_path, monkeypatch):
+    """An arm rerun in a folder of its own (``b`` in ``rerun``) minus another arm of the first run
+    (``a`` in ``quick``), per seed (hand-computed: 60 − 50 and 90 − 70 points), and its verdict; a
+    CSV's text cell, ``missing`` where no row matches (a run not finished); a tiny value to 2
+    significant digits; each seed's groups of a round from a run's groups.csv."""
+    from groupfel.experiments import readme_render
+
+    for folder, arm, last in (("rerun", "b", [0.6, 0.9]), ("quick", "a", [0.5, 0.7])):
+        d = tmp_path / "x" / folder
+        d.mkdir(parents=True)
+        pd.DataFrame({"arm": arm, "seed": [0, 0, 1, 1], "round": [0, 2, 0, 2],
+                      "accuracy": [0.1, last[0], 0.1, last[1]]}).to_csv(d / "runs.csv", index=False)
+    pd.DataFrame({"seed": [0, 0], "layer": ["8 (Conv2d)", "18 (Linear)"], "chosen": [False, True],
+                  "mean": [0.5, 8.648e-10]}).to_csv(tmp_path / "x" / "quick" / "layers.csv", index=False)
+    pd.DataFrame({"arm": "b", "seed": [0, 0, 0, 1], "round": [2, 2, 2, 2],
+                  "clients": ["5 6 7 8", "0 1 2 3 4", "9", "0 1 2 3 4 5 6 7 8 9"]}).to_csv(
+        tmp_path / "x" / "rerun" / "groups.csv", index=False)
+    (tmp_path / "t.md").write_text(
+        '{{ paired_folders("x", "rerun", "quick", "accuracy", "b", 1, before_arm="a") }}; '
+        '{{ verdict_folders("x", "rerun", "quick", "accuracy", "b", "above", before_arm="a") }}; '
+        '{{ text("x", "quick", "layers.csv", "layer", seed=0, chosen=True) }}; '
+        '{{ text("x", "quick", "layers.csv", "layer", "not finished", seed=1, chosen=True) }}; '
+        '{{ sig("x", "quick", "layers.csv", "mean", seed=0, chosen=True) }}; '
+        '{{ groups_at("x", "rerun", "b", 2) }}')
+    monkeypatch.setattr(readme_render, "ROOT", tmp_path)
+    # 10 and 20 points: mean 15, t(1) 12.706 × 5 = 63.5 (its interval reaches below 0: not reproduced)
+    assert readme_render.render(tmp_path / "t.md") == ("15.0 [-48.5, 78.5]; Not reproduced; 18 (Linear); not finished; "
+                                                       "8.6e-10; seed 0: {0-4}, {5-8}, {9}; seed 1: {0-9}")
 
 def test_render_pairs_arms_that_run_at_different_points(tmp_path, monkeypatch):
     """FedProx runs at its own point (train.algorithm is run-wide): its difference from Group-FEL

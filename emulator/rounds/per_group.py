@@ -6,6 +6,7 @@ training, which the run trains once per seed and caches in the run directory
 (``local-reference-seed<seed>.pt``)."""
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import threading
@@ -30,7 +31,7 @@ from ..io import atomic_write
 from ..ledger import CostLedger
 from ..membership import (GroupingResult, charge_client_work, cluster_clients, form_groups, probe_models,
                           probe_work)
-from ..models import layer_slices, trainable_mask
+from ..models import model_layers, trainable_mask
 from ..rng import key, rng, seed_of
 from ..world import World
 from .common import FORWARD_FRACTION, ArmTraining, LocalData, local_spec, round_lr
@@ -324,6 +325,7 @@ class PerGroupRounds(RoundStrategy):
         self.training.save(state)
         for g, x in models.items():
             state.models[g] = x
+        self._record(t)
         for got in (uploads, trained):   # "merge", "split": gradients; "nearest": local models
             if got:
                 clients = np.array(sorted(got))
@@ -464,7 +466,7 @@ class PerGroupRounds(RoundStrategy):
             work.append(probe_work(world, int(j), members, 1))
         charge_client_work(state.ledger, self.env, topo, t, work)
         models, edges, assign = [], [], np.full(topo.n_clients, -1)
-        slices = layer_slices(world.engine)
+        slices = model_layers(world.engine)
         for j in range(topo.n_edges):
             clients = topo.clients_of(j)
             local = {int(c): i for i, c in enumerate(clients)}
@@ -506,7 +508,7 @@ class PerGroupRounds(RoundStrategy):
         world, state, topo = self.world, self.state, self.world.topology
         if state.gradients is None:
             return None
-        total, slices = 0.0, layer_slices(world.engine)
+        total, slices = 0.0, model_layers(world.engine)
         for j in range(topo.n_edges):
             clients = topo.clients_of(j)
             clients = clients[state.assign[clients] >= 0]
@@ -574,7 +576,28 @@ class PerGroupRounds(RoundStrategy):
             dist = torch.stack([torch.linalg.vector_norm(local - state.models[m].double(), dim=1) for m in rows], 1)
             state.assign[members] = np.array(rows)[self.plan.grouping.assign(dist.cpu().numpy())]
 
+    def _record(self, t: int) -> None:
+        """The groups that trained in round t, numbered as results.csv numbers the evaluation after
+        it (t + 1), with what the grouping policy notes of its edge's latest partition."""
+        memo = self.state.policy_memo
+        for g in self.ids:
+            group = self.groups[g]
+            self.state.trained_groups.append({
+                "round": t + 1, "edge": int(group.edge), "group": int(g),
+                "clients": " ".join(str(int(c)) for c in group.clients),
+                **self.plan.grouping.notes(memo.get(int(group.edge), {}))})
+
     def write_outputs(self) -> None:
         state = self.state
+        # groups.csv: every round's groups (and, for HCCT-E, the layer each partition compared)
+        columns = list(dict.fromkeys(["round", "edge", "group", "clients"] + [k for r in state.trained_groups for k in r]))
+
+        def write(path):
+            with open(path, "w", newline="") as f:
+                out = csv.DictWriter(f, columns)
+                out.writeheader()
+                out.writerows(state.trained_groups)
+
+        atomic_write(self.arm_dir / "groups.csv", write)
         atomic_write(self.arm_dir / "models.pt", lambda p: torch.save(
             {"models": state.models.cpu(), "client_model": torch.as_tensor(state.assign, device="cpu")}, p))

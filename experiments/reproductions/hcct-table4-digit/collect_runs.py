@@ -1,7 +1,8 @@
 """Every finished run's evaluations of a sweep folder as one ``runs.csv`` (the table the README's
 renderer reads), for a sweep run with ``groupfel sweep`` rather than ``groupfel reproduce``: into
 ``FOLDER/runs.csv`` from ``FOLDER`` itself, or from the sweep folders given after it (their rows
-concatenated; a run still running or killed is left out).
+concatenated; a run still running or killed is left out), and every finished run's ``groups.csv``
+(the groups of each round, HCCT-E's layer by module name) as ``FOLDER/groups.csv``.
 
     python experiments/reproductions/hcct-table4-digit/collect_runs.py \
         experiments/reproductions/hcct-table4-digit/quick-authors-model
@@ -21,15 +22,20 @@ from pathlib import Path
 import pandas as pd
 
 
-def collect(folder: Path) -> pd.DataFrame:
+def collect(folder: Path, file: str = "results.csv") -> pd.DataFrame:
     parts = []
     for results in sorted(folder.glob("p*/seed-*/*/results.csv")):
         if (results.parent / "checkpoint.pt").exists():   # still running (or killed): not finished
             continue
+        if not (results.parent / file).exists():
+            continue
         point = json.loads((results.parents[2] / "config.json").read_text())
-        runs = pd.read_csv(results)
+        runs = pd.read_csv(results.parent / file)
         runs.insert(0, "point", results.parents[2].name)
         runs.insert(1, "train.algorithm", point["train"]["algorithm"])
+        if "seed" not in runs:
+            runs.insert(2, "arm", results.parent.name)
+            runs.insert(3, "seed", int(results.parent.parent.name.removeprefix("seed-")))
         parts.append(runs)
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
@@ -58,3 +64,6 @@ if __name__ == "__main__":
         runs = pd.concat([runs, independent(runs)], ignore_index=True)
     a.folder.mkdir(parents=True, exist_ok=True)
     runs.to_csv(a.folder / "runs.csv", index=False)
+    groups = pd.concat([collect(s, "groups.csv") for s in a.sweeps or [a.folder]], ignore_index=True)
+    if not groups.empty:
+        groups.to_csv(a.folder / "groups.csv", index=False)
