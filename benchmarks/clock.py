@@ -593,7 +593,7 @@ def edge_wan_ip(j: int) -> str:
     return f"{WAN_PREFIX}.{10 + j}"
 
 
-class Wan:
+class Wan(net.Namespaces):
     """A cloud namespace and a WAN router (a bridge) joined to every edge namespace: one link of
     ``mbps`` each way that the edges share (HTB: a shared class, one leaf per edge with its fair
     share assured and the whole link as its ceiling), a netem delay on each edge's side where the
@@ -605,21 +605,6 @@ class Wan:
         self.edges, self.mbps, self.latency_s, self.netem = edges, mbps, latency_s, netem
         self.made: list[str] = []
 
-    def __enter__(self) -> Wan:
-        try:
-            self._build()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def close(self) -> None:
-        for ns in reversed(self.made):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
-        self.made.clear()
 
     def _build(self) -> None:
         for ns in (self.cloud, self.router):

@@ -239,17 +239,16 @@ def client_ip(i: int) -> str:
     return f"10.77.{1 + i // 250}.{1 + i % 250}"
 
 
-class Network:
-    """The namespaces, veths and tc trees of one scenario; ``close`` removes them all."""
+class Namespaces:
+    """Network namespaces this process made (``made``), deleted again on exit or when building
+    them fails half way (deleting a namespace deletes its veths and qdiscs)."""
 
-    def __init__(self, sc: Scenario):
-        self.sc = sc
-        self.prefix = f"gfn{os.getpid()}x{int(time.monotonic() * 1000) % 100000}"
-        self.edge, self.ap = f"{self.prefix}e", f"{self.prefix}a"
-        self.clients = [f"{self.prefix}c{i}" for i in range(sc.n)]
-        self.made: list[str] = []
+    made: list[str]
 
-    def __enter__(self) -> Network:
+    def _build(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
         try:
             self._build()
         except BaseException:
@@ -261,9 +260,20 @@ class Network:
         self.close()
 
     def close(self) -> None:
-        for ns in reversed(self.made):      # deleting a namespace deletes its veths and qdiscs
+        for ns in reversed(self.made):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
         self.made.clear()
+
+
+class Network(Namespaces):
+    """The namespaces, veths and tc trees of one scenario; ``close`` removes them all."""
+
+    def __init__(self, sc: Scenario):
+        self.sc = sc
+        self.prefix = f"gfn{os.getpid()}x{int(time.monotonic() * 1000) % 100000}"
+        self.edge, self.ap = f"{self.prefix}e", f"{self.prefix}a"
+        self.clients = [f"{self.prefix}c{i}" for i in range(sc.n)]
+        self.made: list[str] = []
 
     def _ns(self, name: str) -> None:
         _run("ip", "netns", "add", name)
