@@ -3,8 +3,7 @@
 The hook: ``GROUPFEL_CRASH_AT=N`` makes the process kill itself at its Nth write step
 (:func:`groupfel.emulator.io.crash_point`: a temporary file written, renamed, a checkpoint's side
 file half and fully written), so each kill point is deterministic, as SQLite's crash tests and
-ALICE/CrashMonkey replay a program's writes. Each run is a fork of this process (no start-up
-cost), killed at a step, then the same command run again; every CSV and Parquet file of the run
+ALICE/CrashMonkey replay a program's writes. Each run is a process of its own, killed at a step, then the same command run again; every CSV and Parquet file of the run
 must equal the uninterrupted run's, bitwise, and nothing of the kill (temporary files,
 checkpoints) may be left.
 """
@@ -12,7 +11,9 @@ import copy
 import hashlib
 import os
 import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -33,33 +34,55 @@ CRASHY["arms"][1]["grouping"]["min_group_size"] = 2
 POINTS = 20
 
 
-def _fork_run(args: list[str], crash_at: int = 0) -> tuple[int, int]:
-    """``groupfel ARGS`` in a fork of this process, killed at its write step ``crash_at`` (0:
-    never); (its wait status, the write steps it took where it ended by itself)."""
-    from groupfel.experiments.cli import main
+# A run in a fresh interpreter: a fork of a pytest-xdist worker, whose torch and execnet threads
+# the child does not inherit, can hang in its first parallel kernel.
+CHILD = r"""
+import os, sys, time
+from groupfel.emulator import io
+from groupfel.experiments.cli import main
+steps_file, go, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+while go and not os.path.exists(go):
+    time.sleep(0.001)
+code = 98
+try:
+    code = main(args) or 0
+except SystemExit as exc:
+    code = exc.code if isinstance(exc.code, int) else 1
+except BaseException:
+    code = 99
+finally:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if steps_file:
+        with open(steps_file, "w") as f:
+            f.write(str(io.steps_taken()))
+    os._exit(code)
+"""
 
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:   # the child: never returns into pytest
-        code = 98
-        try:
-            os.close(r)
-            sys.stdout = sys.stderr = open(os.devnull, "w")
-            os.environ[io.CRASH_AT] = str(crash_at)
-            io.steps_taken(reset=True)
-            code = main(args) or 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        except BaseException:
-            code = 99
-        finally:
-            os.write(w, str(io.steps_taken()).encode())
-            os._exit(code)
-    os.close(w)
-    _, status = os.waitpid(pid, 0)
-    with os.fdopen(r) as f:
-        steps = f.read()
-    return status, int(steps or 0)
+
+def _start(args: list[str], crash_at: int = 0, steps: Path | None = None, go: Path | None = None,
+           err: Path | None = None) -> subprocess.Popen:
+    env = {**os.environ, io.CRASH_AT: str(crash_at)} if crash_at else \
+        {k: v for k, v in os.environ.items() if k != io.CRASH_AT}
+    return subprocess.Popen([sys.executable, "-c", CHILD, str(steps or ""), str(go or ""), *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=open(err, "w") if err else subprocess.DEVNULL)
+
+
+def _status(code: int) -> int:
+    """A return code as the wait status os.WIFEXITED and os.WTERMSIG read."""
+    return -code if code < 0 else code << 8
+
+
+def _run_alone(args: list[str], crash_at: int = 0) -> tuple[int, int]:
+    """``groupfel ARGS`` in a process of its own, killed at its write step ``crash_at`` (0: never);
+    (its wait status, the write steps it took where it ended by itself)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        steps = Path(tmp) / "steps"
+        code = _start(args, crash_at, steps).wait()
+        taken = steps.read_text() if steps.exists() else ""
+    return _status(code), int(taken or 0)
 
 
 def _tables(run: Path) -> dict[str, str]:
@@ -78,7 +101,7 @@ def _crash_and_resume(tmp_path: Path, d: dict, extra: list[str]) -> list[tuple[i
     kill point whose tables differ from the uninterrupted run's."""
     config = write_toml(tmp_path, d)
     base = tmp_path / "base"
-    status, steps = _fork_run(["run", str(config), "--output", str(base), "--quiet", *extra])
+    status, steps = _run_alone(["run", str(config), "--output", str(base), "--quiet", *extra])
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
     expected = _tables(base)
     assert any(k.endswith("network.parquet") for k in expected) and any(k.endswith("energy.parquet") for k in expected)
@@ -88,13 +111,13 @@ def _crash_and_resume(tmp_path: Path, d: dict, extra: list[str]) -> list[tuple[i
     bad = []
     for k in points:
         run = tmp_path / f"k{k}"
-        status, _ = _fork_run(["run", str(config), "--output", str(run), "--quiet", *extra], crash_at=k)
+        status, _ = _run_alone(["run", str(config), "--output", str(run), "--quiet", *extra], crash_at=k)
         if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
             bad.append((k, f"not killed at its step {k} (status {status})"))
             continue
         resume = (["run", "--resume", str(run), "--quiet", *extra] if (run / "config.json").is_file() and k % 2
                   else ["run", str(config), "--output", str(run), "--quiet", *extra])
-        status, _ = _fork_run(resume)
+        status, _ = _run_alone(resume)
         if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
             bad.append((k, f"resume failed (status {status})"))
             continue
@@ -127,28 +150,6 @@ def test_killed_multi_seed_run_resumes_to_the_same_bytes_at_every_point(tmp_path
 
 # -- runs started together never nest ------------------------------------------------------------------
 
-def _fork_waiting(args: list[str], go: int, err: Path) -> int:
-    """A fork that runs ``groupfel ARGS`` once ``go`` (a pipe) is readable; its stderr to ``err``."""
-    from groupfel.experiments.cli import main
-
-    pid = os.fork()
-    if pid == 0:
-        code = 98
-        try:
-            sys.stdout = open(os.devnull, "w")
-            sys.stderr = open(err, "w", buffering=1)   # the CLI writes to sys.stderr (pytest's capture)
-            os.read(go, 1)
-            code = main(args) or 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        except BaseException:
-            code = 99
-        finally:
-            sys.stderr.flush()
-            os._exit(code)
-    return pid
-
-
 def test_nested_runs_started_together_never_both_run(tmp_path):
     """20 times: `groupfel run c.toml --output out` and `... --output out/sub` released at the same
     instant (in either order). One runs; the other exits 2 with one line; never a run inside a run."""
@@ -164,13 +165,12 @@ def test_nested_runs_started_together_never_both_run(tmp_path):
                 ["run", str(config), "--output", str(inner), "--quiet"]]
         if i % 2:
             runs.reverse()
-        r, w = os.pipe()
+        go = tmp_path / f"go{i}"
         errs = [tmp_path / f"err{i}-{j}" for j in range(2)]
-        pids = [_fork_waiting(a, r, e) for a, e in zip(runs, errs)]
-        os.write(w, b"gogo")
-        codes = [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids]
-        os.close(r)
-        os.close(w)
+        procs = [_start(a, go=go, err=e) for a, e in zip(runs, errs)]
+        time.sleep(1.5)          # both interpreters started and waiting
+        go.touch()               # released at the same instant
+        codes = [p.wait() for p in procs]
         assert sorted(codes) == [0, 2], (i, codes, [e.read_text() for e in errs])
         lines = errs[codes.index(2)].read_text().strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("groupfel: error: "), lines
