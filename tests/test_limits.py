@@ -92,6 +92,7 @@ def _per_group_arrivals(d):
 # the base config in which each field means something (by the longest matching prefix)
 BASES = {
     "": lambda d: None,
+    "track.": lambda d: d.update(track={"tracker": "tensorboard"}),
     "seeds[]": lambda d: (d.pop("seed"), d.update(seeds=[1])),
     "arms[].sampling.data_fraction": lambda d: d["arms"][0].update(sampling={"policy": "random", "data_fraction": 0.5}),
     "data.n_shards": lambda d: d["data"].update(partition="shards", n_shards=12),
@@ -662,6 +663,10 @@ OTHER_MODE = {
         lambda d: d["topology"].update(availability={"mean_on_s": 40.0, "mean_off_s": 10.0}), "sorted"),
     "train.report_best": (lambda d: None, True),          # _tiny() runs in global mode
     "data.label_shift_deal": (lambda d: None, "authors"),   # the default partition is dirichlet
+    "track.dir": (lambda d: d.update(track={"tracker": "mlflow"}), "tb"),
+    "track.uri": (lambda d: d.update(track={"tracker": "tensorboard"}), "sqlite:///x.db"),
+    "track.experiment": (lambda d: d.update(track={"tracker": "tensorboard"}), "e"),
+    "track.report": (lambda d: d.update(track={"tracker": "tensorboard"}), False),
     "data.cluster_k": (lambda d: _shift(d, "label-shift", "label_weights", [1.0] * 10), 0.5),
     "data.subsample_decay": (lambda d: _shift(d, "label-shift", "label_weights", [1.0] * 10), 2.0),
     **{f"data.{key}": (_authors_deal, value) for key, value in (

@@ -101,6 +101,9 @@ ONLY_IN: dict[str, tuple[str, Callable[[RunConfig], bool]]] = {
                            and c.data.shards_deal == "authors"),
     "data.label_shift_deal": ('data.partition = "label-shift" and mode = "per-group"',
                               lambda c: c.data.partition == "label-shift" and c.mode == "per-group"),
+    "track.dir": ('track.tracker = "tensorboard"', lambda c: c.track is not None and c.track.tracker == "tensorboard"),
+    **{f"track.{key}": ('track.tracker = "mlflow"', lambda c: c.track is not None and c.track.tracker == "mlflow")
+       for key in ("uri", "experiment", "report")},
     "data.cluster_k": ('data.label_shift_deal = "authors"', lambda c: _authors_deal(c)),
     "data.subsample_decay": ('data.label_shift_deal = "authors"', lambda c: _authors_deal(c)),
     # the authors' deal sets every client's counts and cuts its test split by label
