@@ -676,6 +676,14 @@ def measure_round(rd: Round, model_bytes: int, netem: bool = False, timeout_s: f
                 for k, pid in enumerate(int(p) for p in edges[-1].stdout.readline().split()):
                     quotas.append(CpuQuota(f"gfq{os.getpid()}e{j}x{k}", rd.edge_quota))
                     quotas[-1].add(pid)
+            # each client's HTB leaf (downloads; the uploads' leaves are alike) and each edge's
+            # WAN leaf: the buckets the emulator is given, read from the kernel
+            buckets = {"client": [0.0] * rd.n, "wan": []}
+            for j, nw in enumerate(nws):
+                for k, i in enumerate(rd.edge_clients(j)):
+                    buckets["client"][i] = net.class_burst_bytes(nw.edge, "up0", f"1:{10 + k:x}")
+            if rd.wan_mbps is not None:
+                buckets["wan"] = [net.class_burst_bytes(wan.cloud, "wan0", f"1:{10 + j:x}") for j in range(rd.edges)]
             clients = []
             for j, nw in enumerate(nws):
                 clients += [_spawn(["ip", "netns", "exec", ns, sys.executable, HERE, "--role", "client",
@@ -708,7 +716,7 @@ def measure_round(rd: Round, model_bytes: int, netem: bool = False, timeout_s: f
     loads = [window.between(min(a["start"] for a, _ in cals), max(a["end"] for a, _ in cals)),
              window.between(m["start"], m["end"]),
              window.between(min(b["start"] for b in after), max(b["end"] for b in after))]
-    return m | {"throttled": throttled, "loads": loads, "calibrations": cals}
+    return m | {"throttled": throttled, "loads": loads, "calibrations": cals, "buckets": buckets}
 
 
 def measured_phases(rd: Round, cloud: dict | None, edges: list[dict], clients: list[list[dict]]) -> dict:
@@ -1060,7 +1068,7 @@ def client(spec: dict, i: int) -> None:
 
 def emulate(rd: Round, profiles: dict, model_bytes: int, efficiency: float = net.EFFICIENCY,
             quota_term: bool = True, drop_at: dict[int, float] | None = None,
-            slowdown: list[float] | None = None) -> dict:
+            slowdown: list[float] | None = None, buckets: dict | None = None) -> dict:
     """The run on the emulator's clock with the calibrated profiles: each phase of each client
     round that finished and of each group round and edge round, as ``measure_round`` returns them,
     and each client's training spans. ``quota_term``: tell the emulator each client's CPU quota
@@ -1068,7 +1076,9 @@ def emulate(rd: Round, profiles: dict, model_bytes: int, efficiency: float = net
     ``groupfel.emulator.network.quota_seconds``); without it the steps take their curves'
     steady time. ``drop_at``: client -> the simulated second it goes offline (an availability
     trace); :func:`drop_times` finds them. ``slowdown``: each client's compute times this
-    (``ClientNet.slowdown``)."""
+    (``ClientNet.slowdown``). ``buckets``: the HTB leaves' bursts in bytes (``client``: each
+    client's, ``wan``: each edge's on the WAN), given to the emulator as its links' token buckets
+    (``Link.burst_bytes``) in payload bytes, as their rates are; None: ideal links."""
     import numpy as np
 
     from groupfel.cost_models import CostModel
@@ -1083,14 +1093,16 @@ def emulate(rd: Round, profiles: dict, model_bytes: int, efficiency: float = net
     devices = [rd.device(i) for i in range(n)]
     cost = CostModel({d: profiles[f"{d}/{TASK}"] for d in set(devices)}, "sgd", ("secagg",))
     wan = None if rd.wan_mbps is None else rd.wan_mbps * 1e6 * efficiency
-    edge_link = Link(1e9, 0.0) if wan is None else Link(wan / 1e6, rd.wan_latency_s)
+    wan_burst = max(buckets["wan"]) * efficiency if buckets and buckets["wan"] else 0.0
+    edge_link = Link(1e9, 0.0) if wan is None else Link(wan / 1e6, rd.wan_latency_s, wan_burst)
     topology = build_topology([len(rd.edge_clients(j)) for j in range(rd.edges)], devices, [np.arange(1)] * n,
                               np.ones((n, 1), dtype=int), Link(1.0, 0.0), edge_link)
     edge = profiles[f"edge{device_name(rd.edge_quota)}/{TASK}"].group_overhead
     clients = ClientNet(np.array(rd.client_mbps, dtype=float) * efficiency, np.zeros(n),
                         np.ones(n) if slowdown is None else np.array(slowdown, dtype=float),
                         cpu_share=np.array(rd.quotas, dtype=float) if quota_term else None,
-                        cpu_period_s=PERIOD_US / 1e6)
+                        cpu_period_s=PERIOD_US / 1e6,
+                        burst_bytes=np.array(buckets["client"], dtype=float) * efficiency if buckets else None)
     access = None if rd.edge_mbps is None else rd.edge_mbps * 1e6 * efficiency
     with tempfile.TemporaryDirectory() as tmp:
         avail = None
@@ -1147,10 +1159,10 @@ def emulate(rd: Round, profiles: dict, model_bytes: int, efficiency: float = net
             "offline": sorted({int(c) for c in (ledger.frame().query("component == 'offline'")["client"])})}
 
 
-def drop_times(rd: Round, profiles: dict, model_bytes: int) -> dict[int, float]:
+def drop_times(rd: Round, profiles: dict, model_bytes: int, buckets: dict | None = None) -> dict[int, float]:
     """When each dropping client goes offline on the emulator's clock: where its training in that
     group round (played without drop-outs, the same up to then) reaches its share."""
-    spans = emulate(rd, profiles, model_bytes)["training_spans"]
+    spans = emulate(rd, profiles, model_bytes, buckets=buckets)["training_spans"]
     out = {}
     for c, (t, k, share) in rd.drops.items():
         a, b = spans[(t + 1, k, c)]
@@ -1244,9 +1256,9 @@ def validate(rds: list[Round], out=print, workdir: Path | None = None) -> list[d
                              "round_share": m["share"], "calibration_share": [before, after]})
                 continue
             profiles = fit_profiles(files, wd)
-            drop_at = drop_times(rd, profiles, model_bytes) if rd.drops else None
-            e = emulate(rd, profiles, model_bytes, drop_at=drop_at)
-            steady = emulate(rd, profiles, model_bytes, quota_term=False, drop_at=drop_at)
+            drop_at = drop_times(rd, profiles, model_bytes, m["buckets"]) if rd.drops else None
+            e = emulate(rd, profiles, model_bytes, drop_at=drop_at, buckets=m["buckets"])
+            steady = emulate(rd, profiles, model_bytes, quota_term=False, drop_at=drop_at, buckets=m["buckets"])
             # the CPU the calibrated curve says the training takes (its steady time x the quota)
             # against the CPU it took in the run
             curve = sum(t * q for t, q in zip(steady["train_by_client"], rd.quotas))
@@ -1257,7 +1269,7 @@ def validate(rds: list[Round], out=print, workdir: Path | None = None) -> list[d
             # compute stretched to what it took in the run (its mean over its client rounds)
             slow = [statistics.fmean(mc) / statistics.fmean(ec) if mc and ec else 1.0
                     for mc, ec in zip(m["compute"], e["compute"])]
-            replay = emulate(rd, profiles, model_bytes, drop_at=drop_at, slowdown=slow)
+            replay = emulate(rd, profiles, model_bytes, drop_at=drop_at, slowdown=slow, buckets=m["buckets"])
             replay_upload = error_pct(statistics.fmean(replay["upload"]), upload)
             row = {"scenario": name, "clients": rd.n, "measured": m["makespan"], "emulated": e["makespan"],
                    "error_pct": error_pct(e["makespan"], m["makespan"]), "phases": phases,

@@ -211,6 +211,20 @@ def check_available() -> str | None:
     return None
 
 
+_SIZE = {"b": 1, "kb": 1024, "mb": 1024 ** 2, "gb": 1024 ** 3}   # tc's sprint_size units
+
+
+def class_burst_bytes(ns: str, dev: str, classid: str) -> float:
+    """An HTB class's token bucket in bytes, as the kernel holds it (``tc -d class show``: ``burst
+    1600b``): a class idle long enough sends that much at once before its rate holds it."""
+    shown = subprocess.run(["tc", "-n", ns, "-d", "class", "show", "dev", dev, "classid", classid],
+                           capture_output=True, text=True, check=True).stdout
+    m = re.search(r"\bburst (\d+(?:\.\d+)?)([KMG]?b)\b", shown)
+    if m is None:
+        raise RuntimeError(f"no burst in tc's class {classid} on {ns}/{dev}: {shown.strip()!r}")
+    return float(m.group(1)) * _SIZE[m.group(2).lower()]
+
+
 def netem_available() -> bool:
     probe = f"gfprobe{os.getpid()}"
     try:

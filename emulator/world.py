@@ -181,8 +181,8 @@ def place_data(config: RunConfig, dataset: Dataset) -> Placement:
         dataset = replace(dataset, x_train=x, y_train=y, domain_train=domain_train)
     labels = label_matrix(y, train, m)
     topology = build_topology(sizes_per_edge, devices, train, labels,
-                              Link(tc.client_link.bandwidth_mbps, tc.client_link.latency_s),
-                              Link(tc.edge_link.bandwidth_mbps, tc.edge_link.latency_s))
+                              Link(tc.client_link.bandwidth_mbps, tc.client_link.latency_s, tc.client_link.burst_bytes),
+                              Link(tc.edge_link.bandwidth_mbps, tc.edge_link.latency_s, tc.edge_link.burst_bytes))
     return Placement(dataset, topology, test, client_type)
 
 

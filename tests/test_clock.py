@@ -238,6 +238,29 @@ def test_two_edges_share_the_wan_in_group_and_global_rounds(tmp_path):
     d = clock.emulate(drop, profiles, mb, efficiency=1.0, quota_term=False, drop_at=clock.drop_times(drop, profiles, mb))
     assert d["offline"] == [7] and len(d["train"]) == 2 * 2 * 8 - 3 and d["cloud down"] == pytest.approx([2.0] * 4)
 
+    # the WAN's leaves hold 12,500 B each (0.1 Mbit): each edge's 1 Mbit down and 2 Mbit up start
+    # with 0.1 Mbit at once, the rest shared: 2 x 0.9 Mbit (1.8 s) down, 2 x 1.9 Mbit (3.8 s) up
+    b = clock.emulate(rd, profiles, mb, efficiency=1.0, quota_term=False, buckets={"client": [0.0] * 8,
+                                                                                 "wan": [12_500.0] * 2})
+    assert b["cloud down"] == pytest.approx([1.8] * 4) and b["cloud up"] == pytest.approx([3.8] * 4)
+
+
+def test_an_htb_leafs_burst_is_read_from_the_kernel():
+    why = clock.net.check_available()
+    if why:
+        pytest.skip(why)
+    ns = f"gfbt{os.getpid()}"
+    try:
+        clock.net._run("ip", "netns", "add", ns)
+        clock.net._run("ip", "-n", ns, "link", "add", "b0", "type", "veth", "peer", "name", "b1")
+        clock.net._run("tc", "-n", ns, "-batch", "-", stdin="qdisc add dev b0 root handle 1: htb\n"
+                       "class add dev b0 parent 1: classid 1:10 htb rate 2mbit\n"
+                       "class add dev b0 parent 1: classid 1:11 htb rate 2mbit burst 15k\n")
+        assert clock.net.class_burst_bytes(ns, "b0", "1:10") == 1600        # the default at this rate
+        assert clock.net.class_burst_bytes(ns, "b0", "1:11") == 15 * 1024   # shown as 15Kb
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+
 
 @pytest.mark.slow
 def test_emulated_round_within_10_percent_of_real_clients_under_quotas():

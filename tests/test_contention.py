@@ -646,3 +646,39 @@ def test_cores_without_an_edge_profile_warn():
     d["topology"]["edge_cores"] = 2
     assert any("topology.edge_cores = 2 without topology.edge_profile" in w for w in config_warnings(parse_config(d)))
     assert config_warnings(parse_config(TINY)) == []
+
+
+def test_a_links_burst_shortens_each_transfer_by_its_bucket():
+    # the round of test_shared_access_stretches_transfers with topology.client_link.burst_bytes =
+    # 100 kB: each download and upload of 1 MB sends 0.1 MB at once, the four flows share 8 Mbit/s
+    # for 4 × 0.9 MB: 1..4.6; train 4.6..5.6, operation ..6.6, uploads 6.6..10.2; one core
+    # aggregates 10.2..12.2 and 12.2..14.2; the edge link (no bucket) sends 2 MB 14.2..16.2
+    from dataclasses import replace
+
+    fed, env = _fed(access=8.0, cores=1, aggregation=2.0)
+    fed.net.clients = replace(fed.net.clients, burst_bytes=np.full(4, 100_000.0))
+    fed.run_round(0, _groups([0, 1], [2, 3]))
+    assert env.now == pytest.approx(16.2)
+    ends = sorted((x["kind"], x["end"]) for x in fed.trace if x["kind"] in ("download", "upload"))
+    assert [e for _, e in ends] == pytest.approx([4.6] * 4 + [10.2] * 4)
+
+
+def test_burst_bytes_in_a_config_reach_every_link(tiny_dict):
+    # plain and shared-edge runs: the same key shortens the clock, a negative one is one line
+    from groupfel.emulator.network import build_network
+    from groupfel.emulator.world import place_data
+    from groupfel.topologies import load_dataset
+
+    d = copy.deepcopy(tiny_dict)
+    d["topology"]["client_link"] = {"bandwidth_mbps": 2.0, "latency_s": 0.0, "burst_bytes": 1600}
+    d["topology"]["edge_link"] = {"bandwidth_mbps": 1.0, "latency_s": 0.0, "burst_bytes": 3200}
+    cfg = parse_config(d)
+    topo = place_data(cfg, load_dataset("digits")).topology
+    assert topo.client_link(0).burst_bytes == 1600 and topo.edge_link(0).burst_bytes == 3200
+    assert topo.client_link(0).transfer_time(57_000) == pytest.approx((57_000 - 1_600) * 8 / 2e6)
+    d["topology"]["edge_access_mbps"] = 4.0
+    net = build_network(parse_config(d), 12, None, ("secagg",))
+    assert net.clients.burst(3) == 1600 and net.clients.manifest()["burst_bytes"] == [1600.0] * 12
+    d["topology"]["client_link"]["burst_bytes"] = -1
+    with pytest.raises(InputError, match="burst_bytes"):
+        parse_config(d)

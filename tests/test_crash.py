@@ -3,9 +3,10 @@
 The hook: ``GROUPFEL_CRASH_AT=N`` makes the process kill itself at its Nth write step
 (:func:`groupfel.emulator.io.crash_point`: a temporary file written, renamed, a checkpoint's side
 file half and fully written), so each kill point is deterministic, as SQLite's crash tests and
-ALICE/CrashMonkey replay a program's writes. Each run is a process of its own, killed at a step, then the same command run again; every CSV and Parquet file of the run
-must equal the uninterrupted run's, bitwise, and nothing of the kill (temporary files,
-checkpoints) may be left.
+ALICE/CrashMonkey replay a program's writes. Each run is a process of its own (forked from an
+interpreter that has done the imports), killed at a step, then the same command run again; every
+CSV and Parquet file of the run must equal the uninterrupted run's, bitwise, and nothing of the
+kill (temporary files, checkpoints) may be left.
 """
 import copy
 import hashlib
@@ -34,14 +35,14 @@ CRASHY["arms"][1]["grouping"]["min_group_size"] = 2
 POINTS = 20
 
 
-# A run in a fresh interpreter: a fork of a pytest-xdist worker, whose torch and execnet threads
-# the child does not inherit, can hang in its first parallel kernel.
+# A run in a fresh interpreter, released when the file ``go`` appears: a fork of a pytest-xdist
+# worker, whose torch and execnet threads the child does not inherit, can hang in its first
+# parallel kernel.
 CHILD = r"""
 import os, sys, time
-from groupfel.emulator import io
 from groupfel.experiments.cli import main
-steps_file, go, args = sys.argv[1], sys.argv[2], sys.argv[3:]
-while go and not os.path.exists(go):
+go, args = sys.argv[1], sys.argv[2:]
+while not os.path.exists(go):
     time.sleep(0.001)
 code = 98
 try:
@@ -53,36 +54,76 @@ except BaseException:
 finally:
     sys.stdout.flush()
     sys.stderr.flush()
-    if steps_file:
-        with open(steps_file, "w") as f:
-            f.write(str(io.steps_taken()))
     os._exit(code)
 """
 
 
-def _start(args: list[str], crash_at: int = 0, steps: Path | None = None, go: Path | None = None,
-           err: Path | None = None) -> subprocess.Popen:
-    env = {**os.environ, io.CRASH_AT: str(crash_at)} if crash_at else \
-        {k: v for k, v in os.environ.items() if k != io.CRASH_AT}
-    return subprocess.Popen([sys.executable, "-c", CHILD, str(steps or ""), str(go or ""), *args], env=env,
-                            stdout=subprocess.DEVNULL, stderr=open(err, "w") if err else subprocess.DEVNULL)
+def _start(args: list[str], go: Path, err: Path) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != io.CRASH_AT}
+    return subprocess.Popen([sys.executable, "-c", CHILD, str(go), *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=open(err, "w"))
 
 
-def _status(code: int) -> int:
-    """A return code as the wait status os.WIFEXITED and os.WTERMSIG read."""
-    return -code if code < 0 else code << 8
+ZYGOTE = r"""
+import json, os, sys, threading
+# what every run imports, loaded once; nothing here starts a thread or a torch kernel, so each
+# fork below starts as a fresh interpreter would, less the seconds of imports
+import matplotlib.pyplot, pandas, torch
+import groupfel.emulator.world, groupfel.experiments.runner
+from groupfel.emulator import io
+from groupfel.experiments.cli import main
+assert threading.active_count() == 1, threading.enumerate()
+for line in sys.stdin:
+    req = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        if req["crash_at"]:
+            os.environ[io.CRASH_AT] = str(req["crash_at"])
+        code = 98
+        try:
+            code = main(req["args"]) or 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            code = 99
+        finally:
+            with open(req["steps"], "w") as f:
+                f.write(str(io.steps_taken()))
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps({"status": status}), flush=True)
+"""
 
 
-def _run_alone(args: list[str], crash_at: int = 0) -> tuple[int, int]:
+@pytest.fixture(scope="module")
+def zygote():
+    """An interpreter that has imported what a run needs and forks one child per run (a run
+    killed at its step is a whole process killed, as before; the imports are paid once)."""
+    env = {k: v for k, v in os.environ.items() if k != io.CRASH_AT}
+    proc = subprocess.Popen([sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=env)
+    yield proc
+    proc.stdin.close()
+    proc.wait(timeout=60)
+
+
+def _run_alone(zygote, args: list[str], crash_at: int = 0) -> tuple[int, int]:
     """``groupfel ARGS`` in a process of its own, killed at its write step ``crash_at`` (0: never);
     (its wait status, the write steps it took where it ended by itself)."""
+    import json
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         steps = Path(tmp) / "steps"
-        code = _start(args, crash_at, steps).wait()
+        zygote.stdin.write(json.dumps({"args": args, "crash_at": int(crash_at), "steps": str(steps)}) + "\n")
+        zygote.stdin.flush()
+        status = json.loads(zygote.stdout.readline())["status"]
         taken = steps.read_text() if steps.exists() else ""
-    return _status(code), int(taken or 0)
+    return status, int(taken or 0)
 
 
 def _tables(run: Path) -> dict[str, str]:
@@ -95,13 +136,13 @@ def _leftovers(run: Path) -> list[str]:
                   if p.name.endswith(io.TMP_SUFFIX) or p.name.startswith(io.CHECKPOINT))
 
 
-def _crash_and_resume(tmp_path: Path, d: dict, extra: list[str]) -> list[tuple[int, str]]:
+def _crash_and_resume(zygote, tmp_path: Path, d: dict, extra: list[str]) -> list[tuple[int, str]]:
     """Kill the run at POINTS write steps spread over all of them; each then rerun (the same
     command; --resume where config.json was written). Returns (step, what went wrong) for each
     kill point whose tables differ from the uninterrupted run's."""
     config = write_toml(tmp_path, d)
     base = tmp_path / "base"
-    status, steps = _run_alone(["run", str(config), "--output", str(base), "--quiet", *extra])
+    status, steps = _run_alone(zygote, ["run", str(config), "--output", str(base), "--quiet", *extra])
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
     expected = _tables(base)
     assert any(k.endswith("network.parquet") for k in expected) and any(k.endswith("energy.parquet") for k in expected)
@@ -111,13 +152,13 @@ def _crash_and_resume(tmp_path: Path, d: dict, extra: list[str]) -> list[tuple[i
     bad = []
     for k in points:
         run = tmp_path / f"k{k}"
-        status, _ = _run_alone(["run", str(config), "--output", str(run), "--quiet", *extra], crash_at=k)
+        status, _ = _run_alone(zygote, ["run", str(config), "--output", str(run), "--quiet", *extra], crash_at=k)
         if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
             bad.append((k, f"not killed at its step {k} (status {status})"))
             continue
         resume = (["run", "--resume", str(run), "--quiet", *extra] if (run / "config.json").is_file() and k % 2
                   else ["run", str(config), "--output", str(run), "--quiet", *extra])
-        status, _ = _run_alone(resume)
+        status, _ = _run_alone(zygote, resume)
         if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
             bad.append((k, f"resume failed (status {status})"))
             continue
@@ -129,15 +170,15 @@ def _crash_and_resume(tmp_path: Path, d: dict, extra: list[str]) -> list[tuple[i
 
 
 @pytest.mark.slow
-def test_killed_energy_run_resumes_to_the_same_bytes_at_every_point(tmp_path):
+def test_killed_energy_run_resumes_to_the_same_bytes_at_every_point(zygote, tmp_path):
     """Energy full-fleet + availability + shared edges (the issue's case: network.parquet lost a
     round's rows and energy_j moved by 1e-13 J), one seed, two arms."""
-    assert _crash_and_resume(tmp_path, copy.deepcopy(CRASHY), []) == []
+    assert _crash_and_resume(zygote, tmp_path, copy.deepcopy(CRASHY), []) == []
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stack", ["1", "4"])
-def test_killed_multi_seed_run_resumes_to_the_same_bytes_at_every_point(tmp_path, stack):
+def test_killed_multi_seed_run_resumes_to_the_same_bytes_at_every_point(zygote, tmp_path, stack):
     """Two seeds x two arms, each (seed, arm) alone (--stack 1) or all four trained together in
     one stack (--stack 4); killed within an arm, between arms and seeds, and in the top-level
     tables."""
@@ -145,7 +186,7 @@ def test_killed_multi_seed_run_resumes_to_the_same_bytes_at_every_point(tmp_path
     del d["seed"]
     d["seeds"] = [0, 1]
     d["train"]["rounds"] = 2
-    assert _crash_and_resume(tmp_path, d, ["--jobs", "1", "--stack", stack]) == []
+    assert _crash_and_resume(zygote, tmp_path, d, ["--jobs", "1", "--stack", stack]) == []
 
 
 # -- runs started together never nest ------------------------------------------------------------------

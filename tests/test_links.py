@@ -67,3 +67,33 @@ def test_dedicated_link_needs_a_cap():
     env.process(SharedLink(env, None).transfer(MB, None))
     with pytest.raises(ValueError, match="cap_bps"):
         env.run()
+
+
+def test_a_token_bucket_sends_its_burst_at_once():
+    # tc's HTB leaf: burst 1600 B. 57,000 B over 2 Mbit/s: (57,000 - 1,600) × 8 / 2e6 = 0.2296 s,
+    # against 0.228 s for the ideal link's 57,000 × 8 / 2e6 = 0.228 -> shorter by 6.4 ms
+    from groupfel.topologies import Link
+
+    assert Link(2.0, 0.0, 1600.0).transfer_time(57_000) == pytest.approx((57_000 - 1_600) * 8 / 2e6, rel=1e-15)
+    assert Link(2.0, 0.01, 1600.0).transfer_time(1_000) == pytest.approx(0.01, rel=1e-15)   # all of it in the burst
+    assert Link(2.0, 0.0).transfer_time(57_000) == 57_000 * 8 / 2e6                        # no bucket: bitwise as before
+    env = simpy.Environment()
+    # dedicated 8 Mbit/s links: 1 MB with a 100 kB burst ends at 0.9 s
+    dedicated = SharedLink(env, None)
+    ends = []
+
+    def one(link, cap, burst):
+        ends.append((yield env.process(link.transfer(MB, cap, 0.0, burst))))
+
+    env.process(one(dedicated, 8 * MBIT, 100_000))
+    env.run()
+    assert ends == pytest.approx([0.9], rel=1e-12)
+    # four flows of 1 MB on a shared 8 Mbit/s, each with its own 100 kB bucket (a leaf within its
+    # assured rate sends its bucket at once): 4 × 0.9 MB through 8 Mbit/s, all end at 3.6 s
+    env, ends = simpy.Environment(), []
+    shared = SharedLink(env, 8 * MBIT)
+    for _ in range(4):
+        env.process(one(shared, 8 * MBIT, 100_000))
+    env.run()
+    assert ends == pytest.approx([3.6] * 4, rel=1e-12)
+    assert shared.carried_bits == pytest.approx(4 * 8 * MB, rel=1e-12)

@@ -2,7 +2,7 @@
 
 Nodes are ``"cloud"``, ``"edge:j"`` and ``"client:i"`` with attributes ``role``; edges and
 clients carry ``edge``; clients carry ``device`` and ``n_samples``. Links carry
-``bandwidth_mbps`` and ``latency_s``.
+``bandwidth_mbps``, ``latency_s`` and ``burst_bytes``.
 """
 from __future__ import annotations
 
@@ -18,10 +18,13 @@ from groupfel.errors import InputError
 class Link:
     bandwidth_mbps: float
     latency_s: float
+    # a shaper's token bucket (tc's burst): the first this many bytes of a transfer leave at once,
+    # the bucket being full when the link has idled (0: an ideal link of the bandwidth)
+    burst_bytes: float = 0.0
 
     def transfer_time(self, n_bytes: float) -> float:
-        """Seconds to move ``n_bytes`` over the link: latency + size / bandwidth."""
-        return self.latency_s + 8.0 * n_bytes / (self.bandwidth_mbps * 1e6)
+        """Seconds to move ``n_bytes`` over the link: latency + (size - burst) / bandwidth."""
+        return self.latency_s + 8.0 * max(n_bytes - self.burst_bytes, 0.0) / (self.bandwidth_mbps * 1e6)
 
 
 @dataclass
@@ -49,11 +52,11 @@ class Topology:
 
     def client_link(self, client: int) -> Link:
         d = self.graph.edges[f"client:{client}", f"edge:{int(self.client_edge[client])}"]
-        return Link(d["bandwidth_mbps"], d["latency_s"])
+        return Link(d["bandwidth_mbps"], d["latency_s"], d.get("burst_bytes", 0.0))
 
     def edge_link(self, edge: int) -> Link:
         d = self.graph.edges[f"edge:{edge}", "cloud"]
-        return Link(d["bandwidth_mbps"], d["latency_s"])
+        return Link(d["bandwidth_mbps"], d["latency_s"], d.get("burst_bytes", 0.0))
 
 
 def assign_devices(n_clients: int, mix: dict[str, float], rng: np.random.Generator) -> list[str]:
@@ -78,10 +81,16 @@ def build_topology(clients_per_edge: list[int], devices: list[str], client_sampl
     client_edge = np.repeat(np.arange(len(clients_per_edge)), clients_per_edge)
     for j in range(len(clients_per_edge)):
         g.add_node(f"edge:{j}", role="edge", edge=j)
-        g.add_edge(f"edge:{j}", "cloud", bandwidth_mbps=edge_link.bandwidth_mbps, latency_s=edge_link.latency_s)
+        g.add_edge(f"edge:{j}", "cloud", bandwidth_mbps=edge_link.bandwidth_mbps, latency_s=edge_link.latency_s,
+                   **_bucket(edge_link))
     for i, j in enumerate(client_edge):
         g.add_node(f"client:{i}", role="client", edge=int(j), device=devices[i],
                    n_samples=int(label_counts[i].sum()))
         g.add_edge(f"client:{i}", f"edge:{j}", bandwidth_mbps=client_link.bandwidth_mbps,
-                   latency_s=client_link.latency_s)
+                   latency_s=client_link.latency_s, **_bucket(client_link))
     return Topology(g, client_edge, devices, client_samples, label_counts)
+
+
+def _bucket(link: Link) -> dict:
+    """A link's token bucket as an edge attribute, where it has one."""
+    return {"burst_bytes": link.burst_bytes} if link.burst_bytes else {}

@@ -14,6 +14,10 @@ from .limits import MAX_CLIENTS, Count, Latency, Mbps, RefMs, Rounds, Seconds, S
 class LinkConfig(_Strict):
     bandwidth_mbps: Mbps = Field(description="Link bandwidth in Mbit/s.")
     latency_s: Latency = Field(description="One-way latency in seconds.")
+    burst_bytes: float = Field(0.0, ge=0.0, le=1e12, description="A shaper's token bucket on the link (tc's "
+                               "burst, a cable or cellular link's boost): the first this many bytes of each "
+                               "transfer leave at once, the rest at bandwidth_mbps; the bucket is full when the "
+                               "link has idled. 0: an ideal link of the bandwidth.")
 
 
 class EdgeLinkConfig(LinkConfig):

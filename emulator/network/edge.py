@@ -2,7 +2,9 @@
 batteries, and the edge server's curves (built once per world)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 from groupfel.errors import InputError
 
@@ -88,6 +90,8 @@ def build_network(config: RunConfig, n_clients: int, algorithm, operations: tupl
                              f"aggregation, secagg-server or secagg-server-recovery; add one (cost.profiles_file)")
     clients = client_net(tc.heterogeneity, n_clients, tc.client_link.bandwidth_mbps, tc.client_link.latency_s,
                          config.seed)
+    if tc.client_link.burst_bytes:
+        clients = replace(clients, burst_bytes=np.full(n_clients, float(tc.client_link.burst_bytes)))
     avail = Availability(tc.availability, n_clients, config.seed) if tc.availability is not None else None
     return EdgeNetwork(None if tc.edge_access_mbps is None else tc.edge_access_mbps * 1e6, tc.edge_cores,
                        tc.edge_link.shared, clients, payload_vectors(algorithm),

@@ -384,32 +384,35 @@ class ContendedFederation(Federation):
         if net.cloud_shared:
             up = ctx.model_bytes * net.vectors
             self._bytes["edge_to_cloud"] += up
-            lat = ctx.topology.edge_link(j).latency_s
-            yield env.process(e.cloud.transfer(up, None, lat))
+            link = ctx.topology.edge_link(j)
+            yield env.process(e.cloud.transfer(up, None, link.latency_s, link.burst_bytes))
 
-    def _send(self, link: SharedLink, nbytes: float, bps: float, latency: float):
-        """One client transfer through its edge's side of ``link``: on a dedicated link size / rate
-        plus latency in one timeout (one event per step where it can), else a shared flow."""
+    def _send(self, link: SharedLink, nbytes: float, bps: float, latency: float, burst: float = 0.0):
+        """One client transfer through its edge's side of ``link``: on a dedicated link (size -
+        its link's burst) / rate plus latency in one timeout (one event per step where it can),
+        else a shared flow."""
         if link.capacity_bps is None:
-            yield self.ctx.env.timeout(8.0 * nbytes / bps + latency)
+            yield self.ctx.env.timeout(8.0 * (max(nbytes - burst, 0.0) if burst else nbytes) / bps + latency)
             return
-        yield link.send(nbytes, bps)
+        yield link.send(nbytes, bps, burst)
         if latency:
             yield self.ctx.env.timeout(latency)
 
-    def _send_until(self, link: SharedLink, nbytes: float, bps: float, latency: float, deadline: float):
+    def _send_until(self, link: SharedLink, nbytes: float, bps: float, latency: float, deadline: float,
+                    burst: float = 0.0):
         """:meth:`_send` by a client that goes offline at ``deadline``: None where the transfer
         (its latency included) ends by then, else the bits still unsent when it went (the flow
         leaves the shared link then)."""
         env = self.ctx.env
         if link.capacity_bps is None:
-            start, end = env.now, 8.0 * nbytes / bps + latency
+            paced = 8.0 * (max(nbytes - burst, 0.0) if burst else nbytes)
+            start, end = env.now, paced / bps + latency
             if start + end <= deadline:
                 yield env.timeout(end)
                 return None
             yield env.timeout(max(deadline - start, 0.0))
-            return max(8.0 * nbytes - bps * (env.now - start), 0.0)
-        done = link.send(nbytes, bps)
+            return max(paced - bps * (env.now - start), 0.0)
+        done = link.send(nbytes, bps, burst)
         yield done | env.timeout(max(deadline - env.now, 0.0))
         if not done.triggered:
             return link.cancel(done)
@@ -425,7 +428,7 @@ class ContendedFederation(Federation):
         bps, lat = cn.bandwidth_mbps[client] * 1e6, float(cn.latency_s[client])
         t0 = env.now
         self._bytes["edge_to_client"] += down
-        yield from self._send(e.down, down, bps, lat)
+        yield from self._send(e.down, down, bps, lat, cn.burst(client))
         self.trace.append(dict(zip(TRACE_COLUMNS, ("download", *where, client, down, t0, t0, env.now))))
         a, spans, up_s, up_air = env.now, [], 0.0, 0.0
         down_s = a - t0
@@ -453,10 +456,10 @@ class ContendedFederation(Federation):
             a = env.now
             self._bytes["client_to_edge"] += up
             if gone_at == math.inf:
-                yield from self._send(e.up, up, bps, lat)
+                yield from self._send(e.up, up, bps, lat, cn.burst(client))
                 up_air = min(float(airtime(up, cn.bandwidth_mbps[client])), env.now - a)
             else:       # offline before its upload ends: it drops out then (FedScale's check)
-                unsent = yield from self._send_until(e.up, up, bps, lat, gone_at)
+                unsent = yield from self._send_until(e.up, up, bps, lat, gone_at, cn.burst(client))
                 left = unsent is not None
                 up_air = min((8.0 * up - (unsent or 0.0)) / bps, env.now - a)
             self.trace.append(dict(zip(TRACE_COLUMNS, ("upload", *where, client, up, a, a, env.now))))

@@ -50,6 +50,8 @@ class ClientNet:
     # period), for devices whose curves were measured under that quota; None: no quota
     cpu_share: np.ndarray | None = None
     cpu_period_s: float | np.ndarray = 0.1     # the quota's period, or each client's (Linux's default: 0.1)
+    # each client's link's token bucket in bytes (Link.burst_bytes); None: ideal links
+    burst_bytes: np.ndarray | None = None
 
     def compute_seconds(self, client: int, steady_s: float) -> float:
         """Wall seconds of compute steps that take ``steady_s`` on the client's curves, run back to
@@ -67,7 +69,13 @@ class ClientNet:
             out["cpu_period_s"] = np.broadcast_to(self.cpu_period_s, self.cpu_share.shape).tolist()
         if self.trace_ids is not None:
             out["fedscale_ids"] = self.trace_ids
+        if self.burst_bytes is not None:
+            out["burst_bytes"] = self.burst_bytes.tolist()
         return out
+
+    def burst(self, client: int) -> float:
+        """The bytes of a transfer that leave at once on the client's link."""
+        return 0.0 if self.burst_bytes is None else float(self.burst_bytes[client])
 
 
 def client_net(h: HeterogeneityConfig | None, n: int, bandwidth: float, latency: float, seed: int) -> ClientNet:

@@ -5,14 +5,18 @@ Stable API (``benchmarks/network.py`` builds on it; keep it):
 - ``SharedLink(env, capacity_bps=None, name="")``: a link on a SimPy clock. ``capacity_bps`` is
   the capacity its concurrent flows share, in bits per second; ``None`` means every flow has a
   dedicated link of its own (no sharing: the rate is the flow's own cap).
-- ``SharedLink.transfer(nbytes, cap_bps, latency_s=0.0)``: a generator for
+- ``SharedLink.transfer(nbytes, cap_bps, latency_s=0.0, burst_bytes=0.0)``: a generator for
   ``yield env.process(link.transfer(...))``. The flow moves ``nbytes`` bytes; while it is active
   it gets its max-min fair share of the capacity, never more than its own link's ``cap_bps``
   (``None``: only the capacity limits it). Rates are recomputed whenever a flow starts or ends.
   The flow's ``latency_s`` is added after its last byte (one-way delay of a bulk transfer: a
-  fixed term that holds no capacity). Returns the finish time.
-- ``SharedLink.send(nbytes, cap_bps)``: the same flow without latency and without a process of
-  its own: an event that fires when its last byte is through (cheaper inside another process).
+  fixed term that holds no capacity). ``burst_bytes``: its own link's token bucket (a shaper's,
+  full when the flow starts): that many of its first bytes leave at once, outside the sharing,
+  as a token-bucket shaper (tc's HTB) lets a class within its assured rate send its bucket.
+  Returns the finish time.
+- ``SharedLink.send(nbytes, cap_bps, burst_bytes=0.0)``: the same flow without latency and without
+  a process of its own: an event that fires when its last byte is through (cheaper inside another
+  process).
 - ``SharedLink.cancel(done)``: end the flow whose event ``send`` returned before its last byte (its
   sender went away); the other flows share the capacity from then on. Returns the bits it had left.
 - ``SharedLink.carried_bits``, ``SharedLink.busy_s``: bits moved and time with at least one flow
@@ -71,7 +75,7 @@ class SharedLink:
         """Flows now on the link."""
         return len(self._flows)
 
-    def transfer(self, nbytes: int, cap_bps: float | None, latency_s: float = 0.0):
+    def transfer(self, nbytes: int, cap_bps: float | None, latency_s: float = 0.0, burst_bytes: float = 0.0):
         """Move ``nbytes`` bytes (a SimPy process body); returns the finish time."""
         env = self.env
         cap = math.inf if cap_bps is None else float(cap_bps)
@@ -80,18 +84,23 @@ class SharedLink:
         if self.capacity_bps is None and cap == math.inf:
             raise ValueError("a dedicated link (capacity None) needs each flow's cap_bps")
         if nbytes > 0:
-            yield self.send(nbytes, cap)
+            yield self.send(nbytes, cap, burst_bytes)
         if latency_s:
             yield env.timeout(latency_s)
         return env.now
 
-    def send(self, nbytes: int, cap_bps: float | None) -> simpy.Event:
-        """Start a flow of ``nbytes`` bytes; the event fires when its last byte is through."""
+    def send(self, nbytes: int, cap_bps: float | None, burst_bytes: float = 0.0) -> simpy.Event:
+        """Start a flow of ``nbytes`` bytes, the first ``burst_bytes`` of them at once; the event
+        fires when its last byte is through."""
         env = self.env
         cap = math.inf if cap_bps is None else float(cap_bps)
         if not cap > 0:
             raise ValueError(f"a flow's cap must be positive, not {cap_bps!r}")
         bits = 8.0 * nbytes
+        if burst_bytes:
+            free = min(bits, 8.0 * burst_bytes)
+            self.carried_bits += free
+            bits -= free
         if self.capacity_bps is None:
             if cap == math.inf:
                 raise ValueError("a dedicated link (capacity None) needs each flow's cap_bps")

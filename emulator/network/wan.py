@@ -39,7 +39,8 @@ class WanFederation(ContendedFederation):
     def _hop(self, t: int, j: int, kind: str, link: SharedLink, nbytes: int):
         env, edge_link = self.ctx.env, self.ctx.topology.edge_link(j)
         start = env.now
-        yield env.process(link.transfer(nbytes, edge_link.bandwidth_mbps * 1e6, edge_link.latency_s))
+        yield env.process(link.transfer(nbytes, edge_link.bandwidth_mbps * 1e6, edge_link.latency_s,
+                                        edge_link.burst_bytes))
         self.trace.append({"kind": kind, "round": t + 1, "edge": j, "group": -1, "group_round": -1, "client": -1,
                            "bytes": nbytes, "queued": start, "start": start, "end": env.now})
 
