@@ -54,6 +54,12 @@ CONNECT_TIMEOUT_S = 5.0
 RESULTS_DEPTH = 3                    # arm/, seed-s/arm/, point/seed-s/arm/
 
 
+# report.html for MLflow's artifacts: experiments.report sits above the run commands, so the
+# commands above both (the CLI, the Python API) hand its builder down here and it runs in the
+# run's own process, its libraries already loaded; None: `groupfel report` in a process of its own
+report_builder: Callable[[Path, Path], Any] | None = None
+
+
 class TrackWarning(UserWarning):
     """The tracker failed or was skipped; the run's own results are unaffected."""
 
@@ -651,15 +657,26 @@ class _MLflow:
             self.client.log_artifact(parent, str(path))
         if self.report:
             with tempfile.TemporaryDirectory(prefix="groupfel-track-") as tmp:
-                # `groupfel report` as a user runs it (the report module sits above the run commands)
                 report = Path(tmp) / "report.html"
-                subprocess.run([sys.executable, "-m", "groupfel", "report", str(self.root), "--out", str(report)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+                _build_report(self.root, report)
                 if report.exists():   # else a folder the report cannot read (numerics of another machine)
                     self.client.log_artifact(parent, str(report))
         self.client.set_terminated(parent, "FINISHED")
 
     def close(self) -> None:
+        pass
+
+
+def _build_report(root: Path, out: Path) -> None:
+    """``groupfel report`` of ``root`` into ``out``: by :data:`report_builder` where a command
+    above has given one, else as a user runs it; nothing where the report cannot read the folder."""
+    if report_builder is None:
+        subprocess.run([sys.executable, "-m", "groupfel", "report", str(root), "--out", str(out)],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+        return
+    try:
+        report_builder(root, out)
+    except InputError:
         pass
 
 
