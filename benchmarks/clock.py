@@ -12,11 +12,11 @@ global rounds, and expect the time a real deployment takes. For each scenario, o
    ``cpu.cfs_quota_us``, period 10 ms, ``--period-ms``). Each client process measures its own
    device, under its quota, among the other clients measuring theirs, just before the run and
    again just after it (so the machine's other work at calibration brackets the run's, and the
-   process, its memory and its neighbours are the run's), with ``groupfel.cost_models.measure``
-   (training: ``measure("training")``, one epoch of the digits CNN at sample counts from half the
-   shards to a whole round's epochs, so that most calls span many quota periods; secure
-   aggregation: the client's part of the protocol, ``time_secagg_parts``'s CPU seconds at the pace
-   the quota gave the loop that timed them). The
+   process, its memory and its neighbours are the run's): training with
+   ``groupfel.cost_models.measure("training")``, one epoch of the digits CNN at sample counts from
+   half the shards to a whole round's epochs, so that most calls span many quota periods; secure
+   aggregation as the round runs it, the client's part of the protocol right after an epoch of
+   training on its shard, its CPU seconds at the pace the quota gave the loop that timed them. The
    edge's core is measured alone under its quota before and after
    (``measure("secagg", server=True, clock="wall")``). ``groupfel.cost_models.calibrate`` fits all
    of it together and writes the profile CSV a user would get. Nothing is fitted to the run.
@@ -498,32 +498,37 @@ def run_calibration(spec: dict) -> None:
     print(measurements_csv(rows, header), end="")
 
 
-def calibrate_client(rd: Round, i: int, model_bytes: int) -> dict:
+def calibrate_client(rd: Round, i: int, model_bytes: int, train_epoch, secagg_step) -> dict:
     """(In client i's process, under its quota) its device measured with ``measure``: one epoch of
-    the CNN at ``training_sizes`` of the shards of the clients on its device, and its part of
-    secure aggregation on the wall clock. Returns the measurement CSV, the CPU share of its quota
-    its training measurement got, and when it ran."""
+    the CNN at ``training_sizes`` of the shards of the clients on its device; and its part of
+    secure aggregation as the round runs it, ``secagg_step(n)`` for a group of n right after
+    ``train_epoch()``. Returns the measurement CSV, the CPU share of its quota its training
+    measurement got, and when it ran."""
     from groupfel.cost_models.measure import INPUT_SHAPE, NUM_CLASSES, Measurement, measure, measurements_csv
-    from groupfel.cost_models.secagg import time_secagg_parts
     from groupfel.emulator.models import build_model
 
     same = [rd.samples[c] for c in range(rd.n) if rd.quotas[c] == rd.quotas[i]]
-    params, start = model_bytes // 4, time.monotonic()
+    start = time.monotonic()
     cpu0 = _cpu()
     rows, header = measure("training", training_sizes(same, rd.epochs),
                            lambda: build_model("cnn", INPUT_SHAPE, NUM_CLASSES), repeats=REPEATS, device=rd.device(i))
     share = (_cpu() - cpu0) / (time.monotonic() - start) / rd.quotas[i]
-    # time_secagg_parts plays every party in this one process. On the wall clock a quota's
-    # throttling gaps land in whichever party's step, or between steps, they fall, so one party's
-    # wall time is not its own; its CPU seconds times the loop's wall over CPU seconds is the
-    # device's pace for its work.
-    for n in group_sizes(rd):           # one untimed pass, as measure's sweeps
-        time_secagg_parts(n, params)
-    cpu0, wall0 = _cpu(), time.monotonic()
-    parts = [(n, time_secagg_parts(n, params)[0]) for _ in range(REPEATS) for n in group_sizes(rd)]
+    # The step follows training in every round, and a millisecond of crypto run in a 10 % quota's
+    # 1 ms slices after training has taken the caches costs 2-3 times its CPU back to back (1.2
+    # against 2.7 ms for a group of 10 here). Its CPU seconds times the loop's wall over CPU
+    # seconds is the device's pace: on the wall clock a quota's throttling gaps land wherever.
+    parts, cpu0, wall0 = [], _cpu(), time.monotonic()
+    for _ in range(REPEATS):
+        for n in group_sizes(rd):
+            train_epoch()
+            c = _cpu()
+            secagg_step(n)
+            parts.append((n, _cpu() - c))
     pace = (time.monotonic() - wall0) / (_cpu() - cpu0)
     rows += [Measurement("secagg", "secagg", rd.device(i), n, None, cpu * pace) for n, cpu in parts]
-    return {"csv": measurements_csv(rows, header), "share": share, "start": start, "end": time.monotonic()}
+    secagg_cpu = {n: statistics.fmean(c for k, c in parts if k == n) for n in group_sizes(rd)}
+    return {"csv": measurements_csv(rows, header), "share": share, "start": start, "end": time.monotonic(),
+            "secagg_cpu": secagg_cpu, "pace": pace}
 
 
 def _cpu() -> float:
@@ -724,6 +729,7 @@ def measured_phases(rd: Round, cloud: dict | None, edges: list[dict], clients: l
     out: dict = {p: [] for p in PHASES}
     groups = {(r["t"], r["k"], r["g"]): r for e in edges for r in e["groups"]}
     cpu, wall, busy, span = [0.0] * rd.n, [0.0] * rd.n, [0.0] * rd.n, [0.0] * rd.n
+    secagg_cpu: list[float] = []
     compute: list[list[float]] = [[] for _ in range(rd.n)]
     starts: dict[tuple, list[float]] = {}
     for i, recs in enumerate(clients):
@@ -736,6 +742,7 @@ def measured_phases(rd: Round, cloud: dict | None, edges: list[dict], clients: l
             out["download"].append(r["download_end"] - gr["start"])
             out["train"].append(r["train_end"] - r["download_end"])
             out["secagg"].append(r["upload_start"] - r["train_end"])
+            secagg_cpu.append(r["secagg_cpu"])
             out["upload"].append(gr["upload_end"][str(i)] - r["upload_start"])
             compute[i].append(r["upload_start"] - r["download_end"])
             cpu[i] += r["train_cpu"]
@@ -754,7 +761,7 @@ def measured_phases(rd: Round, cloud: dict | None, edges: list[dict], clients: l
         first = cloud["rounds"][0]["start"]
         last = max(max(r["end"]) for r in cloud["rounds"])
     return {**out, "makespan": last - first, "start": first, "end": last, "train_cpu": cpu, "train_wall": wall,
-            "compute": compute,
+            "compute": compute, "secagg_cpu": secagg_cpu,
             "share": [c / w / q if w > 0 else None for c, w, q in zip(busy, span, rd.quotas)],
             "spread": max((max(v) - min(v) for v in starts.values()), default=0.0),
             "dropped": [i for i, recs in enumerate(clients) if any(r["dropped"] for r in recs)]}
@@ -1019,10 +1026,21 @@ def client(spec: dict, i: int) -> None:
     client_secagg(0, len(rd.groups[g]), quantize(np.zeros(m), 1.0), _group_keys(len(rd.groups[g])))
     batches = [b for _ in range(rd.epochs) for b in range(0, len(y), BATCH)]
     drop = rd.drops.get(i)
+    keys = {n: _group_keys(n) for n in group_sizes(rd)}
+
+    def train_epoch() -> None:
+        for b in range(0, len(y), BATCH):
+            opt.zero_grad(set_to_none=True)
+            loss(model(x[b:b + BATCH]), y[b:b + BATCH]).backward()
+            opt.step()
+
+    def secagg_step(n: int) -> None:    # what the round runs between training and upload
+        client_secagg(0, n, quantize(torch.nn.utils.parameters_to_vector(params).detach().numpy(), 2.0**16), keys[n])
+
     _wait_go()
     # the device measured here, under the quota, among the other clients measuring theirs: before
     # the run and again after it, each client in its own process as it runs the rounds
-    calibrations = [calibrate_client(rd, i, model_bytes)]
+    calibrations = [calibrate_client(rd, i, model_bytes, train_epoch, secagg_step)]
     conn = net.connect(rd.edge_clients(rd.edge_of(g)).index(i))
     records = []
     for t in range(rd.rounds):
@@ -1052,14 +1070,16 @@ def client(spec: dict, i: int) -> None:
                 conn.close()          # (and no second calibration: the others still run)
                 print(json.dumps({"records": records, "calibrations": calibrations + [None]}), flush=True)
                 return
+            cpu1 = _cpu()
             q = quantize(torch.nn.utils.parameters_to_vector(params).detach().numpy(), 2.0**16)
             payload = client_secagg(u, n, q, data[4 * m:4 * m + 64 * n])
             rec["upload_start"] = time.monotonic()
+            rec["secagg_cpu"] = _cpu() - cpu1
             conn.sendall(payload)
             assert len(payload) == up
     net._recv_exactly(conn, 1)           # the last client round of the run is over
     conn.close()
-    calibrations.append(calibrate_client(rd, i, model_bytes))
+    calibrations.append(calibrate_client(rd, i, model_bytes, train_epoch, secagg_step))
     print(json.dumps({"records": records, "calibrations": calibrations}), flush=True)
 
 
@@ -1282,7 +1302,13 @@ def validate(rds: list[Round], out=print, workdir: Path | None = None) -> list[d
                    "loads": loads, "throttled_s": m["throttled"], "training_cpu_drift_pct": drift,
                    "dropped": [m["dropped"], e["offline"]], "drop_at": drop_at,
                    "measured_phases": {k: v for k, v in m.items() if k != "calibrations"}, "emulated_phases": {k: v for k, v in e.items() if k != "training_spans"},
-                   "round": asdict(rd)}
+                   "round": asdict(rd),
+                   # a client's part of secure aggregation, CPU ms: in the run against the calibrations'
+                   # (the same step after an epoch of training)
+                   "secagg_cpu_ms": {"run": 1000 * statistics.fmean(m["secagg_cpu"]) if m["secagg_cpu"] else None,
+                                     "calibrated": 1000 * statistics.fmean(
+                                         c["secagg_cpu"][str(len(rd.groups[rd.group_of(i)]))]
+                                         for i, cal in enumerate(m["calibrations"]) for c in cal if c is not None)}}
             rows.append(row)
             shares = (f"{100 * min(x for x in m['share'] if x is not None):.0f} %; {100 * min(before):.0f}, "
                       f"{100 * min(x for x in after if x is not None):.0f} %")
