@@ -528,7 +528,7 @@ def calibrate_client(rd: Round, i: int, model_bytes: int, train_epoch, secagg_st
     rows += [Measurement("secagg", "secagg", rd.device(i), n, None, cpu * pace) for n, cpu in parts]
     secagg_cpu = {n: statistics.fmean(c for k, c in parts if k == n) for n in group_sizes(rd)}
     return {"csv": measurements_csv(rows, header), "share": share, "start": start, "end": time.monotonic(),
-            "secagg_cpu": secagg_cpu, "pace": pace}
+            "secagg_cpu": secagg_cpu}
 
 
 def _cpu() -> float:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .sequential import NAMES, RARE_Z
+from .sequential import RARE_Z
 
 LEVEL = 0.95
 

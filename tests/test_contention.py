@@ -192,6 +192,25 @@ def test_a_client_offline_before_its_upload_ends_drops_out_then(tmp_path, access
     assert not (e[(e.client == 1) & (e.state == "idle")]["joules"] > 0).any()
 
 
+def _leaver_at_5_5(tmp_path):
+    """Two clients online from 0; client 1 leaves at 5.5 s."""
+    (tmp_path / "avail.csv").write_text("client,start_s,end_s\n0,0,1000\n1,0,5.5\n")
+    return Availability(AvailabilityConfig(file=str(tmp_path / "avail.csv")), 2, 0)
+
+
+def _whole_system_power(carbon=None, accounting="group-rounds"):
+    """Clients at WATTS, the shipped Pi 4 edge, a 50 W (20 W idle) cloud at PUE 1.5."""
+    from groupfel.cost_models.power import DevicePower, Polynomial, PowerCurve, PowerModel, shipped_power
+
+    def const(w):
+        return PowerCurve(Polynomial((w,)))
+    return PowerModel(
+        {"dev": DevicePower("dev", {s: const(w) for s, w in WATTS.items()}),
+         "raspberry-pi-4-edge": shipped_power()["raspberry-pi-4-edge"],
+         "dc": DevicePower("dc", {"aggregation": const(50.0), "secagg_server": const(50.0), "idle": const(20.0)})},
+        accounting, edge="raspberry-pi-4-edge", cloud="dc", cloud_pue=1.5, carbon=carbon)
+
+
 @pytest.mark.parametrize("accounting, edge_j, cloud_j", [
     # the edge holds its core 5..7 s (aggregation 2 s at 5 W: 10 J) and idles the rest of the 8 s
     # round (6 s at 1.6 W: 9.6 J); the cloud averages 1 group model in 2 s at 50 W, × PUE 1.5: 150 J
@@ -200,16 +219,8 @@ def test_a_client_offline_before_its_upload_ends_drops_out_then(tmp_path, access
     ("marginal", 6.8, 90.0),
 ])
 def test_the_edge_servers_and_the_cloud_are_charged_by_hand(accounting, edge_j, cloud_j):
-    from groupfel.cost_models.power import DevicePower, Polynomial, PowerCurve, PowerModel, shipped_power
-
-    def const(w):
-        return PowerCurve(Polynomial((w,)))
     fed, env = _fed(2, cores=1, aggregation=2.0)
-    fed.ctx.ledger.power = PowerModel(
-        {"dev": DevicePower("dev", {s: const(w) for s, w in WATTS.items()}),
-         "raspberry-pi-4-edge": shipped_power()["raspberry-pi-4-edge"],
-         "dc": DevicePower("dc", {"aggregation": const(50.0), "secagg_server": const(50.0), "idle": const(20.0)})},
-        accounting, edge="raspberry-pi-4-edge", cloud="dc", cloud_pue=1.5)
+    fed.ctx.ledger.power = _whole_system_power(accounting=accounting)
     fed.run_round(0, _groups([0, 1]))
     assert env.now == pytest.approx(8.0)
     led = fed.ctx.ledger
@@ -228,6 +239,7 @@ EMAPS = ("Datetime (UTC),Country,Zone Name,Zone Id,Carbon Intensity gCO₂eq/kWh
          "2024-01-01 02:00:00,Germany,Germany,DE,90,110,50,40,x,false\n")
 
 
+
 @pytest.mark.parametrize("fmt", ["electricity-maps", "simgrid"])
 def test_joules_and_grams_of_clients_edges_and_the_cloud_by_hand(tmp_path, fmt):
     """A shared 8 Mbit/s access, one core, aggregation 2 s, client 1 gone at 5.5 s mid-upload; an
@@ -238,7 +250,6 @@ def test_joules_and_grams_of_clients_edges_and_the_cloud_by_hand(tmp_path, fmt):
     the 9.25 s round (7.25 s × 1.6 W = 11.6 J at 0 s: 100). The cloud: 2 s × 50 W × PUE 1.5 =
     150 J at the round's start (100)."""
     from groupfel.cost_models.carbon import read_intensity
-    from groupfel.cost_models.power import DevicePower, Polynomial, PowerCurve, PowerModel, shipped_power
 
     if fmt == "electricity-maps":
         (tmp_path / "ci.csv").write_text(EMAPS)
@@ -248,17 +259,8 @@ def test_joules_and_grams_of_clients_edges_and_the_cloud_by_hand(tmp_path, fmt):
         (tmp_path / "ci.txt").write_text("client\t0\t100\nedge\t0\t100\nedge\t3\t400\ncloud\t0\t100\n")
         carbon = read_intensity(None, tmp_path / "ci.txt")
 
-    def const(w):
-        return PowerCurve(Polynomial((w,)))
-    csv = tmp_path / "avail.csv"
-    csv.write_text("client,start_s,end_s\n0,0,1000\n1,0,5.5\n")
-    avail = Availability(AvailabilityConfig(file=str(csv)), 2, 0)
-    fed, env = _fed(2, access=8.0, cores=1, aggregation=2.0, avail=avail)
-    fed.ctx.ledger.power = PowerModel(
-        {"dev": DevicePower("dev", {s: const(w) for s, w in WATTS.items()}),
-         "raspberry-pi-4-edge": shipped_power()["raspberry-pi-4-edge"],
-         "dc": DevicePower("dc", {"aggregation": const(50.0), "secagg_server": const(50.0), "idle": const(20.0)})},
-        edge="raspberry-pi-4-edge", cloud="dc", cloud_pue=1.5, carbon=carbon)
+    fed, env = _fed(2, access=8.0, cores=1, aggregation=2.0, avail=_leaver_at_5_5(tmp_path))
+    fed.ctx.ledger.power = _whole_system_power(carbon)
     sampled = _groups([0, 1])
     fed.offline(0, sampled)
     fed.run_round(0, sampled)
@@ -298,26 +300,17 @@ def test_the_whole_systems_joules_and_grams_by_hand(tmp_path):
     (aggregation 2 s; secure aggregation 1 s + 1 drop-out × 0.5 s) to 9.750594 s, then sends the
     model up (1 s): the round ends at 10.750594 s. Client 0 idles 8.750594 - 5.250594 = 3.5 s."""
     from groupfel.cost_models.carbon import read_intensity
-    from groupfel.cost_models.power import DevicePower, Polynomial, PowerCurve, PowerModel, shipped_power
     from groupfel.emulator.network.battery import Battery
 
     (tmp_path / "ci.csv").write_text(EMAPS)
     carbon = read_intensity(None, tmp_path / "ci.csv", "2024-01-01 00:59:57")     # 100 g/kWh, 400 from 3 s
 
-    def const(w):
-        return PowerCurve(Polynomial((w,)))
-    (tmp_path / "avail.csv").write_text("client,start_s,end_s\n0,0,1000\n1,0,5.5\n")
-    avail = Availability(AvailabilityConfig(file=str(tmp_path / "avail.csv")), 2, 0)
-    fed, env = _fed(2, access=8.0, cores=1, aggregation=2.0, avail=avail)
+    fed, env = _fed(2, access=8.0, cores=1, aggregation=2.0, avail=_leaver_at_5_5(tmp_path))
     fed.net.secagg = True
     fed.net.edge_curves.update({"secagg-server": quadratic(0.0, 0.0, 1.0),
                                 "secagg-server-recovery": quadratic(0.0, 0.0, 0.5)})
     fed.net.battery_j, fed.net.battery = 15.0, Battery(15.0, 0.5)
-    fed.ctx.ledger.power = PowerModel(
-        {"dev": DevicePower("dev", {s: const(w) for s, w in WATTS.items()}),
-         "raspberry-pi-4-edge": shipped_power()["raspberry-pi-4-edge"],
-         "dc": DevicePower("dc", {"aggregation": const(50.0), "secagg_server": const(50.0), "idle": const(20.0)})},
-        edge="raspberry-pi-4-edge", cloud="dc", cloud_pue=1.5, carbon=carbon)
+    fed.ctx.ledger.power = _whole_system_power(carbon)
     sampled = _groups([0, 1])
     assert fed.offline(0, sampled) == {(0, 1)}
     fed.run_round(0, sampled)

@@ -135,16 +135,7 @@ class ContendedFederation(Federation):
             if self._flat(c):       # an empty battery: offline since it emptied (within this stretch)
                 out[c] = 0.0
             elif avail is not None:
-                out[c], x = 0.0, start
-                while x < end:
-                    if avail.online(c, x):
-                        y = min(avail.online_until(c, x), end)
-                        out[c], x = out[c] + (y - x), y
-                    else:
-                        nxt = avail.next_online(c, x)
-                        if nxt is None or nxt >= end:
-                            break
-                        x = nxt
+                out[c] = avail.seconds_between(c, start, end)
         return out
 
     def absent(self, t: int) -> set[int]:
