@@ -5,7 +5,7 @@ seeds against a fixed design, and AdaStop on the same simulated studies.
         [--only 'SETTING/NOISE'] [--no-before] [--no-power] [--power-only LABEL] [--out results.jsonl]
         [--t-fallback] [--seed 1] [--power-seed 3] [--spending rho:R|hsd:G] [--boot-min N] [--test-min N]
         [--eq-min N] [--futility P] [--withhold-skew S] [--adastop-alphas 0.025] [--adastop-seed 11]
-        [--adastop-only 'K sd, NOISE'] [--single-look SAMPLES] [--continuation STUDIES] [--skew-flags STUDIES]
+        [--adastop-only 'K sd, NOISE'] [--adastop-corr R] [--single-look SAMPLES] [--continuation STUDIES] [--skew-flags STUDIES]
         [--test bootstrap|hall|hall-max|hall-boot|hall+bootstrap] [--calibration own|t] [--hall-skew m3/s3|G1]
     nice python benchmarks/sequential.py --docs --out results.jsonl   # every figure of the statistics docs
 
@@ -183,16 +183,21 @@ def adastop_study(ref: np.ndarray, arm: np.ndarray, comparator, alpha: float, se
 ADASTOP_ROWS = ((0.0, "normal"), (0.0, "gamma(0.5)"), (0.0, "lognormal"), (1.0, "normal"), (2.0, "normal"))
 
 
-def adastop_values(studies: int, k: float, noise: str, seed: int) -> np.ndarray:
+def adastop_values(studies: int, k: float, noise: str, seed: int, corr: float = 0.0) -> np.ndarray:
     """Both arms' values of ``studies`` simulated studies, (studies, 2, 20, 1), the reference first:
-    the same law in both, ``k`` paired sd apart."""
+    the same law in both, ``k`` paired sd apart. ``corr``: the correlation of the two arms' values
+    within a seed (a normal part both share, as a seed's data placement is shared), each arm's sd
+    chosen so that the paired sd stays 1: 2 sd² (1 - corr) = 1."""
     rng = np.random.default_rng(seed)
-    values = np.sqrt(0.5) * seq.noise_draw(rng, noise, (studies, 2, 20, 1))
+    own = seq.noise_draw(rng, noise, (studies, 2, 20, 1))
+    if corr:
+        own = np.sqrt(corr) * rng.standard_normal((studies, 1, 20, 1)) + np.sqrt(1 - corr) * own
+    values = np.sqrt(0.5 / (1 - corr)) * own
     values[:, 1] += k
     return values
 
 
-def adastop_rows(studies: int, seed: int, alphas: list[float], only: str, record) -> None:
+def adastop_rows(studies: int, seed: int, alphas: list[float], only: str, record, corr: float = 0.0) -> None:
     """AdaStop and this tool on the same simulated studies (generator ``seed`` and the row's index;
     AdaStop's permutations each study's own seed): false-decision rate or power, MC standard
     error, mean seeds."""
@@ -202,14 +207,15 @@ def adastop_rows(studies: int, seed: int, alphas: list[float], only: str, record
 
     logging.getLogger().setLevel(logging.WARNING)
     print(f"\nAdaStop (n = {ADASTOP_N}, K = {ADASTOP_K}, B = {ADASTOP_B:,}) and this tool on the same {studies} "
-          f"simulated studies a row, one comparison, max 20 seeds, paired sd 1; generator seed {seed}")
+          f"simulated studies a row, one comparison, max 20 seeds, paired sd 1, within-seed correlation {corr:g}; "
+          f"generator seed {seed}")
     print(f"{'true difference, noise':26s} " + " ".join(f"{f'AdaStop a={a:g}':>15s} {'(se)':>6s} {'seeds':>6s}"
                                                        for a in alphas) + f" {'ours':>7s} {'(se)':>6s} {'seeds':>6s}")
     se = lambda r: float(np.sqrt(r * (1 - r) / studies))   # noqa: E731
     for row, (k, noise) in enumerate(ADASTOP_ROWS):
         if only not in f"{k:g} sd, {noise}":
             continue
-        values = adastop_values(studies, k, noise, seed=[seed, row])
+        values = adastop_values(studies, k, noise, seed=[seed, row], corr=corr)
         perm_seeds = np.random.default_rng([seed, row, 1]).integers(2 ** 31, size=studies)
         got = {}
         for alpha in alphas:
@@ -217,14 +223,14 @@ def adastop_rows(studies: int, seed: int, alphas: list[float], only: str, record
                                  int(perm_seeds[i])) for i in range(studies)]
             r = float(np.mean([dec in ("larger", "smaller") for dec, _ in ada]))
             got[alpha] = (r, se(r), float(np.mean([u for _, u in ada])))
-        d, used = seq.simulate(studies, np.full((2, 1), np.sqrt(0.5)), np.array([0.05]), np.array([[k]]), corr=0.0,
-                               values=values)
+        d, used = seq.simulate(studies, np.full((2, 1), np.sqrt(0.5 / (1 - corr))), np.array([0.05]), np.array([[k]]),
+                               corr=corr, values=values)
         ours = float(np.isin(d, (seq.HIGHER, seq.LOWER)).mean())
         print(f"{f'{k:g} sd, {noise}':26s} " + " ".join(f"{r:15.2%} {s:6.2%} {u:6.1f}" for r, s, u in got.values())
               + f" {ours:7.2%} {se(ours):6.2%} {used.mean():6.1f}", flush=True)
         record(kind="adastop", setting=f"{k:g} sd", noise=noise, adastop={str(a): list(v) for a, v in got.items()},
                adastop_n=ADASTOP_N, adastop_k=ADASTOP_K, adastop_b=ADASTOP_B, ours=ours, ours_se=se(ours),
-               ours_seeds=float(used.mean()), studies=studies, seed=seed)
+               ours_seeds=float(used.mean()), studies=studies, seed=seed, **({"corr": corr} if corr else {}))
 
 
 def continuation(studies: int, seed: int, record) -> None:
@@ -339,6 +345,9 @@ def main() -> None:
                     help="AdaStop's alpha in each column (0.025: a 5 %% two-sided test, see ADASTOP_ALPHA)")
     ap.add_argument("--adastop-seed", type=int, default=11, help="generator seed of the AdaStop rows")
     ap.add_argument("--adastop-only", default="", help="AdaStop rows: a part of 'K sd, NOISE' (default: all)")
+    ap.add_argument("--adastop-corr", type=float, default=0.0,
+                    help="AdaStop rows: the correlation of two arms' values within a seed (default 0: AdaStop's "
+                         "unpaired setting; groupfel's arms share a seed's data placement)")
     ap.add_argument("--t-fallback", action="store_true",
                     help="the refused variant: the t-test's tail where the statistic lies beyond every resample")
     ap.add_argument("--spending", default=None,
@@ -451,7 +460,7 @@ def main() -> None:
     else:
         if args.adastop:
             adastop_rows(args.adastop, args.adastop_seed, [float(a) for a in args.adastop_alphas.split(",")],
-                         args.adastop_only, record)
+                         args.adastop_only, record, corr=args.adastop_corr)
     print(f"\n({time.perf_counter() - t0:.0f} s)")
 
 
