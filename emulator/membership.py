@@ -141,7 +141,8 @@ def form_groups(world: World, policy: GroupingPolicy, epoch: int, weights: torch
                                      eval_every=policy.discriminator_eval_every,
                                      early_stop=policy.discriminator_early_stop, lr=policy.discriminator_lr,
                                      local_steps=policy.discriminator_local_steps,
-                                     batch_size=policy.discriminator_batch_size, split=policy.discriminator_split)
+                                     batch_size=policy.discriminator_batch_size, split=policy.discriminator_split,
+                                     hidden=policy.discriminator_hidden)
             features = discriminator_features(world.dataset.x_train, world.dataset.y_train, world.dataset.num_classes)
             D, m, ran = discriminator_distances(features, [topo.client_samples[c] for c in members],
                                                 key(world.config.seed, "discriminators", epoch, j), spec,

@@ -140,7 +140,9 @@ class FedCollabGrouping(GroupingPolicy):
     one step on a minibatch of 32 at lr 0.01, for up to 2,000 rounds. ``discriminator_split =
     "stratified"`` (default) splits each client's samples by label as the authors' code: every
     client trains on half the edge's smallest client and holds out the rest; ``"random"`` draws
-    the split at random (at most 64 training and 100 held-out samples a client).
+    the split at random (at most 64 training and 100 held-out samples a client). Each discriminator
+    has ``discriminator_hidden`` hidden units (the authors' MLPDivergenceEstimator in
+    src/collab/model.py: 200; 32 by default here).
 
     ``ablation`` runs FedCollab Sec. 5.5's variants (Table 3): ``"ignore-quantities"`` replaces
     the quantity distribution β by the uniform 1/N (every client weighs the mean sample count),
@@ -160,6 +162,7 @@ class FedCollabGrouping(GroupingPolicy):
     discriminator_local_steps: int = 2       # steps a client takes a round (disc.py --iters: 1)
     discriminator_batch_size: int = 0        # samples a step takes; 0: all of the client's (disc.py: 32)
     discriminator_split: str = "stratified"  # or "random" (module groupfel.emulator.discriminator)
+    discriminator_hidden: int = 32           # hidden units (the authors' MLPDivergenceEstimator: 200)
     ablation: str = "none"           # FedCollab Sec. 5.5: "ignore-quantities" or "ignore-distances"
 
     @property
@@ -187,10 +190,10 @@ class FedCollabGrouping(GroupingPolicy):
             raise ValueError(f"discriminator_early_stop must be an integer >= 0, got {self.discriminator_early_stop!r}")
         if not self.discriminator_lr > 0:
             raise ValueError(f"discriminator_lr must be > 0, got {self.discriminator_lr!r}")
-        for name in ("discriminator_local_steps", "discriminator_batch_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < (1 if name.endswith("steps") else 0):
-                raise ValueError(f"{name} must be an integer >= {1 if name.endswith('steps') else 0}, got {value!r}")
+        for name in ("discriminator_local_steps", "discriminator_batch_size", "discriminator_hidden"):
+            value, least = getattr(self, name), 0 if name.endswith("batch_size") else 1
+            if not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
         if self.discriminator_split not in ("stratified", "random"):
             raise ValueError(f"discriminator_split must be 'stratified' or 'random', got {self.discriminator_split!r}")
         if self.ablation not in ABLATIONS:

@@ -7,6 +7,7 @@ from groupfel.emulator.config import parse_config
 from groupfel.emulator.discriminator import DiscriminatorSpec, discriminator_distances, discriminator_features
 from groupfel.emulator.driver import plan_arm, run_arm
 from groupfel.emulator.world import build_world, place_data
+from groupfel.policies.fedcollab import FedCollabGrouping
 from groupfel.topologies import load_dataset
 
 
@@ -68,6 +69,35 @@ def test_fedcollab_with_discriminators_in_a_run_charges_the_clients(tiny_dict, t
     assert len(D) == 72 and set(D.edge) == {0, 1} and (D[D.client_i == D.client_j].distance == 0).all()
     pairs = D.set_index(["client_i", "client_j"]).distance
     assert all(pairs[(a, b)] == pairs[(b, a)] for a, b in pairs.index)
+
+
+def test_the_discriminators_width_is_the_policys_and_is_charged(tiny_dict, tmp_path):
+    """discriminator_hidden reaches each discriminator: the authors' width (200) still tells
+    disjoint clients apart, and a client is charged in proportion to its discriminators' size."""
+    d = load_dataset("digits")
+    feats = discriminator_features(d.x_train, d.y_train, 10)
+    by_label = [np.flatnonzero(d.y_train == c) for c in range(10)]
+    low = np.concatenate([by_label[c][:20] for c in range(5)])
+    high = np.concatenate([by_label[c][:20] for c in range(5, 10)])
+    D, _, _ = discriminator_distances(feats, [low, high], (0,), DiscriminatorSpec(hidden=200), d.y_train)
+    assert D[0, 1] > 0.9
+
+    work = {}
+    for hidden in (32, 64):
+        tiny_dict["arms"] = [{"name": "fc", "grouping": {"policy": "fedcollab", "distance": "discriminator",
+                                                          "discriminator_rounds": 3, "discriminator_hidden": hidden},
+                              "sampling": {"policy": "random", "groups_per_round": 1}}]
+        tiny_dict["train"]["rounds"] = 1
+        world = build_world(parse_config(tiny_dict))
+        run_arm(world, plan_arm(world, 0), tmp_path / str(hidden))
+        ledger = pd.read_parquet(tmp_path / str(hidden) / "ledger.parquet")
+        work[hidden] = ledger[ledger.group == -1].sort_values("client").amount.to_numpy()
+    nf = world.dataset.x_train[0].size + world.dataset.num_classes
+    ratio = DiscriminatorSpec(hidden=64).n_params(nf) / DiscriminatorSpec(hidden=32).n_params(nf)
+    assert work[64] == pytest.approx(work[32] * ratio, rel=1e-9)
+
+    with pytest.raises(ValueError, match="discriminator_hidden must be an integer >= 1"):
+        FedCollabGrouping(distance="discriminator", discriminator_hidden=0)
 
 
 @pytest.mark.slow
