@@ -49,6 +49,30 @@ def test_report_renders_in_chromium(browser, tiny_dict, tmp_path, capsys):
         print(f"\nreport screenshot: {shot}")
 
 
+def test_report_embeds_the_runs_own_band_plots_unless_older_than_its_rows(tiny_dict, tmp_path):
+    """A multi-seed run's report shows the band plots its run drew from the same rows (not drawn a
+    second time); a plot older than runs.csv is drawn anew from the rows."""
+    import base64
+    import os
+
+    tiny_dict.update(seeds=[0, 1])
+    tiny_dict["train"].update(rounds=2)
+    run = tmp_path / "run"
+    run_experiment(parse_config(tiny_dict), run, progress=False, jobs=1)
+    own = {name: base64.b64encode((run / name).read_bytes()).decode()
+           for name in ("accuracy_vs_cost.png", "accuracy_vs_time.png")}
+    assert main(["report", str(run), "--out", str(tmp_path / "a.html")]) == 0
+    page = (tmp_path / "a.html").read_text()
+    assert all(b64 in page for b64 in own.values())
+
+    stamp = (run / "runs.csv").stat().st_mtime_ns
+    os.utime(run / "accuracy_vs_cost.png", ns=(stamp - 10**9, stamp - 10**9))
+    assert main(["report", str(run), "--out", str(tmp_path / "b.html")]) == 0
+    page = (tmp_path / "b.html").read_text()
+    assert own["accuracy_vs_cost.png"] not in page and own["accuracy_vs_time.png"] in page
+    assert page.count("<img") == (tmp_path / "a.html").read_text().count("<img")
+
+
 @pytest.mark.slow
 def test_an_energy_report_renders_its_joules_carbon_and_who_pays_in_chromium(browser, tiny_dict, tmp_path, capsys):
     tiny_dict.update(seeds=[0, 1, 2])
