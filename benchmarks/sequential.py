@@ -5,7 +5,8 @@ seeds against a fixed design, and AdaStop on the same simulated studies.
         [--only 'SETTING/NOISE'] [--no-before] [--no-power] [--power-only LABEL] [--out results.jsonl]
         [--t-fallback] [--seed 1] [--power-seed 3] [--spending rho:R|hsd:G] [--boot-min N] [--test-min N]
         [--eq-min N] [--futility P] [--withhold-skew S] [--adastop-alphas 0.025] [--adastop-seed 11]
-        [--adastop-only 'K sd, NOISE'] [--adastop-corr R] [--single-look SAMPLES] [--continuation STUDIES] [--skew-flags STUDIES]
+        [--adastop-only 'K sd, NOISE'] [--adastop-corr R] [--single-look SAMPLES] [--continuation STUDIES]
+        [--skew-flags STUDIES]
         [--test bootstrap|hall|hall-max|hall-boot|hall+bootstrap] [--calibration own|t] [--hall-skew m3/s3|G1]
     nice python benchmarks/sequential.py --docs --out results.jsonl   # every figure of the statistics docs
 

@@ -46,7 +46,8 @@ def check(setup: str, seed: int, hidden: int | None = None) -> dict:
     spec = DiscriminatorSpec(rounds=g["discriminator_rounds"], selection=g["discriminator_selection"],
                              eval_every=g["discriminator_eval_every"], early_stop=g["discriminator_early_stop"],
                              lr=g["discriminator_lr"], local_steps=g["discriminator_local_steps"],
-                             batch_size=g["discriminator_batch_size"], split=g.get("discriminator_split", "stratified"), hidden=hidden)
+                             batch_size=g["discriminator_batch_size"], split=g.get("discriminator_split", "stratified"),
+                             hidden=hidden)
     placed = place_data(config, load_dataset(config.data.dataset))
     d, topo = placed.dataset, placed.topology
     features = discriminator_features(d.x_train, d.y_train, d.num_classes)
@@ -60,7 +61,8 @@ def check(setup: str, seed: int, hidden: int | None = None) -> dict:
     sizes = topo.n_samples.astype(float)
     p = fedcollab_optimize(sizes, D, g["capacity"], np.random.default_rng(seed), g.get("restarts", 100))
     paper = np.repeat([0, 1, 2], [5, 5, 10])
-    return {"setup": setup, "seed": seed, "hidden": hidden, "disjoint_pairs": len(disjoint), "large_small_mean": round(float(ls.mean()), 4),
+    return {"setup": setup, "seed": seed, "hidden": hidden, "disjoint_pairs": len(disjoint),
+            "large_small_mean": round(float(ls.mean()), 4),
             "large_small_min": round(float(ls.min()), 4), "large_small_at_least_0_99": int((ls >= 0.99).sum()),
             "large_same_type_mean": round(float(np.mean(same_type)), 4),
             "small_mean": round(float(D[np.ix_(small, small)][~np.eye(10, dtype=bool)].mean()), 4),
