@@ -1023,10 +1023,10 @@ def client(spec: dict, i: int) -> None:
     m = model_bytes // 4
     # and one untimed run of its part of secure aggregation: the first calls into OpenSSL (X25519,
     # HKDF, AES-GCM, ChaCha20) cost some 10 ms of CPU once, 100 ms on a 10 % device
-    client_secagg(0, len(rd.groups[g]), quantize(np.zeros(m), 1.0), _group_keys(len(rd.groups[g])))
+    keys = {n: _group_keys(n) for n in group_sizes(rd)}
+    client_secagg(0, len(rd.groups[g]), quantize(np.zeros(m), 1.0), keys[len(rd.groups[g])])
     batches = [b for _ in range(rd.epochs) for b in range(0, len(y), BATCH)]
     drop = rd.drops.get(i)
-    keys = {n: _group_keys(n) for n in group_sizes(rd)}
 
     def train_epoch() -> None:
         for b in range(0, len(y), BATCH):

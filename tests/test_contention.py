@@ -239,7 +239,6 @@ EMAPS = ("Datetime (UTC),Country,Zone Name,Zone Id,Carbon Intensity gCO₂eq/kWh
          "2024-01-01 02:00:00,Germany,Germany,DE,90,110,50,40,x,false\n")
 
 
-
 @pytest.mark.parametrize("fmt", ["electricity-maps", "simgrid"])
 def test_joules_and_grams_of_clients_edges_and_the_cloud_by_hand(tmp_path, fmt):
     """A shared 8 Mbit/s access, one core, aggregation 2 s, client 1 gone at 5.5 s mid-upload; an
