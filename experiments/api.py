@@ -38,18 +38,9 @@ from groupfel.userfile import read_json
 from groupfel.emulator.io import check_writable
 from groupfel.emulator.runfiles import load_csv, load_json, load_parquet
 
-from . import track as _track
 
 __all__ = ["Study", "run", "load", "sweep", "whatif", "calibrate", "group"]
 
-
-def _report_html(root: Path, out: Path) -> Path:
-    from .report import build_report
-
-    return build_report(root, out)
-
-
-_track.report_builder = _report_html   # MLflow's report.html built in this process (track.report_builder)
 
 # -- configs given as objects --------------------------------------------------------------------
 

@@ -14,15 +14,6 @@ from groupfel.emulator.io import check_writable
 from . import cost_cli, flags, group_cli, study_cli, track
 
 
-def _report_html(root: Path, out: Path) -> Path:
-    from .api import _report_html as build   # pandas and the report when a tracked study ends, not before
-
-    return build(root, out)
-
-
-track.report_builder = _report_html   # MLflow's report.html built in this process (track.report_builder)
-
-
 def _cmd_run(args) -> int:
     from . import api
     from .runner import config_from_run_dir, default_config, load_config, report_diverged

@@ -50,13 +50,9 @@ def load_study(root: Path) -> Study:
     root = Path(root)
     if (root / "sweep.json").exists():
         meta = load_json(root / "sweep.json")
-        points = list(meta["points"])
         if not (root / "runs.csv").exists():
             raise InputError(f"report: {root} is an unfinished sweep; rerun its 'groupfel sweep' command first")
-        configs = {p: parse_config(load_json(root / p / "config.json")) for p in points}
-        config = configs[points[0]]
-        arms = [ArmRun(f"{p}/{a.name}", s, root / p / f"seed-{s}" / a.name)   # a point may run some arms only
-                for p in points for s in configs[p].seed_list for a in configs[p].arms]
+        config, arms = _sweep_arms(root, meta)
         results = load_csv(root / "runs.csv")
         results["arm"] = results["point"].astype(str) + "/" + results["arm"].astype(str)
         return Study("sweep", root, config, arms, results, load_csv(root / "summary.csv"), meta)
@@ -65,13 +61,12 @@ def load_study(root: Path) -> Study:
     from .runner import resolved_config
 
     config = resolved_config(root)
+    arms = _run_arms(root, config)
     if config.seeds is not None:
         if not (root / "runs.csv").exists():
             raise InputError(f"report: {root} is unfinished; resume it with 'groupfel run --resume {root}'")
-        arms = [ArmRun(a.name, s, root / f"seed-{s}" / a.name) for s in config.seed_list for a in config.arms]
         return Study("multi-seed run", root, config, arms, load_csv(root / "runs.csv"),
                      load_csv(root / "summary.csv"), {})
-    arms = [ArmRun(a.name, config.seed, root / a.name) for a in config.arms]
     missing = [str(a.path) for a in arms if not (a.path / "manifest.json").exists()]
     if missing or not (root / "summary.csv").exists():
         raise InputError(f"report: {root} is unfinished ({', '.join(missing) or 'no summary.csv'}); resume it "
@@ -80,6 +75,58 @@ def load_study(root: Path) -> Study:
     if "seed" not in results:
         results["seed"] = config.seed
     return Study("run", root, config, arms, results, load_csv(root / "summary.csv"), {})
+
+
+def _sweep_arms(root: Path, meta: dict) -> tuple[RunConfig, list[ArmRun]]:
+    points = list(meta["points"])
+    configs = {p: parse_config(load_json(root / p / "config.json")) for p in points}
+    arms = [ArmRun(f"{p}/{a.name}", s, root / p / f"seed-{s}" / a.name)   # a point may run some arms only
+            for p in points for s in configs[p].seed_list for a in configs[p].arms]
+    return configs[points[0]], arms
+
+
+def _run_arms(root: Path, config: RunConfig) -> list[ArmRun]:
+    if config.seeds is not None:
+        return [ArmRun(a.name, s, root / f"seed-{s}" / a.name) for s in config.seed_list for a in config.arms]
+    return [ArmRun(a.name, config.seed, root / a.name) for a in config.arms]
+
+
+def planned_arms(root: Path) -> tuple[RunConfig, list[ArmRun]] | None:
+    """The config and the arm runs the report of the study in ``root`` will show, known from its
+    configs before its tables exist; None where not known yet (no config written, or a study whose
+    seeds are still being decided)."""
+    root = Path(root)
+    try:
+        if (root / "sweep.json").exists():
+            config, arms = _sweep_arms(root, load_json(root / "sweep.json"))
+        elif (root / "config.json").exists():
+            from .runner import resolved_config
+
+            config = resolved_config(root)
+            arms = _run_arms(root, config)
+        else:
+            return None
+    except (InputError, OSError, ValueError, KeyError):
+        return None
+    return None if config.seeds == "auto" else (config, arms)
+
+
+SECTIONS = ("profiles", "breakdown", "grouping")   # the sections prepare_sections draws
+
+
+def prepare_sections(root: Path, config: RunConfig, arms: list[ArmRun], parts=SECTIONS) -> dict:
+    """The report's sections that need only the config (its cost profiles) or also the finished
+    arms' own files (the Eq. 5 breakdown, the grouping), drawn ahead of the study's tables: a
+    tracker draws them while the runner writes those, and :func:`build_report` takes them as
+    ``prepared``."""
+    study = Study("prepared", Path(root), config, arms, pd.DataFrame(), pd.DataFrame(), {})
+    draw = {"profiles": lambda: _profiles_figure(config), "breakdown": lambda: _breakdown(study),
+            "grouping": lambda: _grouping(study)}
+    return {"arms": _key(arms), **{part: draw[part]() for part in parts}}
+
+
+def _key(arms: list[ArmRun]) -> list[tuple[str, int, str]]:
+    return [(a.label, a.seed, str(a.path)) for a in arms]
 
 
 def _png(fig) -> str:
@@ -402,8 +449,9 @@ window.addEventListener('load', function () {
 </script>"""
 
 
-def build_report(root: Path, out: Path | None = None) -> Path:
-    """Write the HTML page of a run or sweep directory; returns its path."""
+def build_report(root: Path, out: Path | None = None, prepared: dict | None = None) -> Path:
+    """Write the HTML page of a run or sweep directory; returns its path. ``prepared``: sections of
+    :func:`prepare_sections`, used where drawn from the same arm runs as the study's."""
     import time
 
     from .plots import band_figure, energy_label
@@ -411,6 +459,7 @@ def build_report(root: Path, out: Path | None = None) -> Path:
     t0 = time.perf_counter()
     study = load_study(Path(root))
     _check_numerics(study)
+    pre = prepared if prepared is not None and prepared.get("arms") == _key(study.arms) else {}
     out = Path(out) if out else study.root / "report.html"
     energy = "energy_j" in study.results
     accounting = study.config.cost.energy_accounting
@@ -436,7 +485,7 @@ generated {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}</p>
 <p>Cost profiles: {', '.join(f'{d}/{study.config.cost.task}' for d in study.config.topology.devices)};
 training <code>{cost.training_method}</code>; group operations
 <code>{', '.join(cost.operations)}</code> (Eq. 5: K Σ<sub>i∈g</sub> (O<sub>g</sub>(|g|) + E·H(n<sub>i</sub>))).</p>
-{_profiles_figure(study.config)}
+{pre.get('profiles') or _profiles_figure(study.config)}
 <h2>Accuracy against cost and simulated time</h2>
 <p>Each seed's curve interpolated onto a common grid; line: mean, band: 95 % CI over seeds.</p>
 {bands['cost']}{bands['sim_time_s']}
@@ -444,9 +493,9 @@ training <code>{cost.training_method}</code>; group operations
 <h2>Summary</h2>
 {_summary(study)}
 <h2>Eq. 5 cost breakdown</h2>
-{_breakdown(study)}
+{pre.get('breakdown') or _breakdown(study)}
 <h2>Grouping</h2>
-{_grouping(study)}
+{pre.get('grouping') or _grouping(study)}
 <h2>Makespan</h2>
 {makespan}
 <h2>Versions and wall time</h2>

@@ -1,10 +1,13 @@
 """Live experiment tracking: every evaluated round of every (seed, arm) run of a run, a study or a
 sweep logged to TensorBoard or MLflow while it goes.
 
-The tracker lives in the driver and reads the results on disk: each arm's ``results.csv`` is
-rewritten at every evaluation on every backend (the pool's workers write it, Ray's driver lands it,
-a stack's runs write theirs), so a thread looks every ``track.every_s`` seconds and logs the rows
-it has not logged yet. It never writes a result: tracking on or off, every output is the same.
+The tracker lives in a process of its own beside the driver (``groupfel.experiments.track_agent``)
+and reads the results on disk: each arm's ``results.csv`` is rewritten at every evaluation on every
+backend (the pool's workers write it, Ray's driver lands it, a stack's runs write theirs), so it
+looks every ``track.every_s`` seconds and logs the rows it has not logged yet. Its imports, its
+store and its calls take no time from the run's own process; the run waits for it only at the end,
+while it logs the study's summary. It never writes a result: tracking on or off, every output is the
+same.
 
 Per arm and seed, one tracker run (MLflow: a child of the study's run; TensorBoard: a run folder
 ``<seed>/<arm>`` beneath the study's log folder) gets every column of ``results.csv`` with the
@@ -19,8 +22,8 @@ after the record, so no step is missing; none is logged twice: a TensorBoard wri
 are read back from the tracker. A finished run rerun logs nothing. A tracker failing mid-run is
 warned about once and dropped; the run goes on and a rerun logs what is missing.
 
-mlflow and tensorboard are optional (``pip install 'groupfel[track]'``) and imported only when a
-run tracks: this module's top level imports neither, nor pandas or pydantic.
+mlflow and tensorboard are optional (``pip install 'groupfel[track]'``) and imported only in the
+tracker's process: this module's top level imports neither, nor pandas or pydantic.
 """
 from __future__ import annotations
 
@@ -52,12 +55,6 @@ NOT_METRICS = ("arm", "seed", "round")
 INSTALL = "pip install 'groupfel[track]'"
 CONNECT_TIMEOUT_S = 5.0
 RESULTS_DEPTH = 3                    # arm/, seed-s/arm/, point/seed-s/arm/
-
-
-# report.html for MLflow's artifacts: experiments.report sits above the run commands, so the
-# commands above both (the CLI, the Python API) hand its builder down here and it runs in the
-# run's own process, its libraries already loaded; None: `groupfel report` in a process of its own
-report_builder: Callable[[Path, Path], Any] | None = None
 
 
 class TrackWarning(UserWarning):
@@ -146,72 +143,128 @@ def _read_state(root: Path) -> dict:
 # ---- a session ------------------------------------------------------------------------------------
 
 def open_session(asked: Any, configured: Any, root: Path, *, force: bool = False) -> Session | None:
-    """The tracking session of the run, sweep or study in ``root`` (None when off). An unreachable
-    tracker or a missing library is refused here, before any work, in one line (or, with
-    ``optional``, skipped after a warning)."""
+    """The tracking session of the run, sweep or study in ``root`` (None when off). A missing
+    library or a tracker that cannot be reached (nothing answers at its URI, no folder for its
+    store) is refused here, before any work, in one line (or, with ``optional``, skipped after a
+    warning); then the tracker's process starts and opens it while the run starts."""
     settings = resolve(asked, configured, Path(root))
     if settings is None:
         return None
     try:
-        backend = (_TensorBoard if settings.tracker == "tensorboard" else _MLflow)(settings, Path(root))
+        (_TensorBoard if settings.tracker == "tensorboard" else _MLflow).check(settings, Path(root))
     except InputError as exc:
         if not settings.optional:
             raise
         warnings.warn(f"{exc}; running without tracking (track.optional)", TrackWarning, stacklevel=2)
         return None
-    return Session(settings, Path(root), backend, force=force)
+    return Session(settings, Path(root), force=force)
+
+
+AGENT = "groupfel.experiments.track_agent"
+AGENT_WAIT_S = 900.0   # the most the run waits at its end for the tracker (MLflow's HTTP retries are bounded)
 
 
 class Session:
-    """Logs the rows of ``root``'s arms as they appear (``with session:`` a thread looks every
-    ``every_s``), then :meth:`finish` logs the study's summary. Every call to the tracker goes
-    through :meth:`_guard`: a failure is warned about once and tracking stops, never the run."""
+    """The run's side of tracking: starts the tracker's process (:mod:`groupfel.experiments.track_agent`)
+    on ``root`` and, at the end, hands it the study's summary and waits while it logs it. The
+    tracker's warnings reach the run's as :class:`TrackWarning` as they happen."""
 
-    def __init__(self, settings, root: Path, backend, *, force: bool = False):
-        self.settings, self.root, self.backend = settings, root, backend
+    def __init__(self, settings, root: Path, *, force: bool = False):
+        self.settings, self.root = settings, root
+        self.stats: dict = {}   # the tracker's own CPU seconds and its time at the end, once it is done
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", AGENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            text=True, encoding="utf-8", env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        self._send({"settings": settings.model_dump(mode="json"), "root": str(root), "force": force})
+        self._reader = threading.Thread(target=self._read, name="groupfel-track", daemon=True)
+        self._reader.start()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None:   # interrupted: what the runs finished last is logged, then the tracker stops
+            self._end({"cmd": "stop"})
+
+    def finish(self, summary, text: str) -> None:
+        """Log the study's summary table and verdicts (``text``) and, with MLflow, its plots and
+        report.html, once per change of its tables: a finished run rerun logs nothing."""
+        self._end({"cmd": "finish", "summary": summary.to_string(index=False), "text": text})
+
+    def _send(self, message: dict) -> None:
+        try:
+            self._proc.stdin.write(json.dumps(message) + "\n")
+            self._proc.stdin.flush()
+        except (OSError, ValueError):   # the tracker has gone: its reader warns
+            pass
+
+    def _end(self, message: dict) -> None:
+        if self._proc.stdin.closed:
+            return
+        self._send(message)
+        try:
+            self._proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self._proc.wait(AGENT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._reader.join()
+
+    def _read(self) -> None:
+        done = False
+        for line in self._proc.stdout:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if "warn" in message:
+                warnings.warn(message["warn"], TrackWarning, stacklevel=2)
+            if "done" in message:
+                done, self.stats = True, message["done"]
+        code = self._proc.wait()
+        if not done and code != 0:
+            warnings.warn(f"track: the tracker's process ended (exit {code}); the run goes on without tracking and "
+                          f"its results are complete; rerun the same command to log what is missing",
+                          TrackWarning, stacklevel=2)
+
+
+class Tracker:
+    """Logs the rows of ``root``'s arms as they appear (:meth:`sync`, called every ``every_s`` by
+    the tracker's process), then :meth:`finish` logs the study's summary. Every call to the tracker
+    goes through :meth:`_guard`: a failure is reported once (``warn``) and tracking stops, never the run."""
+
+    def __init__(self, settings, root: Path, *, force: bool = False, warn: Callable[[str], None]):
+        self.settings, self.root, self.warn = settings, root, warn
+        self.broken = False
+        try:
+            self.backend = (_TensorBoard if settings.tracker == "tensorboard" else _MLflow)(settings, root)
+        except Exception as exc:   # the store's own errors, past the run's checks: one line, then none
+            self.broken = True
+            line = str(exc) if isinstance(exc, InputError) else \
+                f"track: cannot use {settings.tracker} ({type(exc).__name__}: {_first(exc)})"
+            warn(f"{line}; the run goes on without tracking and its results are complete"
+                 if not settings.optional else f"{line}; running without tracking (track.optional)")
+            return
         state = {} if force else _read_state(root)
-        self.key = f"{settings.tracker} {backend.where}"
+        self.key = f"{settings.tracker} {self.backend.where}"
         logs = state.get("logs") if isinstance(state.get("logs"), dict) else {}
         self.state = {"last": settings.model_dump(), "logs": logs}
         self.log = logs.setdefault(self.key, {})
         self.log.setdefault("runs", {})
         self.backend.state = self.log
-        self.broken = False
-        self.lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._seen: dict[str, int] = {}      # results.csv -> the modification stamp last read
         self._dirty = False
 
-    # -- the thread ---------------------------------------------------------------------------
-
-    def __enter__(self) -> Session:
-        # what a resumed run has already, logged here before the run starts: a writer's first import
-        # (torch.utils.tensorboard) must not race the run's own import of torch from another thread;
-        # new rows appear only once the run has imported torch
-        self.sync()
-        self._thread = threading.Thread(target=self._loop, name="groupfel-track", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self.sync()   # what the runs finished last (or before an interruption)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.settings.every_s):
-            self.sync()
-
-    # -- logging --------------------------------------------------------------------------------
-
     def sync(self) -> None:
         """Log every row not logged yet of every arm under ``root``; close the runs of finished arms."""
-        with self.lock:
-            self._guard(self._sync)
-            if self._dirty:
-                self._save()
+        if self.broken:
+            return
+        self._guard(self._sync)
+        if self._dirty:
+            self._save()
 
     def _sync(self) -> None:
         from groupfel.emulator.runfiles import complete_manifest
@@ -256,43 +309,42 @@ class Session:
                 self._dirty = True
         self.backend.flush()
 
-    def finish(self, summary, text: str) -> None:
-        """Log the study's summary table and verdicts (``text``) and, with MLflow, its plots and
-        report.html, once per change of its tables: a finished run rerun logs nothing."""
-        with self.lock:
-            if self.broken:
-                return
-            digest = _tables_digest(self.root)
-            if self.log.get("summary") == digest:
-                self._guard(self.backend.close)
-                return
-
-            def log():
-                self.backend.log_study(summary, text, _study_files(self.root), _final_rows(self.root))
-                self.log["summary"] = digest
-                self._dirty = True
-
-            self._guard(log)
-            if self._dirty:
-                self._save()
+    def finish(self, summary: str, text: str, report: Callable[[Path], Any] | None = None) -> None:
+        """Log the study's summary table (``summary``, as text) and verdicts (``text``) and, with
+        MLflow, its plots and report.html (``report`` writes it to the path it is given), once per
+        change of its tables: a finished run rerun logs nothing."""
+        if self.broken:
+            return
+        digest = _tables_digest(self.root)
+        if self.log.get("summary") == digest:
             self._guard(self.backend.close)
+            return
+
+        def log():
+            self.backend.log_study(summary, text, _study_files(self.root), _final_rows(self.root), report)
+            self.log["summary"] = digest
+            self._dirty = True
+
+        self._guard(log)
+        if self._dirty:
+            self._save()
+        self._guard(self.backend.close)
 
     def _guard(self, call: Callable[[], None]) -> None:
         if self.broken:
             return
         try:
             call()
-        except Exception as exc:   # a tracker's failure must never cost the run: warn once, stop tracking
+        except Exception as exc:   # a tracker's failure must never cost the run: report once, stop tracking
             self._failed(exc)
 
     def _failed(self, exc: Exception) -> None:
         if self.broken:
             return
         self.broken = True
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
-        warnings.warn(f"track: {self.settings.tracker} at {self.backend.where} failed ({type(exc).__name__}: "
-                      f"{first}); the run goes on without tracking and its results are complete; rerun the "
-                      f"same command to log what is missing", TrackWarning, stacklevel=3)
+        self.warn(f"track: {self.settings.tracker} at {self.backend.where} failed ({type(exc).__name__}: "
+                  f"{_first(exc)}); the run goes on without tracking and its results are complete; rerun the "
+                  f"same command to log what is missing")
 
     def _save(self) -> None:
         """The record of what the tracker holds, written after it holds it."""
@@ -305,6 +357,10 @@ class Session:
             self._dirty = False
         except OSError as exc:
             self._failed(exc)
+
+
+def _first(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [""])[0][:300]
 
 
 # ---- reading the run folder ----------------------------------------------------------------------
@@ -450,15 +506,24 @@ class _TensorBoard:
     its series against cost (TensorBoard's x axis is a run's step; a folder of its own lets its
     writer reopen with its own ``purge_step``). The study's tables go to the log folder itself."""
 
-    def __init__(self, settings, root: Path):
+    @staticmethod
+    def check(settings, root: Path) -> None:
+        """In the run's process, before any work: the library and a writable log folder."""
         from importlib.util import find_spec
 
         from groupfel.emulator.io import check_writable
 
-        if find_spec("tensorboard") is None:   # imported by the first writer (see Session.__enter__)
+        if find_spec("tensorboard") is None:
             raise InputError(f"track: tensorboard is not installed; {INSTALL}")
-        self.logdir = Path(settings.dir) / root.name if settings.dir else root / TB_DIR
-        check_writable(self.logdir, "dir", "track.dir" if settings.dir else "track (the run folder)")
+        check_writable(_TensorBoard.logdir_of(settings, root), "dir",
+                       "track.dir" if settings.dir else "track (the run folder)")
+
+    @staticmethod
+    def logdir_of(settings, root: Path) -> Path:
+        return Path(settings.dir) / root.name if settings.dir else root / TB_DIR
+
+    def __init__(self, settings, root: Path):
+        self.logdir = self.logdir_of(settings, root)
         self.where = str(self.logdir.resolve())
         self.writers: dict[str, Any] = {}
         self.state: dict = {}
@@ -508,12 +573,12 @@ class _TensorBoard:
         for w in self.writers.values():
             w.flush()
 
-    def log_study(self, summary, text: str, files: list[Path], finals: dict[str, dict]) -> None:
+    def log_study(self, summary: str, text: str, files: list[Path], finals: dict[str, dict], report=None) -> None:
         step = self.state.get("study_step", -1) + 1
         from torch.utils.tensorboard import SummaryWriter
 
         w = SummaryWriter(str(self.logdir), purge_step=step, flush_secs=3600)
-        w.add_text("summary", _code(summary.to_string(index=False)), step)
+        w.add_text("summary", _code(summary), step)
         w.add_text("verdicts", _code(text), step)
         for name, row in finals.items():
             w.add_text(f"final/{name}", _markdown(row), step)
@@ -547,32 +612,48 @@ class _MLflow:
     BATCH = 1000   # metrics per log_batch (MLflow's limit)
     PARAMS = 100   # params per log_batch
 
+    FIX = ("start the tracking server (e.g. 'mlflow server --host 127.0.0.1 --port 5000') or set "
+           "MLFLOW_TRACKING_URI / [track] uri to one that runs, or pass --track-optional to run without tracking")
+
+    @staticmethod
+    def check(settings, root: Path) -> None:
+        """In the run's process, before any work and without importing mlflow: the library, a server
+        that answers, a folder for a local store."""
+        from importlib.util import find_spec
+
+        from groupfel.emulator.io import check_writable
+
+        if find_spec("mlflow") is None:
+            raise InputError(f"track: mlflow is not installed; {INSTALL}")
+        uri = settings.uri or os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:
+            return
+        _probe(uri, _MLflow.FIX)
+        parsed = urlparse(uri)
+        # SQLAlchemy's sqlite:///rel.db and sqlite:////abs.db: the path after the third slash
+        path = parsed.path[1:] if parsed.scheme == "sqlite" else parsed.path
+        if parsed.scheme in ("sqlite", "file", "") and path not in ("", ":memory:"):
+            check_writable(Path(path), "file" if parsed.scheme == "sqlite" else "dir",
+                           "track.uri (or MLFLOW_TRACKING_URI)")
+
     def __init__(self, settings, root: Path):
-        try:
-            import mlflow
-            from mlflow import MlflowClient
-        except ImportError:
-            raise InputError(f"track: mlflow is not installed; {INSTALL}") from None
+        import mlflow
+        from mlflow import MlflowClient
+
         # a server that stops answering mid-run: fail in seconds (then warn once), not retry for minutes
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
         logging.getLogger("alembic").setLevel(logging.WARNING)   # a new SQLite store's migrations
-        # the libraries' own deprecation notes are not the run's warnings (the CLI prints each of those)
-        warnings.filterwarnings("ignore", module=r"(mlflow|sqlalchemy|alembic|pydantic)(\.|$)")
         self.where = uri = settings.uri or os.environ.get("MLFLOW_TRACKING_URI") or mlflow.get_tracking_uri()
-        fix = ("start the tracking server (e.g. 'mlflow server --host 127.0.0.1 --port 5000') or set "
-               "MLFLOW_TRACKING_URI / [track] uri to one that runs, or pass --track-optional to run without "
-               "tracking")
-        _probe(uri, fix)
-        self.client = MlflowClient(uri)
         self.root, self.name, self.report = root, root.name, settings.report
         self.state: dict = {}
         self.resumed = False   # the study's run marked running again in this process
         try:
+            self.client = MlflowClient(uri)
             self.experiment_id = self._experiment(settings)
         except Exception as exc:   # the store's own errors, one line
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
-            raise InputError(f"track: cannot use MLflow at {uri} ({type(exc).__name__}: {first}); {fix}") from None
+            raise InputError(f"track: cannot use MLflow at {uri} ({type(exc).__name__}: {_first(exc)}); "
+                             f"{self.FIX}") from None
 
     def _experiment(self, settings) -> str:
         name = settings.experiment or (None if os.environ.get("MLFLOW_EXPERIMENT_ID") else
@@ -640,7 +721,7 @@ class _MLflow:
     def flush(self) -> None:
         pass
 
-    def log_study(self, summary, text: str, files: list[Path], finals: dict[str, dict]) -> None:
+    def log_study(self, summary: str, text: str, files: list[Path], finals: dict[str, dict], report=None) -> None:
         from mlflow.entities import Metric
 
         parent = self._parent()
@@ -655,28 +736,15 @@ class _MLflow:
         self.client.log_text(parent, text, "verdicts.txt")
         for path in files:
             self.client.log_artifact(parent, str(path))
-        if self.report:
+        if self.report and report is not None:
             with tempfile.TemporaryDirectory(prefix="groupfel-track-") as tmp:
-                report = Path(tmp) / "report.html"
-                _build_report(self.root, report)
-                if report.exists():   # else a folder the report cannot read (numerics of another machine)
-                    self.client.log_artifact(parent, str(report))
+                page = Path(tmp) / "report.html"
+                report(page)
+                if page.exists():   # else a folder the report cannot read (numerics of another machine)
+                    self.client.log_artifact(parent, str(page))
         self.client.set_terminated(parent, "FINISHED")
 
     def close(self) -> None:
-        pass
-
-
-def _build_report(root: Path, out: Path) -> None:
-    """``groupfel report`` of ``root`` into ``out``: by :data:`report_builder` where a command
-    above has given one, else as a user runs it; nothing where the report cannot read the folder."""
-    if report_builder is None:
-        subprocess.run([sys.executable, "-m", "groupfel", "report", str(root), "--out", str(out)],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
-        return
-    try:
-        report_builder(root, out)
-    except InputError:
         pass
 
 
@@ -708,5 +776,5 @@ def _probe(uri: str, fix: str) -> None:
         raise InputError(f"track: cannot reach MLflow at {uri} ({why}); {fix}") from None
 
 
-__all__ = ["TRACKERS", "Session", "open_session", "resolve", "add_track_arguments", "from_args", "study_text",
+__all__ = ["TRACKERS", "Session", "Tracker", "open_session", "resolve", "add_track_arguments", "from_args", "study_text",
            "sweep_text"]

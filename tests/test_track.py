@@ -353,11 +353,97 @@ def test_tensorboard_ui_shows_accuracy_against_cost_in_chromium(tmp_path, browse
         _stop(tb)
 
 
-def test_a_run_without_tracking_imports_neither_tracker(tmp_path):
+@pytest.mark.parametrize("track", [[], ["--track", "tensorboard"]])
+def test_the_runs_own_process_imports_neither_tracker(tmp_path, track):
+    """Untracked, or tracked: the tracker (its library, its writers) lives in a process of its own."""
     code = ("import sys, json\nfrom groupfel.experiments.cli import main\n"
             f"assert main(['run', {str(write_toml(tmp_path, _tiny(rounds=1, arms=1)))!r}, '--output', "
-            f"{str(tmp_path / 'run')!r}, '--quiet']) == 0\n"
+            f"{str(tmp_path / 'run')!r}, '--quiet', *{track!r}]) == 0\n"
             "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'mlflow', 'tensorboard'})))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+    if track:
+        _check_tensorboard(tmp_path / "run")
+
+
+def test_a_store_that_will_not_open_is_warned_about_once_and_the_run_completes(tmp_path, capsys):
+    """Past the checks before any work (the file exists and can be written) but not an MLflow store:
+    the tracker's process reports it once; the run's results are those of an untracked run."""
+    store = tmp_path / "not-a-store.db"
+    store.write_bytes(b"this is not a SQLite database\n" * 64)
+    d = _tiny(rounds=2, arms=1)
+    config = write_toml(tmp_path, d)
+    assert main(["run", str(config), "--output", str(tmp_path / "plain"), "--quiet"]) == 0
+    capsys.readouterr()
+    d["track"] = {"tracker": "mlflow", "uri": f"sqlite:///{store}"}
+    assert main(["run", str(write_toml(tmp_path, d, "tracked.toml")), "--output", str(tmp_path / "run"),
+                 "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("groupfel: warning: track: cannot use MLflow at sqlite:///") == 1, err
+    assert "results are complete" in err
+    for rel in ("summary.csv", "rg-random/results.csv", "rg-random/ledger.parquet"):
+        assert (tmp_path / "run" / rel).read_bytes() == (tmp_path / "plain" / rel).read_bytes(), rel
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _gone(pid: int) -> bool:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return True
+    return fields[0] == "Z"
+
+
+@pytest.mark.slow
+def test_the_tracker_stops_when_the_run_is_killed_alone(tmp_path):
+    """kill -9 of the run's process only (not its group): the tracker's process sees its input end
+    and exits rather than outlive the run."""
+    d = _tiny(rounds=30, arms=1, every_s=0.2)
+    proc = _start_run(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "run"), "--quiet"], tmp_path)
+    _wait_logged(tmp_path / "run" / "track.json", proc, 1)
+    agents = [c for c in _children(proc.pid)
+              if b"track_agent" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    assert len(agents) == 1
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    end = time.time() + 30
+    while not _gone(agents[0]) and time.time() < end:
+        time.sleep(0.1)
+    assert _gone(agents[0])
+
+
+def test_the_report_drawn_ahead_is_the_report_drawn_at_the_end(tmp_path):
+    """The sections the tracker draws while the run goes (report.prepare_sections) make the same
+    page as drawing it whole; sections of other arm runs are not used."""
+    import re
+
+    from groupfel.experiments.report import build_report, planned_arms, prepare_sections
+
+    root = tmp_path / "run"
+    api.run(_tiny(rounds=2, seeds=[0, 1]), root, jobs=1, progress=False)
+    config, arms = planned_arms(root)
+    assert [(a.label, a.seed) for a in arms] == [(a, s) for s in (0, 1) for a in ("covg-esrcov", "rg-random")]
+
+    def page(path: Path) -> str:
+        text = path.read_text()
+        text = re.sub(r"generated \d{4}-\d\d-\d\d \d\d:\d\d UTC", "", text)
+        return re.sub(r"Report built in [\d.]+ s", "", text)
+
+    whole = page(build_report(root, tmp_path / "whole.html"))
+    ahead = prepare_sections(root, config, arms, parts=("profiles",))
+    ahead.update(prepare_sections(root, config, arms, parts=("breakdown", "grouping")))
+    assert page(build_report(root, tmp_path / "ahead.html", prepared=ahead)) == whole
+    other = {**ahead, "arms": ahead["arms"][:1], "grouping": "<p>not this study's</p>"}
+    assert page(build_report(root, tmp_path / "other.html", prepared=other)) == whole
