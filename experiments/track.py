@@ -648,6 +648,7 @@ class _MLflow:
         self.root, self.name, self.report = root, root.name, settings.report
         self.state: dict = {}
         self.resumed = False   # the study's run marked running again in this process
+        self.fresh = False     # the study's run made in this process
         try:
             self.client = MlflowClient(uri)
             self.experiment_id = self._experiment(settings)
@@ -669,6 +670,7 @@ class _MLflow:
             run = self.client.create_run(self.experiment_id, run_name=self.name,
                                          tags={"groupfel.run_dir": str(self.root.resolve())})
             parent = self.state["parent"] = run.info.run_id
+            self.fresh = True   # made here: no child of it can exist yet
             self._params(parent, _flat(_study_config(self.root)))
         elif not self.resumed:
             self.client.update_run(parent, status="RUNNING")
@@ -685,7 +687,7 @@ class _MLflow:
     def open_run(self, name: str, run: dict, params: dict, tags: dict) -> None:
         parent = self._parent()
         # made before a kill that came ahead of the record: continue it rather than start a second one
-        found = self.client.search_runs([self.experiment_id], max_results=1, filter_string=(
+        found = [] if self.fresh else self.client.search_runs([self.experiment_id], max_results=1, filter_string=(
             f"tags.`mlflow.parentRunId` = '{parent}' and attributes.run_name = '{name}'"))
         if found:
             run["id"] = found[0].info.run_id
