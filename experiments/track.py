@@ -1,13 +1,13 @@
 """Live experiment tracking: every evaluated round of every (seed, arm) run of a run, a study or a
 sweep logged to TensorBoard or MLflow while it goes.
 
-The tracker lives in a process of its own beside the driver (``groupfel.experiments.track_agent``)
-and reads the results on disk: each arm's ``results.csv`` is rewritten at every evaluation on every
-backend (the pool's workers write it, Ray's driver lands it, a stack's runs write theirs), so it
-looks every ``track.every_s`` seconds and logs the rows it has not logged yet. Its imports, its
-store and its calls take no time from the run's own process; the run waits for it only at the end,
-while it logs the study's summary. It never writes a result: tracking on or off, every output is the
-same.
+The tracker reads the results on disk: each arm's ``results.csv`` is rewritten at every evaluation
+on every backend (the pool's workers write it, Ray's driver lands it, a stack's runs write theirs),
+so it looks every ``track.every_s`` seconds and logs the rows it has not logged yet. TensorBoard's
+tracker is a thread of the driver; MLflow's is a process of its own beside it
+(``groupfel.experiments.track_agent``), so that MLflow's import, its store and its calls take no
+time from the run's process, which waits for it only at the end while it logs the study's summary.
+It never writes a result: tracking on or off, every output is the same.
 
 Per arm and seed, one tracker run (MLflow: a child of the study's run; TensorBoard: a run folder
 ``<seed>/<arm>`` beneath the study's log folder) gets every column of ``results.csv`` with the
@@ -22,8 +22,9 @@ after the record, so no step is missing; none is logged twice: a TensorBoard wri
 are read back from the tracker. A finished run rerun logs nothing. A tracker failing mid-run is
 warned about once and dropped; the run goes on and a rerun logs what is missing.
 
-mlflow and tensorboard are optional (``pip install 'groupfel[track]'``) and imported only in the
-tracker's process: this module's top level imports neither, nor pandas or pydantic.
+mlflow and tensorboard are optional (``pip install 'groupfel[track]'``) and imported only when a
+run tracks (mlflow only in the tracker's process): this module's top level imports neither, nor
+pandas or pydantic.
 """
 from __future__ import annotations
 
@@ -146,7 +147,7 @@ def open_session(asked: Any, configured: Any, root: Path, *, force: bool = False
     """The tracking session of the run, sweep or study in ``root`` (None when off). A missing
     library or a tracker that cannot be reached (nothing answers at its URI, no folder for its
     store) is refused here, before any work, in one line (or, with ``optional``, skipped after a
-    warning); then the tracker's process starts and opens it while the run starts."""
+    warning); MLflow's process then opens it while the run starts."""
     settings = resolve(asked, configured, Path(root))
     if settings is None:
         return None
@@ -157,21 +158,77 @@ def open_session(asked: Any, configured: Any, root: Path, *, force: bool = False
             raise
         warnings.warn(f"{exc}; running without tracking (track.optional)", TrackWarning, stacklevel=2)
         return None
-    return Session(settings, Path(root), force=force)
+    host = _ThreadSession if settings.tracker == "tensorboard" else _ProcessSession
+    return host(settings, Path(root), force=force)
 
 
-AGENT = "groupfel.experiments.track_agent"
+AGENT = "groupfel.experiments.track_agent"   # MLflow's tracker process
 AGENT_WAIT_S = 900.0   # the most the run waits at its end for the tracker (MLflow's HTTP retries are bounded)
 
 
 class Session:
-    """The run's side of tracking: starts the tracker's process (:mod:`groupfel.experiments.track_agent`)
-    on ``root`` and, at the end, hands it the study's summary and waits while it logs it. The
-    tracker's warnings reach the run's as :class:`TrackWarning` as they happen."""
+    """The run's side of tracking: ``with session:`` while the runs go, then :meth:`finish`. Where
+    the :class:`Tracker` lives is the tracker's: TensorBoard's writer in a thread of the run's own
+    process (it appends to local files, and torch, which holds it, is loaded there already);
+    MLflow's client in a process of its own (its import, its store and every call to it, and
+    report.html, take no time from the run's process)."""
+
+    stats: dict = {}   # the tracker's process's CPU seconds and the run's wait for it at the end
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        pass
+
+    def finish(self, summary, text: str) -> None:
+        """Log the study's summary table and verdicts (``text``) and, with MLflow, its plots and
+        report.html, once per change of its tables: a finished run rerun logs nothing."""
+
+
+def _warn(text: str) -> None:
+    warnings.warn(text, TrackWarning, stacklevel=2)
+
+
+class _ThreadSession(Session):
+    """The tracker in a thread that looks every ``every_s``, then once more when the runs end."""
 
     def __init__(self, settings, root: Path, *, force: bool = False):
-        self.settings, self.root = settings, root
-        self.stats: dict = {}   # the tracker's own CPU seconds and its time at the end, once it is done
+        self.tracker = Tracker(settings, root, force=force, warn=_warn)
+        self.every_s = settings.every_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Session:
+        # what a resumed run has already, logged before the run starts: a writer's first import
+        # (torch.utils.tensorboard) must not race the run's own import of torch from another thread;
+        # new rows appear only once the run has imported torch
+        self.tracker.sync()
+        self._thread = threading.Thread(target=self._loop, name="groupfel-track", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.tracker.sync()   # what the runs finished last (or before an interruption)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.tracker.sync()
+
+    def finish(self, summary, text: str) -> None:
+        self.tracker.finish(summary.to_string(index=False), text)
+
+
+class _ProcessSession(Session):
+    """The tracker in :mod:`groupfel.experiments.track_agent`, started here; at the end it is handed
+    the study's summary and waited for while it logs it. Its warnings reach the run's as
+    :class:`TrackWarning` as they happen."""
+
+    def __init__(self, settings, root: Path, *, force: bool = False):
+        self.stats = {}
         self._proc = subprocess.Popen(
             [sys.executable, "-m", AGENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             text=True, encoding="utf-8", env={**os.environ, "PYTHONWARNINGS": "ignore"})
@@ -179,16 +236,11 @@ class Session:
         self._reader = threading.Thread(target=self._read, name="groupfel-track", daemon=True)
         self._reader.start()
 
-    def __enter__(self) -> Session:
-        return self
-
     def __exit__(self, exc_type, *exc) -> None:
         if exc_type is not None:   # interrupted: what the runs finished last is logged, then the tracker stops
             self._end({"cmd": "stop"})
 
     def finish(self, summary, text: str) -> None:
-        """Log the study's summary table and verdicts (``text``) and, with MLflow, its plots and
-        report.html, once per change of its tables: a finished run rerun logs nothing."""
         self._end({"cmd": "finish", "summary": summary.to_string(index=False), "text": text})
 
     def _send(self, message: dict) -> None:
@@ -221,19 +273,18 @@ class Session:
             except ValueError:
                 continue
             if "warn" in message:
-                warnings.warn(message["warn"], TrackWarning, stacklevel=2)
+                _warn(message["warn"])
             if "done" in message:
                 done, self.stats = True, message["done"]
         code = self._proc.wait()
         if not done and code != 0:
-            warnings.warn(f"track: the tracker's process ended (exit {code}); the run goes on without tracking and "
-                          f"its results are complete; rerun the same command to log what is missing",
-                          TrackWarning, stacklevel=2)
+            _warn(f"track: the tracker's process ended (exit {code}); the run goes on without tracking and its "
+                  f"results are complete; rerun the same command to log what is missing")
 
 
 class Tracker:
     """Logs the rows of ``root``'s arms as they appear (:meth:`sync`, called every ``every_s`` by
-    the tracker's process), then :meth:`finish` logs the study's summary. Every call to the tracker
+    its session's thread or process), then :meth:`finish` logs the study's summary. Every call to the tracker
     goes through :meth:`_guard`: a failure is reported once (``warn``) and tracking stops, never the run."""
 
     def __init__(self, settings, root: Path, *, force: bool = False, warn: Callable[[str], None]):

@@ -353,18 +353,20 @@ def test_tensorboard_ui_shows_accuracy_against_cost_in_chromium(tmp_path, browse
         _stop(tb)
 
 
-@pytest.mark.parametrize("track", [[], ["--track", "tensorboard"]])
+@pytest.mark.parametrize("track", [[], ["--track", "mlflow"]])
 def test_the_runs_own_process_imports_neither_tracker(tmp_path, track):
-    """Untracked, or tracked: the tracker (its library, its writers) lives in a process of its own."""
+    """Untracked, or tracked to MLflow: its client lives in a process of its own."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     code = ("import sys, json\nfrom groupfel.experiments.cli import main\n"
             f"assert main(['run', {str(write_toml(tmp_path, _tiny(rounds=1, arms=1)))!r}, '--output', "
             f"{str(tmp_path / 'run')!r}, '--quiet', *{track!r}]) == 0\n"
             "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'mlflow', 'tensorboard'})))")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": "own"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
     if track:
-        _check_tensorboard(tmp_path / "run")
+        _check_mlflow(MlflowClient(uri), "own", tmp_path / "run")
 
 
 def test_a_store_that_will_not_open_is_warned_about_once_and_the_run_completes(tmp_path, capsys):
@@ -408,9 +410,10 @@ def _gone(pid: int) -> bool:
 
 @pytest.mark.slow
 def test_the_tracker_stops_when_the_run_is_killed_alone(tmp_path):
-    """kill -9 of the run's process only (not its group): the tracker's process sees its input end
-    and exits rather than outlive the run."""
-    d = _tiny(rounds=30, arms=1, every_s=0.2)
+    """kill -9 of the run's process only (not its group): MLflow's tracker process sees its input
+    end and exits rather than outlive the run."""
+    d = _tiny(rounds=30, arms=1)
+    d["track"] = {"tracker": "mlflow", "uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "every_s": 0.2}
     proc = _start_run(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "run"), "--quiet"], tmp_path)
     _wait_logged(tmp_path / "run" / "track.json", proc, 1)
     agents = [c for c in _children(proc.pid)
