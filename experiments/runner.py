@@ -347,6 +347,7 @@ def run_experiment(config: RunConfig, run_dir: Path | None = None, *, force: boo
     MLflow as the runs go, over the config's ``[track]`` (:func:`groupfel.experiments.track.resolve`)."""
     from .track import open_session, study_text
 
+    numerics.apply(config.train.numerics)    # before torch loads (a TensorBoard writer imports it)
     run_dir = Path(run_dir) if run_dir else Path(config.output_dir) / config.name
     session = open_session(track, config.track, run_dir, force=force)   # an unreachable tracker: before any work
     config = config.model_copy(update={"track": None})

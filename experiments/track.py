@@ -284,8 +284,9 @@ class _ProcessSession(Session):
 
 class Tracker:
     """Logs the rows of ``root``'s arms as they appear (:meth:`sync`, called every ``every_s`` by
-    its session's thread or process), then :meth:`finish` logs the study's summary. Every call to the tracker
-    goes through :meth:`_guard`: a failure is reported once (``warn``) and tracking stops, never the run."""
+    its session's thread or process), then :meth:`finish` logs the study's summary. Every call to
+    the tracker goes through :meth:`_guard`: a failure is reported once (``warn``) and tracking
+    stops, never the run."""
 
     def __init__(self, settings, root: Path, *, force: bool = False, warn: Callable[[str], None]):
         self.settings, self.root, self.warn = settings, root, warn
