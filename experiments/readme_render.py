@@ -460,9 +460,10 @@ def seed_list(seeds) -> str:
     return _and([str(s) for s in seeds])
 
 
-def csv_seeds(name: str, mode: str, file: str, count: bool = False) -> str:
-    """The seeds a committed CSV's ``seed`` column holds (:func:`seed_list`), or with ``count`` how many."""
-    seeds = _csv(name, mode, file)["seed"].unique()
+def csv_seeds(name: str, mode: str, file: str, count: bool = False, **point) -> str:
+    """The seeds a committed CSV's ``seed`` column holds in the rows matching ``point``
+    (:func:`seed_list`), or with ``count`` how many."""
+    seeds = _select(_csv(name, mode, file), None, point)["seed"].unique()
     return str(len(seeds)) if count else seed_list(seeds)
 
 
@@ -515,6 +516,17 @@ def partitions(name: str, mode: str, file: str, column: str, **point) -> str:
     rows = _select(_csv(name, mode, file), None, point).sort_values("seed")
     return "; ".join(f"seed {int(r['seed'])}: " + ", ".join(_clients(g) for g in ast.literal_eval(r[column]))
                      for _, r in rows.iterrows())
+
+
+def partition_count(name: str, mode: str, file: str, column: str, target: list[list[int]], **point) -> str:
+    """How many of a committed CSV's rows matching ``point`` hold the partition ``target`` in
+    ``column`` (a list of client-index lists, in any order), with the number of those rows: "14 of 16"."""
+    import ast
+
+    want = {frozenset(g) for g in target}
+    rows = _select(_csv(name, mode, file), None, point)
+    hits = sum({frozenset(g) for g in ast.literal_eval(v)} == want for v in rows[column])
+    return f"{hits} of {len(rows)}"
 
 
 def groups_at(name: str, mode: str, arm: str, round: int) -> str:
@@ -678,7 +690,7 @@ def base_sources(quick: bool = False) -> str:
 FUNCTIONS = {f.__name__: f for f in (ours, paper, summary, cell, summary_ci, at_cost, at_round, at_cost_over,
                                      paired_at_cost, last, paired_last, paired_folders, before_after, paired_points, paired_final,
                                      cost_to, diverged, span, seeds, fmt, table1, arms_table, methods_table, grid, verdict_points, verdict_last, verdict_summary, verdict_ours, ours_bounds, either, before_after_at, mean_at, paired_at, paired_folders_at, csv_before_after,
-                                     table2, table2_diff, table2_span, sources, base_sources, csv_seeds, arm_seeds, per_seed, csv_span, csv_sum, partitions,
+                                     table2, table2_diff, table2_span, sources, base_sources, csv_seeds, arm_seeds, per_seed, csv_span, csv_sum, partitions, partition_count,
                                      seed_table, text, sig, verdict_folders, groups_at)}
 
 
