@@ -152,7 +152,7 @@ def direct() -> None:
     from groupfel.experiments.runner import default_config, run_experiment
 
     spent: dict[str, float] = {}
-    finish, open_session = track.Session.finish, track.open_session
+    open_session = track.open_session
 
     def opened(*a, **k):
         t0 = time.perf_counter()
@@ -161,13 +161,18 @@ def direct() -> None:
         finally:
             spent["the run's wait to open it"] = time.perf_counter() - t0
 
-    def finished(self, *a, **k):
-        t0 = time.perf_counter()
-        finish(self, *a, **k)
-        spent["the run's wait at the end"] = time.perf_counter() - t0
-        spent["its process's CPU"] = self.stats.get("cpu_s", float("nan"))
+    def timed(finish):
+        def finished(self, *a, **k):
+            t0 = time.perf_counter()
+            finish(self, *a, **k)
+            spent["the run's wait at the end"] = time.perf_counter() - t0
+            if "cpu_s" in self.stats:   # MLflow's process
+                spent["its process's CPU"] = self.stats["cpu_s"]
+        return finished
 
-    track.open_session, track.Session.finish = opened, finished
+    track.open_session = opened
+    for host in (track._ThreadSession, track._ProcessSession):   # TensorBoard's thread, MLflow's process
+        host.finish = timed(host.finish)
     with tempfile.TemporaryDirectory() as tmp:
         os.chdir(tmp)
         for mode in MODES[1:]:
