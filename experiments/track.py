@@ -173,7 +173,7 @@ class Session:
     MLflow's client in a process of its own (its import, its store and every call to it, and
     report.html, take no time from the run's process)."""
 
-    stats: dict = {}   # the tracker's process's CPU seconds and the run's wait for it at the end
+    stats: dict   # the tracker's process's CPU seconds and the run's wait for it at the end (MLflow's)
 
     def __enter__(self) -> Session:
         return self
@@ -195,6 +195,7 @@ class _ThreadSession(Session):
 
     def __init__(self, settings, root: Path, *, force: bool = False):
         self.tracker = Tracker(settings, root, force=force, warn=_warn)
+        self.stats = {}
         self.every_s = settings.every_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

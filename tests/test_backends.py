@@ -10,6 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from conftest import children
+
 from groupfel.emulator.config import parse_config
 from groupfel.errors import InputError
 from groupfel.experiments.backends import RayOptions, land, run_task, run_tasks, task_device
@@ -17,18 +19,6 @@ from groupfel.experiments.cli import main
 from groupfel.experiments.runner import prepare, run_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
 
 
 def test_a_pool_worker_killed_by_the_os_is_replaced_and_the_run_completes(tmp_path, tiny_dict):
@@ -51,7 +41,7 @@ def test_a_pool_worker_killed_by_the_os_is_replaced_and_the_run_completes(tmp_pa
     killed, deadline = [], time.time() + 300
     while not killed and proc.poll() is None and time.time() < deadline:
         if list(out.glob("seed-*/*/checkpoint.pt")):        # mid-run: a worker holds an arm
-            workers = [w for fs in _children(proc.pid) for w in _children(fs)]   # forkserver -> workers
+            workers = [w for fs in children(proc.pid) for w in children(fs)]   # forkserver -> workers
             if workers:
                 os.kill(workers[0], signal.SIGKILL)          # as the out-of-memory killer does
                 killed.append(workers[0])
@@ -91,7 +81,7 @@ def test_a_killed_run_takes_its_pool_workers_down_and_resumes_to_the_same_tables
     workers, deadline = [], time.time() + 300
     while not workers and proc.poll() is None and time.time() < deadline:
         if list(out.glob("seed-*/*/checkpoint.pt")):        # mid-run: the workers hold arms
-            workers = [w for fs in _children(proc.pid) for w in _children(fs)]   # forkserver -> workers
+            workers = [w for fs in children(proc.pid) for w in children(fs)]   # forkserver -> workers
         time.sleep(0.01)
     assert workers, "the run finished before it could be killed"
     proc.send_signal(signal.SIGTERM)

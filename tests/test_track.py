@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import TINY, write_toml
+from conftest import TINY, children, write_toml
 
 pytest.importorskip("mlflow")
 pytest.importorskip("tensorboard")
@@ -388,18 +388,6 @@ def test_a_store_that_will_not_open_is_warned_about_once_and_the_run_completes(t
         assert (tmp_path / "run" / rel).read_bytes() == (tmp_path / "plain" / rel).read_bytes(), rel
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
-
-
 def _gone(pid: int) -> bool:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -416,7 +404,7 @@ def test_the_tracker_stops_when_the_run_is_killed_alone(tmp_path):
     d["track"] = {"tracker": "mlflow", "uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "every_s": 0.2}
     proc = _start_run(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "run"), "--quiet"], tmp_path)
     _wait_logged(tmp_path / "run" / "track.json", proc, 1)
-    agents = [c for c in _children(proc.pid)
+    agents = [c for c in children(proc.pid)
               if b"track_agent" in Path(f"/proc/{c}/cmdline").read_bytes()]
     assert len(agents) == 1
     os.kill(proc.pid, signal.SIGKILL)
