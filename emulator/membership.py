@@ -145,7 +145,7 @@ def form_groups(world: World, policy: GroupingPolicy, epoch: int, weights: torch
                                      hidden=policy.discriminator_hidden)
             features = discriminator_features(world.dataset.x_train, world.dataset.y_train, world.dataset.num_classes)
             D, m, ran = discriminator_distances(features, [topo.client_samples[c] for c in members],
-                                                key(world.config.seed, "discriminators", epoch, j), spec,
+                                                key(world.config.world_rng_seed, "discriminators", epoch, j), spec,
                                                 world.dataset.y_train)
             view = EdgeView(labels, distances=D)
             distances.append((j, members, D))

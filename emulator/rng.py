@@ -22,9 +22,9 @@ STREAMS: dict[str, int | None] = {
     "update-probe": 9,     # a one-epoch update probe's batch seeds (FedCLAR): (t, edge)
     "personal": 10,        # a personal model's batch seeds (Ditto, Per-FedAvg), from the client's seed: (client seed,)
     "finetune": 11,        # a client's fine-tuning batch seeds at evaluation (Finetune; Per-FedAvg batches = "authors"): (client,)
-    "independent": 20,
+    "independent": 20,     # MAXFL: batch seeds of a client's own model in group round k of round t: (t, k, client)
     "availability": 21,    # a client's on/off process (topology.availability): (client,)
-    "heterogeneity": 22,   # a client's drawn bandwidth, latency and slowdown factor: (client,)     # MAXFL: batch seeds of a client's own model in group round k of round t: (t, k, client)
+    "heterogeneity": 22,   # a client's drawn bandwidth, latency and slowdown factor: (client,)
     "maxfl-prior": 31,     # MAXFL's w_prior, trained once (prior = "once"): (client,)
     "discriminators": None,  # FedCollab's discriminators at epoch e on an edge: (e, edge); sub-streams below
 }

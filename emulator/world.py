@@ -127,7 +127,7 @@ def place_data(config: RunConfig, dataset: Dataset) -> Placement:
     sizes_per_edge = tc.sizes
     n_clients = sum(sizes_per_edge)
     m = dataset.num_classes
-    rng = streams.rng(config.seed, "placement")
+    rng = streams.rng(config.world_rng_seed, "placement")
     mean = d.mean_samples if d.mean_samples is not None else (d.min_samples + d.max_samples) / 2
     std = d.std_samples if d.std_samples is not None else (d.max_samples - d.min_samples) / 4
     client_type = np.full(n_clients, -1)
@@ -167,7 +167,8 @@ def place_data(config: RunConfig, dataset: Dataset) -> Placement:
     elif authors_deal:   # the test split was cut with the training split, by label
         train = parts
     else:
-        train, test = split_local(parts, config.test_fraction, streams.rng(config.seed, "local-split"), d.test_samples)
+        train, test = split_local(parts, config.test_fraction, streams.rng(config.world_rng_seed, "local-split"),
+                                  d.test_samples)
     x, y = dataset.x_train, dataset.y_train
     if types:
         before = [train, test]

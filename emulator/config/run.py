@@ -36,6 +36,11 @@ class RunConfig(_Strict):
         "model (HCCT, FedCollab), evaluated on the clients' local test splits.")
     seed: int = Field(0, ge=0, le=INT64, description="The seed of a single-seed run: same config and seed give the same "
                       "tables.")
+    world_seed: int | None = Field(
+        None, ge=0, le=INT64, description="The seed of the world every seed of the run shares: the clients' data "
+        "(partition, placement, local test splits), their devices and links, and FedCollab's discriminator "
+        "distances; training, sampling and grouping follow the run's seed. Unset: the run's seed draws both, so "
+        "each seed is a new world. Set it to vary only training, as scripts that fix the data partition do.")
     seeds: list[Annotated[int, Field(ge=0, le=INT64)]] | Literal["auto"] | None = Field(
         None, description="Instead of seed: every arm runs on each seed; means with 95 % confidence intervals. "
         "\"auto\": seeds 0, 1, 2, ... are added until every comparison is decided, or max_seeds.")
@@ -126,6 +131,11 @@ class RunConfig(_Strict):
         """The local test share in effect (DataConfig.test_fraction's mode-dependent default)."""
         f = self.data.test_fraction
         return f if f is not None else (0.2 if self.mode == "per-group" else 0.0)
+
+    @property
+    def world_rng_seed(self) -> int:
+        """The seed of the world's draws (``world_seed``, else the run's seed)."""
+        return self.seed if self.world_seed is None else self.world_seed
 
     @property
     def seed_list(self) -> list[int]:

@@ -89,7 +89,7 @@ def build_network(config: RunConfig, n_clients: int, algorithm, operations: tupl
             raise InputError(f"topology.edge_profile: profile {tc.edge_profile} has no group_overhead curve "
                              f"aggregation, secagg-server or secagg-server-recovery; add one (cost.profiles_file)")
     clients = client_net(tc.heterogeneity, n_clients, tc.client_link.bandwidth_mbps, tc.client_link.latency_s,
-                         config.seed)
+                         config.world_rng_seed)
     if tc.client_link.burst_bytes:
         clients = replace(clients, burst_bytes=np.full(n_clients, float(tc.client_link.burst_bytes)))
     avail = Availability(tc.availability, n_clients, config.seed) if tc.availability is not None else None
