@@ -38,6 +38,7 @@ from .arm import (TRANSIENT, ArmPlan, ArmState, RoundStrategy, aggregation_weigh
                   sample_groups)
 from .io import CHECKPOINT, atomic_write, read_checkpoint, remove_checkpoint, remove_inside, write_checkpoint, write_json
 from .ledger import CostLedger
+from .eq5 import cost_record
 from .membership import write_distances
 from .rounds import STRATEGIES
 from .world import World
@@ -297,7 +298,8 @@ def run_arm(world: World, plan: ArmPlan, arm_dir: Path, on_round: OnRound | None
             "power_assumed": world.power.assumed()}
            if world.power is not None else {}),
         **strategy.manifest(), **strategy.fed.manifest(state.ledger), "algorithm": world.algorithm.name,
-        "model_parameters": world.engine.n_params, "wall_seconds_last_session": time.perf_counter() - wall0,
+        "cost_model": cost_record(world.cost), "model_parameters": world.engine.n_params,
+        "wall_seconds_last_session": time.perf_counter() - wall0,
         "versions": _versions(), **recorded, "plugins": world.plugins, "config": json.loads(cfg.model_dump_json())})
     remove_checkpoint(ckpt)
     if diverged:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from groupfel.cost_models import CostModel, get_profile, read_profiles
+from groupfel.cost_models import CostModel
 from groupfel.cost_models.power import PowerModel, build_power, build_server_power, read_power
 from groupfel.topologies import (DATASETS, Dataset, Link, Topology, assign_devices, build_topology, client_sizes,
                         dirichlet_partition, label_matrix, load_dataset)
@@ -21,6 +21,7 @@ from groupfel.errors import InputError
 from .algorithms import Algorithm, FedAvg, algorithms, make_algorithm
 from .network import EdgeNetwork, build_network
 from .devices import resolve as resolve_device
+from .eq5 import build_cost_model
 from .stacked import Kernels
 from .stacking import Stacks
 from .training import ENGINES, TorchEngine
@@ -195,25 +196,6 @@ def build_algorithm(config: RunConfig) -> Algorithm:
 
         check_algorithm(algorithm)
     return algorithm
-
-
-def build_cost_model(config: RunConfig, algorithm: Algorithm | None = None) -> CostModel:
-    """Eq. 5's cost model: the devices' curves, with the training curve and group operations the
-    config names, else the ones the training algorithm declares."""
-    c = config.cost
-    extra = read_profiles(c.profiles_file) if c.profiles_file else None
-    profiles = {dev: get_profile(f"{dev}/{c.task}", extra) for dev in config.topology.devices}
-    if algorithm is None:   # a shipped algorithm's declarations; never import a plug-in here (the report)
-        t = config.train
-        algorithm = make_algorithm(t.algorithm, t.algorithm_params, t.mu) if t.algorithm in algorithms else FedAvg()
-    training = c.training
-    if training is None:   # the algorithm's own curve where every profile measured one
-        curve = algorithm.training_curve
-        training = curve if all(curve in p.training for p in profiles.values()) else "sgd"
-    operations = c.group_operations
-    if operations is None:
-        operations = list(algorithm.group_operations)
-    return CostModel(profiles, training, tuple(operations), config.faults.recovery_multiple)
 
 
 def check_power_devices(config: RunConfig) -> list[str]:

@@ -23,7 +23,7 @@ import pandas as pd
 from groupfel.emulator.config import RunConfig, parse_config
 from groupfel.errors import InputError
 from groupfel.emulator.io import atomic_write
-from groupfel.emulator.runfiles import load_csv, load_json, load_parquet
+from groupfel.emulator.runfiles import complete_manifest, load_csv, load_json, load_parquet
 
 from .stats import ALL_METRICS, conclusion, render_summary
 
@@ -120,7 +120,7 @@ def prepare_sections(root: Path, config: RunConfig, arms: list[ArmRun], parts=SE
     tracker draws them while the runner writes those, and :func:`build_report` takes them as
     ``prepared``."""
     study = Study("prepared", Path(root), config, arms, pd.DataFrame(), pd.DataFrame(), {})
-    draw = {"profiles": lambda: _profiles_figure(config), "breakdown": lambda: _breakdown(study),
+    draw = {"profiles": lambda: _profiles_figure(study), "breakdown": lambda: _breakdown(study),
             "grouping": lambda: _grouping(study)}
     return {"arms": _key(arms), **{part: draw[part]() for part in parts}}
 
@@ -168,12 +168,20 @@ def _table(df: pd.DataFrame) -> str:
     return df.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="–", border=0, classes="t")
 
 
-def _profiles_figure(config: RunConfig) -> str:
-    from groupfel.emulator.world import build_cost_model
+def _cost_model(study: Study):
+    """The study's Eq. 5 cost model, with the training curve and group operations its first arm's
+    run resolved (recorded in its manifest; runs that predate the record: the algorithm's
+    declarations, which import torch)."""
+    from groupfel.emulator.eq5 import build_cost_model
 
+    manifest = complete_manifest(study.arms[0].path) if study.arms else None
+    return build_cost_model(study.config, declared=(manifest or {}).get("cost_model"))
+
+
+def _profiles_figure(study: Study) -> str:
     from .plots import plt
 
-    cost = build_cost_model(config)
+    cost = _cost_model(study)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6), dpi=100)
     sizes, samples = np.arange(2, 41), np.arange(1, 401)
     for device, prof in cost.profiles.items():
@@ -469,9 +477,7 @@ def build_report(root: Path, out: Path | None = None, prepared: dict | None = No
              for x in ("cost", "sim_time_s", *(("energy_j",) if energy else ()))}
     makespan, versions = _makespan(study)
     seeds = study.config.seed_list
-    from groupfel.emulator.world import build_cost_model
-
-    cost = build_cost_model(study.config)   # training and group operations as resolved from the algorithm
+    cost = _cost_model(study)
     title = f"groupfel {study.kind}: {study.root.name}"
     config_json = json.dumps(json.loads((study.root / ("sweep.json" if study.kind == "sweep" else "config.json"))
                                         .read_text()), indent=2)
@@ -485,7 +491,7 @@ generated {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}</p>
 <p>Cost profiles: {', '.join(f'{d}/{study.config.cost.task}' for d in study.config.topology.devices)};
 training <code>{cost.training_method}</code>; group operations
 <code>{', '.join(cost.operations)}</code> (Eq. 5: K Σ<sub>i∈g</sub> (O<sub>g</sub>(|g|) + E·H(n<sub>i</sub>))).</p>
-{pre.get('profiles') or _profiles_figure(study.config)}
+{pre.get('profiles') or _profiles_figure(study)}
 <h2>Accuracy against cost and simulated time</h2>
 <p>Each seed's curve interpolated onto a common grid; line: mean, band: 95 % CI over seeds.</p>
 {bands['cost']}{bands['sim_time_s']}

@@ -9,8 +9,9 @@ at once. It writes JSON lines on stdout: ``warn`` (a failure, once) and ``done``
 and the seconds the run waited for it at the end).
 
 It logs an arm as soon as it completes and, with report.html on, draws the report's slow sections
-while the run goes (the cost profiles as soon as the config is written, the Eq. 5 breakdown and the
-grouping once every planned arm is complete, while the runner writes the study's tables), so the
+while the run goes (the cost profiles as soon as the first arm completes, from the cost model its
+manifest records, so that this process never imports torch; the Eq. 5 breakdown and the grouping
+once every planned arm is complete, while the runner writes the study's tables), so the
 run's end waits only for the rest.
 It sits above both :mod:`.track` and :mod:`.report`, as the commands do.
 """
@@ -59,21 +60,23 @@ class _Plan:
             self.plan = report.planned_arms(self.root)
             if self.plan is None:
                 return False
-            if self.report:   # its imports too, while the run goes
-                self.prepared = report.prepare_sections(self.root, *self.plan, parts=("profiles",))
         config, arms = self.plan
         before = len(self.complete)
         self.complete |= {str(a.path) for a in arms
                           if str(a.path) not in self.complete and complete_manifest(a.path) is not None}
         if len(self.complete) == len(arms):
             self.finished = True
+        if self.report and self.prepared is None and arms and str(arms[0].path) in self.complete:
+            # its imports too, while the run goes
+            self.prepared = report.prepare_sections(self.root, *self.plan, parts=("profiles",))
         return len(self.complete) > before
 
     def prepare(self) -> None:
         from . import report
 
-        if self.finished and self.report and self.prepared is not None and "grouping" not in self.prepared:
-            self.prepared.update(report.prepare_sections(self.root, *self.plan, parts=("breakdown", "grouping")))
+        if self.finished and self.report and "grouping" not in (self.prepared or {}):
+            parts = [p for p in report.SECTIONS if p not in (self.prepared or {})]
+            self.prepared = {**(self.prepared or {}), **report.prepare_sections(self.root, *self.plan, parts=parts)}
 
     def build(self, out: Path) -> None:
         from groupfel.errors import InputError

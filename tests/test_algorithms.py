@@ -9,7 +9,8 @@ from groupfel.emulator.config import parse_config
 from groupfel.errors import InputError
 from groupfel.emulator.driver import CHECKPOINT, plan_arm, plan_arms, run_arm
 from groupfel.emulator.training import BatchedEngine, TorchEngine
-from groupfel.emulator.world import build_cost_model, build_world
+from groupfel.emulator.eq5 import build_cost_model
+from groupfel.emulator.world import build_world
 
 
 class Killed(Exception):

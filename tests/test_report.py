@@ -142,3 +142,30 @@ def test_band_figure_uses_small_multiples_beyond_4_arms():
     assert len([ax for ax in fig.axes if ax.get_visible()]) == 5
     fig = band_figure({"x": pd.DataFrame([r for r in rows if r["arm"] in ("a0", "a1")])})
     assert len([ax for ax in fig.axes if ax.get_visible()]) == 1
+
+
+def test_report_reads_the_cost_model_the_run_recorded_without_torch(tiny_dict, tmp_path):
+    """Each arm's manifest records the training curve and group operations its run resolved
+    (SCAFFOLD: its own secure aggregation); the report prices from that record in a process that
+    never imports torch, and reads the algorithm's declarations only for runs without the record."""
+    import json
+    import sys
+
+    tiny_dict["train"].update(rounds=1, algorithm="scaffold")
+    del tiny_dict["cost"]["group_operations"]   # the algorithm's own
+    run = tmp_path / "run"
+    run_experiment(parse_config(tiny_dict), run, progress=False, jobs=1)
+    manifest = json.loads((run / "covg-esrcov" / "manifest.json").read_text())
+    assert manifest["cost_model"] == {"training": "sgd", "operations": ["scaffold-secagg"]}
+    code = (f"import sys; from groupfel.experiments.report import build_report; "
+            f"build_report({str(run)!r}, {str(tmp_path / 'a.html')!r}); print('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip() == "False"
+    page = (tmp_path / "a.html").read_text()
+    assert "group operations\n<code>scaffold-secagg</code>" in page
+
+    for arm in ("covg-esrcov", "rg-random"):   # a run from before the record
+        path = run / arm / "manifest.json"
+        path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != "cost_model"}))
+    assert main(["report", str(run), "--out", str(tmp_path / "b.html")]) == 0
+    assert "group operations\n<code>scaffold-secagg</code>" in (tmp_path / "b.html").read_text()
