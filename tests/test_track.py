@@ -407,6 +407,8 @@ def test_the_tracker_stops_when_the_run_is_killed_alone(tmp_path):
     agents = [c for c in children(proc.pid)
               if b"track_agent" in Path(f"/proc/{c}/cmdline").read_bytes()]
     assert len(agents) == 1
+    # in the idle class: it takes only the cores the run leaves idle
+    assert os.sched_getscheduler(agents[0]) == os.SCHED_IDLE
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     end = time.time() + 30
