@@ -120,7 +120,7 @@ def prepare_sections(root: Path, config: RunConfig, arms: list[ArmRun], parts=SE
     tracker draws them while the runner writes those, and :func:`build_report` takes them as
     ``prepared``."""
     study = Study("prepared", Path(root), config, arms, pd.DataFrame(), pd.DataFrame(), {})
-    draw = {"profiles": lambda: _profiles_figure(study), "breakdown": lambda: _breakdown(study),
+    draw = {"profiles": lambda: _profiles_figure(_cost_model(study)), "breakdown": lambda: _breakdown(study),
             "grouping": lambda: _grouping(study)}
     return {"arms": _key(arms), **{part: draw[part]() for part in parts}}
 
@@ -178,10 +178,9 @@ def _cost_model(study: Study):
     return build_cost_model(study.config, declared=(manifest or {}).get("cost_model"))
 
 
-def _profiles_figure(study: Study) -> str:
+def _profiles_figure(cost) -> str:
     from .plots import plt
 
-    cost = _cost_model(study)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6), dpi=100)
     sizes, samples = np.arange(2, 41), np.arange(1, 401)
     for device, prof in cost.profiles.items():
@@ -491,7 +490,7 @@ generated {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}</p>
 <p>Cost profiles: {', '.join(f'{d}/{study.config.cost.task}' for d in study.config.topology.devices)};
 training <code>{cost.training_method}</code>; group operations
 <code>{', '.join(cost.operations)}</code> (Eq. 5: K Σ<sub>i∈g</sub> (O<sub>g</sub>(|g|) + E·H(n<sub>i</sub>))).</p>
-{pre.get('profiles') or _profiles_figure(study)}
+{pre.get('profiles') or _profiles_figure(cost)}
 <h2>Accuracy against cost and simulated time</h2>
 <p>Each seed's curve interpolated onto a common grid; line: mean, band: 95 % CI over seeds.</p>
 {bands['cost']}{bands['sim_time_s']}
