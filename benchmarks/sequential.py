@@ -430,29 +430,36 @@ def main() -> None:
                seeds=used, seed=args.seed)
     rows_power = not args.no_power
 
-    print("\npower (decided higher) and mean seeds, normal noise, max 20; fixed design: seeds for the same power")
-    print(f"{'setting':44s} {'power before':>12s} {'now':>6s} {'mean seeds before':>17s} {'now':>5s} {'fixed':>5s}")
+    print("\npower (decided higher) and mean seeds, normal noise, max 20; fixed design: seeds for the same power;\n"
+          "* mean seeds an arm runs, the reference's included, where an arm whose comparisons are all decided stops")
+    print(f"{'setting':44s} {'power before':>12s} {'now':>6s} {'mean seeds before':>17s} {'now':>5s} {'fixed':>5s} "
+          f"{'runs an arm*':>13s}")
     rows = [(f"one comparison, {k:g} paired sd", {"sd": np.array([[0.0], [1.0]]), "margin": np.array([0.05]),
                                                  "true_diff": np.array([[k]]), "corr": 0.0}, 1, k) for k in (0.5, 1, 2)]
     paired_sd = SD * np.sqrt(2 * (1 - CORR))
     rows.append(("demo family, all 12 shifted by 1 paired sd", {**DEMO, "true_diff": np.tile(paired_sd, (ARMS, 1))},
                  ARMS * 4, 1.0))
     def power_of(kw):
-        d, used = simulate(args.power_studies or n // 2, kw["sd"], kw["margin"], kw["true_diff"], seed=args.power_seed,
-                           **_kwargs(kw))
-        return (d == seq.HIGHER).mean(), used.mean()
+        """Power, mean seeds and mean runs an arm (the reference's included) where an arm whose
+        comparisons are all decided runs no more seeds."""
+        d, used, at = simulate(args.power_studies or n // 2, kw["sd"], kw["margin"], kw["true_diff"],
+                               seed=args.power_seed, decided_at=True, **_kwargs(kw))
+        arm_seeds = np.where((at > 0).all(axis=2), at.max(axis=2), used[:, None])
+        return (d == seq.HIGHER).mean(), used.mean(), (used + arm_seeds.sum(axis=1)).mean() / (at.shape[1] + 1)
 
     rows = [r for r in rows if rows_power and args.power_only in r[0]]
     with t_tests_at_every_look():
-        before = [(np.nan, np.nan) if args.no_before else power_of(kw) for _, kw, _, _ in rows]
+        before = [(np.nan, np.nan, np.nan) if args.no_before else power_of(kw) for _, kw, _, _ in rows]
     for (label, kw, family, k), old in zip(rows, before):
         out = [old, power_of(kw)]
         power = out[1][0]
         # near 100 % the power curve is flat and a fixed design's count meaningless: 99.9 % at most
         fixed = seq.fixed_seeds_needed(1.0, k, 0.0, family, power=min(power, 0.999)) if power > 0 else np.nan
-        print(f"{label:44s} {out[0][0]:12.1%} {power:6.1%} {out[0][1]:17.1f} {out[1][1]:5.1f} {fixed:5.0f}", flush=True)
+        print(f"{label:44s} {out[0][0]:12.1%} {power:6.1%} {out[0][1]:17.1f} {out[1][1]:5.1f} {fixed:5.0f} "
+              f"{out[1][2]:13.2f}", flush=True)
         record(kind="power", setting=label, before=float(out[0][0]), now=float(power), seeds_before=float(out[0][1]),
-               seeds=float(out[1][1]), fixed=fixed, studies_power=args.power_studies or n // 2, seed=args.power_seed)
+               seeds=float(out[1][1]), arm_runs=float(out[1][2]), fixed=fixed,
+               studies_power=args.power_studies or n // 2, seed=args.power_seed)
 
     try:
         import adastop  # noqa: F401

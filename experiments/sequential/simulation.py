@@ -55,7 +55,7 @@ def simulate(n_studies: int, sd: np.ndarray, margin: np.ndarray, true_diff: np.n
              batch: int = 2, max_seeds: int = 20, ref_mean: np.ndarray | None = None, relative: np.ndarray | None = None,
              corr: float = 0.5, tails: float | None = None, noise: str = "normal", seed: int = 0,
              alpha: float = design.ALPHA, resamples: int = design.BOOTSTRAP, futility: float | None = None,
-             values: np.ndarray | None = None, withhold_skew: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+             values: np.ndarray | None = None, withhold_skew: float | None = None, decided_at: bool = False) -> tuple:
     """``n_studies`` simulated studies of ``A`` arms against a reference on ``M`` metrics, run with
     the procedure of this module: looks after ``first`` seeds and every ``batch`` more up to
     ``max_seeds``, stopping when every comparison is decided. ``sd`` (M,) or (A + 1, M), the first
@@ -69,7 +69,9 @@ def simulate(n_studies: int, sd: np.ndarray, margin: np.ndarray, true_diff: np.n
     ``values``: every seed's values, (studies, A + 1, max_seeds, M), the reference arm first, in
     place of simulated ones (another procedure's simulated studies, run through this one).
     ``withhold_skew``: a look makes no decision on a comparison whose differences' sample skewness
-    (:func:`~.looktests.skewness`) is this far from 0 or further; it stays open."""
+    (:func:`~.looktests.skewness`) is this far from 0 or further; it stays open. ``decided_at``: also
+    return the seeds after which each comparison was first decided, (studies, A, M), 0 where never
+    (an arm whose comparisons are all decided need not run again: its later seeds are never read)."""
     rng = np.random.default_rng(seed)
     futility = design.FUTILITY if futility is None else futility
     margin = np.asarray(margin, float)
@@ -91,6 +93,7 @@ def simulate(n_studies: int, sd: np.ndarray, margin: np.ndarray, true_diff: np.n
     decisions = np.zeros((n_studies, n_arms, n_metrics), int)
     used = np.full(n_studies, ns[-1])
     open_ = np.ones(n_studies, bool)
+    first_decided = np.zeros((n_studies, n_arms, n_metrics), int)
     for k, n in enumerate(ns):
         idx = np.flatnonzero(open_)
         v = values[idx]
@@ -116,6 +119,7 @@ def simulate(n_studies: int, sd: np.ndarray, margin: np.ndarray, true_diff: np.n
                      adj[:, c:].reshape(-1, n_arms, n_metrics), alpha)
         if withhold_skew is not None:
             now = np.where(np.abs(skewness_rows(d)) >= withhold_skew, UNDECIDED, now)
+        first_decided[idx] = np.where((decisions[idx] == UNDECIDED) & (now != UNDECIDED), n, first_decided[idx])
         decisions[idx] = keep(decisions[idx], now)
         stop = (decisions[idx] != UNDECIDED).all(axis=(1, 2))
         if futility > 0:    # every open comparison heading nowhere: the study stops undecided
@@ -128,5 +132,5 @@ def simulate(n_studies: int, sd: np.ndarray, margin: np.ndarray, true_diff: np.n
         open_[idx[stop]] = False
         if not open_.any():
             break
-    return decisions, used
+    return (decisions, used, first_decided) if decided_at else (decisions, used)
 
