@@ -383,6 +383,19 @@ class Tracker:
             self._save()
         self._guard(self.backend.close)
 
+    def log_finals(self) -> None:
+        """Log each run's headline row as soon as the runner has written it (per_seed.csv, before
+        the study's statistics and plots), so that :meth:`finish` does not wait for it. A row
+        logged already is not logged again; TensorBoard logs them in :meth:`finish`."""
+        if self.broken or not hasattr(self.backend, "log_finals"):
+            return
+        finals = _final_rows(self.root)
+        if finals:
+            self._guard(lambda: self.backend.log_finals(finals))
+            if self.backend.logged_finals:
+                self._dirty = True
+                self._save()
+
     def _guard(self, call: Callable[[], None]) -> None:
         if self.broken:
             return
@@ -700,6 +713,7 @@ class _MLflow:
         self.where = uri = settings.uri or os.environ.get("MLFLOW_TRACKING_URI") or mlflow.get_tracking_uri()
         self.root, self.name, self.report = root, root.name, settings.report
         self.state: dict = {}
+        self.logged_finals = 0   # rows the last log_finals logged
         self.resumed = False   # the study's run marked running again in this process
         self.fresh = False     # the study's run made in this process
         try:
@@ -776,18 +790,29 @@ class _MLflow:
     def flush(self) -> None:
         pass
 
-    def log_study(self, summary: str, text: str, files: list[Path], finals: dict[str, dict], report=None) -> None:
+    def log_finals(self, finals: dict[str, dict]) -> None:
+        """Each run's headline row as ``final/<column>`` metrics at step 0, once per row: the
+        digest of the row logged is kept with the run (``final``)."""
         from mlflow.entities import Metric
 
-        parent = self._parent()
         runs = self.state.get("runs", {})
         now = int(time.time() * 1000)
+        self.logged_finals = 0
         for name, row in finals.items():
-            if name in runs and "id" in runs[name]:
-                values = {k: _number(str(v)) for k, v in row.items() if k not in ("arm", "seed")}
-                metrics = [Metric(f"final/{k}", v, now, 0) for k, v in values.items() if v is not None]
-                if metrics:
-                    self.client.log_batch(runs[name]["id"], metrics=metrics)
+            run = runs.get(name)
+            digest = hashlib.sha256(json.dumps(row, sort_keys=True).encode()).hexdigest()[:16]
+            if run is None or "id" not in run or run.get("final") == digest:
+                continue
+            values = {k: _number(str(v)) for k, v in row.items() if k not in ("arm", "seed")}
+            metrics = [Metric(f"final/{k}", v, now, 0) for k, v in values.items() if v is not None]
+            if metrics:
+                self.client.log_batch(run["id"], metrics=metrics)
+            run["final"] = digest
+            self.logged_finals += 1
+
+    def log_study(self, summary: str, text: str, files: list[Path], finals: dict[str, dict], report=None) -> None:
+        parent = self._parent()
+        self.log_finals(finals)
         self.client.log_text(parent, text, "verdicts.txt")
         for path in files:
             self.client.log_artifact(parent, str(path))

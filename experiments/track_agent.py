@@ -11,8 +11,9 @@ and the seconds the run waited for it at the end).
 It logs an arm as soon as it completes and, with report.html on, draws the report's slow sections
 while the run goes (the cost profiles as soon as the first arm completes, from the cost model its
 manifest records, so that this process never imports torch; the Eq. 5 breakdown and the grouping
-once every planned arm is complete, while the runner writes the study's tables), so the
-run's end waits only for the rest.
+once every planned arm is complete, while the runner writes the study's tables), and logs each
+run's headline row as soon as the runner writes per_seed.csv (while it computes the study's
+statistics and draws its plots), so the run's end waits only for the rest.
 It sits above both :mod:`.track` and :mod:`.report`, as the commands do.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from .track import Tracker
 
-POLL_S = 0.25   # how often it looks for the arms the report's sections wait for
+POLL_S = 0.25   # how often it looks for completed arms and the tables of headline rows
 
 
 def _say(message: dict) -> None:
@@ -89,6 +90,28 @@ class _Plan:
             pass
 
 
+class _Finals:
+    """The tables that hold each run's headline row (per_seed.csv, a single-seed run's
+    summary.csv), watched once every planned arm is complete: the runner writes them before the
+    study's statistics and plots, so the rows are logged while it draws those."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.seen: dict[Path, int] = {}
+
+    def changed(self) -> bool:
+        paths = [*self.root.glob("per_seed.csv"), *self.root.glob("*/per_seed.csv"), *self.root.glob("summary.csv")]
+        stamps = {}
+        for path in paths:
+            try:
+                stamps[path] = path.stat().st_mtime_ns
+            except OSError:
+                pass
+        fresh = any(self.seen.get(p) != t for p, t in stamps.items())
+        self.seen = stamps
+        return fresh
+
+
 class _Lines:
     """Whole lines from a file descriptor, read only when :func:`select.select` says so."""
 
@@ -122,12 +145,13 @@ def serve(lines: _Lines) -> dict:
     tracker = Tracker(settings, root, force=bool(first.get("force")), warn=lambda text: _say({"warn": text}))
     report = settings.tracker == "mlflow" and settings.report
     plan = _Plan(root, report)
+    finals = _Finals(root)
     tracker.sync()   # what a resumed run has already
     next_sync = time.monotonic() + settings.every_s
     while True:
         if not lines.ready():
             wait = max(0.0, next_sync - time.monotonic())
-            if select.select([lines.fd], [], [], wait if plan.finished or tracker.broken else min(wait, POLL_S))[0]:
+            if select.select([lines.fd], [], [], wait if tracker.broken else min(wait, POLL_S))[0]:
                 lines.read()
         if lines.ready():
             line = lines.line()
@@ -152,6 +176,8 @@ def serve(lines: _Lines) -> dict:
                 plan.prepare()
             except Exception:   # drawn again at the end, where a failure is the report's own
                 plan.prepared = None
+        if plan.finished and finals.changed():
+            tracker.log_finals()
 
 
 def main() -> int:

@@ -189,12 +189,43 @@ def test_mlflow_file_store_nested_runs_params_artifacts_and_a_rerun_logs_nothing
     final = client.get_run(children["seed-1/covg-esrcov"].info.run_id).data.metrics
     per_seed = pd.read_csv(tmp_path / "run" / "per_seed.csv").set_index(["seed", "arm"])
     assert final["final/final_acc"] == per_seed.loc[(1, "covg-esrcov"), "final_acc"]
+    # each headline row once, whether the tracker's process logged it ahead of the end or at it
+    assert {len(client.get_metric_history(r.info.run_id, "final/final_acc")) for r in children.values()} == {1}
     # rerun: a no-op, no run made and no step logged again
     counts = {n: len(client.get_metric_history(r.info.run_id, "accuracy")) for n, r in children.items()}
     api.run(_tiny(seeds=[0, 1]), tmp_path / "run", jobs=2, progress=False, track="mlflow")
     parent2, children2 = _mlflow_runs(client, "tiny-study")
     assert parent2.info.run_id == parent.info.run_id and set(children2) == set(children)
     assert {n: len(client.get_metric_history(r.info.run_id, "accuracy")) for n, r in children2.items()} == counts
+    assert {len(client.get_metric_history(r.info.run_id, "final/final_acc")) for r in children2.values()} == {1}
+
+
+def test_headline_rows_logged_ahead_are_not_logged_again_at_the_end(tmp_path, monkeypatch):
+    """The tracker's process logs each run's headline row as soon as per_seed.csv is written;
+    the study's end then logs only what changed since: every row once."""
+    from groupfel.emulator.config import TrackConfig
+    from groupfel.experiments.track import Tracker
+
+    monkeypatch.chdir(tmp_path)
+    api.run(_tiny(rounds=2, seeds=[0, 1]), tmp_path / "run", jobs=2, progress=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    settings = TrackConfig(tracker="mlflow", uri=uri, experiment="ahead", report=False)
+    warnings: list[str] = []
+    tracker = Tracker(settings, tmp_path / "run", force=True, warn=warnings.append)
+    tracker.sync()
+    tracker.log_finals()
+    assert tracker.backend.logged_finals == 4
+    tracker.log_finals()    # nothing changed: nothing logged
+    assert tracker.backend.logged_finals == 0
+    tracker.finish("summary", "verdicts")
+    assert not warnings
+    client = MlflowClient(uri)
+    parent, children = _mlflow_runs(client, "ahead")
+    per_seed = pd.read_csv(tmp_path / "run" / "per_seed.csv").set_index(["seed", "arm"])
+    for name, run in children.items():
+        history = client.get_metric_history(run.info.run_id, "final/final_acc")
+        seed, arm = name.split("/")
+        assert [m.value for m in history] == [per_seed.loc[(int(seed.removeprefix("seed-")), arm), "final_acc"]]
 
 
 @pytest.mark.slow
