@@ -4,12 +4,14 @@ to TensorBoard and to MLflow (a SQLite store), side by side in one run.
     python benchmarks/track.py [--repeat N] [--mlflow-uri URI] [--screenshots DIR] [--kill-resume]
     python benchmarks/track.py --direct
 
-Each repeat runs the three in turn (off, tensorboard, mlflow), each as ``groupfel run`` in a process
-of its own (a tracker's imports count, as for a user; MLflow's SQLite store made beforehand, as a
-user's exists), into fresh temporary folders, and prints
-each one's wall clock and the CPU seconds of its whole process tree (the pool's workers
-included), then each tracker's ratio to tracking off: the median over repeats. On a busy machine
-the wall clock carries the other jobs' noise; the CPU seconds carry less of it.
+Each repeat runs the three in turn (off, tensorboard, mlflow; every other repeat in the reverse
+order), each as ``groupfel run`` in a process of its own (a tracker's imports count, as for a user;
+MLflow's SQLite store made beforehand, as a user's exists), into fresh temporary folders, and
+prints each one's wall clock and the CPU seconds of its whole process tree (the pool's workers
+included), then each tracker's ratio to tracking off: the ratio of the medians over repeats, and
+the median of each repeat's own ratio (a repeat's three runs are minutes apart, the repeats
+further). On a busy machine the wall clock carries the other jobs' noise; the CPU seconds carry
+less of it.
 
 ``--screenshots DIR``: after the last repeat, TensorBoard's UI (on 127.0.0.1) showing the demo's
 accuracy against Eq. 5 cost, screenshotted in headless Chromium into DIR/track-tensorboard.png.
@@ -209,7 +211,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         os.chdir(tmp)   # MLflow's artifacts of a SQLite store land beside it
         for r in range(args.repeat):
-            for mode in MODES:
+            # every other repeat backwards: a machine that speeds up or slows down over the run
+            # favours no tracker
+            for mode in MODES if r % 2 == 0 else MODES[::-1]:
                 folder = Path(tmp) / f"{mode}-{r}"
                 folder.mkdir()
                 times[mode].append(one(mode, folder, args.mlflow_uri))
@@ -237,8 +241,9 @@ def main() -> None:
     for mode in MODES:
         wall = statistics.median(w for w, _ in times[mode])
         cpu = statistics.median(c for _, c in times[mode])
-        print(f"  {mode:12s} {wall:7.1f} s wall ({wall / base_wall:.3f}x off)   {cpu:7.1f} CPU-s "
-              f"({cpu / base_cpu:.3f}x off)")
+        paired = statistics.median(w / o for (w, _), (o, _) in zip(times[mode], times["off"]))
+        print(f"  {mode:12s} {wall:7.1f} s wall ({wall / base_wall:.3f}x off; each repeat's own ratio, median: "
+              f"{paired:.3f}x)   {cpu:7.1f} CPU-s ({cpu / base_cpu:.3f}x off)")
     print(f"  'groupfel report' of the demo in a process of its own: {report[0]:.1f} s wall, {report[1]:.1f} CPU-s (MLflow's "
           f"report.html artifact is built in the tracker's process, its slow sections while the run goes)")
 
