@@ -32,10 +32,10 @@ def main() -> None:
     collect = _collector()
     out = HERE / "full-authors-world"
     out.mkdir(exist_ok=True)
-    for file in ("runs.csv", "groups.csv"):
-        seed0 = pd.read_csv(HERE / "full-authors-partial" / file)
+    for file, per_run in (("runs.csv", "results.csv"), ("groups.csv", "groups.csv")):
+        seed0 = pd.read_csv(HERE / "full-authors-partial" / file, dtype={"clients": str})
         seed0 = seed0[(seed0["seed"] == 0) & seed0["arm"].isin(ARMS)]
-        rows = pd.concat([seed0, collect(sweep, file)], ignore_index=True)
+        rows = pd.concat([seed0, collect(sweep, per_run)], ignore_index=True)
         rows.to_csv(out / file, index=False)
     runs = pd.read_csv(out / "runs.csv")
     print({arm: sorted(g["seed"].unique().tolist()) for arm, g in runs.groupby("arm")})
