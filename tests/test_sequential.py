@@ -159,6 +159,23 @@ def test_clear_differences_stop_early_and_small_spread_shows_equivalence():
     assert (decisions == seq.EQUIVALENT).mean() > 0.9
 
 
+def test_each_comparison_says_after_how_many_seeds_it_was_first_decided():
+    """simulate(decided_at=True): the same decisions, and each decided comparison's first look
+    (an arm whose comparisons are all decided need not run again), no later than the study's end."""
+    sd = DEMO_SD / 2
+    true = np.tile(np.where(RELATIVE, 0.1 * DEMO_REF, 0.03), (3, 1))
+    kwargs = dict(ref_mean=DEMO_REF, relative=RELATIVE, seed=5)
+    decisions, used = _sim(300, sd, MARGIN, true, **kwargs)
+    again, used_again, at = _sim(300, sd, MARGIN, true, decided_at=True, **kwargs)
+    assert (again == decisions).all() and (used_again == used).all()
+    decided = decisions != seq.UNDECIDED
+    assert ((at > 0) == decided).all()
+    assert np.isin(at[decided], seq.looks(3, 2, 20)).all()
+    assert (at <= used[:, None, None]).all()
+    # some comparisons are decided at a look before their study's last
+    assert (at[decided] < np.broadcast_to(used[:, None, None], at.shape)[decided]).any()
+
+
 def test_fixed_design_seeds_are_exact_from_the_noncentral_t():
     """A one-sample t-test at 5 % with effect size 1 needs 10 pairs for 80 % power (exact: 0.803
     with 10, 0.748 with 9; the normal approximation plus t quantiles said 9 or 10 depending on the
