@@ -131,19 +131,23 @@ def execute_stack(jobs: Sequence[tuple[str, Path, int]], width: int, *, datasets
                 pass
             except BaseException as exc:   # raised below, once every partner has finished
                 errors[i] = exc
+                return
             finally:
                 world.engine.batcher.leave(world.engine.run)
+            # at once, not after the partners: a run stopped while they still train resumes only
+            # the unfinished arms, so a finished arm's record is written now or never
+            try:
+                engine = world.engine.batcher.engine
+                record_device(arm_dir, config.train.device, {
+                    "width": width, "runs": len(runs), "formulation": getattr(engine, "formulation", "sequential")})
+            except BaseException as exc:
+                errors[i] = exc
 
         workers = [threading.Thread(target=work, args=(i,), name=f"groupfel-run-{i}") for i in range(len(runs))]
         for w in workers:
             w.start()
         for w in workers:
             w.join()
-        for (config, world, _, arm_dir), error in zip(runs, errors):
-            if error is None:
-                engine = world.engine.batcher.engine
-                record_device(arm_dir, config.train.device, {
-                    "width": width, "runs": len(runs), "formulation": getattr(engine, "formulation", "sequential")})
         first = next((e for e in errors if e is not None), None)
         if first is not None:
             raise first
