@@ -524,6 +524,12 @@ def _study_files(root: Path) -> list[Path]:
         "summary.csv", "per_seed.csv", "points.csv", "looks.json", "curves.csv")))
 
 
+def final_tables(root: Path) -> list[Path]:
+    """The tables :func:`_final_rows` reads: per_seed.csv of a multi-seed run or of each sweep
+    point, and a single-seed run's summary.csv."""
+    return [*root.glob("per_seed.csv"), *root.glob("*/per_seed.csv"), *root.glob("summary.csv")]
+
+
 def _final_rows(root: Path) -> dict[str, dict]:
     """Each (seed, arm) run's headline row: per_seed.csv of a multi-seed run (or of each sweep
     point), summary.csv of a single-seed run."""

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from .track import Tracker
+from .track import Tracker, final_tables
 
 POLL_S = 0.25   # how often it looks for completed arms and the tables of headline rows
 
@@ -100,9 +100,8 @@ class _Finals:
         self.seen: dict[Path, int] = {}
 
     def changed(self) -> bool:
-        paths = [*self.root.glob("per_seed.csv"), *self.root.glob("*/per_seed.csv"), *self.root.glob("summary.csv")]
         stamps = {}
-        for path in paths:
+        for path in final_tables(self.root):
             try:
                 stamps[path] = path.stat().st_mtime_ns
             except OSError:
