@@ -53,7 +53,11 @@ brackets). The testbed is checked too: each client's CPU share (its CPU seconds 
 training's wall seconds, over its quota) in the run and in both calibrations, and the cores other
 work on the machine took meanwhile; a scenario where any client got less than ``STARVED`` of its
 quota is refused in one line, because no emulator of the device can know the machine's
-neighbours. ``finish spread`` bounds what the emulator's identical clients cannot show: the spread
+neighbours. Before the scenarios, a spin loop alone under each quota shows how the kernel
+delivers it (bursts, gaps and their cycle: bandwidth control notices a spent quota at the next
+tick, so a 10 % quota comes in bursts of a few ms some 25 ms apart, not 1 ms every 10 ms); a held
+training or secure-aggregation phase that is out and lasts under two of its quota's cycles is
+failed with that said, and with the same step's wall time in the calibration loop. ``finish spread`` bounds what the emulator's identical clients cannot show: the spread
 of the upload starts of clients it starts together, measured; on a shared link an upload can end
 up to that much earlier than the emulator's. ``upload error with the run's compute`` separates the
 network model from the compute model: the same run emulated with each client's compute stretched
@@ -517,18 +521,21 @@ def calibrate_client(rd: Round, i: int, model_bytes: int, train_epoch, secagg_st
     # 1 ms slices after training has taken the caches costs 2-3 times its CPU back to back (1.2
     # against 2.7 ms for a group of 10 here). Its CPU seconds times the loop's wall over CPU
     # seconds is the device's pace: on the wall clock a quota's throttling gaps land wherever.
-    parts, cpu0, wall0 = [], _cpu(), time.monotonic()
+    parts, walls, cpu0, wall0 = [], [], _cpu(), time.monotonic()
     for _ in range(REPEATS):
         for n in group_sizes(rd):
             train_epoch()
-            c = _cpu()
+            c, w = _cpu(), time.monotonic()
             secagg_step(n)
             parts.append((n, _cpu() - c))
+            walls.append((n, time.monotonic() - w))
     pace = (time.monotonic() - wall0) / (_cpu() - cpu0)
     rows += [Measurement("secagg", "secagg", rd.device(i), n, None, cpu * pace) for n, cpu in parts]
     secagg_cpu = {n: statistics.fmean(c for k, c in parts if k == n) for n in group_sizes(rd)}
+    # the same steps on the wall clock, not fitted: what the tick and the period's phase gave them
+    secagg_wall = {n: statistics.fmean(w for k, w in walls if k == n) for n in group_sizes(rd)}
     return {"csv": measurements_csv(rows, header), "share": share, "start": start, "end": time.monotonic(),
-            "secagg_cpu": secagg_cpu}
+            "secagg_cpu": secagg_cpu, "secagg_wall": secagg_wall}
 
 
 def _cpu() -> float:
@@ -580,6 +587,75 @@ def burst_check(share: float = 0.25, cpu_s: tuple[float, ...] = (0.06, 0.2), rep
                 f"asleep: {r['measured_s']:.3f} s measured (median of {repeats}), {r['modelled_s']:.3f} s by "
                 f"quota_seconds, {r['steady_s']:.3f} s at the steady pace")
     return rows
+
+
+_DELIVERY = r"""
+import json, sys, time
+sys.stdin.readline()
+bursts, gaps, end = [], [], time.monotonic() + float(sys.argv[1])
+last = start = time.monotonic()
+while last < end:
+    now = time.monotonic()
+    if now - last > float(sys.argv[2]):      # the loop was off the CPU: a throttle (or a neighbour)
+        bursts.append(last - start)
+        gaps.append(now - last)
+        start = now
+    last = now
+print(json.dumps({"bursts": bursts, "gaps": gaps}), flush=True)
+"""
+GAP_S = 0.0003           # a pause of the spin loop longer than this is a gap in the CPU it gets
+
+
+def delivery_summary(bursts: list[float], gaps: list[float]) -> dict:
+    """How a quota's CPU arrives: its bursts (stretches on a core) and the gaps between them.
+    ``cycle_s``: a burst and a gap on average, the span over which the quota's pace holds."""
+    if not bursts or not gaps:
+        return {"bursts": 0, "burst_median_s": None, "burst_range_s": None, "gap_median_s": None,
+                "cycle_s": None, "share": None}
+    b, g = statistics.fmean(bursts), statistics.fmean(gaps)
+    ordered = sorted(bursts)
+    return {"bursts": len(bursts), "burst_median_s": statistics.median(bursts),
+            "burst_range_s": [ordered[len(ordered) // 10], ordered[(9 * len(ordered)) // 10]],
+            "gap_median_s": statistics.median(gaps), "cycle_s": b + g, "share": b / (b + g)}
+
+
+def kernel_hz() -> int | None:
+    """The kernel's tick rate (CONFIG_HZ), where its config is readable: CFS bandwidth control
+    notices a spent quota at the next tick, so a burst runs past the quota by up to a tick."""
+    import gzip
+
+    for path in ("/proc/config.gz", f"/boot/config-{os.uname().release}"):
+        try:
+            text = (gzip.open(path, "rt") if path.endswith(".gz") else open(path)).read()
+        except OSError:
+            continue
+        m = re.search(r"^CONFIG_HZ=(\d+)$", text, re.M)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def delivery(share: float, seconds: float = 2.0) -> dict:
+    """A spin loop alone under ``share`` of a core for ``seconds``: how the kernel delivers the
+    quota (``delivery_summary``). A step shorter than about a cycle takes whatever wall time the
+    tick and the period's phase give it, not its CPU over the share."""
+    q = CpuQuota(f"gfq{os.getpid()}dlv", share)
+    try:
+        p = _spawn([sys.executable, "-c", _DELIVERY, str(seconds), str(GAP_S)])
+        q.add(p.pid)
+        _go(p)
+        got = json.loads(_finish([p], 60.0 + 20 * seconds)[0])
+    finally:
+        q.close()
+    return delivery_summary(got["bursts"], got["gaps"])
+
+
+def delivery_text(share: float, d: dict) -> str:
+    if d["cycle_s"] is None:
+        return f"{100 * share:g} %: no throttle seen"
+    lo, hi = d["burst_range_s"]
+    return (f"{100 * share:g} %: bursts {1000 * d['burst_median_s']:.1f} ms ({1000 * lo:.1f}-{1000 * hi:.1f}), "
+            f"gaps {1000 * d['gap_median_s']:.1f} ms, a cycle {1000 * d['cycle_s']:.1f} ms, {100 * d['share']:.0f} % got")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1240,6 +1316,11 @@ def validate(rds: list[Round], out=print, workdir: Path | None = None) -> list[d
     model_bytes = 4 * param_count(build_model("cnn", INPUT_SHAPE, NUM_CLASSES))
     out(f"digits CNN ({model_bytes // 4} parameters, {model_bytes} bytes); CFS period {PERIOD_US // 1000} ms; "
         f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; netem {'yes' if netem else 'no'}")
+    hz = kernel_hz()
+    dlv = {q: delivery(q) for q in sorted({q for rd in rds for q in rd.quotas if q < 1.0})}
+    dlv.update({q: None for rd in rds for q in rd.quotas if q >= 1.0})
+    out(f"quota delivery (a spin loop alone, 2 s; kernel tick {'unknown' if hz is None else f'{1000 / hz:g} ms'}): "
+        + "; ".join(delivery_text(q, d) for q, d in dlv.items() if d is not None))
     out("| scenario | clients | measured s | emulated s | makespan error % | "
         + " | ".join(f"{p} error %" for p in PHASES)
         + " | finish spread ms (upload bound %) | upload error with the run's compute % "
@@ -1308,7 +1389,13 @@ def validate(rds: list[Round], out=print, workdir: Path | None = None) -> list[d
                    "secagg_cpu_ms": {"run": 1000 * statistics.fmean(m["secagg_cpu"]) if m["secagg_cpu"] else None,
                                      "calibrated": 1000 * statistics.fmean(
                                          c["secagg_cpu"][str(len(rd.groups[rd.group_of(i)]))]
-                                         for i, cal in enumerate(m["calibrations"]) for c in cal if c is not None)}}
+                                         for i, cal in enumerate(m["calibrations"]) for c in cal if c is not None)},
+                   # and on the wall clock: the run's phase against the calibration loop's steps
+                   "secagg_wall_ms": {"run": 1000 * statistics.fmean(m["secagg"]) if m["secagg"] else None,
+                                      "calibration": 1000 * statistics.fmean(
+                                          c["secagg_wall"][str(len(rd.groups[rd.group_of(i)]))]
+                                          for i, cal in enumerate(m["calibrations"]) for c in cal if c is not None)},
+                   "delivery": {str(q): dlv[q] for q in sorted(set(rd.quotas))}}
             rows.append(row)
             shares = (f"{100 * min(x for x in m['share'] if x is not None):.0f} %; {100 * min(before):.0f}, "
                       f"{100 * min(x for x in after if x is not None):.0f} %")
@@ -1336,8 +1423,24 @@ def check(rows: list[dict], quick: bool) -> list[str]:
             if not ph["within"]:
                 what = (f"{ph['error_pct']:+.1f} %" if ph["count"][0] == ph["count"][1]
                         else f"{ph['count'][0]} measured, {ph['count'][1]} emulated")
-                why.append(f"{r['scenario']}: {p} {what}")
+                why.append(f"{r['scenario']}: {p} {what}{_granularity(r, p, ph)}")
     return why
+
+
+def _granularity(r: dict, phase: str, ph: dict) -> str:
+    """Where a compute phase lasts under two of its slowest quota's delivery cycles: that, and
+    (secure aggregation) what the same step took in the calibration loop. Said, not excused."""
+    if phase not in ("train", "secagg"):
+        return ""
+    cycles = [d["cycle_s"] for d in r.get("delivery", {}).values() if d and d["cycle_s"]]
+    if not cycles or ph["measured"] >= 2 * max(cycles):
+        return ""
+    q = min(float(k) for k, d in r["delivery"].items() if d and d["cycle_s"])
+    text = f" ({1000 * ph['measured']:.0f} ms: under two {100 * q:g} % delivery cycles, {1000 * max(cycles):.0f} ms"
+    wall = r.get("secagg_wall_ms") if phase == "secagg" else None
+    if wall and wall["calibration"] is not None:
+        text += f"; {wall['calibration']:.1f} ms a step in the calibration loop"
+    return text + ")"
 
 
 def main(argv: list[str] | None = None) -> int:

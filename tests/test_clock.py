@@ -148,6 +148,25 @@ def test_phase_check_holds_every_phase_of_20_ms_or_more():
         "makespan median 6.00 % > 2 %", "makespan worst 6.00 % > 5 %"]
 
 
+def test_delivery_summary_and_the_check_says_a_phase_is_under_two_cycles():
+    # bursts of 1 and 3 ms, gaps of 18 ms: a cycle of 2 + 18 = 20 ms on average, 10 % of a core
+    d = clock.delivery_summary([0.001, 0.003] * 10, [0.018] * 20)
+    assert d["cycle_s"] == pytest.approx(0.020) and d["share"] == pytest.approx(0.1)
+    assert d["burst_median_s"] == pytest.approx(0.002) and d["burst_range_s"] == pytest.approx([0.001, 0.003])
+    assert clock.delivery_text(0.1, d) == "10 %: bursts 2.0 ms (1.0-3.0), gaps 18.0 ms, a cycle 20.0 ms, 10 % got"
+    assert clock.delivery_summary([], [])["cycle_s"] is None
+    # a 25 ms secure aggregation off by 30 %: still a failure, said with the cycle and what the
+    # same step took in the calibration loop; a training phase of many cycles gets no such note
+    secagg = {"measured": 0.025, "emulated": 0.0175, "error_pct": -30.0, "held": True, "count": [2, 2],
+              "within": False}
+    train = {"measured": 1.0, "emulated": 1.2, "error_pct": 20.0, "held": True, "count": [2, 2], "within": False}
+    row = {"scenario": "t", "error_pct": 1.0, "phases": {"secagg": secagg, "train": train},
+           "delivery": {"0.1": d, "1.0": None}, "secagg_wall_ms": {"run": 25.0, "calibration": 17.4}}
+    assert clock.check([row], quick=True) == [
+        "t: secagg -30.0 % (25 ms: under two 10 % delivery cycles, 20 ms; 17.4 ms a step in the calibration loop)",
+        "t: train +20.0 %"]
+
+
 def test_starved_scenario_refused_in_one_line(monkeypatch, tmp_path):
     rd = clock.Round("starved", [0.5, 0.25], [[0, 1]], [100, 100], [8.0, 8.0])
     assert clock.starved(rd, [1.02, 0.95], "in the run") is None
@@ -280,6 +299,9 @@ def test_emulated_round_within_10_percent_of_real_clients_under_quotas():
     m = r["measured_phases"]
     assert min(m["throttled"][1:]) > 0, table
     assert all(0.6 < s < 1.8 for s in m["share"]), table
+    # the quota's delivery was probed alone first: the 25 % quota's bursts got about 25 %
+    assert table.startswith("digits CNN") and "quota delivery" in lines[1], table
+    assert 0.15 < r["delivery"]["0.25"]["share"] < 0.35, table
     # every namespace and cgroup was removed
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
     assert f"gfn{os.getpid()}x" not in left, left
