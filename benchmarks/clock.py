@@ -1450,6 +1450,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scenario", action="append", default=[],
                    help="only the scenarios whose name holds this text (repeat for more)")
     p.add_argument("--json", help="also write the rows (every client's phases) to this file")
+    p.add_argument("--keep", help="keep each scenario's measurement files and fitted profile CSV in this new "
+                   "folder (sN/: what the emulated run was calibrated with)")
     p.add_argument("--burst-check", action="store_true", help="only check the quota term against the kernel "
                    "(a spin loop after a sleep, at 10 and 100 ms periods)")
     p.add_argument("--period-ms", type=float, default=PERIOD_US / 1000, help="the CPU quota's period "
@@ -1471,9 +1473,10 @@ def main(argv: list[str] | None = None) -> int:
         names = "; ".join(rd.name for rd in scenarios())
         print(f"--scenario: no scenario's name holds {' or '.join(map(repr, a.scenario))}; the names: {names}")
         return 2
-    if a.json and os.path.exists(a.json):
-        print(f"--json: {a.json} exists; give a new file (a run never overwrites another's rows)")
-        return 2
+    for flag, path in (("--json", a.json), ("--keep", a.keep)):
+        if path and os.path.exists(path):
+            print(f"{flag}: {path} exists; give a new one (a run never overwrites another's)")
+            return 2
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     t = time.monotonic()
     if a.burst_check:
@@ -1484,7 +1487,7 @@ def main(argv: list[str] | None = None) -> int:
             burst_check()
         return 0
     try:
-        rows = validate(chosen)
+        rows = validate(chosen, workdir=Path(a.keep) if a.keep else None)
     except (Refused, net.Refused) as e:
         print(f"clock benchmark skipped: {e}")
         return 0

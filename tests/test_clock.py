@@ -106,8 +106,10 @@ def test_bad_scenario_or_json_refused_in_one_line(capsys, tmp_path):
     kept = tmp_path / "rows.json"
     kept.write_text("[]")
     assert clock.main(["--quick", "--json", str(kept)]) == 2
-    assert capsys.readouterr().out.strip() == f"--json: {kept} exists; give a new file (a run never overwrites another's rows)"
+    assert capsys.readouterr().out.strip() == f"--json: {kept} exists; give a new one (a run never overwrites another's)"
     assert kept.read_text() == "[]"
+    assert clock.main(["--quick", "--keep", str(tmp_path)]) == 2
+    assert capsys.readouterr().out.strip() == f"--keep: {tmp_path} exists; give a new one (a run never overwrites another's)"
 
 
 def test_training_sizes_bracket_the_shards_up_to_a_rounds_epochs():
