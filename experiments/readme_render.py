@@ -124,7 +124,11 @@ def summary_ci(name: str, mode: str, metric: str, arm: str | None = None, digits
     """``metric``'s mean [CI] (``final_acc``, ``acc_at_common_cost``, their ``_diff`` against the
     first arm ...) from ``sweep-summary.csv``, times ``scale``."""
     r = _select(_csv(name, mode, "sweep-summary.csv"), arm, point).iloc[0]
-    return _ci(*(float(r[f"{metric}_{k}"]) * scale for k in ("mean", "ci95_low", "ci95_high")), digits)
+    mean, low, high = (float(r[f"{metric}_{k}"]) * scale for k in ("mean", "ci95_low", "ci95_high"))
+    if metric.startswith(("final_acc", "acc_at_common_cost")):   # accuracies and their differences
+        width = 100.0 * scale / 100.0
+        low, high, _ = clip(low, high, (-width, width) if metric.endswith("_diff") else (0.0, width))
+    return _ci(mean, low, high, digits)
 
 
 # ----------------------------------------------------------------------------- runs.csv
@@ -563,7 +567,9 @@ def table1(mode: str) -> str:
     for (a, c), g in t.groupby(["alpha", "max_cov"], sort=True):
         m = {r["metric"]: r for _, r in g.iterrows()}
         ci = {k: _ci(m[k]["ours"], m[k]["ci95_low"], m[k]["ci95_high"], d) for k, d in
-              (("size_mean", 2), ("cov", 2), ("accuracy", 2))}
+              (("size_mean", 2), ("cov", 2))}
+        ci["accuracy"] = _ci(m["accuracy"]["ours"], *clip(m["accuracy"]["ci95_low"], m["accuracy"]["ci95_high"],
+                                                          (0.0, 100.0))[:2], 2)
         pm = {k: m[k]["paper"] for k in m}
         lines.append(f"| {a}, {c} | [{_g(m['size_min']['ours'])}, {_g(m['size_max']['ours'])}] ({ci['size_mean']}) "
                      f"| [{_g(pm['size_min'])}, {_g(pm['size_max'])}] ({fmt(pm['size_mean'])}) | {ci['cov']} "
@@ -651,7 +657,8 @@ def table2_diff(mode: str) -> str:
     points, mean [95 % CI]), then the paper's difference."""
     def cell(k, e):
         r = _select(_csv("table2", mode, "sweep-summary.csv"), "fedavg", {"K": k, "E": e}).iloc[0]
-        ours = _ci(*(-100 * float(r[f"final_acc_diff_{c}"]) for c in ("mean", "ci95_high", "ci95_low")), 1)
+        mean, low, high = (-100 * float(r[f"final_acc_diff_{c}"]) for c in ("mean", "ci95_high", "ci95_low"))
+        ours = _ci(mean, *clip(low, high, (-100.0, 100.0))[:2], 1)
         gap = float(paper("table2", "accuracy", "group-fel", 1, K=k, E=e)) - float(paper("table2", "accuracy", "fedavg", 1, K=k, E=e))
         return f"{ours} ({gap:+.1f})"
     return grid("table2", mode, "train.group_rounds", "train.local_epochs", cell)
