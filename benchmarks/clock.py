@@ -57,7 +57,8 @@ neighbours. Before the scenarios, a spin loop alone under each quota shows how t
 delivers it (bursts, gaps and their cycle: bandwidth control notices a spent quota at the next
 tick, so a 10 % quota comes in bursts of a few ms some 25 ms apart, not 1 ms every 10 ms); a held
 training or secure-aggregation phase that is out and lasts under two of its quota's cycles is
-failed with that said, and with the same step's wall time in the calibration loop. ``finish spread`` bounds what the emulator's identical clients cannot show: the spread
+failed with that said, and with the same step's wall time in the calibration loop.
+``finish spread`` bounds what the emulator's identical clients cannot show: the spread
 of the upload starts of clients it starts together, measured; on a shared link an upload can end
 up to that much earlier than the emulator's. ``upload error with the run's compute`` separates the
 network model from the compute model: the same run emulated with each client's compute stretched
@@ -626,7 +627,8 @@ def kernel_hz() -> int | None:
 
     for path in ("/proc/config.gz", f"/boot/config-{os.uname().release}"):
         try:
-            text = (gzip.open(path, "rt") if path.endswith(".gz") else open(path)).read()
+            with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
+                text = f.read()
         except OSError:
             continue
         m = re.search(r"^CONFIG_HZ=(\d+)$", text, re.M)
@@ -1319,8 +1321,9 @@ def validate(rds: list[Round], out=print, workdir: Path | None = None) -> list[d
     hz = kernel_hz()
     dlv = {q: delivery(q) for q in sorted({q for rd in rds for q in rd.quotas if q < 1.0})}
     dlv.update({q: None for rd in rds for q in rd.quotas if q >= 1.0})
-    out(f"quota delivery (a spin loop alone, 2 s; kernel tick {'unknown' if hz is None else f'{1000 / hz:g} ms'}): "
-        + "; ".join(delivery_text(q, d) for q, d in dlv.items() if d is not None))
+    if any(d is not None for d in dlv.values()):
+        out(f"quota delivery (a spin loop alone, 2 s; kernel tick {'unknown' if hz is None else f'{1000 / hz:g} ms'}): "
+            + "; ".join(delivery_text(q, d) for q, d in dlv.items() if d is not None))
     out("| scenario | clients | measured s | emulated s | makespan error % | "
         + " | ".join(f"{p} error %" for p in PHASES)
         + " | finish spread ms (upload bound %) | upload error with the run's compute % "
