@@ -41,7 +41,7 @@ def _select(df: pd.DataFrame, arm: str | None, point: dict[str, Any]) -> pd.Data
         col = col if col in df else {"clients": "topology.clients_per_edge", "alpha": "data.alpha", "max_cov": "arms.0.grouping.max_cov",
                "regroup": "arms.0.regroup_every", "algorithm": "train.algorithm", "K": "train.group_rounds",
                "E": "train.local_epochs", "size": "arms.0.grouping.min_group_size",
-               "partition": "data.partition"}.get(col, col)
+               "partition": "data.partition", "n_new": "topology.arrivals.per_arrival"}.get(col, col)
         as_number = pd.to_numeric(df[col], errors="coerce")
         if isinstance(value, (int, float)) and as_number.notna().any():
             df = df[as_number == float(value)]
