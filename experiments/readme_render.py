@@ -125,9 +125,8 @@ def summary_ci(name: str, mode: str, metric: str, arm: str | None = None, digits
     first arm ...) from ``sweep-summary.csv``, times ``scale``."""
     r = _select(_csv(name, mode, "sweep-summary.csv"), arm, point).iloc[0]
     mean, low, high = (float(r[f"{metric}_{k}"]) * scale for k in ("mean", "ci95_low", "ci95_high"))
-    if metric.startswith(("final_acc", "acc_at_common_cost")):   # accuracies and their differences
-        width = 100.0 * scale / 100.0
-        low, high, _ = clip(low, high, (-width, width) if metric.endswith("_diff") else (0.0, width))
+    if metric.startswith(("final_acc", "acc_at_common_cost")):   # proportions and their differences, × scale
+        low, high, _ = clip(low, high, (-scale, scale) if metric.endswith("_diff") else (0.0, scale))
     return _ci(mean, low, high, digits)
 
 
