@@ -524,17 +524,21 @@ def _study_files(root: Path) -> list[Path]:
         "summary.csv", "per_seed.csv", "points.csv", "looks.json", "curves.csv")))
 
 
+def _per_seed_tables(root: Path) -> list[Path]:
+    return [*root.glob("per_seed.csv"), *root.glob("*/per_seed.csv")]
+
+
 def final_tables(root: Path) -> list[Path]:
     """The tables :func:`_final_rows` reads: per_seed.csv of a multi-seed run or of each sweep
     point, and a single-seed run's summary.csv."""
-    return [*root.glob("per_seed.csv"), *root.glob("*/per_seed.csv"), *root.glob("summary.csv")]
+    return [*_per_seed_tables(root), *root.glob("summary.csv")]
 
 
 def _final_rows(root: Path) -> dict[str, dict]:
     """Each (seed, arm) run's headline row: per_seed.csv of a multi-seed run (or of each sweep
     point), summary.csv of a single-seed run."""
     out: dict[str, dict] = {}
-    for path in sorted([*root.glob("per_seed.csv"), *root.glob("*/per_seed.csv")]):
+    for path in sorted(_per_seed_tables(root)):
         prefix = path.parent.relative_to(root).as_posix()
         for r in _csv_dicts(path):
             name = f"seed-{r.get('seed')}/{r.get('arm')}"
