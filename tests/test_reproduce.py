@@ -444,6 +444,20 @@ def test_render_words_from_summary_intervals_and_from_two_arms_intervals(tmp_pat
     assert render_in(tmp_path, monkeypatch) == "Not reproduced; Does not hold; Does not hold [9.0, 13.0]"
 
 
+def test_table1_keeps_each_interval_in_its_metrics_range(tmp_path, monkeypatch):
+    """Group-FEL Table 1's row: a CoV interval stops at 0, a mean size's at 1 client and an
+    accuracy's at 100 % (hand-written rows whose t intervals cross each bound)."""
+    d = tmp_path / "table1" / "full"
+    d.mkdir(parents=True)
+    rows = {"size_min": (5, 5, 5), "size_max": (6, 6, 6), "size_mean": (1.5, 0.5, 2.5), "cov": (0.39, -0.01, 0.79),
+            "accuracy": (94.44, 91.62, 103.0)}
+    pd.DataFrame([{"alpha": 1.0, "max_cov": 0.5, "metric": k, "ours": o, "ci95_low": lo, "ci95_high": hi, "paper": 1.0}
+                  for k, (o, lo, hi) in rows.items()]).to_csv(d / "table1.csv", index=False)
+    (tmp_path / "t.md").write_text('{{ table1("full") }}')
+    assert render_in(tmp_path, monkeypatch).splitlines()[-1] == (
+        "| 1.0, 0.5 | [5, 6] (1.50 [1.00, 2.50]) | [1, 1] (1.00) | 0.39 [0.00, 0.79] | 1.00 | 94.44 [91.62, 100.00] | 1.00 |")
+
+
 def test_render_follows_a_studys_seeds(tmp_path, monkeypatch):
     """A study's CSV with a seed column: the seed list, a table with one column per seed, a
     column's range and each seed's partition, all from the file (hand-written rows)."""
