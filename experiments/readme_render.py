@@ -216,14 +216,21 @@ def _paired(diffs: list[float], column: str, scale: float, digits: int) -> str:
 # "Holds" where the 95 % interval lies on the claim's side of zero; "Does not hold" only where it
 # lies on the other side by more than MARGIN points (it excludes the claim by that margin);
 # otherwise "Not reproduced" (the seeds neither confirm nor refute it), with the interval beside.
+# For a claim that two arms are level: "Holds" where the interval lies within ±MARGIN, "Does not
+# hold" where it lies wholly outside it (on one side), otherwise "Not reproduced".
 MARGIN = 1.0
-CLAIMS = ("below", "above")
+CLAIMS = ("below", "above", "level")
 
 
 def word(low: float, high: float, claim: str, margin: float = MARGIN) -> str:
-    """The rule above on an interval [low, high] for a claim that the difference is ``claim`` zero."""
+    """The rule above on an interval [low, high] for a claim that the difference is ``claim`` zero
+    (``level``: within ±``margin``)."""
     if claim not in CLAIMS:
         raise ValueError(f"claim must be one of {CLAIMS}, got {claim!r}")
+    if claim == "level":
+        if -margin <= low and high <= margin:
+            return "Holds"
+        return "Does not hold" if low > margin or high < -margin else "Not reproduced"
     sign = 1.0 if claim == "below" else -1.0
     low, high = sorted((sign * low, sign * high))
     if high < 0:

@@ -417,6 +417,13 @@ def test_readme_words_follow_the_interval_and_the_margin():
     assert word(3.65, 11.56, "below") == "Does not hold"
     assert word(3.65, 11.56, "above") == "Holds"
     assert word(-11.56, -3.65, "above") == "Does not hold"
+    # a claim that two arms are level: within ±1 point, wholly outside it, or neither
+    assert word(-0.02, 0.68, "level") == "Holds"                 # HCCT − Independent, CIFAR-10 full
+    assert word(-1.0, 1.0, "level") == "Holds"
+    assert word(-2.27, 1.31, "level") == "Not reproduced"        # reaches past the margin on one side
+    assert word(1.2, 5.0, "level") == "Does not hold"
+    assert word(-5.0, -1.2, "level") == "Does not hold"
+    assert word(0.5, 1.5, "level") == "Not reproduced"
 
 
 def test_a_claim_of_several_comparisons_takes_the_strongest_refutation():

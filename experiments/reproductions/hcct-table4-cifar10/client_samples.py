@@ -2,7 +2,8 @@
 hcct-table4-cifar10/base.toml), as our shards deal them (``shards_deal = "sizes"``: Table 3's
 mean) and as the HCCT authors' utils/sampling.py does (``"authors"``: the whole training set; with
 ``shard_samples = 500`` the 50,000 samples of CIFAR-10's training set), at each of Fig. 4's train
-ratios, seeds 0-4. One row per deal × train ratio: the mean over seeds of the mean over clients.
+ratios and at ours (0.8, test fraction 0.2), seeds 0-4. One row per deal × train ratio: the mean
+over seeds of the mean over clients of the samples it holds, trains on and is tested on.
 
     python experiments/reproductions/hcct-table4-cifar10/client_samples.py \
         experiments/reproductions/hcct-table4-cifar10/client-samples/client-samples.csv
@@ -22,7 +23,7 @@ from groupfel.topologies import load_dataset
 
 DEALS = {"sizes": {}, "authors": {"shards_deal": "authors"},
          "authors-500": {"shards_deal": "authors", "shard_samples": 500}}
-RATIOS = (0.05, 0.1, 0.2, 0.5)
+RATIOS = (0.05, 0.1, 0.2, 0.5, 0.8)
 SEEDS = range(5)
 
 
@@ -32,7 +33,7 @@ def main() -> None:
     rows = []
     for deal, extra in DEALS.items():
         for ratio in RATIOS:
-            held, trained = [], []
+            held, trained, tested = [], [], []
             for seed in SEEDS:
                 raw = {k: v for k, v in base.items() if k != "seeds"} | {"seed": seed}
                 raw["data"] = base["data"] | {"test_fraction": round(1 - ratio, 10)} | extra
@@ -40,8 +41,10 @@ def main() -> None:
                 held.append(np.mean([len(a) + len(b) for a, b in zip(placed.topology.client_samples,
                                                                      placed.local_test)]))
                 trained.append(np.mean([len(a) for a in placed.topology.client_samples]))
+                tested.append(np.mean([len(b) for b in placed.local_test]))
             rows.append({"deal": deal, "train_ratio": ratio, "seeds": len(SEEDS),
-                         "samples_held": float(np.mean(held)), "samples_trained": float(np.mean(trained))})
+                         "samples_held": float(np.mean(held)), "samples_trained": float(np.mean(trained)),
+                         "samples_tested": float(np.mean(tested))})
             print(rows[-1])
     out = Path(sys.argv[1])
     out.parent.mkdir(parents=True, exist_ok=True)
