@@ -539,6 +539,41 @@ def partition_count(name: str, mode: str, file: str, column: str, target: list[l
     return f"{hits} of {len(rows)}"
 
 
+def _misses(name: str, mode: str, file: str, column: str, target: list[list[int]], point: dict) -> tuple[list[int], int]:
+    """The seeds of a committed CSV's rows matching ``point`` whose ``column`` is not the partition
+    ``target``, and the number of rows."""
+    import ast
+
+    want = {frozenset(g) for g in target}
+    rows = _select(_csv(name, mode, file), None, point)
+    return ([int(s) for s, v in zip(rows["seed"], rows[column]) if {frozenset(g) for g in ast.literal_eval(v)} != want],
+            len(rows))
+
+
+def partition_misses(name: str, mode: str, file: str, column: str, target: list[list[int]], **point) -> str:
+    """The seeds whose partition is not ``target`` (:func:`partition_count`'s other rows): "4, 11 and 12"."""
+    return seed_list(_misses(name, mode, file, column, target, point)[0])
+
+
+def miss_rate(name: str, mode: str, file: str, column: str, target: list[list[int]], **point) -> str:
+    """The share of rows that miss ``target``, with its Wilson 95 % interval:
+    "15 % (Wilson 95 % interval 5 to 36 %)"."""
+    from scipy.stats import binomtest
+
+    missed, n = _misses(name, mode, file, column, target, point)
+    ci = binomtest(len(missed), n).proportion_ci(0.95, method="wilson")
+    return f"{100 * len(missed) / n:.0f} % (Wilson 95 % interval {100 * ci.low:.0f} to {100 * ci.high:.0f} %)"
+
+
+def none_missed(runs: int, name: str, mode: str, file: str, column: str, target: list[list[int]], **point) -> str:
+    """The chance that ``runs`` independent seeds all hit ``target`` at the rows' hit rate h:
+    "0.85⁵ = 44 %" (h to the power ``runs``)."""
+    missed, n = _misses(name, mode, file, column, target, point)
+    hit = 1 - len(missed) / n
+    power = str(runs).translate(str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹"))
+    return f"{hit:.2f}{power} = {100 * hit ** runs:.0f} %"
+
+
 def groups_at(name: str, mode: str, arm: str, round: int) -> str:
     """Each seed's groups of ``arm`` in round ``round`` of a committed ``groups.csv`` (a run's groups
     per round, collected): "seed 0: {0-4}, {5-8}, {9}; seed 1: {0-9}"."""
@@ -702,7 +737,7 @@ def base_sources(quick: bool = False) -> str:
 FUNCTIONS = {f.__name__: f for f in (ours, paper, summary, cell, summary_ci, at_cost, at_round, at_cost_over,
                                      paired_at_cost, last, paired_last, paired_folders, before_after, paired_points, paired_final,
                                      cost_to, diverged, span, seeds, fmt, table1, arms_table, methods_table, grid, verdict_points, verdict_last, verdict_summary, verdict_ours, ours_bounds, either, before_after_at, mean_at, paired_at, paired_folders_at, csv_before_after,
-                                     table2, table2_diff, table2_span, sources, base_sources, csv_seeds, arm_seeds, per_seed, csv_span, csv_sum, partitions, partition_count,
+                                     table2, table2_diff, table2_span, sources, base_sources, csv_seeds, arm_seeds, per_seed, csv_span, csv_sum, partitions, partition_count, partition_misses, miss_rate, none_missed,
                                      seed_table, text, sig, verdict_folders, groups_at)}
 
 

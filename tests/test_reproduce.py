@@ -451,6 +451,20 @@ def test_render_words_from_summary_intervals_and_from_two_arms_intervals(tmp_pat
     assert render_in(tmp_path, monkeypatch) == "Not reproduced; Does not hold; Does not hold [9.0, 13.0]"
 
 
+def test_partition_misses_their_rate_and_the_chance_of_none(tmp_path, monkeypatch):
+    """Rows whose partition is not the target: their seeds, the miss rate with its Wilson interval
+    and the chance that 5 seeds all hit (hand-computed: 1 miss in 4, Wilson [4.6 %, 69.9 %],
+    0.75^5 = 23.7 %)."""
+    d = tmp_path / "c" / "full"
+    d.mkdir(parents=True)
+    pd.DataFrame({"seed": [0, 1, 2, 3], "setup": "a",
+                  "part": ["[[0, 1], [2]]", "[[2], [1, 0]]", "[[0, 1, 2]]", "[[0, 1], [2]]"]}).to_csv(d / "x.csv", index=False)
+    args = '"c", "full", "x.csv", "part", [[0, 1], [2]], setup="a"'
+    (tmp_path / "t.md").write_text(f"{{{{ partition_misses({args}) }}}}; {{{{ miss_rate({args}) }}}}; "
+                                   f"{{{{ none_missed(5, {args}) }}}}")
+    assert render_in(tmp_path, monkeypatch) == "2; 25 % (Wilson 95 % interval 5 to 70 %); 0.75⁵ = 24 %"
+
+
 def test_table1_keeps_each_interval_in_its_metrics_range(tmp_path, monkeypatch):
     """Group-FEL Table 1's row: a CoV interval stops at 0, a mean size's at 1 client and an
     accuracy's at 100 % (hand-written rows whose t intervals cross each bound)."""
