@@ -31,7 +31,8 @@ EXPR = re.compile(r"\{\{(.*?)\}\}", re.S)
 
 @cache
 def _csv(name: str, mode: str, file: str) -> pd.DataFrame:
-    return pd.read_csv(ROOT / name / mode / file)
+    # one pass over the whole file: a groups.csv's clients column mixes "8" and "0 4"
+    return pd.read_csv(ROOT / name / mode / file, low_memory=False)
 
 
 def _select(df: pd.DataFrame, arm: str | None, point: dict[str, Any]) -> pd.DataFrame:
