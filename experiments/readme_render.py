@@ -198,6 +198,29 @@ def _last_per_seed(name: str, folder: str, column: str, arm: str, scale: float, 
     return {int(s): float(r.sort_values("round")[column].iloc[-1]) * scale for s, r in runs.groupby("seed")}
 
 
+def seed_last(name: str, mode: str, column: str, arm: str, seed: int, scale: float = 100.0, **point) -> float:
+    """One seed's ``column`` at its run's last evaluation, times ``scale``: a number, for
+    :func:`range_of` and arithmetic in the template."""
+    return _last_per_seed(name, mode, column, arm, scale, point)[seed]
+
+
+def paired_mean(name: str, mode: str, column: str, arm: str, ref: str, scale: float = 100.0, **point) -> float:
+    """The mean over the seeds both ran of ``arm`` − ``ref`` at the last evaluation (the mean of
+    :func:`paired_last`) as a number; ``ref`` may name another column instead of another arm
+    (``ref="column:local_error_best_mean"``: the same arm's other column)."""
+    x = _last_per_seed(name, mode, column, arm, scale, point)
+    y = (_last_per_seed(name, mode, ref.removeprefix("column:"), arm, scale, point) if ref.startswith("column:")
+         else _last_per_seed(name, mode, column, ref, scale, point))
+    return float(np.mean([x[s] - y[s] for s in x if s in y]))
+
+
+def range_of(values: list[float], digits: int = 0, sep: str = " to ") -> str:
+    """The range of numbers given in the template (e.g. a :func:`paired_mean` per point): "24 to 29",
+    or the one value where they agree at ``digits``."""
+    low, high = fmt(min(values), digits), fmt(max(values), digits)
+    return low if low == high else f"{low}{sep}{high}"
+
+
 def _interval(diffs: list[float], column: str, scale: float) -> tuple[float, float, float]:
     """Mean and 95 % CI of paired differences; a bounded metric's difference interval is clipped to
     the widest difference it can take (accuracy in points: [-100, 100])."""
@@ -738,7 +761,7 @@ def base_sources(quick: bool = False) -> str:
 FUNCTIONS = {f.__name__: f for f in (ours, paper, summary, cell, summary_ci, at_cost, at_round, at_cost_over,
                                      paired_at_cost, last, paired_last, paired_folders, before_after, paired_points, paired_final,
                                      cost_to, diverged, span, seeds, fmt, table1, arms_table, methods_table, grid, verdict_points, verdict_last, verdict_summary, verdict_ours, ours_bounds, either, before_after_at, mean_at, paired_at, paired_folders_at, csv_before_after,
-                                     table2, table2_diff, table2_span, sources, base_sources, csv_seeds, arm_seeds, per_seed, csv_span, csv_sum, partitions, partition_count, partition_misses, miss_rate, none_missed,
+                                     table2, table2_diff, table2_span, sources, base_sources, csv_seeds, arm_seeds, per_seed, csv_span, csv_sum, partitions, partition_count, partition_misses, miss_rate, none_missed, seed_last, paired_mean, range_of,
                                      seed_table, text, sig, verdict_folders, groups_at)}
 
 

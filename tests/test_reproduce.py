@@ -465,6 +465,23 @@ def test_partition_misses_their_rate_and_the_chance_of_none(tmp_path, monkeypatc
     assert render_in(tmp_path, monkeypatch) == "2; 25 % (Wilson 95 % interval 5 to 70 %); 0.75⁵ = 24 %"
 
 
+def test_numbers_for_arithmetic_and_their_range(tmp_path, monkeypatch):
+    """seed_last and paired_mean give numbers the template can subtract and range over: the last
+    evaluation only, paired over the seeds both ran, or against the same arm's other column
+    (hand-computed)."""
+    d = tmp_path / "r" / "full"
+    d.mkdir(parents=True)
+    pd.DataFrame({"arm": ["a", "a", "a", "b", "b", "b"], "seed": [0, 0, 1, 0, 0, 2], "round": [1, 2, 2, 1, 2, 2],
+                  "err": [0.9, 0.30, 0.40, 0.5, 0.10, 0.7], "best": [0.9, 0.25, 0.20, 0.5, 0.10, 0.6]}
+                 ).to_csv(d / "runs.csv", index=False)
+    (tmp_path / "t.md").write_text(
+        '{{ fmt(seed_last("r", "full", "err", "a", 1)) }}; {{ fmt(paired_mean("r", "full", "err", "a", "b")) }}; '
+        '{{ range_of([paired_mean("r", "full", "err", x, "column:best") for x in ["a", "b"]], 1) }}; '
+        '{{ range_of([1.04, 0.96], 1) }}')
+    # a − b on seed 0 only: 30 − 10; a's err − best: (5 + 20) / 2 = 12.5, b's: (0 + 10) / 2 = 5
+    assert render_in(tmp_path, monkeypatch) == "40.00; 20.00; 5.0 to 12.5; 1.0"
+
+
 def test_table1_keeps_each_interval_in_its_metrics_range(tmp_path, monkeypatch):
     """Group-FEL Table 1's row: a CoV interval stops at 0, a mean size's at 1 client and an
     accuracy's at 100 % (hand-written rows whose t intervals cross each bound)."""
