@@ -48,8 +48,11 @@ discriminators cost O(N²) arithmetic but few Python steps.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import os
+from dataclasses import asdict, dataclass
 from itertools import combinations
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -57,11 +60,13 @@ import torch.nn.functional as F
 
 from groupfel.topologies.partition import stratified_split
 
+from .io import atomic_write
 from .rng import seed_of, sub_key
 
 
 SELECTIONS = ("final", "best")
 SPLITS = ("stratified", "random")
+CACHE_ENV = "GROUPFEL_CACHE"   # a folder for computed distances, or "off"
 
 
 @dataclass(frozen=True)
@@ -140,18 +145,77 @@ def split_samples(client_samples: list[np.ndarray], labels: np.ndarray | None, s
     return [t for t, _ in cuts], [v for _, v in cuts]
 
 
+def cache_dir() -> Path | None:
+    """Where computed distances are kept: ``$GROUPFEL_CACHE/discriminators`` (``off``: nowhere),
+    else ``$XDG_CACHE_HOME/groupfel/discriminators`` (default ``~/.cache``)."""
+    where = os.environ.get(CACHE_ENV, "")
+    if where.lower() == "off":
+        return None
+    root = Path(where) if where else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "groupfel"
+    return root / "discriminators"
+
+
+def _cache_key(features: torch.Tensor, client_samples: list[np.ndarray], seed: tuple[int, ...],
+               spec: DiscriminatorSpec, labels: np.ndarray | None) -> str:
+    """A digest of everything the distances depend on: the rows and labels of the clients' samples
+    (nothing else of the dataset is read), each client's sample list, the seed, the settings, this
+    module's code, torch's version and its thread count (a matrix product's last bits follow it)."""
+    h = hashlib.sha256()
+    every = np.concatenate([np.asarray(s, dtype=np.int64) for s in client_samples])
+    for part in (Path(__file__).read_bytes(), torch.__version__, torch.get_num_threads(), repr(seed),
+                 repr(asdict(spec)), [len(s) for s in client_samples], every,
+                 features[torch.as_tensor(every)].contiguous().numpy(),
+                 None if labels is None else np.asarray(labels)[every]):
+        h.update(part if isinstance(part, bytes) else
+                 np.ascontiguousarray(part).tobytes() if isinstance(part, np.ndarray) else repr(part).encode())
+        h.update(b"|")
+    return h.hexdigest()
+
+
 def discriminator_distances(features: torch.Tensor, client_samples: list[np.ndarray], seed: tuple[int, ...],
                             spec: DiscriminatorSpec = DiscriminatorSpec(),
                             labels: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(clients × clients distance matrix, samples of each client a step passes over, rounds each
     client trained, summed over its pairs). ``labels`` (of the samples ``client_samples`` index)
-    is needed by the stratified split."""
+    is needed by the stratified split.
+
+    The result is kept in :func:`cache_dir` under a digest of all it depends on, so runs of one
+    world, seed and discriminator settings (FedCollab Table 1's seven algorithms) train the
+    discriminators once; a kept result is the computed one, byte for byte. An unreadable or
+    unwritable cache only costs the training."""
     n = len(client_samples)
     sizes = np.array([len(s) for s in client_samples])
     if n < 2:
         return np.zeros((n, n)), np.zeros(n, dtype=int), np.zeros(n)
     if sizes.min() < 2:
         raise ValueError("fedcollab discriminator: every client needs >= 2 samples (train and validate)")
+    where = cache_dir()
+    path = where / f"{_cache_key(features, client_samples, seed, spec, labels)}.npz" if where else None
+    if path is not None and path.exists():
+        try:
+            with np.load(path) as kept:
+                return kept["D"], kept["m"], kept["ran"]
+        except (OSError, ValueError, KeyError, EOFError):   # a damaged entry: train again and replace it
+            pass
+    D, m, ran = _train_distances(features, client_samples, seed, spec, labels)
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, lambda tmp: _save(tmp, D=D, m=m, ran=ran))
+        except OSError:
+            pass
+    return D, m, ran
+
+
+def _save(path: Path, **arrays: np.ndarray) -> None:
+    with open(path, "wb") as f:   # a file object: np.savez would add ".npz" to a path's name
+        np.savez(f, **arrays)
+
+
+def _train_distances(features: torch.Tensor, client_samples: list[np.ndarray], seed: tuple[int, ...],
+                     spec: DiscriminatorSpec, labels: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`discriminator_distances` computed: every pair's discriminator trained (Alg. 1)."""
+    n = len(client_samples)
     trains, valids = split_samples(client_samples, labels, spec, np.random.default_rng(sub_key(seed, "discriminator-split")))
     m = np.array([len(t) for t in trains])
     train, tmask = _padded(trains)

@@ -1,6 +1,8 @@
+import atexit
 import copy
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,9 @@ from groupfel.emulator.config import parse_config
 
 # The default numerics, set before any test loads torch, as the groupfel command sets them.
 numerics.apply("portable")
+# Discriminator distances are kept in a cache of this test session's own, not the user's.
+os.environ["GROUPFEL_CACHE"] = tempfile.mkdtemp(prefix="groupfel-test-cache-")
+atexit.register(shutil.rmtree, os.environ["GROUPFEL_CACHE"], ignore_errors=True)
 
 
 def pytest_xdist_auto_num_workers(config):

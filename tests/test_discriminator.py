@@ -226,3 +226,41 @@ def test_on_fedcollab_table_2_large_and_small_clients_of_disjoint_labels_read_ne
     D, m, _ = discriminator_distances(feats, clients, (0, 7), DiscriminatorSpec(**AUTHORS), d.y_train[rows])
     assert m.tolist() == [7] * 4
     assert (D[:2, 2:] >= 6 / 7 - 1e-6).all() and D[:2, 2:].mean() >= 0.95
+
+
+def test_distances_are_kept_and_read_back_byte_for_byte(tmp_path, monkeypatch):
+    """A second call with the same samples, seed and settings reads the kept result (no training),
+    equal to the computed one; another seed or setting trains; a damaged entry is trained again
+    and replaced; GROUPFEL_CACHE=off keeps nothing."""
+    from groupfel.emulator import discriminator
+
+    d = load_dataset("digits")
+    feats = discriminator_features(d.x_train, d.y_train, 10)
+    by_label = [np.flatnonzero(d.y_train == c) for c in range(10)]
+    clients = [np.concatenate([by_label[c][:10] for c in range(5)]), np.concatenate([by_label[c][:10] for c in range(5, 10)])]
+    spec = DiscriminatorSpec(rounds=3)
+    monkeypatch.setenv("GROUPFEL_CACHE", str(tmp_path))
+    first = discriminator_distances(feats, clients, (0,), spec, d.y_train)
+    kept = list((tmp_path / "discriminators").glob("*.npz"))
+    assert len(kept) == 1
+
+    train = discriminator._train_distances
+    calls = []
+    monkeypatch.setattr(discriminator, "_train_distances", lambda *a: calls.append(a) or train(*a))
+    again = discriminator_distances(feats, clients, (0,), spec, d.y_train)
+    assert not calls and all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(first, again))
+    discriminator_distances(feats, clients, (1,), spec, d.y_train)                           # another seed
+    discriminator_distances(feats, clients, (0,), DiscriminatorSpec(rounds=3, lr=0.4), d.y_train)  # another setting
+    discriminator_distances(feats, [clients[0], clients[1][:-1]], (0,), spec, d.y_train)     # another sample list
+    assert len(calls) == 3 and len(list((tmp_path / "discriminators").glob("*.npz"))) == 4
+
+    kept[0].write_bytes(b"not an npz")
+    fresh = discriminator_distances(feats, clients, (0,), spec, d.y_train)
+    assert len(calls) == 4 and all(np.array_equal(a, b) for a, b in zip(first, fresh))
+    with np.load(kept[0]) as back:                                                           # replaced
+        assert np.array_equal(back["D"], first[0])
+
+    monkeypatch.setenv("GROUPFEL_CACHE", "off")
+    assert discriminator.cache_dir() is None
+    discriminator_distances(feats, clients, (0,), spec, d.y_train)
+    assert len(calls) == 5
