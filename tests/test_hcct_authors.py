@@ -204,6 +204,24 @@ def test_maxfl_prior_once_round0_is_global_and_w_prior_stays(tiny_dict):
         algorithms.make("maxfl", {"prior": "never"})
 
 
+def test_maxfl_prior_epochs_trains_w_prior_as_long_as_the_authors(tiny_dict):
+    """prior_epochs = N: w_prior is N epochs from the initial model (the authors' local_ep × epochs),
+    not one group round's E; bad values are refused."""
+    world = build_world(_pergroup(tiny_dict, "maxfl", {"threshold": "distance", "prior": "once", "prior_epochs": 3}))
+    training, x0 = _bound(world)
+    clients = np.array([0, 1, 2])
+    _one_group_round(world, training, x0, clients)
+    seeds = [int(rng(world.config.seed, "maxfl-prior", int(c)).integers(2**31)) for c in clients]
+    three = world.engine.train(x0, clients.tolist(), 3, seeds, lr=world.config.train.lr)
+    one = world.engine.train(x0, clients.tolist(), 1, seeds, lr=world.config.train.lr)
+    torch.testing.assert_close(training.state.clients["prior"][clients], three)
+    assert not torch.allclose(three, one)
+    for bad, match in (({"prior": "once", "prior_epochs": -1}, "prior_epochs must be"),
+                       ({"prior_epochs": 5}, "prior_epochs needs prior")):
+        with pytest.raises(ValueError, match=match):
+            algorithms.make("maxfl", bad)
+
+
 # -- the epoch-0 global FedAvg -------------------------------------------------------------------------
 
 def test_hcct_first_global_trains_epoch_0_as_one_fedavg(tiny_dict, tmp_path):

@@ -158,7 +158,9 @@ class MaxFL(Algorithm):
 
     ``prior`` is where ŵ_i comes from: ``"trained"`` (default, as above: trained every group
     round) or ``"once"`` (code: the HCCT authors' main_cluster.py, ``w_prior``): ŵ_i is trained
-    once, E local epochs from the initial model at round 0's lr, and stays; at round 0 every client
+    once from the initial model at round 0's lr, for ``prior_epochs`` epochs (0, the default: E,
+    one group round's local epochs; the authors' models/Update.py trains it for local_ep × epochs,
+    E × T: ``prior_epochs = 50`` for E = 1 and 50 rounds), and stays; at round 0 every client
     joins (the authors' epoch 0 is one global FedAvg) and from round 1 each decides against the fixed
     ŵ_i. ``"own"`` is then the model each client holds (the authors' ``w_locals``): a participant
     starts from the sample-weighted mean of the participants' held models and holds its group's
@@ -179,6 +181,7 @@ class MaxFL(Algorithm):
     margin: float = 0.0
     threshold: str = "loss"
     prior: str = "trained"
+    prior_epochs: int = 0
     vector: str = "parameters"
     modes: ClassVar[tuple[str, ...]] = PER_GROUP
 
@@ -191,6 +194,11 @@ class MaxFL(Algorithm):
         if self.vector not in VECTORS:
             raise ValueError(f"vector must be one of {', '.join(VECTORS)} (\"parameters\"; \"state\": the whole state "
                              f"dict, BatchNorm statistics included, the HCCT authors' code), got {self.vector!r}")
+        if self.prior_epochs < 0 or self.prior_epochs != int(self.prior_epochs):
+            raise ValueError(f"prior_epochs must be a whole number of epochs >= 0 (0: one group round's local "
+                             f"epochs), got {self.prior_epochs!r}")
+        if self.prior_epochs and self.prior != "once":
+            raise ValueError("prior_epochs needs prior = \"once\" (w_i trained once up front)")
         if self.prior not in PRIORS:
             raise ValueError(f"prior must be one of {', '.join(PRIORS)} (\"trained\": w_i trained every round; "
                              f"\"once\": trained once up front, the HCCT authors' code), got {self.prior!r}")
@@ -257,9 +265,9 @@ class MaxFL(Algorithm):
         alone = ~joins
         own[clients[alone]] = trained[alone]                       # the model they trained is ŵ_i (or: they hold)
         if self.prior == "once":
-            if scratch.t == 0 and scratch.k == 0:                  # w_prior: E epochs from the initial model, once
+            if scratch.t == 0 and scratch.k == 0:                  # w_prior: from the initial model, once
                 engine, c0 = self.ctx.engine, int(clients[0])
-                epochs = int(steps[0]) // engine.steps(c0, 1)
+                epochs = int(self.prior_epochs) or int(steps[0]) // engine.steps(c0, 1)
                 seeds = [int(rng(self.ctx.seed, "maxfl-prior", int(c)).integers(2**31)) for c in clients]
                 state.clients["prior"][clients] = engine.train(starts, clients.tolist(), epochs, seeds, lr=lr)
             scratch.k += 1
