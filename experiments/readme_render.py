@@ -501,9 +501,9 @@ def csv_seeds(name: str, mode: str, file: str, count: bool = False, **point) -> 
     return str(len(seeds)) if count else seed_list(seeds)
 
 
-def arm_seeds(name: str, mode: str, arm: str) -> str:
-    """The seeds ``arm`` ran in the folder's ``runs.csv`` (:func:`seed_list`)."""
-    return seed_list(_select(_csv(name, mode, "runs.csv"), arm, {})["seed"].unique())
+def arm_seeds(name: str, mode: str, arm: str, **point) -> str:
+    """The seeds ``arm`` ran in the folder's ``runs.csv`` (:func:`seed_list`), at ``point`` if given."""
+    return seed_list(_select(_csv(name, mode, "runs.csv"), arm, point)["seed"].unique())
 
 
 def per_seed(name: str, mode: str, column: str, arm: str, digits: int = 1, scale: float = 1.0, unit: str = "",
