@@ -552,31 +552,27 @@ def partitions(name: str, mode: str, file: str, column: str, **point) -> str:
                      for _, r in rows.iterrows())
 
 
+def _hits(name: str, mode: str, file: str, column: str, target: list[list[int]], point: dict) -> tuple[pd.DataFrame, np.ndarray]:
+    """A committed CSV's rows matching ``point`` and, per row, whether ``column`` holds the
+    partition ``target`` (a list of client-index lists, in any order)."""
+    import ast
+
+    want = {frozenset(g) for g in target}
+    rows = _select(_csv(name, mode, file), None, point)
+    return rows, np.array([{frozenset(g) for g in ast.literal_eval(v)} == want for v in rows[column]], dtype=bool)
+
+
 def partition_count(name: str, mode: str, file: str, column: str, target: list[list[int]], **point) -> str:
     """How many of a committed CSV's rows matching ``point`` hold the partition ``target`` in
-    ``column`` (a list of client-index lists, in any order), with the number of those rows: "14 of 16"."""
-    import ast
-
-    want = {frozenset(g) for g in target}
-    rows = _select(_csv(name, mode, file), None, point)
-    hits = sum({frozenset(g) for g in ast.literal_eval(v)} == want for v in rows[column])
-    return f"{hits} of {len(rows)}"
-
-
-def _misses(name: str, mode: str, file: str, column: str, target: list[list[int]], point: dict) -> tuple[list[int], int]:
-    """The seeds of a committed CSV's rows matching ``point`` whose ``column`` is not the partition
-    ``target``, and the number of rows."""
-    import ast
-
-    want = {frozenset(g) for g in target}
-    rows = _select(_csv(name, mode, file), None, point)
-    return ([int(s) for s, v in zip(rows["seed"], rows[column]) if {frozenset(g) for g in ast.literal_eval(v)} != want],
-            len(rows))
+    ``column``, with the number of those rows: "14 of 16"."""
+    rows, hit = _hits(name, mode, file, column, target, point)
+    return f"{int(hit.sum())} of {len(rows)}"
 
 
 def partition_misses(name: str, mode: str, file: str, column: str, target: list[list[int]], **point) -> str:
     """The seeds whose partition is not ``target`` (:func:`partition_count`'s other rows): "4, 11 and 12"."""
-    return seed_list(_misses(name, mode, file, column, target, point)[0])
+    rows, hit = _hits(name, mode, file, column, target, point)
+    return seed_list(rows["seed"][~hit])
 
 
 def miss_rate(name: str, mode: str, file: str, column: str, target: list[list[int]], **point) -> str:
@@ -584,16 +580,16 @@ def miss_rate(name: str, mode: str, file: str, column: str, target: list[list[in
     "15 % (Wilson 95 % interval 5 to 36 %)"."""
     from scipy.stats import binomtest
 
-    missed, n = _misses(name, mode, file, column, target, point)
-    ci = binomtest(len(missed), n).proportion_ci(0.95, method="wilson")
-    return f"{100 * len(missed) / n:.0f} % (Wilson 95 % interval {100 * ci.low:.0f} to {100 * ci.high:.0f} %)"
+    _, hit = _hits(name, mode, file, column, target, point)
+    missed, n = int((~hit).sum()), len(hit)
+    ci = binomtest(missed, n).proportion_ci(0.95, method="wilson")
+    return f"{100 * missed / n:.0f} % (Wilson 95 % interval {100 * ci.low:.0f} to {100 * ci.high:.0f} %)"
 
 
 def none_missed(runs: int, name: str, mode: str, file: str, column: str, target: list[list[int]], **point) -> str:
     """The chance that ``runs`` independent seeds all hit ``target`` at the rows' hit rate h:
     "0.85⁵ = 44 %" (h to the power ``runs``)."""
-    missed, n = _misses(name, mode, file, column, target, point)
-    hit = 1 - len(missed) / n
+    hit = float(_hits(name, mode, file, column, target, point)[1].mean())
     power = str(runs).translate(str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹"))
     return f"{hit:.2f}{power} = {100 * hit ** runs:.0f} %"
 
