@@ -683,6 +683,37 @@ def methods_table(name: str, mode: str, rows: list, ref: tuple, costs: tuple[flo
     return "\n".join(lines)
 
 
+def with_arm_table(rows: list, arm: str = "fedcollab", claim: str = "above", label: str = "FedCollab") -> str:
+    """One row per base algorithm run alone and with ``arm`` (FedCollab Table 1):
+    ``rows`` = [(label, name, folder, alone_arm, point, paper_point)], each run's last round
+    from ``name/folder/runs.csv``. Cells: seeds, accuracy % alone and with the arm (mean [95 %
+    CI], the paper's in brackets where it has one), the paired difference, :func:`word` for the
+    claim that it is ``claim`` zero, and the groups trained in the last round per seed. A row
+    whose runs are not committed reads "—" in every cell."""
+    lines = [f"| base algorithm | seeds | alone % (paper) | +{label} % (paper) | +{label} − alone (points) "
+             "| verdict | groups per seed |", "|---" * 7 + "|"]
+    for label, name, folder, alone, point, paper_point in rows:
+        try:
+            seeds = arm_seeds(name, folder, arm, **point)
+        except (KeyError, FileNotFoundError):   # not run yet
+            lines.append(f"| {label} |" + " — |" * 6)
+            continue
+
+        def with_paper(a: str, col: str) -> str:
+            ours = last(name, folder, "accuracy", a, 2, 100, True, **point)
+            try:
+                theirs = paper("fedcollab-table1", "accuracy", col, **paper_point)
+            except KeyError:
+                theirs = "—"
+            return f"{ours} ({'—' if theirs == '—' else theirs})"
+
+        lines.append(f"| {label} | {seeds} | {with_paper(alone, 'alone')} | {with_paper(arm, arm)} "
+                     f"| {paired_last(name, folder, 'accuracy', arm, alone, **point)} "
+                     f"| {verdict_last(name, folder, 'accuracy', arm, alone, claim, **point)} "
+                     f"| {per_seed(name, folder, 'groups_sampled', arm, 0, 1, named=False, **point)} |")
+    return "\n".join(lines)
+
+
 def grid(name: str, mode: str, rows: str, cols: str, cell, order: list | None = None) -> str:
     """A rows × cols table of ``cell(row_value, col_value)`` over the sweep's points (the columns
     in ``order`` where given, else as they first appear)."""
@@ -758,7 +789,7 @@ FUNCTIONS = {f.__name__: f for f in (ours, paper, summary, cell, summary_ci, at_
                                      paired_at_cost, last, paired_last, paired_folders, before_after, paired_points, paired_final,
                                      cost_to, diverged, span, seeds, fmt, table1, arms_table, methods_table, grid, verdict_points, verdict_last, verdict_summary, verdict_ours, ours_bounds, either, before_after_at, mean_at, paired_at, paired_folders_at, csv_before_after,
                                      table2, table2_diff, table2_span, sources, base_sources, csv_seeds, arm_seeds, per_seed, csv_span, csv_sum, partitions, partition_count, partition_misses, miss_rate, none_missed, seed_last, paired_mean, range_of,
-                                     seed_table, text, sig, verdict_folders, groups_at)}
+                                     seed_table, text, sig, verdict_folders, groups_at, with_arm_table)}
 
 
 def render(template: Path = TEMPLATE) -> str:

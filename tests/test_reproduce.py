@@ -547,3 +547,27 @@ def test_render_names_the_seeds_an_arm_ran(tmp_path, monkeypatch):
                                    '{{ per_seed("x", "full", "accuracy", "a", 1, 100, " %", named=False) }}')
     assert render_in(tmp_path, monkeypatch) == ("0-2; 1 and 2; 50.0, 25.0 and 75.0 % (seeds 0-2); "
                                                  "0.90 and 0.88 (seeds 1 and 2); 87.5 (seed 2); 50.0, 25.0 and 75.0 %")
+
+
+def test_with_arm_table_pairs_each_algorithm_and_dashes_one_not_run(tmp_path, monkeypatch):
+    """with_arm_table: per algorithm, the last round's accuracy alone and with the arm (t interval
+    over 3 seeds, clipped to 100), the paired difference and its word, groups per seed; an
+    algorithm with no runs reads "—" (hand-computed: alone 40/50/60, +arm 90/80/70 -> diffs
+    50/30/10, mean 30 ± 4.303 · 20/√3 = 49.68)."""
+    d = tmp_path / "fedcollab-table1" / "full"
+    d.mkdir(parents=True)
+    rows = [("alone", s, r, acc, 1) for s, acc in enumerate((0.4, 0.5, 0.6)) for r, acc in ((0, 0.1), (5, acc))]
+    rows += [("fedcollab", s, r, acc, g) for s, (acc, g) in enumerate(((0.9, 3), (0.8, 2), (0.7, 3)))
+             for r, acc in ((0, 0.1), (5, acc))]
+    pd.DataFrame(rows, columns=["arm", "seed", "round", "accuracy", "groups_sampled"]).assign(
+        **{"train.algorithm": "a"}).to_csv(d / "runs.csv", index=False)
+    pd.DataFrame({"algorithm": ["a", "a"], "arm": ["alone", "fedcollab"], "accuracy": [60.0, 90.0]}
+                 ).to_csv(d.parent / "paper.csv", index=False)
+    (tmp_path / "t.md").write_text('{{ with_arm_table([("A", "fedcollab-table1", "full", "alone", {"algorithm": "a"}, '
+                                   '{"algorithm": "a"}), ("B", "fedcollab-table1", "full", "alone", '
+                                   '{"algorithm": "b"}, {"algorithm": "b"})]) }}')
+    lines = render_in(tmp_path, monkeypatch).splitlines()
+    assert lines[0].startswith("| base algorithm | seeds | alone % (paper) | +FedCollab % (paper) |")
+    assert lines[2] == ("| A | 0-2 | 50.00 [25.16, 74.84] (60.00) | 80.00 [55.16, 100.00] (90.00) "
+                        "| 30.00 [-19.68, 79.68] | Not reproduced | 3, 2 and 3 |")
+    assert lines[3] == "| B | — | — | — | — | — | — |"
