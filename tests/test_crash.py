@@ -10,10 +10,12 @@ kill (temporary files, checkpoints) may be left.
 """
 import copy
 import hashlib
+import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,73 +31,63 @@ CRASHY["topology"].update(edges=2, clients_per_edge=4, edge_access_mbps=30.0,
                           availability={"mean_on_s": 20.0, "mean_off_s": 5.0})
 CRASHY["data"].update(min_samples=8, max_samples=12)
 CRASHY["cost"].update(energy=True, energy_accounting="full-fleet")
-CRASHY["train"].update(rounds=3, eval_every=1, group_rounds=1)
+# one training process: the kill points are the run's writes, and a pool's start (a server that
+# imports torch) would cost each of the 41 runs a test makes seconds
+CRASHY["train"].update(rounds=3, eval_every=1, group_rounds=1, workers=1)
 CRASHY["arms"][0]["grouping"]["min_group_size"] = 2
 CRASHY["arms"][1]["grouping"]["min_group_size"] = 2
 POINTS = 20
 
 
-# A run in a fresh interpreter, released when the file ``go`` appears: a fork of a pytest-xdist
-# worker, whose torch and execnet threads the child does not inherit, can hang in its first
-# parallel kernel.
-CHILD = r"""
-import os, sys, time
-from groupfel.experiments.cli import main
-go, args = sys.argv[1], sys.argv[2:]
-while not os.path.exists(go):
-    time.sleep(0.001)
-code = 98
-try:
-    code = main(args) or 0
-except SystemExit as exc:
-    code = exc.code if isinstance(exc.code, int) else 1
-except BaseException:
-    code = 99
-finally:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-"""
-
-
-def _start(args: list[str], go: Path, err: Path) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k != io.CRASH_AT}
-    return subprocess.Popen([sys.executable, "-c", CHILD, str(go), *args], env=env,
-                            stdout=subprocess.DEVNULL, stderr=open(err, "w"))
-
-
 ZYGOTE = r"""
-import json, os, sys, threading
+import json, os, sys, threading, time
 # what every run imports, loaded once; nothing here starts a thread or a torch kernel, so each
-# fork below starts as a fresh interpreter would, less the seconds of imports
+# fork below starts as a fresh interpreter would, less the seconds of imports (a fork of a
+# pytest-xdist worker, whose torch and execnet threads the child does not inherit, can hang in
+# its first parallel kernel)
 import matplotlib.pyplot, pandas, torch
+import sklearn.datasets, sklearn.model_selection   # the digits dataset's loader
 import groupfel.emulator.world, groupfel.experiments.runner
 from groupfel.emulator import io
 from groupfel.experiments.cli import main
 assert threading.active_count() == 1, threading.enumerate()
-for line in sys.stdin:
-    req = json.loads(line)
-    pid = os.fork()
-    if pid == 0:
-        null = os.open(os.devnull, os.O_RDWR)
-        os.dup2(null, 0)
-        os.dup2(null, 1)
-        os.dup2(null, 2)
-        if req["crash_at"]:
-            os.environ[io.CRASH_AT] = str(req["crash_at"])
-        code = 98
-        try:
-            code = main(req["args"]) or 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        except BaseException:
-            code = 99
-        finally:
+
+
+def run(req, i, go):
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.dup2(os.open(req["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC) if req.get("err") else null, 2)
+    if req.get("crash_at"):
+        os.environ[io.CRASH_AT] = str(req["crash_at"])
+    if go:   # ready, then released with the others
+        open(f"{go}.ready{i}", "w").close()
+        while not os.path.exists(go):
+            time.sleep(0.001)
+    code = 98
+    try:
+        code = main(req["args"]) or 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        code = 99
+    finally:
+        sys.stderr.flush()
+        if req.get("steps"):
             with open(req["steps"], "w") as f:
                 f.write(str(io.steps_taken()))
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    print(json.dumps({"status": status}), flush=True)
+        os._exit(code)
+
+
+for line in sys.stdin:
+    batch = json.loads(line)
+    pids = []
+    for i, req in enumerate(batch["runs"]):
+        pid = os.fork()
+        if pid == 0:
+            run(req, i, batch.get("go"))
+        pids.append(pid)
+    print(json.dumps({"status": [os.waitpid(pid, 0)[1] for pid in pids]}), flush=True)
 """
 
 
@@ -114,16 +106,25 @@ def zygote():
 def _run_alone(zygote, args: list[str], crash_at: int = 0) -> tuple[int, int]:
     """``groupfel ARGS`` in a process of its own, killed at its write step ``crash_at`` (0: never);
     (its wait status, the write steps it took where it ended by itself)."""
-    import json
-    import tempfile
-
     with tempfile.TemporaryDirectory() as tmp:
         steps = Path(tmp) / "steps"
-        zygote.stdin.write(json.dumps({"args": args, "crash_at": int(crash_at), "steps": str(steps)}) + "\n")
-        zygote.stdin.flush()
-        status = json.loads(zygote.stdout.readline())["status"]
+        [status] = _send(zygote, {"runs": [{"args": args, "crash_at": int(crash_at), "steps": str(steps)}]})
         taken = steps.read_text() if steps.exists() else ""
     return status, int(taken or 0)
+
+
+def _send(zygote, batch: dict, go: Path | None = None) -> list[int]:
+    """The zygote's runs of ``batch``, each in a process of its own; with ``go``, released together
+    once every one is ready. Their wait statuses."""
+    zygote.stdin.write(json.dumps({**batch, "go": str(go) if go else None}) + "\n")
+    zygote.stdin.flush()
+    if go is not None:
+        ready = [Path(f"{go}.ready{i}") for i in range(len(batch["runs"]))]
+        deadline = time.time() + 60
+        while not all(r.exists() for r in ready) and time.time() < deadline:
+            time.sleep(0.001)
+        go.touch()   # released at the same instant
+    return json.loads(zygote.stdout.readline())["status"]
 
 
 def _tables(run: Path) -> dict[str, str]:
@@ -191,12 +192,12 @@ def test_killed_multi_seed_run_resumes_to_the_same_bytes_at_every_point(zygote, 
 
 # -- runs started together never nest ------------------------------------------------------------------
 
-def test_nested_runs_started_together_never_both_run(tmp_path):
+def test_nested_runs_started_together_never_both_run(zygote, tmp_path):
     """20 times: `groupfel run c.toml --output out` and `... --output out/sub` released at the same
     instant (in either order). One runs; the other exits 2 with one line; never a run inside a run."""
     d = copy.deepcopy(TINY)
     d["arms"] = d["arms"][1:]
-    d["train"].update(rounds=1)
+    d["train"].update(rounds=1, workers=1)
     config = write_toml(tmp_path, d)
     outcomes = []
     for i in range(20):
@@ -206,12 +207,10 @@ def test_nested_runs_started_together_never_both_run(tmp_path):
                 ["run", str(config), "--output", str(inner), "--quiet"]]
         if i % 2:
             runs.reverse()
-        go = tmp_path / f"go{i}"
         errs = [tmp_path / f"err{i}-{j}" for j in range(2)]
-        procs = [_start(a, go=go, err=e) for a, e in zip(runs, errs)]
-        time.sleep(1.5)          # both interpreters started and waiting
-        go.touch()               # released at the same instant
-        codes = [p.wait() for p in procs]
+        statuses = _send(zygote, {"runs": [{"args": a, "err": str(e)} for a, e in zip(runs, errs)]},
+                         go=tmp_path / f"go{i}")
+        codes = [os.WEXITSTATUS(s) if os.WIFEXITED(s) else -1 for s in statuses]
         assert sorted(codes) == [0, 2], (i, codes, [e.read_text() for e in errs])
         lines = errs[codes.index(2)].read_text().strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("groupfel: error: "), lines
