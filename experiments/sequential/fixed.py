@@ -48,13 +48,25 @@ def fixed_seeds_needed(sd: float, diff: float, margin: float, m: int, alpha: flo
     a = alpha / max(m, 1)
     options = []
     if diff != 0:
-        n = np.arange(design.MIN_PAIRS, cap + 1)
-        reach = power_difference(n, sd, diff, a) >= power
-        options.append(n[reach][0] if reach.any() else np.inf)
+        options.append(_first_reach(lambda n: power_difference(n, sd, diff, a) >= power, cap))
     if np.isfinite(margin) and abs(diff) < margin:
         options.append(_smallest(lambda k: power_equivalence(k, sd, diff, margin, a) >= power, cap))
     best = min(options) if options else np.inf
     return float(best) if np.isfinite(best) else float("nan")
+
+
+def _first_reach(ok, cap: int, first: int = 64) -> float:
+    """The first n in [MIN_PAIRS, cap] where the vectorised ``ok(n)`` holds (inf: none), read off
+    blocks of doubling length: the same n as one pass over the whole range, which costs ten
+    thousand noncentral t laws where the answer is a few tens of seeds."""
+    start, length = design.MIN_PAIRS, first
+    while start <= cap:
+        n = np.arange(start, min(start + length, cap + 1))
+        reach = ok(n)
+        if reach.any():
+            return float(n[reach][0])
+        start, length = start + length, 2 * length
+    return np.inf
 
 
 def _smallest(ok, cap: int) -> float:

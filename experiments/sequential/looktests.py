@@ -3,6 +3,8 @@ t-test's), Hall's skewness-corrected t (the benchmark's alternatives), and what 
 beside them (skewness, a rare seed, no spread)."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from . import design
@@ -171,10 +173,17 @@ def rare_seed(d, seeds=None) -> tuple[float, float]:
 def bootstrap_weights(seeds, resamples: int = design.BOOTSTRAP) -> np.ndarray:
     """How often each pair appears in each resample, (resamples, pairs): multinomial counts from a
     generator seeded by the pairs' seed numbers, so a study's bootstrap is a function of its seeds
-    (the same data give the same p-values on every machine and every rerun)."""
-    seeds = [int(s) for s in seeds]
+    (the same data give the same p-values on every machine and every rerun). Read-only: one array
+    per set of seeds, which every metric and look of a study shares."""
+    return _weights(tuple(int(s) for s in seeds), int(resamples))
+
+
+@functools.lru_cache(maxsize=8)   # a study uses a few sets of seeds at a time
+def _weights(seeds: tuple[int, ...], resamples: int) -> np.ndarray:
     rng = np.random.default_rng([_BOOT_STREAM, len(seeds), *seeds])
-    return rng.multinomial(len(seeds), np.full(len(seeds), 1.0 / len(seeds)), size=resamples).astype(float)
+    w = rng.multinomial(len(seeds), np.full(len(seeds), 1.0 / len(seeds)), size=resamples).astype(float)
+    w.flags.writeable = False
+    return w
 
 
 def bootstrap_t(d: np.ndarray, t0, t_lo, t_hi, seeds, resamples: int = design.BOOTSTRAP, hall: bool = False):
