@@ -692,11 +692,11 @@ def with_arm_table(rows: list, arm: str = "fedcollab", claim: str = "above", lab
     whose runs are not committed reads "—" in every cell."""
     lines = [f"| base algorithm | seeds | alone % (paper) | +{label} % (paper) | +{label} − alone (points) "
              "| verdict | groups per seed |", "|---" * 7 + "|"]
-    for label, name, folder, alone, point, paper_point in rows:
+    for algorithm, name, folder, alone, point, paper_point in rows:
         try:
             seeds = arm_seeds(name, folder, arm, **point)
         except (KeyError, FileNotFoundError):   # not run yet
-            lines.append(f"| {label} |" + " — |" * 6)
+            lines.append(f"| {algorithm} |" + " — |" * 6)
             continue
 
         def with_paper(a: str, col: str) -> str:
@@ -705,9 +705,9 @@ def with_arm_table(rows: list, arm: str = "fedcollab", claim: str = "above", lab
                 theirs = paper("fedcollab-table1", "accuracy", col, **paper_point)
             except KeyError:
                 theirs = "—"
-            return f"{ours} ({'—' if theirs == '—' else theirs})"
+            return f"{ours} ({theirs})"
 
-        lines.append(f"| {label} | {seeds} | {with_paper(alone, 'alone')} | {with_paper(arm, arm)} "
+        lines.append(f"| {algorithm} | {seeds} | {with_paper(alone, 'alone')} | {with_paper(arm, arm)} "
                      f"| {paired_last(name, folder, 'accuracy', arm, alone, **point)} "
                      f"| {verdict_last(name, folder, 'accuracy', arm, alone, claim, **point)} "
                      f"| {per_seed(name, folder, 'groups_sampled', arm, 0, 1, named=False, **point)} |")
