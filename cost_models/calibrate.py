@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import csv
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -47,14 +47,21 @@ class Fit:
     outliers: np.ndarray    # boolean mask over the points
     weighting: str = "none"     # "none" (ordinary least squares) or "relative" (weights 1/fitted²)
     why: str = ""               # why that weighting (auto's test, or "asked for")
+    # the fit with every coefficient >= 0, where the unconstrained one is not a cost at some size
+    # from 1 up (:func:`first_nonpositive`); None where it is
+    bounded: np.ndarray | None = None
 
     @property
     def has_outliers(self) -> bool:
         return bool(self.outliers.any())
 
     @property
-    def chosen(self) -> np.ndarray:
+    def unbounded(self) -> np.ndarray:
         return self.robust if self.has_outliers else self.coef
+
+    @property
+    def chosen(self) -> np.ndarray:
+        return self.unbounded if self.bounded is None else self.bounded
 
 
 def read_measurements(paths: list[str | Path]) -> pd.DataFrame:
@@ -199,9 +206,43 @@ def _outliers(y: np.ndarray, fitted: np.ndarray) -> np.ndarray:
     return (z_abs > OUTLIER_Z) & (z_rel > OUTLIER_Z)
 
 
+def first_nonpositive(coef: np.ndarray) -> float | None:
+    """The smallest x >= 1 where the polynomial ``coef`` (highest power first) is <= 0, or None
+    where it is a cost (positive) at every size a run can use: a group of 1 client up, a client
+    of 1 sample up. A curve fitted to sizes 3-6 can dip below 0 at 1 or 2 (timing noise on
+    microsecond operations), and a concave one falls below 0 beyond the sizes measured."""
+    coef = np.trim_zeros(np.asarray(coef, dtype=float), "f")
+    if len(coef) == 0 or np.polyval(coef, 1.0) <= 0:
+        return 1.0
+    roots = [r.real for r in np.roots(coef) if abs(r.imag) < 1e-9 * max(1.0, abs(r)) and r.real >= 1]
+    if roots:
+        return float(min(roots))
+    if len(coef) > 1 and coef[0] < 0:   # falls without bound: past its largest root
+        return float(max(1.0, *np.roots(coef).real))
+    return None
+
+
+def _bounded(x: np.ndarray, y: np.ndarray, degree: int, weighting: str, unbounded: np.ndarray,
+             robust: bool) -> np.ndarray:
+    """The fit with every coefficient >= 0 (then positive at every size from 1 up), weighted as the
+    unconstrained fit was, with its soft-L1 loss where that fit had outliers."""
+    X = np.vander(x, degree + 1)
+    w = 1.0 / np.maximum(np.abs(X @ unbounded), 1e-3 * max(float(np.abs(y).max()), 1e-12)) ** 2 \
+        if weighting == "relative" else np.ones(len(x))
+    sw = np.sqrt(w)
+    linear = optimize.lsq_linear(X * sw[:, None], y * sw, bounds=(0.0, np.inf)).x
+    if not robust:
+        return linear
+    scale = _mad(sw * (y - X @ linear)) or max(float(np.sqrt(np.mean((sw * (y - X @ linear)) ** 2))), 1e-12)
+    return optimize.least_squares(lambda c: sw * (X @ c - y), linear, bounds=(0.0, np.inf), loss="soft_l1",
+                                  f_scale=scale).x
+
+
 def calibrate(df: pd.DataFrame, weights: str = "auto") -> list[Fit]:
     """One fit per (device, operation, method) in the measurements (``weights``: see
-    :func:`fit_weighted`)."""
+    :func:`fit_weighted`). Where that fit is not a cost at some size from 1 up
+    (:func:`first_nonpositive`), the profile gets the fit with non-negative coefficients instead,
+    and the report says why: a run refuses a curve that is not positive over its sizes."""
     fits = []
     for x_name, (operation, degree) in X_COLUMNS.items():
         part = df[df[x_name].notna()]
@@ -209,7 +250,10 @@ def calibrate(df: pd.DataFrame, weights: str = "auto") -> list[Fit]:
             x, y = g[x_name].to_numpy(float), g["seconds"].to_numpy(float)
             where = f"{device}/{method} ({x_name})"
             coef, ci, r2, rmse, robust, outliers, used, why = fit_weighted(x, y, degree, where, weights)
-            fits.append(Fit(device, operation, method, x_name, x, y, coef, ci, r2, rmse, robust, outliers, used, why))
+            fit = Fit(device, operation, method, x_name, x, y, coef, ci, r2, rmse, robust, outliers, used, why)
+            if first_nonpositive(fit.unbounded) is not None:
+                fit = replace(fit, bounded=_bounded(x, y, degree, used, fit.unbounded, fit.has_outliers))
+            fits.append(fit)
     return fits + power_fits(df)
 
 
@@ -256,8 +300,13 @@ def report(fits: list[Fit]) -> str:
         if f.has_outliers:
             rob = ", ".join(f"{n} = {c:.6g}" for n, c in zip(names, f.robust))
             lines.append(f"  {int(f.outliers.sum())} outlier(s) at {f.x_name} = "
-                         f"{sorted(set(f.x[f.outliers].astype(int).tolist()))}; robust (soft-L1) fit: {rob}  "
-                         f"<- written to the profile")
+                         f"{sorted(set(f.x[f.outliers].astype(int).tolist()))}; robust (soft-L1) fit: {rob}"
+                         f"{'  <- written to the profile' if f.bounded is None else ''}")
+        if f.bounded is not None:
+            at = first_nonpositive(f.unbounded)
+            fit = ", ".join(f"{n} = {c:.6g}" for n, c in zip(names, f.bounded))
+            lines.append(f"  that fit is {np.polyval(f.unbounded, at):.3g} {unit} at {f.x_name} = {at:.3g}, not a cost "
+                         f"(a run refuses it there); fit with every coefficient >= 0: {fit}  <- written to the profile")
     return "\n".join(lines)
 
 
@@ -270,7 +319,8 @@ def profile_csv(fits: list[Fit], task: str) -> str:
         c = [f"{v:.9g}" for v in f.chosen] + ([""] if f.operation == "training" else [])
         if f.operation == "power":   # a·x² + b·x + c watts with a = 0
             c = ["0", *c]
-        note = (f"{'robust soft-L1' if f.has_outliers else 'least-squares'} fit of {len(f.x)} points, "
+        note = (f"{'robust soft-L1' if f.has_outliers else 'least-squares'}"
+                f"{' non-negative' if f.bounded is not None else ''} fit of {len(f.x)} points, "
                 f"{f.x_name} {f.x.min():g}..{f.x.max():g}, R2 {r2_text(f.r2)}, weights {f.weighting}")
         w.writerow([f.device, task, f.operation, f.method, *c, note])
     return buf.getvalue()
@@ -292,6 +342,8 @@ def plot_fit(f: Fit):
         ax.scatter(f.x[f.outliers], f.y[f.outliers], s=24, marker="x", color="tab:red", label="outlier")
         ax.plot(grid, np.polyval(f.robust, grid), "--", color="tab:green", label="robust fit")
     ax.plot(grid, np.polyval(f.coef, grid), color="tab:orange", label=f"least squares (R² {r2_text(f.r2)})")
+    if f.bounded is not None:
+        ax.plot(grid, np.polyval(f.bounded, grid), ":", color="tab:purple", label="coefficients >= 0 (the profile's)")
     ax.set_ylabel("watts" if f.operation == "power" else "seconds")
     ax.set_title(f"{f.device} / {f.method}")
     ax.legend()

@@ -55,6 +55,32 @@ def test_written_profile_reads_back(tmp_path):
     assert "sgd" in prof.training
 
 
+
+def test_a_fit_that_is_no_cost_at_small_groups_is_refit_with_non_negative_coefficients(tmp_path, capsys):
+    """secagg-recovery is timed from groups of 3: s² − 2.5·s + 0.5 ms at 3-6 clients (2.0 to
+    21.5 ms) is −1 ms at one client, which a run refuses; calibrate writes the fit with a, b, c
+    >= 0 instead (positive at every size), says why, and a run then accepts the profile."""
+    from groupfel.cost_models.calibrate import first_nonpositive
+
+    sizes = np.repeat(np.arange(3, 7), 2)
+    secs = 1e-3 * (sizes**2 - 2.5 * sizes + 0.5)
+    lines = ["# cpu: test", "operation,device,group_size,n_samples,seconds"]
+    lines += [f"secagg-recovery,pi,{s},,{v}" for s, v in zip(sizes, secs)]
+    lines += [f"training,pi,,{k},{0.01 * k + 0.1}" for k in (8, 16, 24, 32)]
+    m = _write(tmp_path / "m.csv", "\n".join(lines) + "\n")
+    fit = next(f for f in calibrate(read_measurements([m])) if f.method == "secagg-recovery")
+    np.testing.assert_allclose(fit.coef, [1e-3, -2.5e-3, 0.5e-3], atol=1e-12)
+    assert first_nonpositive(fit.coef) == 1.0
+    assert fit.bounded is not None and (fit.bounded >= 0).all() and first_nonpositive(fit.bounded) is None
+    assert (fit.chosen == fit.bounded).all()
+    assert main(["calibrate", str(m), "--out", str(tmp_path / "cal"), "--task", "mine"]) == 0
+    out = capsys.readouterr().out
+    assert "at group_size = 1, not a cost" in out and "every coefficient >= 0" in out
+    prof = read_profiles(tmp_path / "cal" / "profile.csv")["pi/mine"]
+    assert all(prof.group_overhead["secagg-recovery"](s) > 0 for s in range(1, 50))
+    sgd = next(f for f in calibrate(read_measurements([m])) if f.method == "sgd")
+    assert sgd.bounded is None   # a cost at every size: the least-squares fit, unchanged
+
 @pytest.mark.parametrize("text, match", [
     ("operation,group_size\nsecagg,3\n", "missing column 'seconds'"),
     ("operation,seconds\nsecagg,3\n", "group_size' or 'n_samples"),
