@@ -259,6 +259,7 @@ class _ProcessSession(Session):
             self._proc.stdin.close()
         except OSError:
             pass
+        _unidle(self._proc.pid)
         try:
             self._proc.wait(AGENT_WAIT_S)
         except subprocess.TimeoutExpired:
@@ -281,6 +282,25 @@ class _ProcessSession(Session):
         if not done and code != 0:
             _warn(f"track: the tracker's process ended (exit {code}); the run goes on without tracking and its "
                   f"results are complete; rerun the same command to log what is missing")
+
+
+def _unidle(pid: int) -> None:
+    """The tracker's process back in the normal scheduling class, every thread of it, once the run
+    waits on it: left idle, the run's end would wait for cores that other work keeps busy (and on
+    such a machine an idle tracker has not even opened its store yet). Allowed to root, or where
+    ``ulimit -e`` is 20 or more; elsewhere it stays idle."""
+    if not hasattr(os, "SCHED_IDLE"):
+        return
+    try:
+        threads = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        threads = [pid]
+    for tid in threads:
+        try:
+            if os.sched_getscheduler(tid) == os.SCHED_IDLE:
+                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        except OSError:   # gone, or not allowed
+            pass
 
 
 class Tracker:

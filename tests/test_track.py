@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -419,12 +420,48 @@ def test_a_store_that_will_not_open_is_warned_about_once_and_the_run_completes(t
         assert (tmp_path / "run" / rel).read_bytes() == (tmp_path / "plain" / rel).read_bytes(), rel
 
 
+def _agents(pid: int) -> list[int]:
+    """The run's tracker processes."""
+    out = []
+    for c in children(pid):
+        try:
+            if b"track_agent" in Path(f"/proc/{c}/cmdline").read_bytes():
+                out.append(c)
+        except OSError:
+            pass
+    return out
+
+
 def _gone(pid: int) -> bool:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return True
     return fields[0] == "Z"
+
+
+def test_the_tracker_leaves_the_idle_class_when_the_run_waits_on_it():
+    """Every thread of the tracker's process back in the normal class (root here); where that is not
+    allowed it stays idle without an error."""
+    from groupfel.experiments.track import _unidle
+
+    code = ("import os, sys, threading, time\n"
+            "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+            "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+            "print('ready', flush=True); time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        threads = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task")]
+        assert len(threads) == 2 and all(os.sched_getscheduler(t) == os.SCHED_IDLE for t in threads)
+        _unidle(proc.pid)
+        allowed = os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20
+        want = os.SCHED_OTHER if allowed else os.SCHED_IDLE
+        assert [os.sched_getscheduler(t) for t in threads] == [want, want]
+    finally:
+        proc.kill()
+        proc.wait()
+    _unidle(proc.pid)   # gone: nothing to do, no error
 
 
 @pytest.mark.slow
@@ -434,12 +471,19 @@ def test_the_tracker_stops_when_the_run_is_killed_alone(tmp_path):
     d = _tiny(rounds=30, arms=1)
     d["track"] = {"tracker": "mlflow", "uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "every_s": 0.2}
     proc = _start_run(["run", str(write_toml(tmp_path, d)), "--output", str(tmp_path / "run"), "--quiet"], tmp_path)
+    # in the idle class while the run goes: it takes only the cores the run leaves idle (looked at
+    # before the run's end, where the run takes it back to the normal class)
+    end, idle = time.time() + 60, False
+    while not idle and time.time() < end and proc.poll() is None:
+        agents = _agents(proc.pid)
+        try:
+            idle = len(agents) == 1 and os.sched_getscheduler(agents[0]) == os.SCHED_IDLE
+        except OSError:
+            pass
+        time.sleep(0.01)
+    assert idle
     _wait_logged(tmp_path / "run" / "track.json", proc, 1)
-    agents = [c for c in children(proc.pid)
-              if b"track_agent" in Path(f"/proc/{c}/cmdline").read_bytes()]
-    assert len(agents) == 1
-    # in the idle class: it takes only the cores the run leaves idle
-    assert os.sched_getscheduler(agents[0]) == os.SCHED_IDLE
+    assert _agents(proc.pid) == agents
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     end = time.time() + 30
