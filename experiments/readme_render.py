@@ -177,6 +177,44 @@ def _final(name: str, mode: str, arm: str, point: dict) -> dict[int, float]:
     return {int(seed): float(r.sort_values("cost")["accuracy"].iloc[-1]) * 100 for seed, r in runs.groupby("seed")}
 
 
+@cache
+def _budget(name: str, mode: str) -> float:
+    """The Eq. 5 budget of a reproduction's runs in folder ``mode`` (``quick…``: quick mode's)."""
+    from .reproduce import load, resolve
+
+    return float(resolve(load(name), mode.startswith("quick"))[1]["train"]["budget"])
+
+
+def _best(name: str, mode: str, arm: str, point: dict, budget: float | None) -> dict[int, float]:
+    """Each seed's best accuracy (%) over its evaluations at cost ≤ ``budget`` (default: the
+    runs' own budget): the number the Group-FEL authors' plotting scripts report."""
+    runs = _select(_csv(name, mode, "runs.csv"), arm, point)
+    runs = runs[runs["cost"] <= (_budget(name, mode) if budget is None else budget) + 1e-9]
+    return {int(s): float(r["accuracy"].max()) * 100 for s, r in runs.groupby("seed")}
+
+
+def _best_diffs(name: str, mode: str, arm: str, ref: str, at: dict | None, ref_at: dict | None,
+                budget: float | None, point: dict) -> list[float]:
+    x = _best(name, mode, arm, point if at is None else at, budget)
+    y = _best(name, mode, ref, (point if at is None else at) if ref_at is None else ref_at, budget)
+    return [x[s] - y[s] for s in x if s in y]
+
+
+def paired_best(name: str, mode: str, arm: str, ref: str, digits: int = 2, at: dict | None = None,
+                ref_at: dict | None = None, budget: float | None = None, **point) -> str:
+    """Paired difference arm − ref of each seed's best accuracy at cost ≤ the budget (:func:`_best`),
+    points: mean [95 % CI] over seeds. ``at`` / ``ref_at``: the two sides' points where they differ
+    (default ``point``; ``ref_at`` defaults to ``at``)."""
+    return _paired(_best_diffs(name, mode, arm, ref, at, ref_at, budget, point), "accuracy", 100.0, digits)
+
+
+def verdict_best(name: str, mode: str, arm: str, ref: str, claim: str, at: dict | None = None,
+                 ref_at: dict | None = None, budget: float | None = None, **point) -> str:
+    """:func:`word` for the claim that :func:`paired_best` is ``claim`` zero."""
+    _, low, high = _interval(_best_diffs(name, mode, arm, ref, at, ref_at, budget, point), "accuracy", 100.0)
+    return word(low, high, claim)
+
+
 def last(name: str, mode: str, column: str, arm: str, digits: int = 1, scale: float = 1.0, ci: bool = False,
          **point) -> str:
     """Mean over seeds of ``column`` at each run's last evaluation in ``runs.csv`` (e.g.
@@ -789,7 +827,7 @@ FUNCTIONS = {f.__name__: f for f in (ours, paper, summary, cell, summary_ci, at_
                                      paired_at_cost, last, paired_last, paired_folders, before_after, paired_points, paired_final,
                                      cost_to, diverged, span, seeds, fmt, table1, arms_table, methods_table, grid, verdict_points, verdict_last, verdict_summary, verdict_ours, ours_bounds, either, before_after_at, mean_at, paired_at, paired_folders_at, csv_before_after,
                                      table2, table2_diff, table2_span, sources, base_sources, csv_seeds, arm_seeds, per_seed, csv_span, csv_sum, partitions, partition_count, partition_misses, miss_rate, none_missed, seed_last, paired_mean, range_of,
-                                     seed_table, text, sig, verdict_folders, groups_at, with_arm_table)}
+                                     seed_table, text, sig, verdict_folders, groups_at, with_arm_table, paired_best, verdict_best)}
 
 
 def render(template: Path = TEMPLATE) -> str:

@@ -532,6 +532,26 @@ def test_last_with_its_interval_over_seeds(tmp_path, monkeypatch):
     assert render_in(tmp_path, monkeypatch) == "60.0 [0.0, 100.0]; 70.0; 60.0"
 
 
+def test_best_accuracy_within_the_budget_paired_over_seeds(tmp_path, monkeypatch):
+    """paired_best / verdict_best: each seed's best evaluation at cost ≤ the budget (the authors'
+    reported metric), arm minus ref per seed; an evaluation past the budget never counts, and the
+    last evaluation is not the best (hand-computed)."""
+    d = tmp_path / "x" / "quick"
+    d.mkdir(parents=True)
+    acc = {("a", 0): [0.1, 0.6, 0.5, 0.9], ("a", 1): [0.1, 0.7, 0.8, 0.2], ("a", 2): [0.1, 0.65, 0.7, 0.3],
+           ("b", 0): [0.1, 0.3, 0.4, 0.95], ("b", 1): [0.1, 0.5, 0.3, 0.99], ("b", 2): [0.1, 0.45, 0.2, 0.99]}
+    pd.DataFrame([{"arm": arm, "seed": seed, "round": r, "cost": 40 * r, "accuracy": a[r]}
+                  for (arm, seed), a in acc.items() for r in range(4)]).to_csv(d / "runs.csv", index=False)
+    (tmp_path / "t.md").write_text('{{ paired_best("x", "quick", "a", "b", 1, budget=100) }}; '
+                                   '{{ verdict_best("x", "quick", "a", "b", "above", budget=100) }}; '
+                                   '{{ verdict_best("x", "quick", "a", "b", "below", budget=100) }}; '
+                                   '{{ paired_best("x", "quick", "a", "b", 1, budget=1000) }}')
+    # best at cost ≤ 100 (rounds 0-2): a 60, 80, 70; b 40, 50, 45 -> 20, 30, 25 points: mean 25, sd 5,
+    # t(2) 4.303 × 5/√3 = 12.4 -> [12.6, 37.4]. With every evaluation counted: a 90, 80, 70; b 95, 99, 99
+    # -> -5, -19, -29: mean -17.7, sd 12.06, ± 29.95 -> [-47.6, 12.3]
+    assert render_in(tmp_path, monkeypatch) == "25.0 [12.6, 37.4]; Holds; Does not hold; -17.7 [-47.6, 12.3]"
+
+
 def test_render_names_the_seeds_an_arm_ran(tmp_path, monkeypatch):
     """arm_seeds and per_seed read each arm's own seeds from runs.csv (hand-written rows: arm b
     ran seeds 1 and 2 only), each seed's value at its last round."""
