@@ -30,3 +30,29 @@ def test_batch_counter_moves_by_the_number_of_steps():
     train(model, x, y, 2, 4, 0.1, torch.Generator().manual_seed(1))   # batches of 4, 4, 2: 3 steps an epoch
     for k in counters:
         assert int(model.state_dict()[k] - before[k]) == 6
+
+
+def test_the_authors_alg2_is_ours_without_statistics_and_reads_client_0s_with_them():
+    """authors_partition (the authors' user_cluster) gives our Alg. 2's partition where no entry is a
+    BatchNorm statistic; with statistics, a group's ĝ holds client 0's, member or not: two clients
+    whose statistics entries agree with each other but oppose client 0's do not merge, though
+    they merge under our ĝ (hand-built vectors)."""
+    import numpy as np
+
+    from groupfel.policies.hcct import hcct_partition
+
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        g = rng.normal(size=(6, 8))
+        g[:3] += 3 * rng.normal(size=8)
+        sizes = rng.integers(20, 200, 6).astype(float)
+        assert _script.authors_partition(g, sizes, 1.0, np.zeros(8, dtype=bool)) == \
+            sorted(sorted(p) for p in hcct_partition(g, sizes, 1.0))
+    stats = np.array([False, False, True, True])
+    g = np.array([[1.0, 0.0, -10.0, -10.0],      # client 0: its statistics oppose 1's and 2's
+                  [0.0, 1.0, 10.0, 10.0],
+                  [0.0, 1.0, 10.0, 10.0]])
+    sizes = np.array([100.0, 100.0, 100.0])
+    assert sorted(sorted(p) for p in hcct_partition(g, sizes, 1.0)) == [[0], [1, 2]]
+    assert _script.authors_partition(g, sizes, 1.0, stats) == [[0], [1], [2]]
+    assert len(_script.stat_mask(digit_bn_cnn(1, 10, 16))) == len(flat_state(digit_bn_cnn(1, 10, 16), False))

@@ -19,7 +19,9 @@ writes them to a CSV. Plain torch, one thread, deterministic for a seed.
     python experiments/reproductions/hcct-batchnorm/hcct_batchnorm.py --seeds 0 1 2 --epochs 10 \
         --out experiments/reproductions/hcct-batchnorm/full
 
-``full-20/`` is the same at Table 3's 20 epochs (``--seeds N --epochs 20``, one seed a run, the
+``client0/`` adds ``--bn-stats client0`` (a group's model takes client 0's BatchNorm statistics);
+``authors/`` adds ``--bn-stats client0 --partition authors`` (Alg. 2 as the authors' code runs it,
+its ĝ holding client 0's statistics too). ``full-20/`` is the same at Table 3's 20 epochs (``--seeds N --epochs 20``, one seed a run, the
 CSVs concatenated in seed order).
 """
 from __future__ import annotations
@@ -80,6 +82,47 @@ def mean_cosine(v: np.ndarray) -> float:
 
 
 BN_STATS = ("mean", "client0")
+PARTITIONS = ("ours", "authors")
+
+
+def stat_mask(model: nn.Module) -> np.ndarray:
+    """Which entries of the state-dict vector (:func:`flat_state`) are BatchNorm running statistics
+    or batch counters: the keys the authors' ``FedWeightAvg`` does not average."""
+    return np.concatenate([np.full(v.numel(), "running" in k or "num_batches_tracked" in k)
+                           for k, v in model.state_dict().items()])
+
+
+def authors_partition(g: np.ndarray, sizes: np.ndarray, alpha: float, stats: np.ndarray) -> list[list[int]]:
+    """HCCT Alg. 2 from singletons as the authors' code runs it (utils/keyfunc.py ``user_cluster``,
+    strategy hcct, cosine): every pass merges the pair of groups whose merged utility gains most over
+    its members' recorded utilities, while that gain is above 0. A merged group's ĝ is
+    ``FedWeightAvg`` of its members' vectors: the D_i-weighted mean of every entry but the BatchNorm
+    statistics (``stats``), which are client 0's, member or not. A member's utility in it is
+    −α/D_G + cos(g_j, ĝ); a client alone has −α/D_j + 1."""
+    n = len(g)
+    norms = np.maximum(np.linalg.norm(g, axis=1), 1e-8)
+    u = {i: -alpha / sizes[i] + 1.0 for i in range(n)}
+    groups = {i: [i] for i in range(n)}
+    while True:
+        best, gap, best_u = None, 0.0, None
+        for ci, mi in groups.items():
+            for cj, mj in groups.items():
+                if cj >= ci:
+                    continue
+                members = mi + mj
+                d = float(sizes[members].sum())
+                gc = (sizes[members, None] * g[members]).sum(axis=0) / d
+                gc[stats] = g[0][stats]
+                cos = g[members] @ gc / np.maximum(norms[members] * np.linalg.norm(gc), 1e-8)
+                new = {j: -alpha / d + float(c) for j, c in zip(members, cos)}
+                gain = sum(new.values()) - sum(u[x] for x in mi) - sum(u[x] for x in mj)
+                if gain > gap:
+                    best, gap, best_u = (ci, cj), gain, new
+        if best is None:
+            return sorted(sorted(m) for m in groups.values())
+        ci, cj = best
+        groups[cj].extend(groups.pop(ci))
+        u.update(best_u)
 
 
 def average_states(trained: list[dict], members: list[int], sizes: np.ndarray, bn_stats: str = "mean") -> dict:
@@ -102,7 +145,7 @@ def average_states(trained: list[dict], members: list[int], sizes: np.ndarray, b
     return avg
 
 
-def run(seed: int, epochs: int, alpha: float, bn_stats: str = "mean") -> list[dict]:
+def run(seed: int, epochs: int, alpha: float, bn_stats: str = "mean", partition: str = "ours") -> list[dict]:
     cfg = load_config(CONFIG).model_copy(update={"seed": seed})
     world = build_world(cfg)
     ds, topo, tc = world.dataset, world.topology, cfg.train
@@ -114,6 +157,7 @@ def run(seed: int, epochs: int, alpha: float, bn_stats: str = "mean") -> list[di
     model = digit_bn_cnn(x_all.shape[1], int(y_all.max()) + 1, x_all.shape[-1])
     states = [{k: v.clone() for k, v in model.state_dict().items()} for _ in range(n)]   # w_i^0
     groups = [[i] for i in range(n)]                                                      # Alg. 1: t = 0
+    stats = stat_mask(model)
     rows = []
     for t in range(epochs):
         lr = tc.lr * tc.lr_decay ** t
@@ -130,7 +174,10 @@ def run(seed: int, epochs: int, alpha: float, bn_stats: str = "mean") -> list[di
         row = {"seed": seed, "epoch": t + 1}
         for k, v in vec.items():
             g = np.stack(v)
-            part = hcct_partition(g, sizes, alpha)                      # Alg. 2 from singletons
+            if k == "state" and partition == "authors":
+                part = authors_partition(g, sizes, alpha, stats)
+            else:
+                part = hcct_partition(g, sizes, alpha)                  # Alg. 2 from singletons
             row[f"groups_{k}"] = len(part)
             row[f"partition_{k}"] = sorted(sorted(p) for p in part)
             row[f"mean_cos_{k}"] = round(mean_cosine(g), 4)
@@ -166,11 +213,14 @@ def main() -> None:
     ap.add_argument("--bn-stats", choices=BN_STATS, default="mean",
                     help="a group's BatchNorm running statistics: their mean (FedAvg of the state dict) or client "
                          "0's (client0: the HCCT authors' FedWeightAvg)")
+    ap.add_argument("--partition", choices=PARTITIONS, default="ours",
+                    help="Alg. 2 on the state-dict vector: ours (a group's ĝ the weighted mean of every entry) or "
+                         "the authors' user_cluster (ĝ's BatchNorm statistics client 0's)")
     ap.add_argument("--out", type=Path, default=Path("results/hcct-batchnorm"))
     a = ap.parse_args()
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    rows = [r for s in a.seeds for r in run(s, a.epochs, a.alpha, a.bn_stats)]
+    rows = [r for s in a.seeds for r in run(s, a.epochs, a.alpha, a.bn_stats, a.partition)]
     a.out.mkdir(parents=True, exist_ok=True)
     with open(a.out / "hcct-batchnorm.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
