@@ -21,7 +21,8 @@ writes them to a CSV. Plain torch, one thread, deterministic for a seed.
 
 ``client0/`` adds ``--bn-stats client0`` (a group's model takes client 0's BatchNorm statistics);
 ``authors/`` adds ``--bn-stats client0 --partition authors`` (Alg. 2 as the authors' code runs it,
-its ĝ holding client 0's statistics too). ``full-20/`` is the same at Table 3's 20 epochs (``--seeds N --epochs 20``, one seed a run, the
+its ĝ holding client 0's statistics too; one seed a run, the CSVs concatenated in seed order).
+``full-20/`` is the same at Table 3's 20 epochs (``--seeds N --epochs 20``, one seed a run, the
 CSVs concatenated in seed order).
 """
 from __future__ import annotations
