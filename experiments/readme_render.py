@@ -195,8 +195,8 @@ def _best(name: str, mode: str, arm: str, point: dict, budget: float | None) -> 
 
 def _best_diffs(name: str, mode: str, arm: str, ref: str, at: dict | None, ref_at: dict | None,
                 budget: float | None, point: dict) -> list[float]:
-    x = _best(name, mode, arm, point if at is None else at, budget)
-    y = _best(name, mode, ref, (point if at is None else at) if ref_at is None else ref_at, budget)
+    at = point if at is None else at
+    x, y = _best(name, mode, arm, at, budget), _best(name, mode, ref, at if ref_at is None else ref_at, budget)
     return [x[s] - y[s] for s in x if s in y]
 
 
