@@ -56,7 +56,7 @@ def energy_budget_error(budget: float, first: float, where: str) -> InputError:
 def sample_groups(world: World, plan: ArmPlan, groups: list[Group], t: int) -> tuple[int, np.ndarray, np.ndarray]:
     """S, the log sampling masses of ``groups`` and the indices the cloud samples in round t (the
     ``sampling`` stream of round t, so a resume draws the same)."""
-    from groupfel.policies import SamplingPolicy, groups_per_round, sample_without_replacement
+    from groupfel.policies import SamplingPolicy, groups_per_round, sample_successive, sample_without_replacement
     from groupfel.policies.sampling import cov_zero_first
 
     from .contracts import calling, check_weights, spec_of
@@ -75,7 +75,8 @@ def sample_groups(world: World, plan: ArmPlan, groups: list[Group], t: int) -> t
         log_p = cov_zero_first(covs, log_p)
     S = groups_per_round(len(groups), np.array([g.total_samples for g in groups]),
                          groups=s.groups_per_round, data_fraction=s.data_fraction)
-    return S, log_p, sample_without_replacement(log_p, S, rng(world.config.seed, "sampling", t))
+    draw = sample_successive if s.draw == "successive" else sample_without_replacement
+    return S, log_p, draw(log_p, S, rng(world.config.seed, "sampling", t))
 
 
 def aggregation_weights(plan: ArmPlan, n_g: np.ndarray, log_pi: np.ndarray, n_total: float) -> np.ndarray:

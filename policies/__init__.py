@@ -8,7 +8,8 @@ not registered resolves as a plug-in (an installed entry point or ``"module:Clas
 from importlib import import_module
 
 from .cov import NORMALIZATIONS, cov_of_counts, group_cov
-from .grouping import EdgeGrouping, EdgeView, GroupingPolicy, Layer, enforce_min_size, groupings, resolve_leftover
+from .grouping import (EdgeGrouping, EdgeView, GroupingPolicy, Layer, enforce_min_size, groupings, resolve_leftover,
+                       settle_short_groups)
 from . import baselines, clustered, fedcollab, hcct, pergroup  # noqa: F401,E402  (register cdg, kldg, qcid,
 #   fedcollab, hcct, hcct-e, local, global, ifca, fedclar, fedcluster, fesem, kmeans)
 
@@ -16,7 +17,7 @@ from . import baselines, clustered, fedcollab, hcct, pergroup  # noqa: F401,E402
 # (`groupfel group`) starts fast.
 _LAZY = {"AggregationRule": "aggregation", "aggregations": "aggregation", "SamplingPolicy": "sampling",
          "groups_per_round": "sampling", "inclusion_log_probabilities": "sampling",
-         "sample_without_replacement": "sampling", "samplings": "sampling"}
+         "sample_without_replacement": "sampling", "sample_successive": "sampling", "samplings": "sampling"}
 
 
 def __getattr__(name: str):
@@ -27,5 +28,5 @@ def __getattr__(name: str):
 
 __all__ = ["AggregationRule", "aggregations", "NORMALIZATIONS", "cov_of_counts", "group_cov",
            "EdgeGrouping", "EdgeView", "GroupingPolicy", "Layer", "groupings", "resolve_leftover", "enforce_min_size",
-           "SamplingPolicy", "groups_per_round", "inclusion_log_probabilities", "sample_without_replacement",
-           "samplings"]
+           "settle_short_groups", "SamplingPolicy", "groups_per_round", "inclusion_log_probabilities",
+           "sample_without_replacement", "sample_successive", "samplings"]

@@ -18,6 +18,8 @@ from .registry import Registry
 
 LeftoverRule = Literal["merge", "drop", "keep"]
 LEFTOVER_RULES = ("merge", "drop", "keep")
+GrowRule = Literal["alg2", "authors"]
+GROW_RULES = ("alg2", "authors")
 
 groupings = Registry("grouping")
 
@@ -195,6 +197,19 @@ def resolve_leftover(groups: list[list[int]], short: list[int], rule: LeftoverRu
     return EdgeGrouping([np.array(g, dtype=int) for g in groups], leftover_clients=len(short))
 
 
+def settle_short_groups(groups: list[list[int]], min_size: int, rule: LeftoverRule,
+                        label_counts: np.ndarray, normalization: Normalization = "std") -> EdgeGrouping:
+    """Apply the leftover rule to every group below ``min_size``, wherever it formed: ``keep``
+    keeps each as it is; ``merge`` and ``drop`` treat their clients as :func:`resolve_leftover`
+    treats one short last group."""
+    complete = [g for g in groups if len(g) >= min_size]
+    short = [g for g in groups if len(g) < min_size]
+    if rule == "keep":
+        return EdgeGrouping([np.array(g, dtype=int) for g in complete + short],
+                            leftover_clients=sum(map(len, short)))
+    return resolve_leftover(complete, [c for g in short for c in g], rule, label_counts, normalization)
+
+
 def enforce_min_size(groups: list[list[int]], min_size: int,
                      cost: Callable[[list[int]], float]) -> tuple[list[list[int]], int]:
     """Merge groups smaller than ``min_size`` into the group they hurt least (for policies that
@@ -229,12 +244,23 @@ class CoVGrouping(GroupingPolicy):
     a step costs O(|K|·|Y|) and the whole run O(|K|²·|Y|) instead of the printed O(|K|³·|Y|)
     of :func:`groupfel.policies.reference.covg_reference`, which yields the same groups. Ties go to the
     lowest row index.
+
+    ``grow`` says when a group takes its best candidate:
+
+    * ``alg2`` (default): Alg. 2, Line 6 as printed. A group below MinGS takes the best
+      remaining client even when the CoV rises, so only an edge's last group can fall short.
+    * ``authors``: the authors' code (Jiyao17/fl-grouping ``utils/fed.py``,
+      ``__CV_greedy_grouping``). A group takes a client only when it lowers the CoV, and closes
+      when none does, so groups below MinGS can form anywhere. Every one of them goes to the
+      leftover rule; with ``leftover = "drop"`` their clients sit out until the next regrouping,
+      as in the authors' runs.
     """
 
     min_group_size: int = 5
     max_cov: float = 0.5
     normalization: Normalization = "std"
     leftover: LeftoverRule = "merge"
+    grow: GrowRule = "alg2"
 
     def __post_init__(self):
         _check_common(self.min_group_size, self.leftover)
@@ -242,12 +268,15 @@ class CoVGrouping(GroupingPolicy):
             raise ValueError(f"max_cov must be >= 0, got {self.max_cov!r}")
         if self.normalization not in NORMALIZATIONS:
             raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}")
+        if self.grow not in GROW_RULES:
+            raise ValueError(f"grow must be one of {GROW_RULES}, got {self.grow!r}")
 
     def group(self, view: EdgeView, rng: np.random.Generator) -> EdgeGrouping:
         L = np.asarray(view.label_counts, dtype=float)
         m, norm = L.shape[1], self.normalization
         rows, sq = L.sum(axis=1), (L ** 2).sum(axis=1)
         available, taken = np.ones(len(L), dtype=bool), np.zeros(len(L))
+        fill = self.grow == "alg2"  # a group below MinGS takes a client that raises its CoV
         groups: list[list[int]] = []
         while available.any():
             first = int(rng.choice(np.flatnonzero(available)))           # Line 3
@@ -259,9 +288,9 @@ class CoVGrouping(GroupingPolicy):
                 scores = cov_from_moments(counts.sum() + rows, (counts ** 2).sum() + 2 * (L @ counts) + sq, m, norm)
                 scores += taken  # +inf for clients already grouped
                 best = int(np.argmin(scores))
-                if not available[best]:  # every candidate has CoV = inf: take the first one
+                if not available[best] and fill:  # every candidate has CoV = inf: take the first one
                     best = int(np.flatnonzero(available)[0])
-                if scores[best] < current or len(members) < self.min_group_size:  # Line 6
+                if scores[best] < current or (fill and len(members) < self.min_group_size):  # Line 6
                     members.append(best)                                  # Line 7
                     available[best], taken[best] = False, np.inf
                     counts += L[best]
@@ -269,8 +298,7 @@ class CoVGrouping(GroupingPolicy):
                 else:
                     break                                                 # Line 9
             groups.append(members)                                        # Line 10
-        short = groups.pop() if len(groups[-1]) < self.min_group_size else []
-        return resolve_leftover(groups, short, self.leftover, L, norm)
+        return settle_short_groups(groups, self.min_group_size, self.leftover, L, norm)
 
 
 @groupings.register("rg")

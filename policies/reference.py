@@ -10,11 +10,12 @@ from __future__ import annotations
 import numpy as np
 
 from .cov import group_cov
-from .grouping import CoVGrouping, EdgeGrouping, EdgeView, resolve_leftover
+from .grouping import CoVGrouping, EdgeGrouping, EdgeView, settle_short_groups
 
 
 def covg_reference(policy: CoVGrouping, view: EdgeView, rng: np.random.Generator) -> EdgeGrouping:
-    """Group-FEL Alg. 2, literally (one CoV call per candidate per step)."""
+    """Group-FEL Alg. 2, literally (one CoV call per candidate per step); with
+    ``policy.grow == "authors"`` a group takes a client only when it lowers the CoV."""
     L = np.asarray(view.label_counts, dtype=float)
     norm = policy.normalization
     available = np.ones(len(L), dtype=bool)  # same draw sequence as the fast version
@@ -30,14 +31,14 @@ def covg_reference(policy: CoVGrouping, view: EdgeView, rng: np.random.Generator
                 cov = group_cov(L, members + [int(c)], norm)
                 if cov < best_cov:  # strict: ties go to the lowest row index
                     best, best_cov = int(c), cov
-            if best < 0:  # every candidate leaves the group empty (CoV = inf): take the first
+            fill = policy.grow == "alg2"
+            if best < 0 and fill:  # every candidate leaves the group empty (CoV = inf): take the first
                 best, best_cov = int(np.flatnonzero(available)[0]), np.inf
-            if best_cov < current or len(members) < policy.min_group_size:  # Line 6
+            if best_cov < current or (fill and len(members) < policy.min_group_size):  # Line 6
                 members.append(best)                                      # Line 7
                 available[best] = False
                 current = best_cov
             else:
                 break                                                     # Line 9
         groups.append(members)                                            # Line 10
-    short = groups.pop() if len(groups[-1]) < policy.min_group_size else []
-    return resolve_leftover(groups, short, policy.leftover, L, norm)
+    return settle_short_groups(groups, policy.min_group_size, policy.leftover, L, norm)

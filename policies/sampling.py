@@ -167,6 +167,29 @@ def sample_without_replacement(log_p: np.ndarray, size: int, rng: np.random.Gene
     return np.sort(np.concatenate([certain, order[hit]]))
 
 
+def sample_successive(log_p: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+    """Draw ``size`` distinct groups one at a time, each with probability p_g renormalised over
+    the groups not yet drawn: numpy's ``choice(n, size, p=p, replace=False)``, which the Group-FEL
+    authors' code calls (``GFL.sample`` in Jiyao17/fl-grouping ``utils/fed.py``).
+
+    A group's inclusion probability is then not π_g (:func:`inclusion_log_probabilities`): under
+    skewed p it is lower for the likeliest groups and higher for the rest, so Eq. 4's 1/π_g
+    weights are biased on these draws. Exact by the Gumbel-top-k identity (the ``size`` largest of
+    log p_g + Gumbel noise are a successive sample), so ESRCoV's log p down to −10⁴ need no
+    exponentiation. Groups of infinite weight (CoV 0) come first, in random order; groups of zero
+    weight come last, uniformly, and only when the others are exhausted.
+    """
+    log_p = np.asarray(log_p, dtype=float)
+    if not 1 <= size <= len(log_p):
+        raise ValueError(f"cannot sample {size} of {len(log_p)} groups")
+    if np.isnan(log_p).any() or np.isneginf(log_p).all():
+        raise ValueError("sampling weights must be numbers, not all zero")
+    noise = rng.gumbel(size=len(log_p))
+    tier = np.where(np.isposinf(log_p), 2, np.where(np.isneginf(log_p), 0, 1))
+    key = np.where(tier == 1, log_p + noise, noise)
+    return np.sort(np.lexsort((-key, -tier))[:size])
+
+
 def groups_per_round(n_groups: int, group_sizes_samples: np.ndarray, *, groups: int | None,
                      data_fraction: float | None) -> int:
     """S: fixed (the paper: 12 of 60) or derived from a fraction of the data (the authors' code):

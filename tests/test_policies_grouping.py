@@ -2,6 +2,8 @@
 deterministic by seed; the fast CoVG equals the literal Alg. 2."""
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -99,15 +101,90 @@ def test_config_validation_names_the_field():
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(1, 18), m=st.integers(2, 6), hi=st.integers(0, 30), mings=st.integers(1, 5),
        max_cov=st.sampled_from([0.0, 0.3, 0.8, 2.0]), norm=st.sampled_from(["std", "eq31"]),
-       leftover=st.sampled_from(["merge", "drop", "keep"]), seed=st.integers(0, 2**16))
-def test_fast_covg_equals_literal_alg2(n, m, hi, mings, max_cov, norm, leftover, seed):
+       leftover=st.sampled_from(["merge", "drop", "keep"]), grow=st.sampled_from(["alg2", "authors"]),
+       seed=st.integers(0, 2**16))
+def test_fast_covg_equals_literal_alg2(n, m, hi, mings, max_cov, norm, leftover, grow, seed):
     L = np.random.default_rng(seed).integers(0, hi + 1, size=(n, m))
     pol = groupings.make("covg", {"min_group_size": mings, "max_cov": max_cov, "normalization": norm,
-                                  "leftover": leftover})
+                                  "leftover": leftover, "grow": grow})
     fast = pol.group(EdgeView(L), np.random.default_rng(seed))
     slow = covg_reference(pol, EdgeView(L), np.random.default_rng(seed))
     assert [g.tolist() for g in fast.groups] == [g.tolist() for g in slow.groups]
     assert fast.dropped.tolist() == slow.dropped.tolist()
+
+
+def _authors_cv_greedy(L: np.ndarray, max_cv: float, min_group_size: int, rng) -> list[list[int]]:
+    """Jiyao17/fl-grouping utils/fed.py, GFL.group's __CV_greedy_grouping, transcribed line by line
+    (its np.random.randint for the first client becomes a draw from ``rng`` that consumes it as
+    our CoVG does). It returns the groups kept; the clients of the others are left out. Its
+    np.std / np.mean is computed exactly here, as CoV² in fractions (a monotone change): the
+    float quotient rounds CoVs that are equal, e.g. of [1, 0, 1] and [0, 1, 1], differently,
+    and the tie then goes by rounding instead of by row."""
+    def calc_group_cv(subset):
+        distribution = [int(x) for x in L[subset].sum(axis=0)]
+        total, m = sum(distribution), len(distribution)
+        return Fraction(m * sum(x * x for x in distribution) - total * total, total * total)
+
+    max_cv = Fraction(max_cv) ** 2
+
+    server_clients, groups = list(range(len(L))), []
+    while len(server_clients) > 0:
+        rand_client = int(rng.choice(np.arange(len(server_clients))))
+        cur_min_cv = calc_group_cv([server_clients[rand_client]])
+        new_group = [server_clients[rand_client]]
+        server_clients.remove(new_group[0])
+        while len(server_clients) > 0 and not (cur_min_cv < max_cv and len(new_group) >= min_group_size):
+            new_client = -1
+            for client in server_clients:
+                new_group.append(client)
+                new_cv = calc_group_cv(new_group)
+                if new_cv < cur_min_cv:
+                    cur_min_cv = new_cv
+                    new_client = client
+                new_group.pop()
+            if new_client == -1:
+                break
+            server_clients.remove(new_client)
+            new_group.append(new_client)
+        if len(new_group) >= min_group_size:
+            groups.append(new_group)
+    return groups
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(2, 40), m=st.integers(2, 10), hi=st.integers(1, 30), mings=st.integers(2, 6),
+       max_cov=st.sampled_from([0.3, 0.55, 0.8, 1.7]), seed=st.integers(0, 2**16))
+def test_covg_grow_authors_with_drop_is_the_authors_code(n, m, hi, mings, max_cov, seed):
+    """``grow = "authors"`` with ``leftover = "drop"`` forms the groups the authors' code keeps and
+    leaves out the rest, wherever a short group formed. Every client holds a sample (the authors'
+    CoV of an empty group is NaN), and no MaxCoV equals a CoV the counts can reach exactly (their
+    loop goes on at CoV = MaxCoV, ours stops)."""
+    L = np.random.default_rng(seed).integers(0, hi + 1, size=(n, m))
+    L[L.sum(axis=1) == 0, 0] = 1
+    authors = _authors_cv_greedy(L, max_cov, mings, np.random.default_rng(seed))
+    pol = groupings.make("covg", {"min_group_size": mings, "max_cov": max_cov, "grow": "authors", "leftover": "drop"})
+    ours = pol.group(EdgeView(L), np.random.default_rng(seed))
+    if authors:
+        assert [g.tolist() for g in ours.groups] == authors
+        assert sorted(ours.dropped.tolist()) == sorted(set(range(n)) - {c for g in authors for c in g})
+    else:   # nothing complete: like `drop` everywhere, the edge keeps its short clients as one group
+        assert sorted(c for g in ours.groups for c in g.tolist()) == list(range(n))
+
+
+def test_covg_grow_authors_closes_a_group_no_client_improves():
+    """Two clients of label 0 and three of label 1, MinGS 3: from client 0, Alg. 2 fills the group
+    with client 1 and a label-1 client; the authors' rule takes label-1 clients while the CoV falls
+    (2-1 is better than 2-0) and then stops, so their groups differ and one is short."""
+    L = np.array([[5, 0], [5, 0], [0, 5], [0, 5], [0, 5]])
+
+    class First:   # the first client drawn is always the lowest row left
+        def choice(self, a):
+            return a[0]
+    alg2 = groupings.make("covg", {"min_group_size": 3, "max_cov": 0.0, "leftover": "keep"}).group(EdgeView(L), First())
+    authors = groupings.make("covg", {"min_group_size": 3, "max_cov": 0.0, "leftover": "keep",
+                                      "grow": "authors"}).group(EdgeView(L), First())
+    assert _canon(alg2) != _canon(authors)
+    assert min(map(len, authors.groups)) < 3 and authors.leftover_clients > 0
 
 
 @settings(max_examples=50, deadline=None)

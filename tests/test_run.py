@@ -66,6 +66,29 @@ def test_same_seed_same_tables(tiny_config, tmp_path):
                                       pd.read_parquet(tmp_path / "b" / arm / "ledger.parquet"), check_exact=True)
 
 
+def test_the_authors_covg_and_successive_draws_run_end_to_end(tiny_dict, tmp_path):
+    """``grow = "authors"`` with ``leftover = "drop"`` leaves out the clients of short groups (the
+    manifest lists them and the ledger never charges them); ``draw = "successive"`` draws other
+    groups than the systematic draw from the same seed's stream."""
+    arm = tiny_dict["arms"][0]
+    tiny_dict["data"]["alpha"] = 0.1
+    tiny_dict["topology"]["clients_per_edge"] = 10
+    tiny_dict["arms"] = [arm, {**arm, "name": "authors", "sampling": {**arm["sampling"], "draw": "successive"},
+                               "grouping": {**arm["grouping"], "grow": "authors", "leftover": "drop"}}]
+    run_experiment(parse_config(tiny_dict), tmp_path / "run", progress=False)
+    ours, authors = ({"manifest": json.loads((tmp_path / "run" / a / "manifest.json").read_text()),
+                      "ledger": pd.read_parquet(tmp_path / "run" / a / "ledger.parquet")}
+                     for a in ("covg-esrcov", "authors"))
+    dropped = authors["manifest"]["grouping"]["clients_dropped"]
+    assert dropped > 0 and ours["manifest"]["grouping"]["clients_dropped"] == 0
+    kept = authors["manifest"]["grouping"]["groups"]
+    assert all(g["size"] >= 3 for g in kept) and sum(g["size"] for g in kept) == 20 - dropped
+    charged = set(authors["ledger"].query("component == 'training'")["client"])
+    assert charged <= {c for g in kept for c in g["clients"]}
+    draws = [r.groupby("round")["group"].unique().map(sorted).tolist() for r in (ours["ledger"], authors["ledger"])]
+    assert draws[0] != draws[1]
+
+
 def test_other_seed_other_numbers(tiny_dict, tmp_path):
     run_experiment(parse_config(tiny_dict), tmp_path / "a", progress=False)
     tiny_dict["seed"] = 4
@@ -157,6 +180,8 @@ sampling = {{ policy = "esrcov", groups_per_round = 1 }}
     (lambda s: s.replace("[data]", "[data]\ndataset = \"fashion-mnist\"\npath = \"/nonexistent\""), "apt-get install"),
     (lambda s: s.replace("max_samples = 20", "max_samples = 2000\nmean_samples = 1000"), "max_samples"),
     (lambda s: s.replace("[[arms]]", "[cost]\ngroup_operations = [\"nope\"]\n[[arms]]"), "cost.group_operations"),
+    (lambda s: s.replace("groups_per_round = 1", "groups_per_round = 1, draw = \"numpy\""), "sampling.draw"),
+    (lambda s: s.replace("min_group_size = 3", "min_group_size = 3, grow = \"greedy\""), "grow"),
 ])
 def test_cli_config_errors_are_one_line_exit_2_and_write_nothing(tmp_path, capsys, edit, field):
     out = tmp_path / "out"

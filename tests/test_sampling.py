@@ -199,3 +199,54 @@ def test_sampling_is_deterministic_by_seed():
     draws = [sample_without_replacement(log_p, 4, np.random.default_rng((0, 1, t))).tolist() for t in range(5)]
     assert draws == [sample_without_replacement(log_p, 4, np.random.default_rng((0, 1, t))).tolist() for t in range(5)]
     assert len({tuple(d) for d in draws}) > 1
+
+
+def _successive_inclusion(p: np.ndarray, size: int) -> np.ndarray:
+    """P(g among the first ``size`` of draw-remove-renormalise), by enumerating every ordered draw."""
+    from itertools import permutations
+    pi = np.zeros(len(p))
+    for seq in permutations(range(len(p)), size):
+        prob, left = 1.0, 1.0
+        for g in seq:
+            prob *= p[g] / left
+            left -= p[g]
+        pi[list(seq)] += prob
+    return pi
+
+
+def test_successive_draws_have_the_successive_inclusion_probabilities_not_pi():
+    """The authors' numpy choice(replace=False): each draw renormalised over the groups left. Its
+    inclusion probabilities (exact, by enumeration) differ from π_g under SRCoV's skew, and the
+    sampler hits them: 20000 draws, a binomial frequency has sd ≤ 0.0036, tolerance 0.015 > 4 sd."""
+    from groupfel.policies import sample_successive
+    log_p = samplings.make("srcov").log_probabilities(np.array([0.15, 0.2, 0.3, 0.5, 0.8, 1.2]))
+    p = np.exp(log_p)
+    exact, pi = _successive_inclusion(p, 3), np.exp(inclusion_log_probabilities(log_p, 3))
+    assert exact.sum() == pytest.approx(3.0) and np.abs(exact - pi).max() > 0.05   # the two differ
+    rng = np.random.default_rng(0)
+    hits = np.zeros(6)
+    for _ in range(20000):
+        chosen = sample_successive(log_p, 3, rng)
+        assert len(set(chosen.tolist())) == 3 and chosen.tolist() == sorted(chosen.tolist())
+        hits[chosen] += 1
+    assert hits / 20000 == pytest.approx(exact, abs=0.015)
+    # numpy's own call, as the authors make it, agrees with the enumeration too
+    np_rng = np.random.default_rng(1)
+    np_hits = np.zeros(6)
+    for _ in range(20000):
+        np_hits[np_rng.choice(6, 3, p=p / p.sum(), replace=False)] += 1
+    assert np_hits / 20000 == pytest.approx(exact, abs=0.015)
+
+
+def test_successive_draws_take_zero_cov_groups_first_and_weightless_ones_last():
+    from groupfel.policies import sample_successive
+    log_p = samplings.make("esrcov").log_masses(np.array([0.0, 0.4, 0.0, 0.9, 0.0]))
+    rng = np.random.default_rng(0)
+    pairs = {tuple(sample_successive(log_p, 2, rng).tolist()) for _ in range(200)}
+    assert pairs == {(0, 2), (0, 4), (2, 4)}          # two of the three CoV-0 groups, any two
+    assert {0, 2, 4} <= set(sample_successive(log_p, 4, rng).tolist())
+    weightless = np.array([0.0, -np.inf, -np.inf])
+    assert sorted(sample_successive(weightless, 3, rng).tolist()) == [0, 1, 2]
+    assert {tuple(sample_successive(weightless, 2, rng).tolist()) for _ in range(200)} == {(0, 1), (0, 2)}
+    with pytest.raises(ValueError, match="cannot sample 4 of 3"):
+        sample_successive(weightless, 4, rng)

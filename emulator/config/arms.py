@@ -1,7 +1,7 @@
 """The `[[arms]]` section: each arm's grouping, sampling and aggregation."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -19,6 +19,11 @@ class SamplingConfig(_Strict):
                                          "the groups formed, with a warning).")
     data_fraction: float | None = Field(None, gt=0, le=1, description="Instead of groups_per_round: S is "
                                         "the number of average-sized groups holding this share of the data.")
+    draw: Literal["systematic", "successive"] = Field(
+        "systematic", description="How the S groups are drawn: systematic (each group with inclusion "
+        "probability π_g = min(1, c·p_g), which makes Eq. 4 unbiased) or successive (draw one, remove it, "
+        "renormalise: numpy's choice(replace=False), the Group-FEL authors' code; the aggregation still "
+        "weighs by π_g, so Eq. 4 is then biased, as in the authors' runs).")
 
     @model_validator(mode="after")
     def _one(self):
