@@ -675,6 +675,55 @@ def table1(mode: str) -> str:
     return "\n".join(lines)
 
 
+def _grouping_rules(data: str) -> pd.DataFrame:
+    """``table1/grouping-rules/groups.csv`` on one data setting: means over seeds per (α, MaxCoV, rule)."""
+    t = _csv("table1", "grouping-rules", "groups.csv")
+    t = t[t["data"] == data]
+    return t.groupby(["alpha", "max_cov", "rule"]).mean(numeric_only=True)
+
+
+def grouping_rules(data: str = "authors") -> str:
+    """Group-FEL Table 1's grouping columns under CoVG as Alg. 2 reads (ours) and as the authors'
+    code runs it, beside the paper's (means over seeds; no training)."""
+    t, paper_t = _grouping_rules(data), pd.read_csv(ROOT / "table1" / "paper.csv")
+    lines = ["| α, MaxCoV | paper: size, CoV | Alg. 2, merge: groups, size, CoV | authors' rule: groups, size, CoV "
+             "| authors' rule: clients left out of 300 (samples %) |", "|---|---|---|---|---|"]
+    for (a, c), g in t.groupby(level=["alpha", "max_cov"], sort=True):
+        o, w = g.xs("ours", level="rule").iloc[0], g.xs("authors", level="rule").iloc[0]
+        pr = _select(paper_t, None, {"alpha": a, "max_cov": c}).iloc[0]
+        lines.append(f"| {a}, {c} | {fmt(pr['size_mean'])}, {fmt(pr['cov'])} "
+                     f"| {fmt(o['groups'], 1)}, {fmt(o['size_mean'])}, {fmt(o['cov_mean'])} "
+                     f"| {fmt(w['groups'], 1)}, {fmt(w['size_mean'])}, {fmt(w['cov_mean'])} "
+                     f"| {fmt(w['clients_left_out'], 1)} ({fmt(100 * w['samples_left_out'] / w['samples'], 1)}) |")
+    return "\n".join(lines)
+
+
+def grouping_rules_gap(rule: str, column: str = "cov", data: str = "authors", digits: int = 3) -> str:
+    """The mean absolute difference from the paper's Table 1 column over its 9 cells, of the
+    grouping ``rule`` (``ours`` or ``authors``) on ``data`` (``authors`` or ``paper`` sizes)."""
+    t = _grouping_rules(data).xs(rule, level="rule")
+    paper_t = pd.read_csv(ROOT / "table1" / "paper.csv").set_index(["alpha", "max_cov"])
+    ours_col = {"cov": "cov_mean", "size_mean": "size_mean"}[column]
+    return fmt(float((t[ours_col] - paper_t.loc[t.index, column]).abs().mean()), digits)
+
+
+def grouping_rules_mean(rule: str, column: str, data: str = "authors", digits: int = 1, scale: float = 1.0,
+                        **point) -> str:
+    """A grouping-rules column (e.g. ``clients_left_out``, ``cov_mean``): its mean over seeds at
+    ``point`` (``alpha``, ``max_cov``), else over the 9 cells too."""
+    t = _grouping_rules(data).xs(rule, level="rule")
+    if point:
+        t = t.xs((point["alpha"], point["max_cov"]))
+    return fmt(float(t[column].mean()) * scale, digits)
+
+
+def grouping_rules_range(rule: str, column: str, data: str = "authors", digits: int = 0, scale: float = 1.0) -> str:
+    """The smallest and largest cell of a grouping-rules column (means over seeds), as "a-b"."""
+    t = _grouping_rules(data).xs(rule, level="rule")
+    col = t[column] * scale if column != "samples_left_out" else 100 * t[column] / t["samples"]
+    return f"{fmt(float(col.min()), digits)}-{fmt(float(col.max()), digits)}"
+
+
 def arms_table(name: str, mode: str, costs: tuple[float, ...] = (), first: str = "arm", **point) -> str:
     """One row per arm: groups (mean size), mean CoV, rounds, accuracy % at the budget and at the
     common cost (mean [95 % CI]), then the mean accuracy at each of ``costs`` (the best in bold)."""
@@ -827,7 +876,8 @@ FUNCTIONS = {f.__name__: f for f in (ours, paper, summary, cell, summary_ci, at_
                                      paired_at_cost, last, paired_last, paired_folders, before_after, paired_points, paired_final,
                                      cost_to, diverged, span, seeds, fmt, table1, arms_table, methods_table, grid, verdict_points, verdict_last, verdict_summary, verdict_ours, ours_bounds, either, before_after_at, mean_at, paired_at, paired_folders_at, csv_before_after,
                                      table2, table2_diff, table2_span, sources, base_sources, csv_seeds, arm_seeds, per_seed, csv_span, csv_sum, partitions, partition_count, partition_misses, miss_rate, none_missed, seed_last, paired_mean, range_of,
-                                     seed_table, text, sig, verdict_folders, groups_at, with_arm_table, paired_best, verdict_best)}
+                                     seed_table, text, sig, verdict_folders, groups_at, with_arm_table, paired_best, verdict_best,
+                                     grouping_rules, grouping_rules_gap, grouping_rules_mean, grouping_rules_range)}
 
 
 def render(template: Path = TEMPLATE) -> str:
