@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
-from .grouping import EdgeGrouping, EdgeView, GroupingPolicy, LeftoverRule, _check_common, groupings, resolve_leftover
+from .grouping import (EdgeGrouping, EdgeView, GroupingPolicy, LeftoverRule, _check_common, groupings, resolve_leftover,
+                       settle_short_groups)
 
 
 def _distributions(counts: np.ndarray) -> np.ndarray:
@@ -25,17 +27,54 @@ class ClusterDistributionGrouping(GroupingPolicy):
     floor or ceil of n/(floor(n/MinGS)) clients, never fewer than MinGS, so no leftover arises.
 
     ``n_clusters`` defaults to MinGS: a group of MinGS then tends to get one client per cluster.
+
+    ``deal = "authors"`` is OUEA as the Group-FEL authors' code runs it (Jiyao17/fl-grouping
+    ``utils/fed.py``, ``__CD_grouping``), deterministic: Lloyd's k-means on the raw label counts
+    with n // (n // MinGS) clusters, seeded with the edge's first clients, until no centre moves
+    (at most 1000 steps); each cluster is then dealt from the first group again, so the first
+    groups get more clients. Their loop that removes groups below MinGS skips the group after each
+    one it removes, so every other short group stays; the removed ones' clients are left out. A
+    cluster's members are dealt in row order (theirs pop a Python set).
     """
 
     min_group_size: int = 5
     n_clusters: int | None = None
+    deal: Literal["cycle", "authors"] = "cycle"
 
     def __post_init__(self):
         _check_common(self.min_group_size, "merge")
         if self.n_clusters is not None and (not isinstance(self.n_clusters, int) or self.n_clusters < 1):
             raise ValueError(f"n_clusters must be an integer >= 1, got {self.n_clusters!r}")
+        if self.deal not in ("cycle", "authors"):
+            raise ValueError(f"deal must be 'cycle' or 'authors', got {self.deal!r}")
+
+    def _authors(self, L: np.ndarray) -> EdgeGrouping:
+        n = len(L)
+        n_groups = max(1, n // self.min_group_size)
+        k = self.n_clusters or n // n_groups
+        centers = L[:k].copy()
+        for _ in range(1000):
+            nearest = np.argmin(np.linalg.norm(L[:, None, :] - centers[None], axis=-1), axis=1)
+            with np.errstate(invalid="ignore"):   # an empty cluster's centre is NaN, as in theirs
+                new = np.stack([L[nearest == c].mean(axis=0) if (nearest == c).any() else np.full(L.shape[1], np.nan)
+                                for c in range(k)])
+            if np.all(np.linalg.norm(centers - new, axis=1) == 0):
+                break
+            centers = new
+        groups: list[list[int]] = [[] for _ in range(n_groups)]
+        for c in range(k):
+            for i, client in enumerate(np.flatnonzero(nearest == c)):
+                groups[i % n_groups].append(int(client))
+        kept = list(groups)
+        for g in kept:   # their removal loop, as written: it skips the group after each removal
+            if len(g) < self.min_group_size:
+                kept.remove(g)
+        left_out = sorted(c for g in groups if not any(g is h for h in kept) for c in g)
+        return EdgeGrouping([np.array(g, dtype=int) for g in kept], np.array(left_out, dtype=int), len(left_out))
 
     def group(self, view: EdgeView, rng: np.random.Generator) -> EdgeGrouping:
+        if self.deal == "authors":
+            return self._authors(np.asarray(view.label_counts, dtype=float))
         P = _distributions(np.asarray(view.label_counts, dtype=float))
         n = len(P)
         n_groups = max(1, n // self.min_group_size)
@@ -57,6 +96,18 @@ def _kl_to(P: np.ndarray, q: np.ndarray) -> np.ndarray:
     return terms.sum(axis=-1)
 
 
+def _kld_uniform(counts: np.ndarray) -> np.ndarray:
+    """The Group-FEL authors' divergence of count vectors (last axis) from the uniform label
+    distribution: Σ p·log(p / (1/m)) over the labels present, plus 1 per label absent; 0 for an
+    empty vector (their ``kld_normal``)."""
+    m = counts.shape[-1]
+    total = counts.sum(axis=-1, keepdims=True)
+    p = counts / np.where(total > 0, total, 1.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(p == 0, 1.0, p * np.log(p / (1 / m)))
+    return np.where(total[..., 0] > 0, terms.sum(axis=-1), 0.0)
+
+
 @groupings.register("kldg")
 @dataclass(frozen=True)
 class KLDGrouping(GroupingPolicy):
@@ -64,16 +115,42 @@ class KLDGrouping(GroupingPolicy):
     group from a random client and add, MinGS−1 times, the client minimising
     KL(group label distribution ‖ the edge's label distribution). One step scores every
     candidate at once (vectorised), so a step is O(|K|·|Y|). Ties go to the lowest row index.
+
+    ``assign = "authors"`` is SHARE as the Group-FEL authors' code runs it (Jiyao17/fl-grouping
+    ``utils/fed.py``, ``__KLD_grouping``), deterministic: the edge's first n // MinGS clients
+    each start a group; then, one client at a time, the (client, group) pair whose placement
+    raises the group's divergence from the uniform label distribution least is placed, over every
+    remaining pair. Their divergence is KL(p ‖ uniform) over the labels the group holds plus 1 for
+    each label it lacks. No group is capped, so sizes are uneven; groups below MinGS go to the
+    leftover rule (theirs: ``leftover = "drop"``).
     """
 
     min_group_size: int = 5
     leftover: LeftoverRule = "merge"
+    assign: Literal["fill", "authors"] = "fill"
 
     def __post_init__(self):
         _check_common(self.min_group_size, self.leftover)
+        if self.assign not in ("fill", "authors"):
+            raise ValueError(f"assign must be 'fill' or 'authors', got {self.assign!r}")
+
+    def _authors(self, L: np.ndarray) -> EdgeGrouping:
+        n_groups = max(1, len(L) // self.min_group_size)
+        groups = [[i] for i in range(min(n_groups, len(L)))]
+        counts = L[:len(groups)].copy()
+        rest = list(range(len(groups), len(L)))
+        while rest:
+            rise = _kld_uniform(counts[None] + L[rest][:, None]) - _kld_uniform(counts)[None]
+            c, g = np.unravel_index(int(np.argmin(rise)), rise.shape)   # ties: first client, then first group
+            client = rest.pop(int(c))
+            groups[int(g)].append(client)
+            counts[int(g)] += L[client]
+        return settle_short_groups(groups, self.min_group_size, self.leftover, L)
 
     def group(self, view: EdgeView, rng: np.random.Generator) -> EdgeGrouping:
         L = np.asarray(view.label_counts, dtype=float)
+        if self.assign == "authors":
+            return self._authors(L)
         target = _distributions(L.sum(axis=0))
         available = np.ones(len(L), dtype=bool)
         groups: list[list[int]] = []

@@ -16,6 +16,7 @@ from groupfel.policies.cov import cov_of_counts
 from groupfel.policies.reference import covg_reference
 
 L40 = synthetic_label_matrix(40, np.random.default_rng(7))
+L100 = synthetic_label_matrix(100, np.random.default_rng(0))
 POLICIES = ["rg", "covg", "cdg", "kldg", "qcid", "fedcollab", "hcct", "hcct-e"]
 
 
@@ -197,3 +198,100 @@ def test_cov_is_population_sigma_over_mu(counts):
     else:
         assert got == pytest.approx(np.std(c) / np.mean(c), rel=1e-9, abs=1e-9)
         assert float(cov_of_counts(c, "eq31")) == pytest.approx(got / np.sqrt(len(c)), rel=1e-12, abs=1e-12)
+
+
+def _authors_kld_grouping(L: np.ndarray, group_num: int, min_group_size: int) -> list[list[int]]:
+    """Jiyao17/fl-grouping utils/fed.py, GFL.group's __KLD_grouping, transcribed (the label counts
+    are floats here, so their ``p.dtype = np.float64`` changes nothing)."""
+    import copy
+
+    def kld_normal(p):
+        if np.sum(p) == 0:
+            return 0
+        p = copy.deepcopy(p).astype(np.float64)
+        p /= np.sum(p)
+        normal = 1 / len(p)
+        ds = np.zeros(len(p))
+        for i, prob in enumerate(p):
+            ds[i] = 1 if prob == 0 else prob * np.log(prob / normal)
+        return np.sum(ds)
+
+    clients = list(range(len(L)))
+    groups = [[clients[i]] for i in range(group_num)]
+    clients = clients[group_num:]
+    while len(clients) > 0:
+        assign_mat = np.zeros((len(clients), group_num))
+        for i, client in enumerate(clients):
+            for j, group in enumerate(groups):
+                group_distri = np.sum([L[c] for c in group], axis=0)
+                assign_mat[i, j] = kld_normal(group_distri + L[client]) - kld_normal(group_distri)
+        c, g = np.unravel_index(np.argmin(assign_mat), assign_mat.shape)
+        groups[g].append(clients.pop(c))
+    return [group for group in groups if len(group) >= min_group_size]
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(4, 30), m=st.integers(2, 8), hi=st.integers(1, 20), mings=st.integers(2, 4),
+       seed=st.integers(0, 2**16))
+def test_kldg_assign_authors_is_the_authors_code(n, m, hi, mings, seed):
+    L = np.random.default_rng(seed).integers(0, hi + 1, size=(n, m)).astype(float)
+    authors = _authors_kld_grouping(L, n // mings, mings)
+    ours = groupings.make("kldg", {"min_group_size": mings, "assign": "authors", "leftover": "drop"}).group(
+        EdgeView(L), np.random.default_rng(seed))
+    if authors:
+        assert [g.tolist() for g in ours.groups] == authors
+        assert sorted(ours.dropped.tolist()) == sorted(set(range(n)) - {c for g in authors for c in g})
+
+
+def _authors_cd_grouping(L: np.ndarray, cluster_num: int, group_num: int, min_group_size: int):
+    """Jiyao17/fl-grouping utils/fed.py, GFL.group's __CD_grouping, transcribed; a cluster is a
+    sorted list popped from the front where theirs pops a Python set (whose order is the hash
+    table's)."""
+    clients = list(range(len(L)))
+    centers = [L[clients[i]] for i in range(cluster_num)]
+    i = 0
+    while i < 1000:
+        clusters = [[] for _ in range(cluster_num)]
+        for client in clients:
+            distances = [np.linalg.norm(L[client] - center) for center in centers]
+            clusters[np.argmin(distances)].append(client)
+        new_centers = [np.mean([L[c] for c in cluster], axis=0) for cluster in clusters]
+        if all(np.linalg.norm(c - nc) == 0 for c, nc in zip(centers, new_centers)):
+            break
+        centers = new_centers
+        i += 1
+    groups = [[] for _ in range(group_num)]
+    for cluster in clusters:
+        i = 0
+        while len(cluster) > 0:
+            groups[i % group_num].append(cluster.pop(0))
+            i += 1
+    for group in groups:
+        if len(group) < min_group_size:
+            groups.remove(group)
+    return groups
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(6, 40), m=st.integers(2, 8), hi=st.integers(1, 20), mings=st.integers(2, 5),
+       seed=st.integers(0, 2**16))
+def test_cdg_deal_authors_is_the_authors_code(n, m, hi, mings, seed):
+    import warnings
+    L = np.random.default_rng(seed).integers(0, hi + 1, size=(n, m)).astype(float)
+    group_num = n // mings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # an empty cluster's mean, in theirs
+        authors = _authors_cd_grouping(L, n // group_num, group_num, mings)
+    ours = groupings.make("cdg", {"min_group_size": mings, "deal": "authors"}).group(EdgeView(L), np.random.default_rng(seed))
+    assert [g.tolist() for g in ours.groups] == authors
+    assert sorted(ours.dropped.tolist()) == sorted(set(range(n)) - {c for g in authors for c in g})
+
+
+def test_the_authors_kldg_and_cdg_form_uneven_groups():
+    """What the Group-FEL paper says of SHARE and OUEA (Sec. 6.3: they "do not control the group
+    size") holds for the authors' versions and not for ours: on 100 clients, MinGS 5."""
+    for name, option in (("kldg", {"assign": "authors", "leftover": "drop"}), ("cdg", {"deal": "authors"})):
+        ours = groupings.make(name, {"min_group_size": 5}).group(EdgeView(L100), np.random.default_rng(0))
+        authors = groupings.make(name, {"min_group_size": 5, **option}).group(EdgeView(L100), np.random.default_rng(0))
+        assert {len(g) for g in ours.groups} == {5} and len(ours.dropped) == 0
+        assert len({len(g) for g in authors.groups}) > 2 and len(authors.dropped) > 0
