@@ -70,7 +70,8 @@ class ClusterDistributionGrouping(GroupingPolicy):
             if len(g) < self.min_group_size:
                 kept.remove(g)
         left_out = sorted(c for g in groups if not any(g is h for h in kept) for c in g)
-        return EdgeGrouping([np.array(g, dtype=int) for g in kept], np.array(left_out, dtype=int), len(left_out))
+        return EdgeGrouping([np.array(g, dtype=int) for g in kept if g],   # an empty group trains no one
+                            np.array(left_out, dtype=int), len(left_out))
 
     def group(self, view: EdgeView, rng: np.random.Generator) -> EdgeGrouping:
         if self.deal == "authors":
