@@ -62,7 +62,24 @@ def read_label_matrix(path: str | Path) -> tuple[np.ndarray, np.ndarray, list[st
     return counts, edges, [header[i] for i in labels]
 
 
-def make_policy(name: str, min_group_size: int | None, max_cov: float | None):
+def parse_params(items: list[str] | None) -> dict:
+    """``--set KEY=VALUE`` items as {key: value}; VALUE is a TOML value (a bare word is a string:
+    ``grow=authors``)."""
+    import tomllib
+
+    out = {}
+    for item in items or []:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip() or not text.strip():
+            raise InputError(f"--set {item!r}: write KEY=VALUE, a parameter of the policy, e.g. --set leftover=drop")
+        try:
+            out[key.strip()] = tomllib.loads(f"v = {text.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key.strip()] = text.strip()
+    return out
+
+
+def make_policy(name: str, min_group_size: int | None, max_cov: float | None, extra: dict | None = None):
     from groupfel.policies import groupings
 
     cls = groupings.resolve(name, "--policy")   # a shipped name, an installed plug-in or module:Class
@@ -72,12 +89,16 @@ def make_policy(name: str, min_group_size: int | None, max_cov: float | None):
                          f"{sorted(n for n, c in groupings.items() if not c.needs_gradients)}")
     params = {k: v for k, v in (("min_group_size", min_group_size), ("max_cov", max_cov)) if v is not None}
     flag = {"min_group_size": "--min-group-size", "max_cov": "--max-cov"}
+    for key in extra or {}:
+        if key in flag:
+            raise InputError(f"--set {key}: use {flag[key]}")
+        flag[key] = f"--set {key}"
     try:
-        return groupings.make(name, params, "group")
+        return groupings.make(name, {**params, **(extra or {})}, "group")
     except InputError as exc:
         msg = str(exc)
         for key, opt in flag.items():
-            msg = msg.replace(f"group.{key}", opt)
+            msg = msg.replace(f"group.{key}", opt).replace(f"group: {key} ", f"{opt}: {key} ")
         raise InputError(msg) from None
 
 
@@ -142,7 +163,7 @@ def format_table(result: dict, label_names: list[str]) -> str:
 
 def _cmd_group(args) -> int:
     counts, edges, names = read_label_matrix(args.label_matrix)
-    policy = make_policy(args.policy, args.min_group_size, args.max_cov)
+    policy = make_policy(args.policy, args.min_group_size, args.max_cov, parse_params(args.set))
     result = run_grouping(counts, edges, policy, args.seed)
     print(json.dumps(result, indent=2) if args.format == "json" else format_table(result, names))
     return 0
@@ -171,6 +192,9 @@ def add_group_parser(sub) -> None:
                    help="clients × labels counts with a header; optional 'edge' column")
     p.add_argument("--min-group-size", type=flags.Number(int, 1, 10**8), default=None, help="MinGS (default: the policy's)")
     p.add_argument("--max-cov", type=flags.MAX_COV, default=None, help="MaxCoV, covg only (default: the policy's)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="another parameter of the policy, e.g. --set grow=authors --set leftover=drop (covg as "
+                        "the Group-FEL authors' code runs it); repeatable")
     p.add_argument("--seed", type=flags.SEED, default=0, help="(default 0)")
     p.add_argument("--format", choices=("table", "json"), default="table", help="(default table)")
     p.set_defaults(func=_cmd_group)

@@ -53,6 +53,21 @@ def test_group_table_and_seed(tmp_path, capsys):
     assert out == again
 
 
+def test_set_passes_any_parameter_of_the_policy(tmp_path, capsys):
+    """--set reaches the policy's other parameters: the authors' CoVG leaves out the clients of the
+    groups it cannot complete; Alg. 2 (the default) trains every client."""
+    path = tmp_path / "labels.csv"
+    path.write_text("a,b,c\n" + "\n".join(f"{(5 * i) % 7},{(3 * i) % 5},{i % 2}" for i in range(1, 31)) + "\n")
+    results = {}
+    for extra in ([], ["--set", "grow=authors", "--set", "leftover=drop"]):
+        code, out, _ = _run(capsys, "--policy", "covg", "--label-matrix", str(path), "--min-group-size", "4",
+                            "--max-cov", "0.1", "--format", "json", *extra)
+        assert code == 0
+        results[bool(extra)] = json.loads(out)["summary"]
+    assert results[False]["clients_dropped"] == [] and results[True]["clients_dropped"]
+    assert results[True]["size_min"] >= 4
+
+
 @pytest.mark.parametrize("content,needle", [
     ("a,b\n1,x\n", "'x'"),
     ("a,b\n1,-2\n", "'-2'"),
@@ -79,7 +94,11 @@ def test_other_usage_errors(tmp_path, capsys):
                          (["--policy", "hcct"], "gradients"),
                          (["--policy", "kldg", "--max-cov", "0.3"], "--max-cov"),
                          (["--policy", "covg", "--min-group-size", "0"], "--min-group-size"),
-                         (["--policy", "rg", "--min-group-size", "9"], "--min-group-size")]:
+                         (["--policy", "rg", "--min-group-size", "9"], "--min-group-size"),
+                         (["--policy", "covg", "--set", "grow=nope"], "--set grow"),
+                         (["--policy", "covg", "--set", "nope=1"], "--set nope"),
+                         (["--policy", "covg", "--set", "max_cov=1"], "--max-cov"),
+                         (["--policy", "covg", "--set", "grow"], "KEY=VALUE")]:
         code, _, err = _run(capsys, *args, "--label-matrix", str(path))
         assert code == 2 and needle in err and err.count("\n") == 1, args
 
