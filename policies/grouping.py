@@ -253,7 +253,9 @@ class CoVGrouping(GroupingPolicy):
       ``__CV_greedy_grouping``). A group takes a client only when it lowers the CoV, and closes
       when none does, so groups below MinGS can form anywhere. Every one of them goes to the
       leftover rule; with ``leftover = "drop"`` their clients sit out until the next regrouping,
-      as in the authors' runs.
+      as in the authors' runs. An edge where no group reaches MinGS keeps its clients as one
+      group (the leftover rules' case without a complete group), where the authors' code would
+      leave the whole edge out.
     """
 
     min_group_size: int = 5
