@@ -72,7 +72,7 @@ def plan_arm(world: World, index: int) -> ArmPlan:
     if isinstance(k, int) and k > n:
         raise InputError(f"train.algorithm_params.n_clusters: {k:,} exceeds the run's {n} clients, so most "
                          f"cluster models would train on no client; give at most {n}")
-    s = arm.sampler.model_dump(exclude={"policy", "groups_per_round", "data_fraction", "draw"})
+    s = arm.sampler.model_dump(exclude={"policy", "groups_per_round", "data_fraction", "draw", "fraction_of"})
     sampling = samplings.make(arm.sampler.policy, s, f"{where}.sampling")
     aggregation = aggregations.make(arm.aggregation, None, f"{where}.aggregation")
     plan = ArmPlan(arm, grouping, sampling, aggregation, cfg.mode)

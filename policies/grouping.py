@@ -251,7 +251,8 @@ class CoVGrouping(GroupingPolicy):
       remaining client even when the CoV rises, so only an edge's last group can fall short.
     * ``authors``: the authors' code (Jiyao17/fl-grouping ``utils/fed.py``,
       ``__CV_greedy_grouping``). A group takes a client only when it lowers the CoV, and closes
-      when none does, so groups below MinGS can form anywhere. Every one of them goes to the
+      when none does, so groups below MinGS can form anywhere, and it grows a group whose CoV
+      equals MaxCoV (Alg. 2 closes it). Every one of them goes to the
       leftover rule; with ``leftover = "drop"`` their clients sit out until the next regrouping,
       as in the authors' runs. An edge where no group reaches MinGS keeps its clients as one
       group (the leftover rules' case without a complete group), where the authors' code would
@@ -279,13 +280,14 @@ class CoVGrouping(GroupingPolicy):
         rows, sq = L.sum(axis=1), (L ** 2).sum(axis=1)
         available, taken = np.ones(len(L), dtype=bool), np.zeros(len(L))
         fill = self.grow == "alg2"  # a group below MinGS takes a client that raises its CoV
+        open_at = (lambda cov: cov > self.max_cov) if fill else (lambda cov: cov >= self.max_cov)   # theirs goes on at =
         groups: list[list[int]] = []
         while available.any():
             first = int(rng.choice(np.flatnonzero(available)))           # Line 3
             available[first], taken[first] = False, np.inf
             members, counts = [first], L[first].copy()
             current = float(cov_of_counts(counts, norm))
-            while (current > self.max_cov or len(members) < self.min_group_size) and available.any():
+            while (open_at(current) or len(members) < self.min_group_size) and available.any():
                 # Lines 4-5 for every client at once: Σ(c+x)² = Σc² + 2 x·c + Σx², all exact integers.
                 scores = cov_from_moments(counts.sum() + rows, (counts ** 2).sum() + 2 * (L @ counts) + sq, m, norm)
                 scores += taken  # +inf for clients already grouped

@@ -13,6 +13,12 @@ from .cov import group_cov
 from .grouping import CoVGrouping, EdgeGrouping, EdgeView, settle_short_groups
 
 
+def _open(policy: CoVGrouping, cov: float) -> bool:
+    """Whether a group of CoV ``cov`` goes on growing past MinGS: above MaxCoV (Alg. 2), or at it
+    too (the authors' code)."""
+    return cov > policy.max_cov if policy.grow == "alg2" else cov >= policy.max_cov
+
+
 def covg_reference(policy: CoVGrouping, view: EdgeView, rng: np.random.Generator) -> EdgeGrouping:
     """Group-FEL Alg. 2, literally (one CoV call per candidate per step); with
     ``policy.grow == "authors"`` a group takes a client only when it lowers the CoV."""
@@ -25,7 +31,7 @@ def covg_reference(policy: CoVGrouping, view: EdgeView, rng: np.random.Generator
         available[first] = False
         members = [first]
         current = group_cov(L, members, norm)
-        while (current > policy.max_cov or len(members) < policy.min_group_size) and available.any():
+        while (_open(policy, current) or len(members) < policy.min_group_size) and available.any():
             best, best_cov = -1, np.inf
             for c in np.flatnonzero(available):                           # Lines 4-5
                 cov = group_cov(L, members + [int(c)], norm)

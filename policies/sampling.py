@@ -191,10 +191,12 @@ def sample_successive(log_p: np.ndarray, size: int, rng: np.random.Generator) ->
 
 
 def groups_per_round(n_groups: int, group_sizes_samples: np.ndarray, *, groups: int | None,
-                     data_fraction: float | None) -> int:
+                     data_fraction: float | None, total_samples: float | None = None) -> int:
     """S: fixed (the paper: 12 of 60) or derived from a fraction of the data (the authors' code):
-    the number of average-sized groups that hold ``data_fraction`` of all samples, at least 1."""
+    the number of average-sized groups that hold ``data_fraction`` of the groups' samples, or of
+    ``total_samples`` (every client's, as the authors' code counts them), at least 1."""
     if groups is not None:
         return min(groups, n_groups)
     mean_group = float(np.mean(group_sizes_samples))
-    return int(min(n_groups, max(1, round(data_fraction * float(np.sum(group_sizes_samples)) / mean_group))))
+    total = float(np.sum(group_sizes_samples)) if total_samples is None else total_samples
+    return int(min(n_groups, max(1, round(data_fraction * total / mean_group))))

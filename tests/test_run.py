@@ -66,14 +66,15 @@ def test_same_seed_same_tables(tiny_config, tmp_path):
                                       pd.read_parquet(tmp_path / "b" / arm / "ledger.parquet"), check_exact=True)
 
 
-def test_the_authors_covg_and_successive_draws_run_end_to_end(tiny_dict, tmp_path):
+def test_the_authors_covg_sampling_share_and_draw_run_end_to_end(tiny_dict, tmp_path):
     """``grow = "authors"`` with ``leftover = "drop"`` leaves out the clients of short groups (the
-    manifest lists them and the ledger never charges them); ``draw = "successive"`` draws other
-    groups than the systematic draw from the same seed's stream."""
+    manifest counts them and the ledger never charges them); ``fraction_of = "clients"`` takes S
+    from every client's data, as the authors' code, with the successive draw."""
     arm = tiny_dict["arms"][0]
     tiny_dict["data"]["alpha"] = 0.1
     tiny_dict["topology"]["clients_per_edge"] = 10
-    tiny_dict["arms"] = [arm, {**arm, "name": "authors", "sampling": {**arm["sampling"], "draw": "successive"},
+    tiny_dict["arms"] = [arm, {**arm, "name": "authors", "sampling": {"policy": "esrcov", "data_fraction": 0.8,
+                                                                      "fraction_of": "clients", "draw": "successive"},
                                "grouping": {**arm["grouping"], "grow": "authors", "leftover": "drop"}}]
     run_experiment(parse_config(tiny_dict), tmp_path / "run", progress=False)
     ours, authors = ({"manifest": json.loads((tmp_path / "run" / a / "manifest.json").read_text()),
@@ -85,8 +86,12 @@ def test_the_authors_covg_and_successive_draws_run_end_to_end(tiny_dict, tmp_pat
     assert all(g["size"] >= 3 for g in kept) and sum(g["size"] for g in kept) == 20 - dropped
     charged = set(authors["ledger"].query("component == 'training'")["client"])
     assert charged <= {c for g in kept for c in g["clients"]}
-    draws = [r.groupby("round")["group"].unique().map(sorted).tolist() for r in (ours["ledger"], authors["ledger"])]
-    assert draws[0] != draws[1]
+    # S from 0.8 of every client's samples, the left-out ones included, over the kept groups' mean
+    samples = np.array([g["samples"] for g in kept], dtype=float)
+    world = build_world(parse_config(tiny_dict))
+    S = min(len(kept), max(1, round(0.8 * world.topology.n_samples.sum() / samples.mean())))
+    assert S != round(0.8 * samples.sum() / samples.mean())
+    assert authors["ledger"].groupby("round")["group"].nunique().eq(S).all()
 
 
 def test_other_seed_other_numbers(tiny_dict, tmp_path):

@@ -113,6 +113,9 @@ def test_groups_per_round_fixed_or_from_data_fraction():
     assert groups_per_round(10, sizes, groups=3, data_fraction=None) == 3
     assert groups_per_round(10, sizes, groups=None, data_fraction=0.2) == 2
     assert groups_per_round(10, sizes, groups=None, data_fraction=0.01) == 1
+    # the authors' count: a share of every client's data, those left out of the groups included
+    # (1,000 grouped + 400 left out: 0.2 · 1,400 / 100 = 2.8 -> 3)
+    assert groups_per_round(10, sizes, groups=None, data_fraction=0.2, total_samples=1400.0) == 3
 
 
 class _Fixed:

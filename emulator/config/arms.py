@@ -19,11 +19,16 @@ class SamplingConfig(_Strict):
                                          "the groups formed, with a warning).")
     data_fraction: float | None = Field(None, gt=0, le=1, description="Instead of groups_per_round: S is "
                                         "the number of average-sized groups holding this share of the data.")
+    fraction_of: Literal["groups", "clients"] = Field(
+        "groups", description="With data_fraction: whose data the share is of: the groups' (every client "
+        "grouped) or every client's, those a grouping leaves out included (the Group-FEL authors' code: "
+        "S = round(fraction · all clients' samples / the groups' mean samples)).")
     draw: Literal["systematic", "successive"] = Field(
         "systematic", description="How the S groups are drawn: systematic (each group with inclusion "
         "probability π_g = min(1, c·p_g), which makes Eq. 4 unbiased) or successive (draw one, remove it, "
         "renormalise: numpy's choice(replace=False), the Group-FEL authors' code; the aggregation still "
-        "weighs by π_g, so Eq. 4 is then biased, as in the authors' runs).")
+        "weighs by π_g, so Eq. 4 is then biased, as in the authors' runs wherever no S·p_g exceeds 1: "
+        "theirs divide by S·p_g uncapped).")
 
     @model_validator(mode="after")
     def _one(self):
