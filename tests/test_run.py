@@ -186,6 +186,7 @@ sampling = {{ policy = "esrcov", groups_per_round = 1 }}
     (lambda s: s.replace("max_samples = 20", "max_samples = 2000\nmean_samples = 1000"), "max_samples"),
     (lambda s: s.replace("[[arms]]", "[cost]\ngroup_operations = [\"nope\"]\n[[arms]]"), "cost.group_operations"),
     (lambda s: s.replace("groups_per_round = 1", "groups_per_round = 1, draw = \"numpy\""), "sampling.draw"),
+    (lambda s: s.replace("groups_per_round = 1", "groups_per_round = 1, fraction_of = \"clients\""), "fraction_of"),
     (lambda s: s.replace("min_group_size = 3", "min_group_size = 3, grow = \"greedy\""), "grow"),
 ])
 def test_cli_config_errors_are_one_line_exit_2_and_write_nothing(tmp_path, capsys, edit, field):

@@ -34,6 +34,9 @@ class SamplingConfig(_Strict):
     def _one(self):
         if (self.groups_per_round is None) == (self.data_fraction is None):
             raise ValueError("set exactly one of groups_per_round or data_fraction")
+        if self.fraction_of != "groups" and self.data_fraction is None:
+            raise ValueError("fraction_of applies to data_fraction; set data_fraction instead of groups_per_round, "
+                             "or drop fraction_of")
         return self
 
 
