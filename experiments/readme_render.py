@@ -389,6 +389,15 @@ def paired_folders(name: str, mode: str, before: str, column: str, arm: str, dig
     return _paired([x[s] - y[s] for s in x if s in y], column, scale, digits)
 
 
+def paired_across(name: str, mode: str, arm: str, ref_mode: str, ref: str, at: dict | None = None,
+                  ref_at: dict | None = None, digits: int = 2) -> str:
+    """Paired difference of the final accuracy (points), ``arm`` in folder ``mode`` minus ``ref`` in
+    folder ``ref_mode``, per seed: an arm rerun on another setting against an unchanged arm of the
+    first run (same seeds, same worlds)."""
+    x, y = _final(name, mode, arm, at or {}), _final(name, ref_mode, ref, ref_at or {})
+    return _paired([x[s] - y[s] for s in x if s in y], "accuracy", 100.0, digits)
+
+
 def before_after(name: str, mode: str, before: str, column: str, arm: str, digits: int = 2,
                  scale: float = 100.0, **point) -> str:
     """``column`` at each run's last evaluation, folder ``before`` → folder ``mode``, each the mean
@@ -877,7 +886,8 @@ FUNCTIONS = {f.__name__: f for f in (ours, paper, summary, cell, summary_ci, at_
                                      cost_to, diverged, span, seeds, fmt, table1, arms_table, methods_table, grid, verdict_points, verdict_last, verdict_summary, verdict_ours, ours_bounds, either, before_after_at, mean_at, paired_at, paired_folders_at, csv_before_after,
                                      table2, table2_diff, table2_span, sources, base_sources, csv_seeds, arm_seeds, per_seed, csv_span, csv_sum, partitions, partition_count, partition_misses, miss_rate, none_missed, seed_last, paired_mean, range_of,
                                      seed_table, text, sig, verdict_folders, groups_at, with_arm_table, paired_best, verdict_best,
-                                     grouping_rules, grouping_rules_gap, grouping_rules_mean, grouping_rules_range)}
+                                     grouping_rules, grouping_rules_gap, grouping_rules_mean, grouping_rules_range,
+                                     paired_across)}
 
 
 def render(template: Path = TEMPLATE) -> str:

@@ -310,6 +310,21 @@ def test_render_pairs_one_arm_between_two_committed_runs(tmp_path, monkeypatch):
     assert readme_render.render(tmp_path / "t.md") == "30.0 [-97.1, 100.0]"
 
 
+def test_render_pairs_an_arm_of_one_folder_with_another_arm_of_another(tmp_path, monkeypatch):
+    """paired_across: arm ``a`` rerun in folder ``authors`` minus the unchanged arm ``b`` of folder
+    ``quick``, per seed at the highest cost (hand-computed: 60 − 40 and 80 − 50 points; 25 ± 63.5)."""
+    from groupfel.experiments import readme_render
+
+    for folder, arm, last in (("authors", "a", [0.6, 0.8]), ("quick", "b", [0.4, 0.5])):
+        d = tmp_path / "x" / folder
+        d.mkdir(parents=True)
+        pd.DataFrame({"arm": arm, "seed": [0, 0, 1, 1], "cost": [0, 5, 0, 5],
+                      "accuracy": [0.1, last[0], 0.1, last[1]]}).to_csv(d / "runs.csv", index=False)
+    (tmp_path / "t.md").write_text('{{ paired_across("x", "authors", "a", "quick", "b", digits=1) }}')
+    monkeypatch.setattr(readme_render, "ROOT", tmp_path)
+    assert readme_render.render(tmp_path / "t.md") == "25.0 [-38.5, 88.5]"
+
+
 def test_render_pairs_an_arm_rerun_alone_with_another_arm_and_reads_text_cells(tmp_path, monkeypatch):
     """An arm rerun in a folder of its own (``b`` in ``rerun``) minus another arm of the first run
     (``a`` in ``quick``), per seed (hand-computed: 60 − 50 and 90 − 70 points), and its verdict; a
