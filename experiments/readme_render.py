@@ -716,20 +716,20 @@ def grouping_rules_gap(rule: str, column: str = "cov", data: str = "authors", di
     return fmt(float((t[ours_col] - paper_t.loc[t.index, column]).abs().mean()), digits)
 
 
-def grouping_rules_mean(rule: str, column: str, data: str = "authors", digits: int = 1, scale: float = 1.0,
-                        **point) -> str:
+def grouping_rules_mean(rule: str, column: str, data: str = "authors", digits: int = 1, **point) -> str:
     """A grouping-rules column (e.g. ``clients_left_out``, ``cov_mean``): its mean over seeds at
     ``point`` (``alpha``, ``max_cov``), else over the 9 cells too."""
     t = _grouping_rules(data).xs(rule, level="rule")
     if point:
         t = t.xs((point["alpha"], point["max_cov"]))
-    return fmt(float(t[column].mean()) * scale, digits)
+    return fmt(float(t[column].mean()), digits)
 
 
-def grouping_rules_range(rule: str, column: str, data: str = "authors", digits: int = 0, scale: float = 1.0) -> str:
-    """The smallest and largest cell of a grouping-rules column (means over seeds), as "a-b"."""
+def grouping_rules_range(rule: str, column: str, data: str = "authors", digits: int = 0) -> str:
+    """The smallest and largest cell of a grouping-rules column (means over seeds), as "a-b";
+    ``samples_left_out`` as % of the samples."""
     t = _grouping_rules(data).xs(rule, level="rule")
-    col = t[column] * scale if column != "samples_left_out" else 100 * t[column] / t["samples"]
+    col = t[column] if column != "samples_left_out" else 100 * t[column] / t["samples"]
     return f"{fmt(float(col.min()), digits)}-{fmt(float(col.max()), digits)}"
 
 

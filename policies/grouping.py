@@ -251,12 +251,11 @@ class CoVGrouping(GroupingPolicy):
       remaining client even when the CoV rises, so only an edge's last group can fall short.
     * ``authors``: the authors' code (Jiyao17/fl-grouping ``utils/fed.py``,
       ``__CV_greedy_grouping``). A group takes a client only when it lowers the CoV, and closes
-      when none does, so groups below MinGS can form anywhere, and it grows a group whose CoV
-      equals MaxCoV (Alg. 2 closes it). Every one of them goes to the
-      leftover rule; with ``leftover = "drop"`` their clients sit out until the next regrouping,
-      as in the authors' runs. An edge where no group reaches MinGS keeps its clients as one
-      group (the leftover rules' case without a complete group), where the authors' code would
-      leave the whole edge out.
+      when none does, so groups below MinGS can form anywhere; every one of them goes to the
+      leftover rule. With ``leftover = "drop"`` their clients sit out until the next regrouping,
+      as in the authors' runs. It also grows a group whose CoV equals MaxCoV, which Alg. 2
+      closes. An edge where no group reaches MinGS keeps its clients as one group (the leftover
+      rules' case without a complete group), where the authors' code would leave the edge out.
     """
 
     min_group_size: int = 5
@@ -280,7 +279,7 @@ class CoVGrouping(GroupingPolicy):
         rows, sq = L.sum(axis=1), (L ** 2).sum(axis=1)
         available, taken = np.ones(len(L), dtype=bool), np.zeros(len(L))
         fill = self.grow == "alg2"  # a group below MinGS takes a client that raises its CoV
-        open_at = (lambda cov: cov > self.max_cov) if fill else (lambda cov: cov >= self.max_cov)   # theirs goes on at =
+        open_at = (lambda cov: cov > self.max_cov) if fill else (lambda cov: cov >= self.max_cov)
         groups: list[list[int]] = []
         while available.any():
             first = int(rng.choice(np.flatnonzero(available)))           # Line 3

@@ -25,6 +25,7 @@ def covg_reference(policy: CoVGrouping, view: EdgeView, rng: np.random.Generator
     L = np.asarray(view.label_counts, dtype=float)
     norm = policy.normalization
     available = np.ones(len(L), dtype=bool)  # same draw sequence as the fast version
+    fill = policy.grow == "alg2"   # a group below MinGS takes a client that raises its CoV
     groups: list[list[int]] = []
     while available.any():
         first = int(rng.choice(np.flatnonzero(available)))               # Line 3
@@ -37,7 +38,6 @@ def covg_reference(policy: CoVGrouping, view: EdgeView, rng: np.random.Generator
                 cov = group_cov(L, members + [int(c)], norm)
                 if cov < best_cov:  # strict: ties go to the lowest row index
                     best, best_cov = int(c), cov
-            fill = policy.grow == "alg2"
             if best < 0 and fill:  # every candidate leaves the group empty (CoV = inf): take the first
                 best, best_cov = int(np.flatnonzero(available)[0]), np.inf
             if best_cov < current or (fill and len(members) < policy.min_group_size):  # Line 6

@@ -282,7 +282,8 @@ def test_cdg_deal_authors_is_the_authors_code(n, m, hi, mings, seed):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)   # an empty cluster's mean, in theirs
         authors = _authors_cd_grouping(L, n // group_num, group_num, mings)
-    ours = groupings.make("cdg", {"min_group_size": mings, "deal": "authors"}).group(EdgeView(L), np.random.default_rng(seed))
+    pol = groupings.make("cdg", {"min_group_size": mings, "deal": "authors"})
+    ours = pol.group(EdgeView(L), np.random.default_rng(seed))
     assert [g.tolist() for g in ours.groups] == [g for g in authors if g]
     assert sorted(ours.dropped.tolist()) == sorted(set(range(n)) - {c for g in authors for c in g})
     n_clusters = groupings.make("cdg", {"min_group_size": mings, "deal": "authors", "n_clusters": n}).group(

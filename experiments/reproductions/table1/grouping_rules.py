@@ -46,11 +46,12 @@ def rows(seeds=(0, 1, 2)) -> list[dict]:
                 result = form_groups(world, policy, 0)
                 sizes = np.array([g.size for g in result.groups])
                 kept = sum(int(g.total_samples) for g in result.groups)
-                out.append({"alpha": cfg.data.alpha, "max_cov": arm["max_cov"], "data": setup, "seed": seed, "rule": rule,
-                            "groups": len(sizes), "clients": int(sizes.sum()), "clients_left_out": result.dropped,
-                            "samples_left_out": int(topology.n_samples.sum()) - kept,
-                            "samples": int(topology.n_samples.sum()), "size_mean": float(sizes.mean()),
-                            "size_max": int(sizes.max()), "cov_mean": float(np.mean([g.cov for g in result.groups]))})
+                total = int(topology.n_samples.sum())
+                out.append({"alpha": cfg.data.alpha, "max_cov": arm["max_cov"], "data": setup, "seed": seed,
+                            "rule": rule, "groups": len(sizes), "clients": int(sizes.sum()),
+                            "clients_left_out": result.dropped, "samples_left_out": total - kept, "samples": total,
+                            "size_mean": float(sizes.mean()), "size_max": int(sizes.max()),
+                            "cov_mean": float(np.mean([g.cov for g in result.groups]))})
     return out
 
 
@@ -59,5 +60,5 @@ if __name__ == "__main__":
     folder.mkdir(parents=True, exist_ok=True)
     table = pd.DataFrame(rows())
     table.to_csv(folder / "groups.csv", index=False)
-    print(table.groupby(["data", "alpha", "max_cov", "rule"])[["groups", "clients_left_out", "samples_left_out",
-                                                         "size_mean", "cov_mean"]].mean().round(3).to_string())
+    columns = ["groups", "clients_left_out", "samples_left_out", "size_mean", "cov_mean"]
+    print(table.groupby(["data", "alpha", "max_cov", "rule"])[columns].mean().round(3).to_string())
