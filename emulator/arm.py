@@ -75,7 +75,7 @@ def sample_groups(world: World, plan: ArmPlan, groups: list[Group], t: int) -> t
         log_p = cov_zero_first(covs, log_p)
     S = groups_per_round(len(groups), np.array([g.total_samples for g in groups]),
                          groups=s.groups_per_round, data_fraction=s.data_fraction,
-                         total_samples=float(world.topology.n_samples.sum()) if s.fraction_of == "clients" else None)
+                         total_samples=float(world.topology.n_samples.sum()) if s.fraction_of == "all-clients" else None)
     draw = sample_successive if s.draw == "successive" else sample_without_replacement
     return S, log_p, draw(log_p, S, rng(world.config.seed, "sampling", t))
 

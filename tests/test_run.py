@@ -68,13 +68,13 @@ def test_same_seed_same_tables(tiny_config, tmp_path):
 
 def test_the_authors_covg_sampling_share_and_draw_run_end_to_end(tiny_dict, tmp_path):
     """``grow = "authors"`` with ``leftover = "drop"`` leaves out the clients of short groups (the
-    manifest counts them and the ledger never charges them); ``fraction_of = "clients"`` takes S
+    manifest counts them and the ledger never charges them); ``fraction_of = "all-clients"`` takes S
     from every client's data, as the authors' code, with the successive draw."""
     arm = tiny_dict["arms"][0]
     tiny_dict["data"]["alpha"] = 0.1
     tiny_dict["topology"]["clients_per_edge"] = 10
     tiny_dict["arms"] = [arm, {**arm, "name": "authors", "sampling": {"policy": "esrcov", "data_fraction": 0.8,
-                                                                      "fraction_of": "clients", "draw": "successive"},
+                                                                      "fraction_of": "all-clients", "draw": "successive"},
                                "grouping": {**arm["grouping"], "grow": "authors", "leftover": "drop"}}]
     run_experiment(parse_config(tiny_dict), tmp_path / "run", progress=False)
     ours, authors = ({"manifest": json.loads((tmp_path / "run" / a / "manifest.json").read_text()),
@@ -186,7 +186,7 @@ sampling = {{ policy = "esrcov", groups_per_round = 1 }}
     (lambda s: s.replace("max_samples = 20", "max_samples = 2000\nmean_samples = 1000"), "max_samples"),
     (lambda s: s.replace("[[arms]]", "[cost]\ngroup_operations = [\"nope\"]\n[[arms]]"), "cost.group_operations"),
     (lambda s: s.replace("groups_per_round = 1", "groups_per_round = 1, draw = \"numpy\""), "sampling.draw"),
-    (lambda s: s.replace("groups_per_round = 1", "groups_per_round = 1, fraction_of = \"clients\""), "fraction_of"),
+    (lambda s: s.replace("groups_per_round = 1", "groups_per_round = 1, fraction_of = \"all-clients\""), "fraction_of"),
     (lambda s: s.replace("min_group_size = 3", "min_group_size = 3, grow = \"greedy\""), "grow"),
 ])
 def test_cli_config_errors_are_one_line_exit_2_and_write_nothing(tmp_path, capsys, edit, field):

@@ -19,9 +19,9 @@ class SamplingConfig(_Strict):
                                          "the groups formed, with a warning).")
     data_fraction: float | None = Field(None, gt=0, le=1, description="Instead of groups_per_round: S is "
                                         "the number of average-sized groups holding this share of the data.")
-    fraction_of: Literal["groups", "clients"] = Field(
-        "groups", description="With data_fraction: whose data the share is of: the groups' (every client "
-        "grouped) or every client's, those a grouping leaves out included (the Group-FEL authors' code: "
+    fraction_of: Literal["groups", "all-clients"] = Field(
+        "groups", description="Whose data data_fraction is a share of: the groups' (every client "
+        "grouped) or all clients', those a grouping leaves out included (the Group-FEL authors' code: "
         "S = round(fraction · all clients' samples / the groups' mean samples)).")
     draw: Literal["systematic", "successive"] = Field(
         "systematic", description="How the S groups are drawn: systematic (each group with inclusion "
