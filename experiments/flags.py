@@ -145,3 +145,14 @@ def require_text(parser: argparse.ArgumentParser) -> None:
         elif action.nargs != 0 and action.type is None and action.choices is None \
                 and not isinstance(action, argparse._HelpAction):
             action.type = TEXT
+
+
+def toml_value(text: str):
+    """The VALUE of a ``--set PATH=VALUE``: a TOML value, or the bare word as a string
+    (``train.model=mlp``, ``grow=authors``)."""
+    import tomllib
+
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text

@@ -65,17 +65,12 @@ def read_label_matrix(path: str | Path) -> tuple[np.ndarray, np.ndarray, list[st
 def parse_params(items: list[str] | None) -> dict:
     """``--set KEY=VALUE`` items as {key: value}; VALUE is a TOML value (a bare word is a string:
     ``grow=authors``)."""
-    import tomllib
-
     out = {}
     for item in items or []:
         key, sep, text = item.partition("=")
         if not sep or not key.strip() or not text.strip():
             raise InputError(f"--set {item!r}: write KEY=VALUE, a parameter of the policy, e.g. --set leftover=drop")
-        try:
-            out[key.strip()] = tomllib.loads(f"v = {text.strip()}")["v"]
-        except tomllib.TOMLDecodeError:
-            out[key.strip()] = text.strip()
+        out[key.strip()] = flags.toml_value(text.strip())
     return out
 
 

@@ -485,8 +485,7 @@ def paired_points(name: str, mode: str, arm: str, a: dict, b: dict, digits: int 
 def paired_final(name: str, mode: str, arm: str, ref: str, at: dict, ref_at: dict, digits: int = 2) -> str:
     """Paired difference of the final accuracy (points), ``arm`` at point ``at`` minus ``ref`` at
     point ``ref_at``, per seed."""
-    x, y = _final(name, mode, arm, at), _final(name, mode, ref, ref_at)
-    return _paired([x[s] - y[s] for s in x if s in y], "accuracy", 100.0, digits)
+    return paired_across(name, mode, arm, mode, ref, at, ref_at, digits)
 
 
 def cost_to(name: str, mode: str, accuracy: float, arm: str, digits: int = 0, **point) -> str:

@@ -30,6 +30,8 @@ from typing import Any
 
 from groupfel.errors import InputError
 
+from .flags import toml_value
+
 ROOT = Path(__file__).parent / "reproductions"
 # The papers' datasets and what stands in for them here (neither CIFAR-10, Speech Commands nor
 # HCCT's five digit datasets can be downloaded on these machines).
@@ -133,11 +135,7 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
         path, sep, text = item.partition("=")
         if not sep or not path.strip() or not text.strip():
             raise InputError(f"reproduce --set {item!r}: write PATH=VALUE, e.g. --set train.model=mlp")
-        try:
-            value = tomllib.loads(f"v = {text.strip()}")["v"]
-        except tomllib.TOMLDecodeError:
-            value = text.strip()
-        out[path.strip()] = value
+        out[path.strip()] = toml_value(text.strip())
     return out
 
 
