@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import logging
 import os
 import pickle
@@ -235,12 +234,10 @@ def keep_freed_memory() -> bool:
     """Stop glibc from handing freed memory back to the OS after every step (and from mmap-ing
     each large activation anew): oneDNN's per-step tensors then reuse warm pages. Measured 1.3x
     on the CNN round on the 2-core CPU (issue 9). Returns whether glibc took the settings."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
     try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
+        # the process's own symbols, libc's among them: find_library("c") would run ldconfig in a
+        # subprocess from every worker, a child that a Ctrl-C can catch between its fork and exec
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
     # 32 MiB is glibc's ceiling for the mmap threshold on 64-bit (larger values are refused)

@@ -1,6 +1,7 @@
 import ast
 import logging
 import os
+import platform
 from pathlib import Path
 
 import numpy as np
@@ -119,6 +120,23 @@ def test_the_engine_never_forks_a_process_that_ran_backward(digits_parts):
     assert os.getpid() not in _WATCH_FORKS
     assert float((a - b).abs().max()) <= 1e-5
     assert bat._pool is not None                                      # the workers did the training
+
+
+@pytest.mark.skipif(not platform.libc_ver()[0] == "glibc", reason="mallopt's settings are glibc's")
+def test_keeping_freed_memory_starts_no_helper_process():
+    """Every per-client worker sets glibc's malloc at its start. Finding libc by name would run
+    ``ldconfig`` in a child process, which a Ctrl-C to the process group can catch between its
+    fork and its exec: the settings come from the process's own symbols instead."""
+    import subprocess
+    import sys
+
+    code = ("import sys; events = []\n"
+            "sys.addaudithook(lambda e, a: e.startswith(('subprocess.', 'os.posix_spawn', 'os.fork', 'os.exec'))"
+            " and events.append(e))\n"
+            "from groupfel.emulator.training import keep_freed_memory\n"
+            "print(keep_freed_memory(), events)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True []", out
 
 
 def test_padded_steps_change_nothing(digits_parts):
