@@ -211,15 +211,30 @@ def cluster_clients(world: World, policy: GroupingPolicy, clients: np.ndarray, s
             continue
         members = clients[rows]
         epochs = policy.probe_epochs
-        updates = starts[rows] - probe_models(world, members, starts[rows], t, j, epochs)
+        probed = probe_models(world, members, starts[rows], t, j, epochs)
+        given = probed[:, last_layer(world)] if policy.cluster_input == "last-layer" else starts[rows] - probed
         from .contracts import calling, check_grouping, spec_of
 
         with calling("grouping.policy", spec_of(policy), "cluster()"):
-            found = policy.cluster(updates.cpu().numpy().astype(np.float64))
+            found = policy.cluster(given.cpu().numpy().astype(np.float64))
         found, _ = check_grouping(found, None, len(members), "grouping.policy", spec_of(policy), True, j)
         clusters += [(j, members[c]) for c in found]
         work.append(probe_work(world, j, members, epochs))
+    if not clusters:   # nothing would train from here on
+        if getattr(policy, "similarity", None) is not None:
+            raise InputError(f"grouping.similarity: no two clients of any edge reached {policy.similarity} at "
+                             f"round {t}, so the clustering left every client out; lower it")
+        raise InputError(f"grouping.policy: its clustering at round {t} left every client of every edge out")
     return clusters, work
+
+
+def last_layer(world: World) -> slice:
+    """The columns of the model's last layer that does not normalise (a classifier's weight and bias)."""
+    layers = [layer for layer in model_layers(world.engine) or () if not layer.norm]
+    if not layers:
+        raise InputError("grouping: cluster_input = 'last-layer' needs a model with parameters; "
+                         "this engine has none")
+    return layers[-1].columns
 
 
 def probe_models(world: World, members: np.ndarray, starts: torch.Tensor, t: int, edge: int,

@@ -112,6 +112,9 @@ class GroupingPolicy(ABC):
         ``assign(distances) -> centre index per client`` picks from the clients × centres L2
         distances between each client's latest local model and the centres (FeSEM).
     * ``probe_epochs``: the epochs of a ``"cluster"`` probe (default 1).
+    * ``cluster_input``: the rows a ``"cluster"`` policy's ``cluster`` is given: ``"updates"``
+      (default; each client's probed model minus its start, every parameter) or ``"last-layer"``
+      (each client's probed model, the last non-normalising layer's parameters only).
     * ``modes``: the run modes (``"global"``, ``"per-group"``) the policy makes sense in.
     * ``normalization``: the CoV normalisation the run reports its groups' CoV in (``"std"``).
     * ``min_group_size``: the smallest group the policy forms (default 1: no minimum).
@@ -124,6 +127,7 @@ class GroupingPolicy(ABC):
     needs_distances: ClassVar[bool] = False  # the runner then fills EdgeView.distances (discriminators)
     regroup: ClassVar[Literal["interval", "cluster", "every-round", "merge", "split", "nearest"]] = "interval"
     probe_epochs: ClassVar[int] = 1
+    cluster_input: ClassVar[Literal["updates", "last-layer"]] = "updates"
     # the CoV normalisation the run reports the groups' CoV in (a policy may make it a field, CoVG)
     normalization = "std"
     modes: ClassVar[tuple[str, ...]] = ("global", "per-group")

@@ -10,13 +10,15 @@ makes sense in.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import numpy as np
 
 from .grouping import EdgeGrouping, EdgeView, GroupingPolicy, RandomGrouping, groupings
 
 BOTH = ("global", "per-group")
+MergeRule = Literal["average-linkage", "authors"]
+MERGE_RULES = ("average-linkage", "authors")
 CLUSTER_INITS = ("random", "shared")
 
 
@@ -93,11 +95,22 @@ class FedClar(GroupingPolicy):
     group that keeps and trains its own model (starting from its members' sample-weighted mean
     model; in global mode, from the global model, the clusters being the groups Group-FEL samples
     from afterwards and the evaluated global model the clusters' sample-weighted mean, see
-    :mod:`groupfel.emulator.membership`)."""
+    :mod:`groupfel.emulator.membership`).
+
+    ``merge = "authors"`` clusters as the Group-FEL authors' code does (Jiyao17/fl-grouping
+    ``utils/fedclar.py``, ``__FedCLAR_clustering``) instead: on each client's model after the
+    probe (not its update), the last layer's weight and bias only; every client starts as a
+    cluster, and the pair of clusters whose models' cosine similarity is highest merges (the
+    merged model the members-weighted mean of the two) while that similarity is at least
+    ``similarity`` and no cluster holds more than 2·``min_group_size`` clients; clients never
+    merged are left out of training. ``probe_epochs`` sets the probe's length."""
 
     min_group_size: int = 5
     cluster_round: int = 10
     threshold: float = 0.5
+    merge: MergeRule = "average-linkage"
+    similarity: float = 0.995
+    probe_epochs: int = 1
     modes: ClassVar[tuple[str, ...]] = BOTH
     regroup: ClassVar[str] = "cluster"
 
@@ -107,12 +120,25 @@ class FedClar(GroupingPolicy):
             raise ValueError(f"cluster_round must be an integer >= 0, got {self.cluster_round!r}")
         if not 0 < self.threshold <= 2:
             raise ValueError(f"threshold must be a cosine distance in (0, 2], got {self.threshold!r}")
+        if self.merge not in MERGE_RULES:
+            raise ValueError(f"merge must be one of {', '.join(MERGE_RULES)}, got {self.merge!r}")
+        if not -1 <= self.similarity <= 1:
+            raise ValueError(f"similarity must be a cosine similarity in [-1, 1], got {self.similarity!r}")
+        if not isinstance(self.probe_epochs, int) or self.probe_epochs < 1:
+            raise ValueError(f"probe_epochs must be an integer >= 1, got {self.probe_epochs!r}")
+
+    @property
+    def cluster_input(self) -> str:
+        return "last-layer" if self.merge == "authors" else "updates"
 
     def group(self, view: EdgeView, rng: np.random.Generator) -> EdgeGrouping:
         return RandomGrouping(self.min_group_size).group(view, rng)
 
     def cluster(self, updates: np.ndarray) -> list[np.ndarray]:
-        """Rows of ``updates`` (one edge's clients) -> clusters of row indices, largest first."""
+        """Rows of ``updates`` (one edge's clients; with ``merge = "authors"`` their models' last
+        layers) -> clusters of row indices, largest first (the authors' rule: in merge order)."""
+        if self.merge == "authors":
+            return self._merge_as_authors(np.asarray(updates, dtype=np.float64))
         if len(updates) < 2:
             return [np.arange(len(updates))]
         from scipy.cluster.hierarchy import fcluster, linkage   # scipy stays out of `groupfel group`'s start-up
@@ -121,3 +147,24 @@ class FedClar(GroupingPolicy):
         labels = fcluster(z, t=self.threshold, criterion="distance")
         out = [np.flatnonzero(labels == k) for k in np.unique(labels)]
         return sorted(out, key=lambda c: (-len(c), c[0]))
+
+    def _merge_as_authors(self, layers: np.ndarray) -> list[np.ndarray]:
+        clusters: list[list[int]] = [[i] for i in range(len(layers))]
+        models = list(layers)
+        while len(clusters) >= 2:   # the authors' code raises once everything merged; we keep the one cluster
+            m = np.stack(models)
+            norms = np.linalg.norm(m, axis=1)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                sim = (m @ m.T) / np.outer(norms, norms)
+            sim = np.nan_to_num(sim, nan=-1.0)   # a zero layer is like no other
+            np.fill_diagonal(sim, -1.0)
+            i, j = divmod(int(np.argmax(sim)), len(clusters))   # the first maximum in row order, as theirs
+            # the cap reads the largest cluster before this merge, as theirs: a merge may pass it once
+            if not (sim[i, j] >= self.similarity and max(map(len, clusters)) <= 2 * self.min_group_size):
+                break
+            i, j = min(i, j), max(i, j)
+            a, b = clusters.pop(i), clusters.pop(j - 1)
+            ma, mb = models.pop(i), models.pop(j - 1)
+            models.append((len(a) * ma + len(b) * mb) / (len(a) + len(b)))
+            clusters.append(a + b)
+        return [np.array(c) for c in clusters if len(c) > 1]

@@ -395,3 +395,124 @@ def test_without_the_local_reference_the_run_is_the_same_less_its_columns(tiny_d
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "with" / "rg" / "ledger.parquet"),
                                   pd.read_parquet(tmp_path / "without" / "rg" / "ledger.parquet"), check_exact=True)
     assert list(tmp_path.glob("with/local-reference-*.pt")) and not list(tmp_path.glob("without/local-reference-*"))
+
+
+def _authors_fedclar(classifiers, th, min_group_size):
+    """A transcription of the Group-FEL authors' ``__FedCLAR_clustering`` (Jiyao17/fl-grouping
+    utils/fedclar.py): each model a dict of its classifier's weight and bias, merged as their
+    ``_merge_model_sds`` merges state dicts; their "too few clusters" exception returns None."""
+    import copy
+
+    def _sim_mat(model_sds):
+        weights = [sd['fc.weight'].flatten() for sd in model_sds]
+        biases = [sd['fc.bias'].flatten() for sd in model_sds]
+        classifiers = [np.concatenate((weights[i], biases[i])) for i in range(len(weights))]
+        sim_mat = np.zeros((len(model_sds), len(model_sds)))
+        for i in range(len(model_sds)):
+            for j in range(len(model_sds)):
+                sim_mat[i][j] = np.dot(classifiers[i], classifiers[j]) / (np.linalg.norm(classifiers[i]) * np.linalg.norm(classifiers[j]))
+        return sim_mat
+
+    def _merge_model_sds(state_dicts, weights):
+        avg_state_dict = copy.deepcopy(state_dicts[0])
+        for key in avg_state_dict.keys():
+            avg_state_dict[key] = avg_state_dict[key] * weights[0]
+        for key in avg_state_dict.keys():
+            for i in range(1, len(state_dicts)):
+                avg_state_dict[key] += state_dicts[i][key] * weights[i]
+        return avg_state_dict
+
+    clusters = [[c] for c in range(len(classifiers))]
+    model_sds = [{'fc.weight': row[:-3].reshape(-1, 2), 'fc.bias': row[-3:]} for row in classifiers]
+    while True:
+        sim_mat = _sim_mat(model_sds)
+        for i in range(len(clusters)):
+            sim_mat[i][i] = -1
+        min_index = np.argmax(sim_mat)
+        i, j = min_index // len(clusters), min_index % len(clusters)
+        max_len = max(len(cluster) for cluster in clusters)
+        if len(clusters) < 2:
+            return None
+        if sim_mat[i, j] >= th and max_len <= min_group_size * 2:
+            if i > j:
+                i, j = j, i
+            cluster_i = clusters.pop(i)
+            cluster_j = clusters.pop(j - 1)
+            model_sd_i = model_sds.pop(i)
+            model_sd_j = model_sds.pop(j - 1)
+            total_num = len(cluster_i) + len(cluster_j)
+            weights = [len(cluster_i) / total_num, len(cluster_j) / total_num]
+            clusters.append(cluster_i + cluster_j)
+            model_sds.append(_merge_model_sds([model_sd_i, model_sd_j], weights))
+        else:
+            return [cluster for cluster in clusters if len(cluster) > 1]
+
+
+def test_fedclar_authors_merge_is_the_authors_loop():
+    # by hand: 0 and 1 nearly parallel merge first, then 2 joins them (its similarity to their
+    # mean 0.9987); 3 points elsewhere and is left out
+    rows = np.array([[1.0, 0.0, 0.0], [1.0, 0.01, 0.0], [1.0, 0.05, 0.0], [0.0, 0.0, 1.0]])
+    found = FedClar(min_group_size=2, merge="authors", similarity=0.995).cluster(rows)
+    assert [c.tolist() for c in found] == [[2, 0, 1]]
+    # the cap reads the largest cluster before a merge: with MinGS 1 a pair may still merge into 3
+    assert [c.tolist() for c in FedClar(min_group_size=1, merge="authors", similarity=0.9).cluster(rows)] == [[2, 0, 1]]
+    assert FedClar(min_group_size=2, merge="authors", similarity=0.99999).cluster(rows) == []
+    gen = np.random.default_rng(0)
+    merged = 0
+    for case in range(300):
+        n, mings = int(gen.integers(1, 16)), int(gen.integers(1, 5))
+        # models of one start after a short probe: a common direction plus each client's drift
+        rows = gen.normal(size=9) + gen.normal(scale=gen.choice([0.02, 0.1, 0.3]), size=(n, 9))
+        th = float(gen.choice([0.9, 0.99, 0.995, 0.999]))
+        ours = FedClar(min_group_size=mings, merge="authors", similarity=th).cluster(rows)
+        theirs = _authors_fedclar(rows, th, mings)
+        if theirs is None:   # everything merged (or one client): theirs raises, ours keeps what merged
+            assert [sorted(c.tolist()) for c in ours] == ([list(range(n))] if n > 1 else []), case
+        else:
+            assert [c.tolist() for c in ours] == theirs, case
+        merged += sum(len(c) for c in ours)
+    assert merged > 300   # the cases do merge
+
+
+def test_fedclar_authors_merge_in_global_mode_clusters_the_probed_last_layers(tiny_dict, tmp_path):
+    from groupfel.emulator.membership import last_layer, probe_models
+
+    grouping = {"policy": "fedclar", "min_group_size": 1, "cluster_round": 1, "merge": "authors",
+                "similarity": 0.99, "probe_epochs": 2}
+    d = _two_concepts(tiny_dict, [{"name": "fedclar", "grouping": grouping,
+                                   "sampling": {"policy": "random", "groups_per_round": 1}}]).model_dump()
+    d.update(mode="global")
+    d["data"]["test_fraction"] = None
+    cfg = parse_config(d)
+    world = build_world(cfg)
+    seen = {}
+
+    def record(t, cost, acc):
+        seen[t] = read_checkpoint(tmp_path / "a" / CHECKPOINT)["weights"]
+    full = run_arm(world, plan_arm(world, 0), tmp_path / "a", record)
+    clusters = json.loads((tmp_path / "a" / "clusters.json").read_text())["clusters"]
+    # by hand: every client probed 2 epochs from x_1; the authors' merge of their last layers
+    clients = np.arange(6)
+    probed = probe_models(world, clients, seen[1].expand(6, -1), 1, 0, 2)
+    assert last_layer(world).stop == world.engine.n_params               # the classifier, weight and bias
+    by_hand = FedClar(**{k: v for k, v in grouping.items() if k != "policy"}).cluster(
+        probed[:, last_layer(world)].numpy().astype(np.float64))
+    assert [c["clients"] for c in clusters] == [c.tolist() for c in by_hand]
+    out = sorted(set(range(6)) - {c for cl in clusters for c in cl["clients"]})
+    assert all(len(c["clients"]) >= 2 for c in clusters) and out   # the unmerged clients are left out
+    ledger = pd.read_parquet(tmp_path / "a" / "ledger.parquet")
+    later = ledger[(ledger["round"] >= 2) & (ledger["group"] >= 0)]
+    assert not set(later["client"]) & set(out)                     # and never train again
+    _kill_after_round_2_and_resume(run_arm, cfg, full, tmp_path / "b")
+
+
+def test_fedclar_authors_merge_that_merges_nothing_says_which_field(tiny_dict, tmp_path):
+    grouping = {"policy": "fedclar", "min_group_size": 1, "cluster_round": 1, "merge": "authors",
+                "similarity": 1.0}
+    d = _two_concepts(tiny_dict, [{"name": "fedclar", "grouping": grouping,
+                                   "sampling": {"policy": "random", "groups_per_round": 1}}]).model_dump()
+    d.update(mode="global")
+    d["data"]["test_fraction"] = None
+    world = build_world(parse_config(d))
+    with pytest.raises(InputError, match=r"^arms\[0\]\.grouping\.similarity: no two clients .* reached 1\.0 at round 1"):
+        run_arm(world, plan_arm(world, 0), tmp_path / "a")
