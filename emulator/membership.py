@@ -23,8 +23,10 @@ weighted by the clusters' samples. We do the same (:func:`clusters_global_model`
 forced; it appears only if the clusters' models specialise apart. Where the code and the paper
 differ we follow the paper: the code trains every cluster every round after clustering (and
 charges only the sampled ones), we train the sampled clusters, as the paper's uniform group
-sampling says; the code drops clients left unclustered and runs a final local-fine-tuning phase
-(``FedCLAR_tl_epoch``) that the paper does not mention, and we do neither.
+sampling says. The code drops clients left unclustered (``merge = "authors"`` does too; our
+default clustering keeps every client) and has a final local-fine-tuning phase
+(``FedCLAR_tl_epoch``) that the paper does not mention and that the authors' figure runs set past
+their last round; we have none.
 """
 from __future__ import annotations
 

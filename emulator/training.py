@@ -238,7 +238,7 @@ def keep_freed_memory() -> bool:
         # the process's own symbols, libc's among them: find_library("c") would run ldconfig in a
         # subprocess from every worker, a child that a Ctrl-C can catch between its fork and exec
         mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):   # TypeError: Windows loads no library by None
         return False
     # 32 MiB is glibc's ceiling for the mmap threshold on 64-bit (larger values are refused)
     return all(mallopt(param, value) == 1 for param, value in

@@ -99,11 +99,14 @@ class FedClar(GroupingPolicy):
 
     ``merge = "authors"`` clusters as the Group-FEL authors' code does (Jiyao17/fl-grouping
     ``utils/fedclar.py``, ``__FedCLAR_clustering``) instead: on each client's model after the
-    probe (not its update), the last layer's weight and bias only; every client starts as a
-    cluster, and the pair of clusters whose models' cosine similarity is highest merges (the
+    probe (not its update), the last layer's weight and bias only, in float32; every client starts
+    as a cluster, and the pair of clusters whose models' cosine similarity is highest merges (the
     merged model the members-weighted mean of the two) while that similarity is at least
-    ``similarity`` and no cluster holds more than 2·``min_group_size`` clients; clients never
-    merged are left out of training. ``probe_epochs`` sets the probe's length."""
+    ``similarity`` and the largest cluster holds at most 2·``min_group_size`` clients, checked
+    before each merge (so the last merge may pass it); an undefined similarity (a zero layer) stops
+    the merging, as NaN does theirs; clients never merged are left out of training. Their code
+    raises where a single client or everything remains one cluster; ours leaves the single
+    client out and keeps the one cluster. ``probe_epochs`` sets the probe's length (theirs: K·E)."""
 
     min_group_size: int = 5
     cluster_round: int = 10
@@ -150,21 +153,21 @@ class FedClar(GroupingPolicy):
 
     def _merge_as_authors(self, layers: np.ndarray) -> list[np.ndarray]:
         clusters: list[list[int]] = [[i] for i in range(len(layers))]
-        models = list(layers)
-        while len(clusters) >= 2:   # the authors' code raises once everything merged; we keep the one cluster
+        models = list(np.asarray(layers, dtype=np.float32))   # their state dicts' precision
+        while len(clusters) >= 2:
             m = np.stack(models)
             norms = np.linalg.norm(m, axis=1)
             with np.errstate(invalid="ignore", divide="ignore"):
                 sim = (m @ m.T) / np.outer(norms, norms)
-            sim = np.nan_to_num(sim, nan=-1.0)   # a zero layer is like no other
             np.fill_diagonal(sim, -1.0)
-            i, j = divmod(int(np.argmax(sim)), len(clusters))   # the first maximum in row order, as theirs
-            # the cap reads the largest cluster before this merge, as theirs: a merge may pass it once
+            # numpy's argmax returns the first maximum in row order, or the first NaN (which then
+            # fails the threshold): as theirs
+            i, j = divmod(int(np.argmax(sim)), len(clusters))
             if not (sim[i, j] >= self.similarity and max(map(len, clusters)) <= 2 * self.min_group_size):
                 break
             i, j = min(i, j), max(i, j)
             a, b = clusters.pop(i), clusters.pop(j - 1)
             ma, mb = models.pop(i), models.pop(j - 1)
-            models.append((len(a) * ma + len(b) * mb) / (len(a) + len(b)))
+            models.append(ma * np.float32(len(a) / (len(a) + len(b))) + mb * np.float32(len(b) / (len(a) + len(b))))
             clusters.append(a + b)
         return [np.array(c) for c in clusters if len(c) > 1]

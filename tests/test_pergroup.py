@@ -457,21 +457,29 @@ def test_fedclar_authors_merge_is_the_authors_loop():
     # the cap reads the largest cluster before a merge: with MinGS 1 a pair may still merge into 3
     assert [c.tolist() for c in FedClar(min_group_size=1, merge="authors", similarity=0.9).cluster(rows)] == [[2, 0, 1]]
     assert FedClar(min_group_size=2, merge="authors", similarity=0.99999).cluster(rows) == []
+    # a zero layer's similarity is undefined: NaN is numpy's first maximum and fails the threshold,
+    # so their merging stops there, and ours
+    zero = np.array([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [1.0, 0.001, 0.0], [0.0, 1.0, 0.0]])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        assert FedClar(min_group_size=2, merge="authors").cluster(zero) == [] == _authors_fedclar(zero.astype(np.float32), 0.995, 2)
     gen = np.random.default_rng(0)
-    merged = 0
+    merged = reordered = 0
     for case in range(300):
         n, mings = int(gen.integers(1, 16)), int(gen.integers(1, 5))
         # models of one start after a short probe: a common direction plus each client's drift
         rows = gen.normal(size=9) + gen.normal(scale=gen.choice([0.02, 0.1, 0.3]), size=(n, 9))
         th = float(gen.choice([0.9, 0.99, 0.995, 0.999]))
         ours = FedClar(min_group_size=mings, merge="authors", similarity=th).cluster(rows)
-        theirs = _authors_fedclar(rows, th, mings)
+        theirs = _authors_fedclar(rows.astype(np.float32), th, mings)   # their state dicts are float32
         if theirs is None:   # everything merged (or one client): theirs raises, ours keeps what merged
             assert [sorted(c.tolist()) for c in ours] == ([list(range(n))] if n > 1 else []), case
         else:
-            assert [c.tolist() for c in ours] == theirs, case
+            # the same clusters always; in the same merge order but where two similarities tie
+            # within float32's rounding (their np.dot and our matrix product sum in other orders)
+            assert sorted(sorted(c.tolist()) for c in ours) == sorted(sorted(c) for c in theirs), case
+            reordered += [c.tolist() for c in ours] != theirs
         merged += sum(len(c) for c in ours)
-    assert merged > 300   # the cases do merge
+    assert merged > 300 and reordered <= 3   # the cases do merge
 
 
 def test_fedclar_authors_merge_in_global_mode_clusters_the_probed_last_layers(tiny_dict, tmp_path):
