@@ -141,7 +141,7 @@ class FedClar(GroupingPolicy):
         """Rows of ``updates`` (one edge's clients; with ``merge = "authors"`` their models' last
         layers) -> clusters of row indices, largest first (the authors' rule: in merge order)."""
         if self.merge == "authors":
-            return self._merge_as_authors(np.asarray(updates, dtype=np.float64))
+            return self._merge_as_authors(np.asarray(updates))
         if len(updates) < 2:
             return [np.arange(len(updates))]
         from scipy.cluster.hierarchy import fcluster, linkage   # scipy stays out of `groupfel group`'s start-up

@@ -450,7 +450,7 @@ def _authors_fedclar(classifiers, th, min_group_size):
 
 def test_fedclar_authors_merge_is_the_authors_loop():
     # by hand: 0 and 1 nearly parallel merge first, then 2 joins them (its similarity to their
-    # mean 0.9987); 3 points elsewhere and is left out
+    # mean 0.9990); 3 points elsewhere and is left out
     rows = np.array([[1.0, 0.0, 0.0], [1.0, 0.01, 0.0], [1.0, 0.05, 0.0], [0.0, 0.0, 1.0]])
     found = FedClar(min_group_size=2, merge="authors", similarity=0.995).cluster(rows)
     assert [c.tolist() for c in found] == [[2, 0, 1]]
