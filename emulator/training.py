@@ -233,7 +233,7 @@ _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
 def keep_freed_memory() -> bool:
     """Stop glibc from handing freed memory back to the OS after every step (and from mmap-ing
     each large activation anew): oneDNN's per-step tensors then reuse warm pages. Measured 1.3x
-    on the CNN round on the 2-core CPU (issue 9). Returns whether glibc took the settings."""
+    on the CNN round on the 2-core CPU. Returns whether glibc took the settings."""
     try:
         # the process's own symbols, libc's among them: find_library("c") would run ldconfig in a
         # subprocess from every worker, a child that a Ctrl-C can catch between its fork and exec
