@@ -202,11 +202,12 @@ def charge_client_work(ledger: CostLedger, env, topology, t: int,
 
 
 def cluster_clients(world: World, policy: GroupingPolicy, clients: np.ndarray, starts: torch.Tensor,
-                    t: int) -> tuple[list[tuple[int, np.ndarray]], Work]:
+                    t: int) -> tuple[list[tuple[int, np.ndarray]], Work, list[torch.Tensor]]:
     """Cluster ``clients`` (each starting from its row of ``starts``) edge by edge; returns the
-    clusters as (edge, clients) and the probe work to charge."""
+    clusters as (edge, clients), the probe work to charge, and each cluster's mean probed model
+    (where a policy's ``cluster_start = "probed"`` starts the cluster from it)."""
     topo = world.topology
-    clusters, work = [], []
+    clusters, work, means = [], [], []
     for j in range(topo.n_edges):
         rows = np.flatnonzero(topo.client_edge[clients] == j)
         if not len(rows):
@@ -221,13 +222,14 @@ def cluster_clients(world: World, policy: GroupingPolicy, clients: np.ndarray, s
             found = policy.cluster(given.cpu().numpy().astype(np.float64))
         found, _ = check_grouping(found, None, len(members), "grouping.policy", spec_of(policy), True, j)
         clusters += [(j, members[c]) for c in found]
+        means += [probed[c].mean(dim=0) for c in found]
         work.append(probe_work(world, j, members, epochs))
     if not clusters:   # nothing would train from here on
         if getattr(policy, "similarity", None) is not None:
             raise InputError(f"grouping.similarity: no two clients of any edge reached {policy.similarity} at "
                              f"round {t}, so the clustering left every client out; lower it")
         raise InputError(f"grouping.policy: its clustering at round {t} left every client of every edge out")
-    return clusters, work
+    return clusters, work, means
 
 
 def last_layer(world: World) -> slice:
@@ -256,29 +258,36 @@ def probe_work(world: World, edge: int, members: np.ndarray, epochs: int) -> tup
 
 
 def cluster_groups(world: World, policy: GroupingPolicy, weights: torch.Tensor | None, t: int,
-                   arm_dir: Path) -> tuple[list[Group], Work]:
+                   arm_dir: Path) -> tuple[list[Group], Work, torch.Tensor | None]:
     """The groups after clustering in global mode (every client probes from the global model
     ``weights``), computed once and then read back from ``arm_dir`` (``weights`` None: a resumed
-    run past the clustering round, which must find them there)."""
+    run past the clustering round, which must find them there), and the clusters' start models
+    where the policy's ``cluster_start`` is ``"probed"`` (None: each starts from ``weights``)."""
     path = Path(arm_dir) / CLUSTERS
     topo = world.topology
+    clients = np.arange(topo.n_clients)
+    probed = policy.cluster_start == "probed" and weights is not None
+    means = None
     if path.exists():
         from .runfiles import load_json
 
         blob = load_json(path)
         clusters = [(c["edge"], np.array(c["clients"], dtype=int)) for c in blob["clusters"]]
         work = [(w["edge"], np.array(w["clients"], dtype=int), np.array(w["amounts"])) for w in blob["probe"]]
+        if probed:   # resumed before the clustering round's checkpoint: the probe again, as deterministic
+            again, _, means = cluster_clients(world, policy, clients, weights.expand(len(clients), -1), t)
+            if [c.tolist() for _, c in again] != [c.tolist() for _, c in clusters]:
+                raise RuntimeError(f"{path}: the probe did not give the saved clusters again")
     else:
         if weights is None:
             raise FileNotFoundError(f"{path}: the clusters of this resumed run are missing")
-        clients = np.arange(topo.n_clients)
-        clusters, work = cluster_clients(world, policy, clients, weights.expand(len(clients), -1), t)
+        clusters, work, means = cluster_clients(world, policy, clients, weights.expand(len(clients), -1), t)
         write_json(path, {"round": t,
                           "clusters": [{"edge": j, "clients": c.tolist()} for j, c in clusters],
                           "probe": [{"edge": j, "clients": m.tolist(), "amounts": a.tolist()} for j, m, a in work]})
     groups = [Group(j, c, topo.n_samples[c], float(cov_of_counts(topo.label_counts[c].sum(axis=0), "std")))
               for j, c in clusters]
-    return groups, work
+    return groups, work, torch.stack(means) if probed else None
 
 
 def clusters_global_model(cluster_models: torch.Tensor, trained: dict[int, torch.Tensor],

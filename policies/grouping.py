@@ -115,6 +115,9 @@ class GroupingPolicy(ABC):
     * ``cluster_input``: the rows a ``"cluster"`` policy's ``cluster`` is given: ``"updates"``
       (default; each client's probed model minus its start, every parameter) or ``"last-layer"``
       (each client's probed model, the last non-normalising layer's parameters only).
+    * ``cluster_start``: the model a cluster starts from: ``"current"`` (default; the global model
+      in global mode, the members' sample-weighted mean group model in per-group mode) or
+      ``"probed"`` (the mean of its members' probed models).
     * ``modes``: the run modes (``"global"``, ``"per-group"``) the policy makes sense in.
     * ``normalization``: the CoV normalisation the run reports its groups' CoV in (``"std"``).
     * ``min_group_size``: the smallest group the policy forms (default 1: no minimum).
@@ -128,6 +131,7 @@ class GroupingPolicy(ABC):
     regroup: ClassVar[Literal["interval", "cluster", "every-round", "merge", "split", "nearest"]] = "interval"
     probe_epochs: ClassVar[int] = 1
     cluster_input: ClassVar[Literal["updates", "last-layer"]] = "updates"
+    cluster_start: ClassVar[Literal["current", "probed"]] = "current"
     # the CoV normalisation the run reports the groups' CoV in (a policy may make it a field, CoVG)
     normalization = "std"
     modes: ClassVar[tuple[str, ...]] = ("global", "per-group")

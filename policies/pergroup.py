@@ -19,6 +19,8 @@ from .grouping import EdgeGrouping, EdgeView, GroupingPolicy, RandomGrouping, gr
 BOTH = ("global", "per-group")
 MergeRule = Literal["average-linkage", "authors"]
 MERGE_RULES = ("average-linkage", "authors")
+ClusterStart = Literal["current", "probed"]
+CLUSTER_STARTS = ("current", "probed")
 CLUSTER_INITS = ("random", "shared")
 
 
@@ -106,7 +108,9 @@ class FedClar(GroupingPolicy):
     before each merge (so the last merge may pass it); an undefined similarity (a zero layer) stops
     the merging, as NaN does theirs; clients never merged are left out of training. Their code
     raises where a single client or everything remains one cluster; ours leaves the single
-    client out and keeps the one cluster. ``probe_epochs`` sets the probe's length (theirs: K·E)."""
+    client out and keeps the one cluster. ``probe_epochs`` sets the probe's length (theirs: K·E);
+    ``cluster_start = "probed"`` starts each cluster from its members' mean probed model, the model
+    their pairwise member-weighted merges give."""
 
     min_group_size: int = 5
     cluster_round: int = 10
@@ -114,6 +118,7 @@ class FedClar(GroupingPolicy):
     merge: MergeRule = "average-linkage"
     similarity: float = 0.995
     probe_epochs: int = 1
+    cluster_start: ClusterStart = "current"
     modes: ClassVar[tuple[str, ...]] = BOTH
     regroup: ClassVar[str] = "cluster"
 
@@ -127,6 +132,8 @@ class FedClar(GroupingPolicy):
             raise ValueError(f"merge must be one of {', '.join(MERGE_RULES)}, got {self.merge!r}")
         if not -1 <= self.similarity <= 1:
             raise ValueError(f"similarity must be a cosine similarity in [-1, 1], got {self.similarity!r}")
+        if self.cluster_start not in CLUSTER_STARTS:
+            raise ValueError(f"cluster_start must be one of {', '.join(CLUSTER_STARTS)}, got {self.cluster_start!r}")
         if not isinstance(self.probe_epochs, int) or self.probe_epochs < 1:
             raise ValueError(f"probe_epochs must be an integer >= 1, got {self.probe_epochs!r}")
 

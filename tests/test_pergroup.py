@@ -524,3 +524,33 @@ def test_fedclar_authors_merge_that_merges_nothing_says_which_field(tiny_dict, t
     world = build_world(parse_config(d))
     with pytest.raises(InputError, match=r"^arms\[0\]\.grouping\.similarity: no two clients .* reached 1\.0 at round 1"):
         run_arm(world, plan_arm(world, 0), tmp_path / "a")
+
+
+def test_fedclar_probed_start_is_the_members_mean_probed_model_and_survives_a_resume(tiny_dict, tmp_path):
+    """``cluster_start = "probed"``: each cluster starts from its members' mean probed model, as the
+    authors' pairwise member-weighted merges give; a run killed after the clusters were saved but
+    before that round's checkpoint probes again and finds the same clusters and starts."""
+    from groupfel.emulator.membership import cluster_groups, probe_models
+
+    grouping = {"policy": "fedclar", "min_group_size": 1, "cluster_round": 1, "merge": "authors",
+                "similarity": 0.99, "probe_epochs": 2, "cluster_start": "probed"}
+    d = _two_concepts(tiny_dict, [{"name": "fedclar", "grouping": grouping,
+                                   "sampling": {"policy": "random", "groups_per_round": 1}}]).model_dump()
+    d.update(mode="global")
+    d["data"]["test_fraction"] = None
+    cfg = parse_config(d)
+    world = build_world(cfg)
+    policy = plan_arm(world, 0).grouping
+    x = world.engine.initial_weights(0)
+    groups, _, starts = cluster_groups(world, policy, x, 1, tmp_path / "c")
+    probed = probe_models(world, np.arange(6), x.expand(6, -1), 1, 0, 2)
+    assert len(groups) >= 1 and len(starts) == len(groups)
+    for g, start in zip(groups, starts):
+        assert torch.equal(start, probed[g.clients].mean(dim=0))
+    again, _, starts_again = cluster_groups(world, policy, x, 1, tmp_path / "c")   # clusters.json read back
+    assert [g.clients.tolist() for g in again] == [g.clients.tolist() for g in groups]
+    assert torch.equal(starts_again, starts)
+    current = FedClar(**{k: v for k, v in grouping.items() if k not in ("policy", "cluster_start")})
+    assert cluster_groups(world, current, x, 1, tmp_path / "d")[2] is None       # the default: from x_t
+    full = run_arm(world, plan_arm(world, 0), tmp_path / "a")
+    _kill_after_round_2_and_resume(run_arm, cfg, full, tmp_path / "b")

@@ -96,9 +96,10 @@ class GlobalRounds(RoundStrategy):
         self.epoch = t
         world, policy = self.world, self.plan.grouping
         if t == self.cluster_round:
-            groups, work = cluster_groups(world, policy, state.weights, t, self.arm_dir)
+            groups, work, starts = cluster_groups(world, policy, state.weights, t, self.arm_dir)
             grouping = GroupingResult(groups, 0, 0, work)
-            state.cluster_models = state.weights.repeat(len(groups), 1)   # every cluster starts from x_t
+            # every cluster starts from x_t, or from its members' mean probed model
+            state.cluster_models = state.weights.repeat(len(groups), 1) if starts is None else starts
         else:
             grouping = form_groups(world, policy, t, state.weights)       # Sec. 5.2
         state.grouping, state.grouping_epoch = grouping.summary(), t

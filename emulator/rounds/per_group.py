@@ -419,16 +419,18 @@ class PerGroupRounds(RoundStrategy):
         charge_client_work(state.ledger, self.env, topo, t, work)
 
     def _cluster(self, t: int) -> None:
-        """"cluster": cluster the clients' one-epoch updates from their group models; each
-        cluster becomes a group starting from its members' sample-weighted mean model."""
+        """"cluster": cluster the clients' probes from their group models; each cluster becomes
+        a group starting from its members' sample-weighted mean model (``cluster_start =
+        "probed"``: the mean of their probed models)."""
         world, state, topo = self.world, self.state, self.world.topology
         clients = np.flatnonzero(state.assign >= 0)
         starts = state.models[state.assign[clients]]
-        clusters, work = cluster_clients(world, self.plan.grouping, clients, starts, t)
+        clusters, work, means = cluster_clients(world, self.plan.grouping, clients, starts, t)
+        probed = self.plan.grouping.cluster_start == "probed"
         models, assign = [], np.full(topo.n_clients, -1)
-        for _, members in clusters:
+        for (_, members), mean in zip(clusters, means):
             n = torch.as_tensor(topo.n_samples[members], dtype=starts.dtype, device=starts.device)
-            models.append((n / n.sum()) @ state.models[state.assign[members]])
+            models.append(mean if probed else (n / n.sum()) @ state.models[state.assign[members]])
             assign[members] = len(models) - 1
         state.models, state.model_edge, state.assign = torch.stack(models), [j for j, _ in clusters], assign
         charge_client_work(state.ledger, self.env, topo, t, work)
