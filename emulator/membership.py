@@ -13,7 +13,8 @@ Sec. 7): the clusters become the groups Group-FEL samples from for the rest of t
 arm's sampling: the Group-FEL paper runs every baseline "with uniform group sampling", Sec. 6.3);
 they are saved in the arm directory (``clusters.json``) so a resumed run keeps them. From the
 clustering round on, **each cluster keeps and trains its own model** (FedCLAR's specialised
-cluster models): every cluster starts from the global model x_t of that round, and a sampled
+cluster models): every cluster starts from the global model x_t of that round (with
+``cluster_start = "probed"``, from its members' mean probed model), and a sampled
 cluster's K group rounds start from its own model. What is reported: Group-FEL includes FedCLAR
 "to show that personalized FL is not suitable for training a good global model" (Sec. 6) and
 reports that "the accuracy of FedCLAR drops after clustering" (Sec. 6.3): the accuracy of a
