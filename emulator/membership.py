@@ -51,6 +51,7 @@ from .rng import key, rng
 from .world import World
 
 CLUSTERS = "clusters.json"
+CLUSTER_STARTS = "cluster-starts.pt"   # with cluster_start = "probed": each cluster's start model
 Work = list[tuple[int, np.ndarray, np.ndarray]]   # (edge, clients, Eq. 5 charge of each)
 
 
@@ -264,31 +265,32 @@ def cluster_groups(world: World, policy: GroupingPolicy, weights: torch.Tensor |
     ``weights``), computed once and then read back from ``arm_dir`` (``weights`` None: a resumed
     run past the clustering round, which must find them there), and the clusters' start models
     where the policy's ``cluster_start`` is ``"probed"`` (None: each starts from ``weights``)."""
-    path = Path(arm_dir) / CLUSTERS
+    path, starts_path = Path(arm_dir) / CLUSTERS, Path(arm_dir) / CLUSTER_STARTS
     topo = world.topology
-    clients = np.arange(topo.n_clients)
     probed = policy.cluster_start == "probed" and weights is not None
-    means = None
+    starts = None
     if path.exists():
         from .runfiles import load_json
 
         blob = load_json(path)
         clusters = [(c["edge"], np.array(c["clients"], dtype=int)) for c in blob["clusters"]]
         work = [(w["edge"], np.array(w["clients"], dtype=int), np.array(w["amounts"])) for w in blob["probe"]]
-        if probed:   # resumed before the clustering round's checkpoint: the probe again, as deterministic
-            again, _, means = cluster_clients(world, policy, clients, weights.expand(len(clients), -1), t)
-            if [c.tolist() for _, c in again] != [c.tolist() for _, c in clusters]:
-                raise RuntimeError(f"{path}: the probe did not give the saved clusters again")
+        if probed:   # resumed before the clustering round's checkpoint: the starts as saved
+            starts = torch.load(starts_path, weights_only=True, map_location=weights.device)
     else:
         if weights is None:
             raise FileNotFoundError(f"{path}: the clusters of this resumed run are missing")
+        clients = np.arange(topo.n_clients)
         clusters, work, means = cluster_clients(world, policy, clients, weights.expand(len(clients), -1), t)
+        if probed:   # saved before the clusters, so that clusters.json never stands without them
+            starts = torch.stack(means)
+            atomic_write(starts_path, lambda p: torch.save(starts.cpu(), p))
         write_json(path, {"round": t,
                           "clusters": [{"edge": j, "clients": c.tolist()} for j, c in clusters],
                           "probe": [{"edge": j, "clients": m.tolist(), "amounts": a.tolist()} for j, m, a in work]})
     groups = [Group(j, c, topo.n_samples[c], float(cov_of_counts(topo.label_counts[c].sum(axis=0), "std")))
               for j, c in clusters]
-    return groups, work, torch.stack(means) if probed else None
+    return groups, work, starts
 
 
 def clusters_global_model(cluster_models: torch.Tensor, trained: dict[int, torch.Tensor],

@@ -528,9 +528,9 @@ def test_fedclar_authors_merge_that_merges_nothing_says_which_field(tiny_dict, t
 
 def test_fedclar_probed_start_is_the_members_mean_probed_model_and_survives_a_resume(tiny_dict, tmp_path):
     """``cluster_start = "probed"``: each cluster starts from its members' mean probed model, as the
-    authors' pairwise member-weighted merges give; a run killed after the clusters were saved but
-    before that round's checkpoint probes again and finds the same clusters and starts."""
-    from groupfel.emulator.membership import cluster_groups, probe_models
+    authors' pairwise member-weighted merges give; the starts are saved with the clusters, so a run
+    killed between them and that round's checkpoint starts its clusters from the same models."""
+    from groupfel.emulator.membership import CLUSTER_STARTS, cluster_groups, probe_models
 
     grouping = {"policy": "fedclar", "min_group_size": 1, "cluster_round": 1, "merge": "authors",
                 "similarity": 0.99, "probe_epochs": 2, "cluster_start": "probed"}
@@ -538,19 +538,56 @@ def test_fedclar_probed_start_is_the_members_mean_probed_model_and_survives_a_re
                                    "sampling": {"policy": "random", "groups_per_round": 1}}]).model_dump()
     d.update(mode="global")
     d["data"]["test_fraction"] = None
+    d["train"].update(rounds=4, eval_every=1)
     cfg = parse_config(d)
     world = build_world(cfg)
     policy = plan_arm(world, 0).grouping
     x = world.engine.initial_weights(0)
     groups, _, starts = cluster_groups(world, policy, x, 1, tmp_path / "c")
     probed = probe_models(world, np.arange(6), x.expand(6, -1), 1, 0, 2)
-    assert len(groups) >= 1 and len(starts) == len(groups)
+    assert len(groups) >= 1 and len(starts) == len(groups) and (tmp_path / "c" / CLUSTER_STARTS).is_file()
     for g, start in zip(groups, starts):
         assert torch.equal(start, probed[g.clients].mean(dim=0))
-    again, _, starts_again = cluster_groups(world, policy, x, 1, tmp_path / "c")   # clusters.json read back
+    again, _, starts_again = cluster_groups(world, policy, x, 1, tmp_path / "c")   # as after such a kill
     assert [g.clients.tolist() for g in again] == [g.clients.tolist() for g in groups]
     assert torch.equal(starts_again, starts)
     current = FedClar(**{k: v for k, v in grouping.items() if k not in ("policy", "cluster_start")})
     assert cluster_groups(world, current, x, 1, tmp_path / "d")[2] is None       # the default: from x_t
-    full = run_arm(world, plan_arm(world, 0), tmp_path / "a")
+
+    # in a run: the clusters not sampled in the round after clustering still hold their starts
+    seen = {}
+
+    def record(t, cost, acc):
+        blob = read_checkpoint(tmp_path / "a" / CHECKPOINT)
+        seen[t] = (blob["weights"], blob["cluster_models"])
+    full = run_arm(world, plan_arm(world, 0), tmp_path / "a", record)
+    clusters = json.loads((tmp_path / "a" / "clusters.json").read_text())["clusters"]
+    assert len(clusters) >= 2
+    probed = probe_models(world, np.arange(6), seen[1][0].expand(6, -1), 1, 0, 2)
+    means = [probed[c["clients"]].mean(dim=0) for c in clusters]
+    kept = [g for g in range(len(clusters)) if torch.equal(seen[2][1][g], means[g])]
+    assert len(kept) == len(clusters) - 1                                  # all but the one sampled
+    assert not any(torch.equal(means[g], seen[1][0]) for g in kept)        # not the global model
     _kill_after_round_2_and_resume(run_arm, cfg, full, tmp_path / "b")
+
+
+def test_fedclar_probed_start_in_per_group_mode(tiny_dict, tmp_path):
+    """Per-group mode: the clusters start from their members' mean probed model, not from their
+    group models' mean."""
+    from groupfel.emulator.membership import probe_models
+
+    grouping = {"policy": "fedclar", "min_group_size": 1, "cluster_round": 1, "merge": "authors",
+                "similarity": 0.5, "probe_epochs": 2, "cluster_start": "probed"}
+    cfg = _two_concepts(tiny_dict, [{"name": "fedclar", "grouping": grouping}])
+    world = build_world(cfg)
+    plan = plan_arm(world, 0)
+    x0 = world.engine.initial_weights(0)
+    models = torch.stack([world.engine.train(x0, [c], 1, [7])[0] for c in (0, 2, 4)])   # three group models
+    state = ArmState(models=models, model_edge=[0, 0, 0], assign=np.array([0, 0, 1, 1, 2, 2]))
+    rounds = PerGroupRounds(world, plan, tmp_path, state)
+    rounds.before_round(1)
+    probed = probe_models(world, np.arange(6), models[[0, 0, 1, 1, 2, 2]], 1, 0, 2)
+    found = [np.flatnonzero(state.assign == k) for k in range(len(state.models))]
+    assert found and all(len(f) >= 2 for f in found)
+    for k, members in enumerate(found):
+        assert torch.equal(state.models[k], probed[members].mean(dim=0))
