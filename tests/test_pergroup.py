@@ -410,7 +410,8 @@ def _authors_fedclar(classifiers, th, min_group_size):
         sim_mat = np.zeros((len(model_sds), len(model_sds)))
         for i in range(len(model_sds)):
             for j in range(len(model_sds)):
-                sim_mat[i][j] = np.dot(classifiers[i], classifiers[j]) / (np.linalg.norm(classifiers[i]) * np.linalg.norm(classifiers[j]))
+                sim_mat[i][j] = np.dot(classifiers[i], classifiers[j]) / (np.linalg.norm(classifiers[i])
+                                                                          * np.linalg.norm(classifiers[j]))
         return sim_mat
 
     def _merge_model_sds(state_dicts, weights):
@@ -461,7 +462,8 @@ def test_fedclar_authors_merge_is_the_authors_loop():
     # so their merging stops there, and ours
     zero = np.array([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [1.0, 0.001, 0.0], [0.0, 1.0, 0.0]])
     with np.errstate(invalid="ignore", divide="ignore"):
-        assert FedClar(min_group_size=2, merge="authors").cluster(zero) == [] == _authors_fedclar(zero.astype(np.float32), 0.995, 2)
+        theirs = _authors_fedclar(zero.astype(np.float32), 0.995, 2)
+    assert FedClar(min_group_size=2, merge="authors").cluster(zero) == [] == theirs
     gen = np.random.default_rng(0)
     merged = reordered = 0
     for case in range(300):
@@ -522,7 +524,8 @@ def test_fedclar_authors_merge_that_merges_nothing_says_which_field(tiny_dict, t
     d.update(mode="global")
     d["data"]["test_fraction"] = None
     world = build_world(parse_config(d))
-    with pytest.raises(InputError, match=r"^arms\[0\]\.grouping\.similarity: no two clients .* reached 1\.0 at round 1"):
+    says = r"^arms\[0\]\.grouping\.similarity: no two clients .* reached 1\.0 at round 1"
+    with pytest.raises(InputError, match=says):
         run_arm(world, plan_arm(world, 0), tmp_path / "a")
 
 
