@@ -124,6 +124,28 @@ def _two_concepts(tiny_dict, arms):
                                                          {"clients": 3, "permutation": list(range(9, -1, -1))}]))
 
 
+def _fedclar_global(tiny_dict, grouping, **train):
+    """:func:`_two_concepts` in global mode with one FedCLAR arm (``grouping``) sampling one group a round."""
+    d = _two_concepts(tiny_dict, [{"name": "fedclar", "grouping": grouping,
+                                   "sampling": {"policy": "random", "groups_per_round": 1}}]).model_dump()
+    d.update(mode="global")
+    d["data"]["test_fraction"] = None
+    d["train"].update(train)
+    return parse_config(d)
+
+
+def _run_recording(world, arm_dir):
+    """Arm 0 run into ``arm_dir``: its table, each round's (global model, cluster models) from the
+    checkpoint, and its clusters."""
+    seen = {}
+
+    def record(t, cost, acc):
+        blob = read_checkpoint(arm_dir / CHECKPOINT)
+        seen[t] = (blob["weights"], blob["cluster_models"])
+    full = run_arm(world, plan_arm(world, 0), arm_dir, record)
+    return full, seen, json.loads((arm_dir / "clusters.json").read_text())["clusters"]
+
+
 def test_ifca_picks_the_lowest_loss_model_on_two_obvious_clusters(tiny_dict, tmp_path):
     assert list(Ifca.assign(np.array([[0.1, 2.0], [3.0, 0.2], [1.0, 1.0]]))) == [0, 1, 0]
     cfg = _two_concepts(tiny_dict, [{"name": "ifca", "grouping": {"policy": "ifca", "n_clusters": 2}}])
@@ -193,12 +215,7 @@ def test_pergroup_only_policies_and_options_are_rejected_elsewhere(tiny_dict, tm
 
 
 def test_fedclar_in_global_mode_clusters_once_and_resumes_with_its_clusters(tiny_dict, tmp_path):
-    d = _two_concepts(tiny_dict, [{"name": "fedclar", "grouping": {"policy": "fedclar", "min_group_size": 2,
-                                                                   "cluster_round": 1, "threshold": 0.9},
-                                   "sampling": {"policy": "random", "groups_per_round": 1}}]).model_dump()
-    d.update(mode="global")
-    d["data"]["test_fraction"] = None
-    cfg = parse_config(d)
+    cfg = _fedclar_global(tiny_dict, {"policy": "fedclar", "min_group_size": 2, "cluster_round": 1, "threshold": 0.9})
     world = build_world(cfg)
     plan = plan_arm(world, 0)
     full = run_arm(world, plan, tmp_path / "a")
@@ -245,21 +262,10 @@ def test_fedclar_in_global_mode_trains_one_model_per_cluster(tiny_dict, tmp_path
     """After cluster_round each cluster keeps its own model, trained only by its members, and the
     evaluated global model is the sample-weighted mean of every cluster's model. Two concepts with
     reversed labels, one cluster sampled a round."""
-    d = _two_concepts(tiny_dict, [{"name": "fedclar", "grouping": {"policy": "fedclar", "min_group_size": 2,
-                                                                   "cluster_round": 1, "threshold": 0.9},
-                                   "sampling": {"policy": "random", "groups_per_round": 1}}]).model_dump()
-    d.update(mode="global")
-    d["data"]["test_fraction"] = None
-    d["train"].update(rounds=4, eval_every=1)
-    cfg = parse_config(d)
+    cfg = _fedclar_global(tiny_dict, {"policy": "fedclar", "min_group_size": 2, "cluster_round": 1, "threshold": 0.9},
+                          rounds=4, eval_every=1)
     world = build_world(cfg)
-    seen = {}
-
-    def record(t, cost, acc):
-        blob = read_checkpoint(tmp_path / "a" / CHECKPOINT)
-        seen[t] = (blob["weights"], blob["cluster_models"])
-    full = run_arm(world, plan_arm(world, 0), tmp_path / "a", record)
-    clusters = json.loads((tmp_path / "a" / "clusters.json").read_text())["clusters"]
+    full, seen, clusters = _run_recording(world, tmp_path / "a")
     assert sorted(sorted(c["clients"]) for c in clusters) == [[0, 1, 2], [3, 4, 5]]   # by concept
     assert seen[1][1] is None                                      # one global model before clustering
     x1, (x2, m2) = seen[1][0], seen[2]
@@ -489,21 +495,11 @@ def test_fedclar_authors_merge_in_global_mode_clusters_the_probed_last_layers(ti
 
     grouping = {"policy": "fedclar", "min_group_size": 1, "cluster_round": 1, "merge": "authors",
                 "similarity": 0.99, "probe_epochs": 2}
-    d = _two_concepts(tiny_dict, [{"name": "fedclar", "grouping": grouping,
-                                   "sampling": {"policy": "random", "groups_per_round": 1}}]).model_dump()
-    d.update(mode="global")
-    d["data"]["test_fraction"] = None
-    cfg = parse_config(d)
+    cfg = _fedclar_global(tiny_dict, grouping)
     world = build_world(cfg)
-    seen = {}
-
-    def record(t, cost, acc):
-        seen[t] = read_checkpoint(tmp_path / "a" / CHECKPOINT)["weights"]
-    full = run_arm(world, plan_arm(world, 0), tmp_path / "a", record)
-    clusters = json.loads((tmp_path / "a" / "clusters.json").read_text())["clusters"]
+    full, seen, clusters = _run_recording(world, tmp_path / "a")
     # by hand: every client probed 2 epochs from x_1; the authors' merge of their last layers
-    clients = np.arange(6)
-    probed = probe_models(world, clients, seen[1].expand(6, -1), 1, 0, 2)
+    probed = probe_models(world, np.arange(6), seen[1][0].expand(6, -1), 1, 0, 2)
     assert last_layer(world).stop == world.engine.n_params               # the classifier, weight and bias
     by_hand = FedClar(**{k: v for k, v in grouping.items() if k != "policy"}).cluster(
         probed[:, last_layer(world)].numpy().astype(np.float64))
@@ -519,11 +515,7 @@ def test_fedclar_authors_merge_in_global_mode_clusters_the_probed_last_layers(ti
 def test_fedclar_authors_merge_that_merges_nothing_says_which_field(tiny_dict, tmp_path):
     grouping = {"policy": "fedclar", "min_group_size": 1, "cluster_round": 1, "merge": "authors",
                 "similarity": 1.0}
-    d = _two_concepts(tiny_dict, [{"name": "fedclar", "grouping": grouping,
-                                   "sampling": {"policy": "random", "groups_per_round": 1}}]).model_dump()
-    d.update(mode="global")
-    d["data"]["test_fraction"] = None
-    world = build_world(parse_config(d))
+    world = build_world(_fedclar_global(tiny_dict, grouping))
     says = r"^arms\[0\]\.grouping\.similarity: no two clients .* reached 1\.0 at round 1"
     with pytest.raises(InputError, match=says):
         run_arm(world, plan_arm(world, 0), tmp_path / "a")
@@ -537,12 +529,7 @@ def test_fedclar_probed_start_is_the_members_mean_probed_model_and_survives_a_re
 
     grouping = {"policy": "fedclar", "min_group_size": 1, "cluster_round": 1, "merge": "authors",
                 "similarity": 0.99, "probe_epochs": 2, "cluster_start": "probed"}
-    d = _two_concepts(tiny_dict, [{"name": "fedclar", "grouping": grouping,
-                                   "sampling": {"policy": "random", "groups_per_round": 1}}]).model_dump()
-    d.update(mode="global")
-    d["data"]["test_fraction"] = None
-    d["train"].update(rounds=4, eval_every=1)
-    cfg = parse_config(d)
+    cfg = _fedclar_global(tiny_dict, grouping, rounds=4, eval_every=1)
     world = build_world(cfg)
     policy = plan_arm(world, 0).grouping
     x = world.engine.initial_weights(0)
@@ -558,13 +545,7 @@ def test_fedclar_probed_start_is_the_members_mean_probed_model_and_survives_a_re
     assert cluster_groups(world, current, x, 1, tmp_path / "d")[2] is None       # the default: from x_t
 
     # in a run: the clusters not sampled in the round after clustering still hold their starts
-    seen = {}
-
-    def record(t, cost, acc):
-        blob = read_checkpoint(tmp_path / "a" / CHECKPOINT)
-        seen[t] = (blob["weights"], blob["cluster_models"])
-    full = run_arm(world, plan_arm(world, 0), tmp_path / "a", record)
-    clusters = json.loads((tmp_path / "a" / "clusters.json").read_text())["clusters"]
+    full, seen, clusters = _run_recording(world, tmp_path / "a")
     assert len(clusters) >= 2
     probed = probe_models(world, np.arange(6), seen[1][0].expand(6, -1), 1, 0, 2)
     means = [probed[c["clients"]].mean(dim=0) for c in clusters]
