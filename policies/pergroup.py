@@ -159,13 +159,18 @@ class FedClar(GroupingPolicy):
         return sorted(out, key=lambda c: (-len(c), c[0]))
 
     def _merge_as_authors(self, layers: np.ndarray) -> list[np.ndarray]:
-        clusters: list[list[int]] = [[i] for i in range(len(layers))]
         models = list(np.asarray(layers, dtype=np.float32))   # their state dicts' precision
-        while len(clusters) >= 2:
-            m = np.stack(models)
-            norms = np.linalg.norm(m, axis=1)
+        clusters: list[list[int]] = [[i] for i in range(len(models))]
+        norms = [np.linalg.norm(m) for m in models]
+
+        def similarity(a: int, b: int) -> float:
+            # each entry as their _sim_mat computes it (np.dot over the norms' product, in float32),
+            # so that near-ties break as theirs do; the pairs a merge leaves alone keep their value
             with np.errstate(invalid="ignore", divide="ignore"):
-                sim = (m @ m.T) / np.outer(norms, norms)
+                return float(np.dot(models[a], models[b]) / (norms[a] * norms[b]))
+
+        sim = np.array([[similarity(a, b) for b in range(len(models))] for a in range(len(models))])
+        while len(clusters) >= 2:
             np.fill_diagonal(sim, -1.0)
             # numpy's argmax returns the first maximum in row order, or the first NaN (which then
             # fails the threshold): as theirs
@@ -175,6 +180,11 @@ class FedClar(GroupingPolicy):
             i, j = min(i, j), max(i, j)
             a, b = clusters.pop(i), clusters.pop(j - 1)
             ma, mb = models.pop(i), models.pop(j - 1)
+            norms.pop(i), norms.pop(j - 1)
             models.append(ma * np.float32(len(a) / (len(a) + len(b))) + mb * np.float32(len(b) / (len(a) + len(b))))
+            norms.append(np.linalg.norm(models[-1]))
             clusters.append(a + b)
+            keep = [k for k in range(len(sim)) if k not in (i, j)]
+            new = [similarity(len(models) - 1, k) for k in range(len(models))]
+            sim = np.block([[sim[np.ix_(keep, keep)], np.array(new[:-1])[:, None]], [np.array(new)[None, :]]])
         return [np.array(c) for c in clusters if len(c) > 1]

@@ -471,7 +471,7 @@ def test_fedclar_authors_merge_is_the_authors_loop():
         theirs = _authors_fedclar(zero.astype(np.float32), 0.995, 2)
     assert FedClar(min_group_size=2, merge="authors").cluster(zero) == [] == theirs
     gen = np.random.default_rng(0)
-    merged = reordered = 0
+    merged = 0
     for case in range(300):
         n, mings = int(gen.integers(1, 16)), int(gen.integers(1, 5))
         # models of one start after a short probe: a common direction plus each client's drift
@@ -481,13 +481,10 @@ def test_fedclar_authors_merge_is_the_authors_loop():
         theirs = _authors_fedclar(rows.astype(np.float32), th, mings)   # their state dicts are float32
         if theirs is None:   # everything merged (or one client): theirs raises, ours keeps what merged
             assert [sorted(c.tolist()) for c in ours] == ([list(range(n))] if n > 1 else []), case
-        else:
-            # the same clusters always; in the same merge order but where two similarities tie
-            # within float32's rounding (their np.dot and our matrix product sum in other orders)
-            assert sorted(sorted(c.tolist()) for c in ours) == sorted(sorted(c) for c in theirs), case
-            reordered += [c.tolist() for c in ours] != theirs
+        else:   # the same clusters, in the same merge order: ties break alike
+            assert [c.tolist() for c in ours] == theirs, case
         merged += sum(len(c) for c in ours)
-    assert merged > 300 and reordered <= 3   # the cases do merge
+    assert merged > 300   # the cases do merge
 
 
 def test_fedclar_authors_merge_in_global_mode_clusters_the_probed_last_layers(tiny_dict, tmp_path):
