@@ -180,7 +180,7 @@ class FedClar(GroupingPolicy):
             i, j = min(i, j), max(i, j)
             a, b = clusters.pop(i), clusters.pop(j - 1)
             ma, mb = models.pop(i), models.pop(j - 1)
-            norms.pop(i), norms.pop(j - 1)
+            del norms[j], norms[i]
             models.append(ma * np.float32(len(a) / (len(a) + len(b))) + mb * np.float32(len(b) / (len(a) + len(b))))
             norms.append(np.linalg.norm(models[-1]))
             clusters.append(a + b)
