@@ -210,6 +210,7 @@ def cluster_clients(world: World, policy: GroupingPolicy, clients: np.ndarray, s
     (where a policy's ``cluster_start = "probed"`` starts the cluster from it)."""
     topo = world.topology
     clusters, work, means = [], [], []
+    columns = last_layer(world) if policy.cluster_input == "last-layer" else None
     for j in range(topo.n_edges):
         rows = np.flatnonzero(topo.client_edge[clients] == j)
         if not len(rows):
@@ -217,7 +218,7 @@ def cluster_clients(world: World, policy: GroupingPolicy, clients: np.ndarray, s
         members = clients[rows]
         epochs = policy.probe_epochs
         probed = probe_models(world, members, starts[rows], t, j, epochs)
-        given = probed[:, last_layer(world)] if policy.cluster_input == "last-layer" else starts[rows] - probed
+        given = probed[:, columns] if columns is not None else starts[rows] - probed
         from .contracts import calling, check_grouping, spec_of
 
         with calling("grouping.policy", spec_of(policy), "cluster()"):

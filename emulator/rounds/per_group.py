@@ -429,8 +429,10 @@ class PerGroupRounds(RoundStrategy):
         probed = self.plan.grouping.cluster_start == "probed"
         models, assign = [], np.full(topo.n_clients, -1)
         for (_, members), mean in zip(clusters, means):
-            n = torch.as_tensor(topo.n_samples[members], dtype=starts.dtype, device=starts.device)
-            models.append(mean if probed else (n / n.sum()) @ state.models[state.assign[members]])
+            if not probed:
+                n = torch.as_tensor(topo.n_samples[members], dtype=starts.dtype, device=starts.device)
+                mean = (n / n.sum()) @ state.models[state.assign[members]]
+            models.append(mean)
             assign[members] = len(models) - 1
         state.models, state.model_edge, state.assign = torch.stack(models), [j for j, _ in clusters], assign
         charge_client_work(state.ledger, self.env, topo, t, work)
