@@ -20,8 +20,8 @@ every engine call of every run goes to one :class:`Batcher`:
   first.
 * A run's own engine (:class:`StackMember`) keeps its own model for everything but training
   (evaluation, scoring, the personal algorithms' steps): only ``train`` goes to the batcher.
-* Runs whose engine settings differ (model, batch size, weight decay, device, precision,
-  kernel settings, engine) get different batchers (:class:`Stacks`).
+* Runs whose engine settings differ (model, batch size, weight decay, optimizer, device,
+  precision, kernel settings, engine) get different batchers (:class:`Stacks`).
 
 A client's result does not depend on its partners where the kernels compute each stacked client
 alone. On this project's CPU (x86-64, portable numerics) a client's models are bitwise the same in
@@ -199,10 +199,10 @@ class Stacks:
 
     def member(self, engine_kind: str, dataset: Dataset, client_samples, model: str, lr: float, batch_size: int,
                device: str, *, momentum: float, weight_decay: float, mu: float, precision: str,
-               kernels: Kernels | None = None) -> StackMember:
+               optimizer: str = "sgd", kernels: Kernels | None = None) -> StackMember:
         """The engine of the next run of the shard, joined to the batcher of its settings (μ and
         momentum are each call's own: runs of any algorithm share a batcher)."""
-        kw = dict(weight_decay=weight_decay, precision=precision)
+        kw = dict(weight_decay=weight_decay, precision=precision, optimizer=optimizer)
         kernels = kernels or Kernels()
         key = (engine_kind, model, tuple(dataset.input_shape), dataset.num_classes, batch_size, device,
                *kw.values(), kernels)

@@ -10,8 +10,11 @@ minibatch SGD (Alg. 1, Lines 10-13), with the local objective of the configured 
   per client as ``correction`` (the variates themselves live in :mod:`groupfel.emulator.compute`).
 
 Every step is torch's SGD: g = ∇f + wd·w (+ the terms above); with momentum m, buf = m·buf + g;
-w ← w − lr·buf. ``momentum`` buffers may be passed in (persistent client state) and are updated in
-place; otherwise each client starts from zero buffers, which is what a fresh torch optimiser does.
+w ← w − lr·buf. With ``optimizer = "adam"`` it is torch's Adam (L2 weight decay in g, β = (0.9,
+0.999), ε = 1e-8, the same elementwise arithmetic as ``torch.optim.Adam``). A client's optimiser
+state (:func:`state_width` numbers a row: SGD's buffer, or Adam's two moments and its step count)
+may be passed in (persistent client state) and is updated in place; otherwise each client starts
+from zero state, which is what a fresh torch optimiser does.
 
 Engines: :class:`TorchEngine` (``sequential``) trains one client after another, the readable
 reference. :class:`BatchedEngine` (``batched``) trains a whole group round per call, either with
@@ -51,8 +54,19 @@ log = logging.getLogger(__name__)
 # torch's global generator seeds the initial weights: runs sharing a process (emulator.stacking) take turns
 _GLOBAL_RNG = threading.Lock()
 
-__all__ = ["TrainingEngine", "TorchEngine", "BatchedEngine", "ENGINES", "PRECISIONS", "autocast", "build_model",
-           "flatten", "load_flat", "set_precision"]
+__all__ = ["TrainingEngine", "TorchEngine", "BatchedEngine", "ENGINES", "OPTIMIZERS", "PRECISIONS", "autocast",
+           "build_model", "flatten", "load_flat", "set_precision", "state_width"]
+
+OPTIMIZERS = ("sgd", "adam")
+ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8   # torch.optim.Adam's defaults (the Group-FEL authors keep them)
+
+
+def state_width(optimizer: str, momentum: float, n_params: int) -> int:
+    """Numbers in one client's optimiser state: Adam's two moments and its step count (2P + 1),
+    SGD's momentum buffer (P), or none (plain SGD)."""
+    if optimizer == "adam":
+        return 2 * n_params + 1
+    return n_params if momentum else 0
 
 
 @torch.no_grad()
@@ -85,7 +99,8 @@ class TrainingEngine(Protocol):
         ``start`` is one (P,) model for every client, or one row per client, or with ``rows`` a
         (R, P) table where client i starts from ``start[rows[i]]``. ``lr`` overrides the engine's
         (learning-rate decay); ``correction`` (C, P) is added to every gradient (SCAFFOLD);
-        ``momentum`` (C, P) are the clients' buffers, updated in place. ``mu`` and ``beta``
+        ``momentum`` (C, :func:`state_width`) is the clients' optimiser state (SGD's momentum
+        buffers, or Adam's moments and step counts), updated in place. ``mu`` and ``beta``
         override the engine's μ and momentum (runs of other algorithms trained in one call)."""
 
     def evaluate(self, weights: torch.Tensor) -> tuple[float, float]:
@@ -100,7 +115,12 @@ class TorchEngine:
 
     def __init__(self, dataset: Dataset, client_samples: Sequence[np.ndarray], model: str | nn.Module,
                  lr: float, batch_size: int, device: str = "cpu", *, momentum: float = 0.0,
-                 weight_decay: float = 0.0, mu: float = 0.0, precision: str = "fp32"):
+                 weight_decay: float = 0.0, mu: float = 0.0, precision: str = "fp32", optimizer: str = "sgd"):
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+        if optimizer == "adam" and momentum:
+            raise ValueError("Adam keeps its own moments: give momentum = 0 with optimizer 'adam'")
+        self.optimizer = optimizer
         self.device = torch.device(devices.resolve(device))
         devices.prepare(self.device)
         set_precision(self.device, precision)
@@ -125,6 +145,11 @@ class TorchEngine:
     @property
     def model_bytes(self) -> int:
         return 4 * self.n_params  # float32 parameters on the wire
+
+    @property
+    def state_width(self) -> int:
+        """Numbers in one client's optimiser state row (0: it keeps none)."""
+        return state_width(self.optimizer, self.momentum, self.n_params)
 
     def steps(self, client: int, epochs: int) -> int:
         """Local SGD steps of one client: E·⌈n_i / B⌉ (SCAFFOLD's K in its variate update)."""
@@ -163,13 +188,15 @@ class TorchEngine:
     def _train_client(self, start: torch.Tensor, client: int, seed: int, epochs: int, lr: float,
                       correction: torch.Tensor | None, buf: torch.Tensor | None, *,
                       mu: float | None = None, beta: float | None = None) -> torch.Tensor:
-        """One client's local epochs from ``start``; ``buf`` (P,) is updated in place."""
+        """One client's local epochs from ``start``; its optimiser state ``buf``
+        (:attr:`state_width`,) is updated in place."""
         every = list(self.model.parameters())
         load_flat(every, start)
-        m = self.momentum if beta is None else beta
+        adam = self.optimizer == "adam"
+        m = 0.0 if adam else self.momentum if beta is None else beta
         wd, mu = self.weight_decay, self.mu if mu is None else mu
-        if m and buf is None:
-            buf = torch.zeros(self.n_params, device=self.device)
+        if (m or adam) and buf is None:
+            buf = torch.zeros(2 * self.n_params + 1 if adam else self.n_params, device=self.device)
         # per-parameter views of the flat vectors, for torch's multi-tensor (_foreach) updates; only
         # the parameters that take a gradient step (BatchNorm statistics held as parameters do not)
         step = [p.requires_grad for p in every]
@@ -179,6 +206,10 @@ class TorchEngine:
         anchor = views(start) if mu else None
         corr = views(correction) if correction is not None else None
         bufs = views(buf) if m else None
+        if adam:
+            P = self.n_params
+            exp_avg, exp_avg_sq, count = views(buf[:P]), views(buf[P:2 * P]), buf[2 * P:]
+            (b1, b2), n_steps = ADAM_BETAS, int(count.item())
         self.model.train()
         idx = self.client_samples[client]
         gen = torch.Generator().manual_seed(seed)
@@ -202,11 +233,23 @@ class TorchEngine:
                         g = torch._foreach_add(g, torch._foreach_sub(params, anchor), alpha=mu)
                     if corr is not None:
                         g = torch._foreach_add(g, corr)
+                    if adam:   # torch.optim.Adam's arithmetic, step by step (its _single_tensor_adam)
+                        n_steps += 1
+                        torch._foreach_lerp_(exp_avg, g, 1 - b1)
+                        torch._foreach_mul_(exp_avg_sq, b2)
+                        torch._foreach_addcmul_(exp_avg_sq, g, g, value=1 - b2)
+                        denom = torch._foreach_sqrt(exp_avg_sq)
+                        torch._foreach_div_(denom, (1 - b2 ** n_steps) ** 0.5)
+                        torch._foreach_add_(denom, ADAM_EPS)
+                        torch._foreach_addcdiv_(params, exp_avg, denom, value=-lr / (1 - b1 ** n_steps))
+                        continue
                     if m:
                         torch._foreach_mul_(bufs, m)
                         torch._foreach_add_(bufs, g)
                         g = bufs
                     torch._foreach_add_(params, g, alpha=-lr)
+        if adam:
+            count.fill_(n_steps)
         return flatten(every)
 
     @torch.no_grad()
@@ -279,7 +322,10 @@ def _worker_run(job) -> None:
     block = torch.from_numpy(_BLOCK)
     for i, r, client, seed in zip(chunk, rows, clients, seeds):
         corr = block[layout["correction"] + i] if "correction" in layout else None
-        buf = block[layout["momentum"] + i] if "momentum" in layout else None
+        buf = None
+        if "momentum" in layout:   # a state row may span several block rows (Adam's: 2P + 1)
+            at, span, width = layout["momentum"], layout["state_span"], layout["state_width"]
+            buf = block[at + i * span:at + (i + 1) * span].view(-1)[:width]
         block[layout["out"] + i] = _WORKER._train_client(block[layout["table"] + r], client, seed, epochs, lr,
                                                          corr, buf)
 
@@ -334,9 +380,10 @@ class BatchedEngine(TorchEngine):
     def __init__(self, dataset: Dataset, client_samples: Sequence[np.ndarray], model: str,
                  lr: float, batch_size: int, device: str = "cpu", *, momentum: float = 0.0,
                  weight_decay: float = 0.0, mu: float = 0.0, workers: int | None = None,
-                 formulation: str | None = None, precision: str = "fp32", kernels: Kernels | None = None):
+                 formulation: str | None = None, precision: str = "fp32", kernels: Kernels | None = None,
+                 optimizer: str = "sgd"):
         super().__init__(dataset, client_samples, model, lr, batch_size, device, momentum=momentum,
-                         weight_decay=weight_decay, mu=mu, precision=precision)
+                         weight_decay=weight_decay, mu=mu, precision=precision, optimizer=optimizer)
         self.kernels = kernels or Kernels()
         self.kernels.apply(self.device)
         if self.device.type == "cpu":
@@ -422,7 +469,9 @@ class BatchedEngine(TorchEngine):
             st.batch.copy_(order[b])
             st.mask.copy_(mask[b])
             st.step(st.rows(live[b]))
-        if momentum is not None and st.uses.heavy:   # a row without momentum keeps its buffer, untouched
+        if momentum is not None and st.uses.adam:
+            momentum.copy_(st.adam_state(C)[inverse].to(momentum.device))
+        elif momentum is not None and st.uses.heavy:   # a row without momentum keeps its buffer, untouched
             heavy = torch.as_tensor(terms.beta, device=momentum.device)[inverse.to(momentum.device)] != 0
             new = st.flat(st.bufs, C)[inverse].to(momentum.device)
             momentum.copy_(torch.where(heavy.unsqueeze(1), new, momentum))
@@ -486,7 +535,7 @@ class BatchedEngine(TorchEngine):
             spec = {"client_samples": [s.numpy() for s in self.client_samples], "model": pickle.dumps(self.model),
                     "lr": self.lr, "batch_size": self.batch_size, "momentum": self.momentum,
                     "weight_decay": self.weight_decay, "mu": self.mu, "num_classes": self.num_classes,
-                    "channels_last": self.channels_last}
+                    "channels_last": self.channels_last, "optimizer": self.optimizer}
             # an executor, not a multiprocessing.Pool: a worker that cannot start breaks it (an
             # error here) where a Pool would start replacements forever
             self._pool = ProcessPoolExecutor(self.workers, mp_context=procs.worker_context(), initializer=_worker_init,
@@ -510,16 +559,23 @@ class BatchedEngine(TorchEngine):
         if (mu, beta) != (self.mu, self.momentum):   # the workers were started with the engine's
             raise ValueError("the per-client workers train with the engine's mu and momentum; train those "
                              "of another in a call of its own engine")
-        C = len(clients)
+        C, P = len(clients), self.n_params
         sections = {"table": table, "out": None, "correction": correction, "momentum": momentum}
         layout, end = {}, 0
+        span = 1 if momentum is None else -(-momentum.shape[1] // P)   # block rows per state row
         for name, rows_of in sections.items():
             if name == "out" or rows_of is not None:
                 layout[name] = end
-                end += C if rows_of is None else len(rows_of)
+                end += C if rows_of is None else len(rows_of) * (span if name == "momentum" else 1)
         block = self._shared_block(end)
+        state = None
+        if momentum is not None:
+            layout.update(state_span=span, state_width=momentum.shape[1])
+            state = block[layout["momentum"]:layout["momentum"] + C * span].reshape(C, span * P)[:, :momentum.shape[1]]
         for name, rows_of in sections.items():
-            if rows_of is not None:
+            if name == "momentum" and rows_of is not None:
+                state.copy_(rows_of.cpu())
+            elif rows_of is not None:
                 block[layout[name]:layout[name] + len(rows_of)] = rows_of.cpu()
         jobs = [(layout, chunk, [rows[i] for i in chunk], [clients[i] for i in chunk], [seeds[i] for i in chunk],
                  epochs, lr) for chunk in self._chunks(clients)]
@@ -530,7 +586,7 @@ class BatchedEngine(TorchEngine):
             raise RuntimeError("the batched engine's worker processes stopped (killed, or they could not start: "
                                "see the lines above); set train.workers = 1 to train in this process") from None
         if momentum is not None:
-            momentum.copy_(block[layout["momentum"]:layout["momentum"] + C])
+            momentum.copy_(state)
         return block[layout["out"]:layout["out"] + C].clone().to(self.device)
 
 

@@ -259,7 +259,8 @@ def build_power_model(config: RunConfig, topology: Topology, counts: np.ndarray,
 def build_engine(config: RunConfig, dataset: Dataset, topology: Topology, algorithm: Algorithm,
                  stacks: Stacks | None = None) -> TorchEngine:
     t = config.train
-    kwargs = dict(momentum=t.momentum, weight_decay=t.weight_decay, mu=algorithm.proximal_mu, precision=t.precision)
+    kwargs = dict(momentum=t.momentum, weight_decay=t.weight_decay, mu=algorithm.proximal_mu, precision=t.precision,
+                  optimizer=t.optimizer)
     kernels = Kernels(autotune=t.autotune, channels_last=t.channels_last)
     if stacks is not None:   # a run of a stack: its training goes to the stack's batcher
         return stacks.member(t.engine, dataset, topology.client_samples, t.model, t.lr, t.batch_size, t.device,

@@ -100,6 +100,10 @@ def configs(tiny: dict) -> list[tuple[str, dict]]:
             if name in ("fedavg", "fedprox", "scaffold") and mode == "global":   # momentum kept across rounds
                 d["train"].update(momentum=0.5, client_state="persistent")
             out.append((f"{name}-{mode}", d))
+    d = _base(tiny, "global")   # Adam's moments and step counts kept across rounds, dropped with the rate
+    d["train"].update(optimizer="adam", lr=0.01, weight_decay=1e-4, client_state="per-rate", lr_decay=0.5,
+                      lr_decay_every=2)
+    out.append(("fedavg-global-adam", d))
     for policy, params in (("hcct", {"alpha": 1.0}), ("hcct-e", {"alpha": 1.0}), ("ifca", {"n_clusters": 2}),
                            ("fedcollab", {}), ("fesem", {"n_clusters": 2}), ("fedclar", {}),
                            ("fedcluster", {}), ("kmeans", {"n_clusters": 2}), ("local", {})):
@@ -132,7 +136,7 @@ CASES = _cases()
 
 
 # the cases whose state a resume must restore onto the device (client tables, clusters, groups)
-RESUMED = ("scaffold-global", "ditto-per-group", "fedavg-per-group-hcct", "fedavg-per-group-ifca")
+RESUMED = ("scaffold-global", "fedavg-global-adam", "ditto-per-group", "fedavg-per-group-hcct", "fedavg-per-group-ifca")
 
 
 @pytest.mark.parametrize("name,d", CASES, ids=[c[0] for c in CASES])

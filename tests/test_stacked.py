@@ -288,20 +288,21 @@ class _SameDevice(TorchFunctionMode):
         return out
 
 
-@pytest.mark.parametrize("name", ["mlp", "cnn", "resnet-1"])
-def test_every_op_of_a_stacked_step_stays_on_the_engines_device(name):
+@pytest.mark.parametrize("name,optimizer", [("mlp", "sgd"), ("cnn", "sgd"), ("resnet-1", "sgd"), ("cnn", "adam")])
+def test_every_op_of_a_stacked_step_stays_on_the_engines_device(name, optimizer):
     """The engine on the ``meta`` device (no data: shapes only), bucketed as on a GPU, with every
-    optional term (μ, momentum, corrections): every op of every step (what a GPU captures in a
-    graph) has all its tensors on the engine's device, and the call's results come back there. A
-    tensor made on the CPU by mistake fails here (on a CPU engine it would go unseen)."""
+    optional term (μ, momentum or Adam's state, corrections): every op of every step (what a GPU
+    captures in a graph) has all its tensors on the engine's device, and the call's results come
+    back there. A tensor made on the CPU by mistake fails here (on a CPU engine it would go unseen)."""
     data = load_dataset("digits")
     parts = [np.arange(i * 20, i * 20 + 5 + 4 * i) for i in range(5)]
-    eng = BatchedEngine(data, parts, name, lr=0.05, batch_size=8, formulation="stacked", workers=1)
+    eng = BatchedEngine(data, parts, name, lr=0.05, batch_size=8, formulation="stacked", workers=1,
+                        optimizer=optimizer)
     start = eng.initial_weights(0)
     meta = torch.device("meta")
     eng.device, eng.buckets = meta, True
     eng.x, eng.y, eng.model = eng.x.to(meta), eng.y.to(meta), eng.model.to(meta)
-    momentum = torch.zeros(5, eng.n_params, device=meta)
+    momentum = torch.zeros(5, eng.state_width if optimizer == "adam" else eng.n_params, device=meta)
     mode = _SameDevice(meta)
     real = Stack._step
     steps = []
@@ -315,7 +316,8 @@ def test_every_op_of_a_stacked_step_stays_on_the_engines_device(name):
         out = eng.train(start, list(range(5)), [2, 1, 3, 1, 2], list(range(5)), momentum=momentum,
                         mu=[0.1, 0, 0, 0, 0], beta=[0, 0.9, 0, 0, 0],
                         correction=torch.zeros(5, eng.n_params, device=meta))
-    assert steps and all(uses == (True, True, True) for uses in steps)   # every term computed
+    every = (True, True, False, True) if optimizer == "adam" else (True, True, True, False)
+    assert steps and all(uses == every for uses in steps)   # every term computed
     assert not mode.found, sorted(mode.found)
     assert out.device == meta and out.shape == (5, eng.n_params)
 

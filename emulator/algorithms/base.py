@@ -172,7 +172,9 @@ class Algorithm:
                      clients: list[int], rows: list[int], epochs: int, seeds: list[int], lr: float,
                      correction: torch.Tensor | None, momentum: torch.Tensor | None) -> torch.Tensor:
         """Alg. 1, Lines 10-13: each training client's model after its local epochs of a group
-        round, client i starting from ``table[rows[i]]`` (default: the engine's local SGD)."""
+        round, client i starting from ``table[rows[i]]`` (default: the engine's local SGD or Adam).
+        ``momentum`` holds the clients' optimiser state rows (``train.client_state``), updated in
+        place; None: each starts fresh."""
         return engine.train(table, clients, epochs, seeds, lr=lr, correction=correction, momentum=momentum,
                             rows=rows)
 

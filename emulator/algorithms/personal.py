@@ -68,6 +68,9 @@ def _personal_seed(seed: int) -> int:
 
 
 def _plain_sgd_only(ctx: AlgorithmContext, name: str) -> None:
+    if getattr(ctx.engine, "optimizer", "sgd") != "sgd":
+        raise InputError(f"train.optimizer: {name}'s local steps are plain SGD (its paper's update rule); set "
+                         f"optimizer = \"sgd\"")
     if getattr(ctx.engine, "momentum", 0.0):
         raise InputError(f"train.momentum: {name}'s local steps are plain SGD (its paper's update rule); set "
                          f"momentum = 0")
@@ -87,6 +90,12 @@ class FedNova(Algorithm):
     so every client's objective counts by its data, not by its steps. With equal τ_i it is
     FedAvg. The cloud (global mode) averages the groups' models as FedAvg does.
     """
+
+    def bind(self, ctx):
+        if getattr(ctx.engine, "optimizer", "sgd") != "sgd":   # ‖a_i‖₁ is defined for SGD's steps only
+            raise InputError("train.optimizer: FedNova normalises SGD's local steps (with momentum or without); "
+                             "set optimizer = \"sgd\"")
+        super().bind(ctx)
 
     def begin_round(self, state, groups, members):
         return {}

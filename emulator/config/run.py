@@ -78,9 +78,9 @@ class RunConfig(_Strict):
         if self.mode == "per-group" and self.train.rounds is None:
             raise ValueError("train.rounds: per-group mode needs a number of rounds (the local-training reference "
                              "trains that many); set it")
-        if self.mode == "per-group" and self.train.client_state == "persistent":
+        if self.mode == "per-group" and self.train.client_state != "fresh":
             raise ValueError("per-group mode runs with fresh client state; use mode = \"global\" "
-                             "for train.client_state = \"persistent\"")
+                             f"for train.client_state = \"{self.train.client_state}\"")
         if self.faults.dropout >= 1:
             raise ValueError("faults.dropout = 1 drops every client of every group round: nothing would train, "
                              "and every round's cost would buy nothing; use a value below 1")

@@ -63,14 +63,26 @@ class TrainConfig(_Strict):
                                              "(its dataclass fields), checked when the run starts.")
     mu: float = Field(0.0, ge=0, le=1e3, description="FedProx's proximal weight (algorithm = \"fedprox\"; 0 gives "
                       "FedAvg exactly); given to an algorithm with a `mu` parameter.")
-    lr: float = Field(0.05, gt=0, le=10, description="The clients' SGD learning rate.")
-    lr_decay: float = Field(1.0, gt=0, le=1, description="The learning rate in global round t is "
-                            "lr × lr_decay^t.")
-    momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum (the Group-FEL authors: 0.9).")
-    weight_decay: float = Field(0.0, ge=0, le=1, description="SGD weight decay (the Group-FEL authors: 1e-4).")
-    client_state: Literal["fresh", "persistent"] = Field(
-        "fresh", description="persistent: each client keeps its momentum buffers across rounds (the "
-        "Group-FEL authors' code); fresh: new buffers every round.")
+    optimizer: Literal["sgd", "adam"] = Field(
+        "sgd", description="The clients' local optimiser: sgd (torch's SGD, with train.momentum) or adam "
+        "(torch's Adam: β = (0.9, 0.999), ε = 1e-8, train.weight_decay as an L2 term in the gradient, as "
+        "torch.optim.Adam's weight_decay; the Group-FEL authors' Speech Commands clients).")
+    lr: float = Field(0.05, gt=0, le=10, description="The clients' learning rate (SGD's or Adam's).")
+    lr_decay: float = Field(1.0, gt=0, le=1, description="The learning rate in global round t (from 0) is "
+                            "lr × lr_decay^t; with lr_decay_every, lr × lr_decay^⌊(t + 1) / lr_decay_every⌋.")
+    lr_decay_every: int | None = Field(
+        None, ge=2, le=10**6, description="Drop the learning rate by lr_decay once every this many rounds, "
+        "at the start of rounds N − 1, 2N − 1, … (from 0), as the Group-FEL authors' lr_interval; unset: "
+        "every round, lr × lr_decay^t.")
+    momentum: float = Field(0.0, ge=0, lt=1, description="Momentum of SGD's steps, 0 with optimizer = \"adam\" "
+                            "(the Group-FEL authors: 0.9).")
+    weight_decay: float = Field(0.0, ge=0, le=1, description="Weight decay, an L2 term in the gradient (the "
+                                "Group-FEL authors: 1e-4).")
+    client_state: Literal["fresh", "persistent", "per-rate"] = Field(
+        "fresh", description="The clients' optimiser state (SGD's momentum buffers, Adam's moments and step "
+        "count): fresh: new every round; persistent: each client keeps its own across rounds; per-rate: kept "
+        "across rounds and started afresh whenever the learning rate drops (the Group-FEL authors' code: each "
+        "client keeps its optimiser, and Client.set_lr builds a new one at each drop).")
     batch_size: Count = Field(32, description="Local mini-batch size.")
     group_rounds: int = Field(5, ge=1, le=10**4, description="K: group rounds per global round.")
     local_epochs: int = Field(2, ge=1, le=10**4, description="E: local epochs per group round.")
@@ -134,6 +146,13 @@ class TrainConfig(_Strict):
                              "(the charging power, W)")
         if self.client_charging_file is not None and self.client_charging_from_availability:
             raise ValueError("give client_charging_file or client_charging_from_availability, not both")
+        return self
+
+    @model_validator(mode="after")
+    def _adam(self):
+        if self.optimizer == "adam" and self.momentum:
+            raise ValueError("momentum is SGD's; Adam keeps its own moments: set momentum = 0, or optimizer = "
+                             "\"sgd\"")
         return self
 
     @model_validator(mode="after")

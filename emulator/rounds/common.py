@@ -20,7 +20,16 @@ FORWARD_FRACTION = 1.0 / 3.0
 
 def round_lr(world: World, t: int) -> float:
     tc = world.config.train
-    return tc.lr * tc.lr_decay ** t
+    drops = t if tc.lr_decay_every is None else (t + 1) // tc.lr_decay_every
+    return tc.lr * tc.lr_decay ** drops
+
+
+def start_round_state(world: World, state: ArmState, t: int) -> None:
+    """``client_state = "per-rate"``: every client's optimiser state starts afresh in a round whose
+    learning rate differs from the last round's (the Group-FEL authors build a new optimiser)."""
+    if (state.momentum is not None and world.config.train.client_state == "per-rate" and t > 0
+            and round_lr(world, t) != round_lr(world, t - 1)):
+        state.momentum.zero_()
 
 
 def local_spec(world: World, t: int, offline: frozenset = frozenset()) -> LocalSpec:
@@ -36,8 +45,8 @@ class ArmTraining:
         self.algorithm = algorithm or world.algorithm
         if fresh:
             tc = world.config.train
-            if tc.client_state == "persistent" and tc.momentum > 0:
-                state.momentum = tables.empty((world.topology.n_clients, world.engine.n_params), torch.get_default_dtype(),
+            if tc.client_state != "fresh" and world.engine.state_width:
+                state.momentum = tables.empty((world.topology.n_clients, world.engine.state_width), torch.get_default_dtype(),
                                               world.engine.device).zero_()
             state.algorithm = self.algorithm.init_state(world.topology.n_clients, start).state()
         self.state = AlgorithmState.from_state(state.algorithm)

@@ -17,7 +17,7 @@ from ..federation import Federation, Group
 from ..ledger import CostLedger
 from ..membership import GroupingResult, charge_client_work, cluster_groups, clusters_global_model, form_groups
 from ..world import World
-from .common import ArmTraining, local_spec
+from .common import ArmTraining, local_spec, start_round_state
 
 # A global model whose norm grows this much in one round has diverged (Sec. 5.3).
 DIVERGENCE_GROWTH = 100.0
@@ -136,6 +136,7 @@ class GlobalRounds(RoundStrategy):
         starts = {g: state.cluster_models[g] if clustered else state.weights for g in sampled}
         offline = self.fed.offline(t, list(sampled.items()))   # availability: the round's clock decides
         self.present = len(members) - len(self.fed.absent(t))
+        start_round_state(world, state, t)
         models = run_group_rounds(world.engine, starts, sampled, t, local_spec(world, t, offline), algorithm, alg_state,
                                   scratch, state.momentum)                         # compute, then time:
         self.fed.run_round(t, list(sampled.items()))

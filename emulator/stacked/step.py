@@ -1,5 +1,5 @@
-"""A stack of clients' models and optimiser state in fixed tensors, and one local SGD step of its
-first rows.
+"""A stack of clients' models and optimiser state in fixed tensors, and one local SGD (or Adam)
+step of its first rows.
 
 The caller orders a call's clients by step count, most first, so each step serves a prefix of
 rows: the clients that still have a batch in it. On a CPU a step computes exactly the rows it
@@ -56,6 +56,7 @@ class Uses(NamedTuple):
     prox: bool
     corrected: bool
     heavy: bool
+    adam: bool = False
 
 
 class Stack:
@@ -76,6 +77,9 @@ class Stack:
         self.anchor: list[torch.Tensor] | None = None
         self.corr: list[torch.Tensor] | None = None
         self.bufs: list[torch.Tensor] | None = None
+        self.moments: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None   # Adam's, per row
+        self.count = torch.zeros(width, device=dev)    # each row's Adam steps taken
+        self.adam = engine.optimizer == "adam"
         self.batch = torch.zeros(width, engine.batch_size, dtype=torch.long, device=dev)
         self.mask = torch.zeros(width, engine.batch_size, device=dev)
         self.lr = torch.zeros(width, device=dev)    # each row's learning rate, μ and momentum
@@ -111,7 +115,7 @@ class Stack:
         for row, values in ((self.lr, terms.lr), (self.mu, terms.mu), (self.beta, terms.beta)):
             row.zero_()
             row[:C].copy_(torch.as_tensor(values, dtype=row.dtype, device=dev))
-        self.uses = Uses(any(terms.mu), terms.correction is not None, any(terms.beta))
+        self.uses = Uses(any(terms.mu), terms.correction is not None, any(terms.beta) and not self.adam, self.adam)
         zeros = lambda: [torch.zeros_like(p) for p in self.params]   # noqa: E731
         if self.uses.prox:
             self.anchor = self.anchor or zeros()
@@ -122,6 +126,17 @@ class Stack:
             for c, s in zip(self.corr, self._split(terms.correction.to(dev))):
                 c.zero_()
                 c[:C].copy_(s)
+        if self.uses.adam:   # a row's state: its two moments and its step count (zeros: a fresh Adam)
+            self.moments = self.moments or (zeros(), zeros())
+            for t in (*self.moments[0], *self.moments[1], self.count):
+                t.zero_()
+            if momentum is not None:
+                P = momentum.shape[1] // 2
+                momentum = momentum.to(dev)
+                for dst, src in ((self.moments[0], momentum[:, :P]), (self.moments[1], momentum[:, P:2 * P])):
+                    for t, v in zip(dst, self._split(src)):
+                        t[:C].copy_(v)
+                self.count[:C].copy_(momentum[:, 2 * P])
         if self.uses.heavy:
             self.bufs = self.bufs or zeros()
             for b in self.bufs:
@@ -151,6 +166,9 @@ class Stack:
                 g = torch._foreach_add(g, d)
             if uses.corrected:
                 g = torch._foreach_add(g, [c[:n] for c in self.corr])
+            if uses.adam:
+                self._adam(params, g, active, n)
+                return
             if uses.heavy:
                 bufs = [b[:n] for b in self.bufs]
                 new = torch._foreach_mul(bufs, [self.beta[:n].view(s) for s in shapes])
@@ -161,6 +179,36 @@ class Stack:
             # a row without a batch moves by g·0 = 0 (its gradient is 0, its buffer finite)
             rate = torch.where(active, self.lr[:n], 0.0)
             torch._foreach_sub_(params, torch._foreach_mul(g, [rate.view(s) for s in shapes]))
+
+    def _adam(self, params, g, active: torch.Tensor, n: int) -> None:
+        """Adam's update of the first ``n`` rows, each with its own step count (torch.optim.Adam's
+        arithmetic, its bias corrections per row); a row without a batch keeps its model and state."""
+        from ..training import ADAM_BETAS, ADAM_EPS
+
+        (b1, b2), shapes = ADAM_BETAS, self._per_row
+        count = self.count[:n] + active.to(self.count.dtype)
+        self.count[:n].copy_(count)
+        steps = count.double()   # bias corrections in double, as torch's Python floats
+        step_size = (self.lr[:n].double() / (1 - b1 ** steps)).to(count.dtype)
+        root2 = torch.sqrt(1 - b2 ** steps).to(count.dtype)
+        firsts, seconds = [m[:n] for m in self.moments[0]], [v[:n] for v in self.moments[1]]
+        new1 = torch._foreach_lerp(firsts, g, 1 - b1)
+        new2 = torch._foreach_mul(seconds, b2)
+        torch._foreach_addcmul_(new2, g, g, value=1 - b2)
+        denom = torch._foreach_sqrt(new2)
+        torch._foreach_div_(denom, [root2.view(s) for s in shapes])
+        torch._foreach_add_(denom, ADAM_EPS)
+        moved = torch._foreach_div(torch._foreach_mul(new1, [step_size.view(s) for s in shapes]), denom)
+        for p, m1, m2, f1, f2, d, s in zip(params, firsts, seconds, new1, new2, moved, shapes):
+            on = active.view(s)   # a row past its last step: 1 − β^0 = 0 divides; where() keeps it as it was
+            m1.copy_(torch.where(on, f1, m1))
+            m2.copy_(torch.where(on, f2, m2))
+            p.copy_(torch.where(on, p - d, p))
+
+    def adam_state(self, rows: int) -> torch.Tensor:
+        """The first ``rows`` rows' Adam state as (rows, 2P + 1): both moments and the step count."""
+        return torch.cat([self.flat(self.moments[0], rows), self.flat(self.moments[1], rows),
+                          self.count[:rows].unsqueeze(1)], dim=1)
 
     def rows(self, live: int) -> int:
         """How many of the stack's first rows a step computes to serve ``live`` clients."""
@@ -184,14 +232,15 @@ class Stack:
         computes as the uninterrupted one did. The buckets' graphs share one memory pool: they
         replay one after another on one stream, and every tensor a step leaves behind lives in
         the stack's own tensors, outside the pool."""
-        state = [t.clone() for t in self.params + (self.bufs or [])]
+        kept = self.params + (self.bufs or []) + ([*self.moments[0], *self.moments[1], self.count] if self.moments else [])
+        state = [t.clone() for t in kept]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
                 self._step(rows, uses)
         torch.cuda.current_stream().wait_stream(side)
-        for t, saved in zip(self.params + (self.bufs or []), state):
+        for t, saved in zip(kept, state):
             t.copy_(saved)
         # A finished run's engine and its graphs are cyclic garbage; a graph freed while another is
         # being captured invalidates that capture, so collect first and never during it. Runs that
