@@ -47,6 +47,7 @@ from groupfel.topologies import Dataset
 from . import devices, procs
 from .io import exit_with_parent
 from .models import build_model
+from .optimizers import ADAM_BETAS, ADAM_EPS, OPTIMIZERS, state_width
 from .precision import PRECISIONS, autocast, set_precision
 from .stacked import GroupedNet, Kernels, Stack, Terms, bucket
 
@@ -57,16 +58,6 @@ _GLOBAL_RNG = threading.Lock()
 __all__ = ["TrainingEngine", "TorchEngine", "BatchedEngine", "ENGINES", "OPTIMIZERS", "PRECISIONS", "autocast",
            "build_model", "flatten", "load_flat", "set_precision", "state_width"]
 
-OPTIMIZERS = ("sgd", "adam")
-ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8   # torch.optim.Adam's defaults (the Group-FEL authors keep them)
-
-
-def state_width(optimizer: str, momentum: float, n_params: int) -> int:
-    """Numbers in one client's optimiser state: Adam's two moments and its step count (2P + 1),
-    SGD's momentum buffer (P), or none (plain SGD)."""
-    if optimizer == "adam":
-        return 2 * n_params + 1
-    return n_params if momentum else 0
 
 
 @torch.no_grad()

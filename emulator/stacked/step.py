@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..optimizers import ADAM_BETAS, ADAM_EPS
 from ..precision import autocast
 from .grouped import GroupedNet
 
@@ -183,8 +184,6 @@ class Stack:
     def _adam(self, params, g, active: torch.Tensor, n: int) -> None:
         """Adam's update of the first ``n`` rows, each with its own step count (torch.optim.Adam's
         arithmetic, its bias corrections per row); a row without a batch keeps its model and state."""
-        from ..training import ADAM_BETAS, ADAM_EPS
-
         (b1, b2), shapes = ADAM_BETAS, self._per_row
         count = self.count[:n] + active.to(self.count.dtype)
         self.count[:n].copy_(count)
