@@ -177,6 +177,14 @@ def test_bad_optimiser_settings_fail_in_one_line_naming_the_field(tiny_dict, cha
     assert "\n" not in message and field in message
 
 
+def test_scaffold_with_adam_runs_with_a_warning(tiny_dict):
+    from groupfel.emulator.config.run import config_warnings
+
+    [warning] = config_warnings(parse_config(_adam_run(tiny_dict, algorithm="scaffold")))
+    assert warning.startswith("train.optimizer = \"adam\" with SCAFFOLD") and "\n" not in warning
+    assert not config_warnings(parse_config(_adam_run(tiny_dict)))
+
+
 def test_algorithms_defined_by_sgds_steps_refuse_adam(tiny_dict, tmp_path):
     d = _adam_run(tiny_dict, algorithm="fednova")
     with pytest.raises(InputError, match="train.optimizer: FedNova"):

@@ -176,4 +176,9 @@ def config_warnings(config: RunConfig) -> list[str]:
     if t.edge_cores is not None and t.edge_profile is None:
         out.append(f"topology.edge_cores = {t.edge_cores} without topology.edge_profile: aggregation takes no time, "
                    f"so no group waits for a core; name an edge profile with aggregation or secagg-server curves")
+    tr = config.train
+    if tr.optimizer == "adam" and tr.algorithm == "scaffold":
+        out.append("train.optimizer = \"adam\" with SCAFFOLD: its variates (option II, (x − y_i) / (K·lr)) read "
+                   "the mean gradient off SGD's steps; Adam's steps are not SGD's, so the corrections take another "
+                   "scale and can make the run diverge")
     return out
