@@ -59,7 +59,6 @@ __all__ = ["TrainingEngine", "TorchEngine", "BatchedEngine", "ENGINES", "OPTIMIZ
            "build_model", "flatten", "load_flat", "set_precision", "state_width"]
 
 
-
 @torch.no_grad()
 def load_flat(params: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
     """Copy a flat vector into parameters (``vector_to_parameters`` would alias it, and SGD's
