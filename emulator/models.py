@@ -8,8 +8,9 @@ with GroupNorm). GroupNorm normalises each sample on its own, so it works with t
 batches of the papers (B = 10), keeps the whole model state in the flat parameter vector that is
 sent and aggregated, and can be stacked over clients by the batched engine.
 
-``digit-bn-cnn`` is the exception, for the HCCT reproductions: FedBN's Digit model, which the HCCT
-authors train, with its BatchNorm. Its running statistics and batch counters are registered as
+``digit-bn-cnn`` and ``audio-m5`` are the exceptions, for the reproductions: FedBN's Digit model,
+which the HCCT authors train, and the Group-FEL authors' Speech Commands model, each with its
+BatchNorm. Their running statistics and batch counters are registered as
 parameters that take no gradient (:func:`state_as_parameters`), so they travel in the flat vector
 as the authors' state dict does: a group's model averages them (FedAvg of the state dict), and a
 client's update (start − trained) holds their change, the authors' "gradient". The engines step
@@ -104,6 +105,22 @@ def _digit_bn_cnn(shape, classes):
         nn.Linear(2048, 512), _BatchNorm1d(512), nn.ReLU(), nn.Linear(512, classes)))
 
 
+def _audio_m5(shape, classes):
+    """The Group-FEL authors' Speech Commands model (Jiyao17/fl-grouping utils/model.py,
+    ``SpeechCommand``: torchaudio's M5, Dai et al. 2017, at 32 channels) on a raw waveform of 1×1×L
+    (``data.audio = "waveform"``, L = 8,000 at 8 kHz): Conv1d(1, 32, 80, stride 16), then Conv1d of
+    kernel 3 to 32, 64 and 64 channels, each followed by BatchNorm, ReLU and a max-pool of 4; a
+    global average pool and a linear head (their log-softmax and NLL loss are cross-entropy)."""
+    c, h, w = shape
+    if h != 1:
+        raise InputError(f"train.model: audio-m5 reads raw waveforms (1×1×L inputs), not {c}×{h}×{w}; "
+                         f"set data.audio = \"waveform\"")
+    layers: list[nn.Module] = [nn.Flatten(1, 2)]
+    for cin, cout, kernel, stride in ((c, 32, 80, 16), (32, 32, 3, 1), (32, 64, 3, 1), (64, 64, 3, 1)):
+        layers += [nn.Conv1d(cin, cout, kernel, stride), nn.BatchNorm1d(cout), nn.ReLU(), nn.MaxPool1d(4)]
+    return state_as_parameters(nn.Sequential(*layers, nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(64, classes)))
+
+
 def _norm(channels: int) -> nn.GroupNorm:
     return nn.GroupNorm(2, channels)   # 2 groups, as Hsieh et al. 2020 (see the module docstring)
 
@@ -149,6 +166,7 @@ MODELS: dict[str, ModelBuilder] = {
     "cnn": _cnn,
     "audio-cnn": _audio_cnn,
     "digit-bn-cnn": _digit_bn_cnn,
+    "audio-m5": _audio_m5,
     # the Group-FEL authors' light and heavy tasks: 1 block per stage at 8/16/32 channels, 3 at 16/32/64
     "resnet-1": lambda shape, classes: ResNet(shape[0], classes, 1, (8, 16, 32)),
     "resnet-3": lambda shape, classes: ResNet(shape[0], classes, 3, (16, 32, 64)),

@@ -311,7 +311,7 @@ def load_data(config: RunConfig) -> Dataset:
     """The config's dataset: a shipped one, or a plug-in's ``(path) -> groupfel.topologies.Dataset``."""
     d = config.data
     if d.dataset in DATASETS:
-        return load_dataset(d.dataset, d.path)
+        return load_dataset(d.dataset, d.path, d.audio)
     from .contracts import calling, check_dataset
 
     with calling("data.dataset", d.dataset, "loader"):

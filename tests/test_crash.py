@@ -50,6 +50,14 @@ import sklearn.datasets, sklearn.model_selection   # the digits dataset's loader
 import groupfel.emulator.world, groupfel.experiments.runner
 from groupfel.emulator import io
 from groupfel.experiments.cli import main
+# matplotlib's fonts and renderer warmed once (each run draws its plots; no thread is started)
+fig, ax = matplotlib.pyplot.subplots()
+ax.plot([1, 10], [0, 1], label="warm")
+ax.set_xscale("log")
+ax.legend()
+fig.tight_layout()
+fig.savefig(os.devnull, format="png")
+matplotlib.pyplot.close(fig)
 assert threading.active_count() == 1, threading.enumerate()
 
 
@@ -91,10 +99,11 @@ for line in sys.stdin:
 """
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def zygote():
     """An interpreter that has imported what a run needs and forks one child per run (a run
-    killed at its step is a whole process killed, as before; the imports are paid once)."""
+    killed at its step is a whole process killed, as before; the imports are paid once a test).
+    One per test, not per module, so that the tests spread over the suite's workers."""
     env = {k: v for k, v in os.environ.items() if k != io.CRASH_AT}
     proc = subprocess.Popen([sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True, env=env)

@@ -5,13 +5,14 @@
   with its domain (:mod:`groupfel.topologies.digit_domains`; HCCT's multi-domain Digit task, two domains).
 * ``fashion-mnist``: idx files of Debian's ``dataset-fashion-mnist`` package
   (/usr/share/datasets/fashion-mnist), or the directory in ``path`` / $GROUPFEL_FASHION_MNIST.
-* ``fsdd``: Free Spoken Digit Dataset WAV recordings, as log-mel spectrograms (1×32×32).
+* ``fsdd``: Free Spoken Digit Dataset WAV recordings, as log-mel spectrograms (1×32×32), or with
+  ``audio = "waveform"`` as raw signals (1×1×8000, see :func:`_waveform`).
 * ``cifar10``: the python-pickle batches of CIFAR-10 (``data_batch_1..5``, ``test_batch``) in ``path``,
   read by an unpickler that admits only what the format holds (dicts, lists, bytes/str, numbers
   and numpy arrays), so a tampered batch cannot run code.
 * ``speech-commands``: Speech Commands' layout in ``path`` (one folder of 16 kHz WAVs per label,
-  ``testing_list.txt`` and ``validation_list.txt``), as log-mel spectrograms (1×32×32); the test set
-  is the testing list, training is everything else but the validation list.
+  ``testing_list.txt`` and ``validation_list.txt``), as log-mel spectrograms (1×32×32) or raw
+  signals; the test set is the testing list, training is everything else but the validation list.
 """
 from __future__ import annotations
 
@@ -30,7 +31,11 @@ FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 DATASETS = ("digits", "digit-domains", "fashion-mnist", "fsdd", "cifar10", "speech-commands")
 
 
-def load_dataset(name: str, path: str | None = None) -> Dataset:
+AUDIO = ("log-mel", "waveform")
+
+
+def load_dataset(name: str, path: str | None = None, audio: str = "log-mel") -> Dataset:
+    """``audio`` (fsdd, speech-commands): what a recording becomes, one of :data:`AUDIO`."""
     if name == "digits":
         return _digits()
     if name == "digit-domains":
@@ -45,7 +50,11 @@ def load_dataset(name: str, path: str | None = None) -> Dataset:
         directory = Path(path)
         if not directory.is_dir():
             raise InputError(f"data.path: {directory} is not a directory; point it at the {name} files")
-        return {"fsdd": _fsdd, "cifar10": _cifar10, "speech-commands": _speech_commands}[name](directory)
+        if name == "cifar10":
+            return _cifar10(directory)
+        if audio not in AUDIO:
+            raise InputError(f"data.audio: {audio!r} is not one of {list(AUDIO)}")
+        return (_fsdd if name == "fsdd" else _speech_commands)(directory, audio)
     raise InputError(f"data.dataset: unknown dataset {name!r}; choose one of {list(DATASETS)}")
 
 
@@ -119,37 +128,74 @@ def _log_mel(signal: np.ndarray, rate: int, n_mels: int = 32, frames: int = 32, 
     return out
 
 
-def _fsdd(directory: Path) -> Dataset:
+WAVEFORM_RATE = 8000   # samples a second, and samples a recording
+
+
+def _waveform(signal: np.ndarray, rate: int) -> np.ndarray:
+    """A recording as the Group-FEL authors' Speech Commands model reads it (Jiyao17/fl-grouping
+    utils/fed.py, TaskSpeechCommand): resampled to 8 kHz (theirs: torchaudio's windowed-sinc
+    ``Resample``; here scipy's polyphase filter, equal up to the filters' rounding), then one
+    second, zero-padded at the end as their batches' ``pad_sequence`` pads Speech Commands' clips of
+    at most a second (a longer FSDD recording is cut), (1, 1, 8000)."""
+    from math import gcd
+
+    if rate != WAVEFORM_RATE:
+        from scipy.signal import resample_poly
+
+        g = gcd(rate, WAVEFORM_RATE)
+        signal = resample_poly(signal, WAVEFORM_RATE // g, rate // g)
+    out = np.zeros(WAVEFORM_RATE, dtype=np.float32)
+    out[:min(len(signal), WAVEFORM_RATE)] = signal[:WAVEFORM_RATE]
+    return out[None, None]
+
+
+def _recordings(pairs: list[tuple[int, np.ndarray]], audio: str, log_mel) -> np.ndarray:
+    if audio == "waveform":
+        return np.stack([_waveform(sig, rate) for rate, sig in pairs])
+    return np.stack([log_mel(sig, rate) for rate, sig in pairs])[:, None]
+
+
+def _fsdd(directory: Path, audio: str = "log-mel") -> Dataset:
     rec = directory / "recordings" if (directory / "recordings").is_dir() else directory
     files = sorted(rec.glob("*.wav"))
     if not files:
         raise InputError(f"data.path: no FSDD recordings (*.wav) in {rec}; point it at the fsdd directory")
-    xs, ys, test = [], [], []
+    pairs, ys, test = [], [], []
     for f in files:
         parts = f.stem.split("_")
         if len(parts) != 3 or not parts[0].isdigit() or not parts[2].isdigit():
             raise InputError(f"{f}: FSDD file names are {{digit}}_{{speaker}}_{{index}}.wav")
-        rate, sig = _read_wav(f)
-        xs.append(_log_mel(sig, rate))
+        pairs.append(_read_wav(f, peak=audio == "log-mel"))
         ys.append(int(parts[0]))
         test.append(int(parts[2]) < 5)  # the conventional split: index 0-4 is the test set
-    x, y, test = np.stack(xs)[:, None], np.array(ys, dtype=np.int64), np.array(test)
-    x_tr, x_te = _standardize(x[~test], x[test])
+    x, y, test = _recordings(pairs, audio, _log_mel), np.array(ys, dtype=np.int64), np.array(test)
+    x_tr, x_te = (x[~test], x[test]) if audio == "waveform" else _standardize(x[~test], x[test])
     return Dataset("fsdd", x_tr, y[~test], x_te, y[test], 10)
 
 
-def _read_wav(path: Path) -> tuple[int, np.ndarray]:
+# full scale of each integer sample type, as torchaudio.load's normalize=True divides
+_FULL_SCALE = {np.dtype(np.int16): 32768.0, np.dtype(np.int32): 2.0 ** 31}
+
+
+def _read_wav(path: Path, peak: bool = True) -> tuple[int, np.ndarray]:
+    """(rate, mono signal): scaled to a peak of 1 (``peak``), else as torchaudio loads it (full
+    scale ±1; 8-bit WAVs are unsigned around 128)."""
     from scipy.io import wavfile
 
     check_file(path, str(path), "a WAV file", "data")
     try:
-        rate, sig = wavfile.read(path)
+        rate, raw = wavfile.read(path)
     except ValueError as exc:
         raise InputError(f"{path}: not a readable WAV file ({exc})") from None
-    sig = sig.astype(np.float32)
+    sig = raw.astype(np.float32)
+    if not peak:
+        if raw.dtype == np.uint8:
+            sig = (sig - 128.0) / 128.0
+        elif raw.dtype in _FULL_SCALE:
+            sig = sig / _FULL_SCALE[raw.dtype]
     if sig.ndim > 1:
         sig = sig.mean(axis=1)
-    return rate, sig / (np.abs(sig).max() or 1.0)
+    return rate, sig / (np.abs(sig).max() or 1.0) if peak else sig
 
 
 def _cifar10_unpickler():
@@ -202,7 +248,7 @@ def _cifar10(directory: Path) -> Dataset:
     return Dataset("cifar10", x_tr, np.concatenate([p[1] for p in parts]), x_te, y_te, 10)
 
 
-def _speech_commands(directory: Path) -> Dataset:
+def _speech_commands(directory: Path, audio: str = "log-mel") -> Dataset:
     labels = sorted(p.name for p in directory.iterdir() if p.is_dir() and not p.name.startswith("_"))
     if not labels:
         raise InputError(f"data.path: no label folders in {directory}; give the Speech Commands directory")
@@ -212,19 +258,19 @@ def _speech_commands(directory: Path) -> Dataset:
         return set(f.read_text().split()) if f.exists() else set()
 
     test, valid = listed("testing_list.txt"), listed("validation_list.txt")
-    xs, ys, is_test = [], [], []
+    pairs, ys, is_test = [], [], []
     for y, label in enumerate(labels):
         for f in sorted((directory / label).glob("*.wav")):
             rel = f"{label}/{f.name}"
             if rel in valid:
                 continue
-            rate, sig = _read_wav(f)
-            # ~32 frames for a one-second clip
-            xs.append(_log_mel(sig, rate, n_fft=512, hop=max(1, rate // 32)))
+            pairs.append(_read_wav(f, peak=audio == "log-mel"))
             ys.append(y)
             is_test.append(rel in test)
-    x, y, is_test = np.stack(xs)[:, None], np.array(ys, dtype=np.int64), np.array(is_test)
+    # ~32 frames for a one-second clip
+    x = _recordings(pairs, audio, lambda sig, rate: _log_mel(sig, rate, n_fft=512, hop=max(1, rate // 32)))
+    y, is_test = np.array(ys, dtype=np.int64), np.array(is_test)
     if not is_test.any() or is_test.all():
         raise InputError(f"data.path: {directory}/testing_list.txt must name some, not all, of the recordings")
-    x_tr, x_te = _standardize(x[~is_test], x[is_test])
+    x_tr, x_te = (x[~is_test], x[is_test]) if audio == "waveform" else _standardize(x[~is_test], x[is_test])
     return Dataset("speech-commands", x_tr, y[~is_test], x_te, y[is_test], len(labels))

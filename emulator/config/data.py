@@ -39,6 +39,10 @@ class DataConfig(_Strict):
     path: path_of("dataset") | None = Field(None, description="The dataset's directory. fashion-mnist: the idx files "
                              "(default /usr/share/datasets/fashion-mnist, or $GROUPFEL_FASHION_MNIST); "
                              "fsdd: the recordings; cifar10, speech-commands: the dataset's directory.")
+    audio: Literal["log-mel", "waveform"] = Field(
+        "log-mel", description="fsdd, speech-commands: what a recording becomes: log-mel (a 1×32×32 spectrogram, "
+        "standardised) or waveform (the raw signal at 8 kHz as 1×1×8000, scaled as torchaudio loads it and "
+        "zero-padded or cut to one second: the Group-FEL authors' Speech Commands input, for train.model = \"audio-m5\").")
     partition: Literal["dirichlet", "shards", "label-shift", "feature-shift", "concept-shift"] = Field(
         "dirichlet", description="How data is placed on clients: dirichlet (Group-FEL), shards (HCCT's "
         "CIFAR-10), label-, feature- or concept-shift client types (FedCollab Sec. 5.1).")
@@ -101,6 +105,9 @@ class DataConfig(_Strict):
             raise ValueError("max_samples must be >= min_samples")
         if self.test_samples is not None and self.test_fraction is not None:
             raise ValueError("test_samples: give test_samples or test_fraction, not both")
+        if self.audio != "log-mel" and self.dataset not in ("fsdd", "speech-commands"):
+            raise ValueError(f"audio: only fsdd and speech-commands are recordings; remove audio = \"{self.audio}\" "
+                             f"or change dataset")
         if self.types is not None and self.partition not in SHIFTS:
             raise ValueError(f"types: only used by partition = {' | '.join(SHIFTS)}; remove it or change partition")
         field = SHIFTS.get(self.partition)

@@ -13,7 +13,7 @@ from .faults import FaultsConfig
 from .limits import DEFAULT_MAX_SEEDS, INT64, MIN_MARGIN
 from .topology import TopologyConfig, arrival_rounds
 from .track import TrackConfig
-from .train import TrainConfig
+from .train import IMAGE_MODELS, TrainConfig
 from groupfel.userfile import short
 
 
@@ -102,8 +102,18 @@ class RunConfig(_Strict):
             raise ValueError(f"cost.energy_accounting = \"{self.cost.energy_accounting}\" says what cost.energy "
                              f"counts, and cost.energy is off, so it would change nothing; set cost.energy = true, "
                              f"or remove cost.energy_accounting")
+        self._check_audio()
         self._check_arrivals()
         return self
+
+    def _check_audio(self) -> None:
+        waveform = self.data.audio == "waveform"
+        if self.train.model == "audio-m5" and not waveform:
+            raise ValueError("train.model = \"audio-m5\" reads raw waveforms; set data.audio = \"waveform\" "
+                             "(with data.dataset = \"fsdd\" or \"speech-commands\")")
+        if waveform and self.train.model in IMAGE_MODELS:
+            raise ValueError(f"train.model = \"{self.train.model}\" convolves images, and data.audio = \"waveform\" "
+                             f"gives 1×1×8000 signals; use train.model = \"audio-m5\" (or data.audio = \"log-mel\")")
 
     def _check_arrivals(self) -> None:
         a, n = self.topology.arrivals, sum(self.topology.sizes)

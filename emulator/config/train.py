@@ -10,9 +10,14 @@ from .limits import Count, Rounds
 from groupfel.userfile import short
 
 
+# the shipped models that convolve (C, H, W) images: not for raw waveforms (data.audio)
+IMAGE_MODELS = ("cnn", "audio-cnn", "digit-bn-cnn", "resnet-1", "resnet-3")
+
+
 class TrainConfig(_Strict):
     model: PartName = Field(
-        "cnn", description="The model every client trains: mlp, mlp3, cnn, audio-cnn, digit-bn-cnn, resnet-1, resnet-3 (see "
+        "cnn", description="The model every client trains: mlp, mlp3, cnn, audio-cnn, audio-m5 (raw waveforms), "
+        "digit-bn-cnn, resnet-1, resnet-3 (see "
         "Algorithms: models), an installed plug-in's short name (entry point `groupfel.models`), or an import "
         "path \"module:function\" of an `(input_shape, num_classes) -> torch.nn.Module`.")
     engine: Literal["sequential", "batched"] = Field(
