@@ -68,21 +68,38 @@ def test_cifar10_python_batches(tmp_path):
         load_dataset("cifar10", str(tmp_path))
 
 
-def test_speech_commands_layout(tmp_path):
-    rate = 16000
+TONES = (("go", 440), ("stop", 1500))
+
+
+def _speech_commands_dir(path, rate=16000):
+    """Speech Commands' layout: a folder of one-second 16-bit WAVs per label (here a tone each),
+    the background-noise folder, and the testing and validation lists."""
     t = np.arange(rate) / rate
-    for label, freq in (("go", 440.0), ("stop", 1500.0)):
-        (tmp_path / label).mkdir()
+    for label, freq in TONES:
+        (path / label).mkdir()
         for i in range(4):
-            wavfile.write(tmp_path / label / f"s{i}_nohash_0.wav", rate,
-                          (np.sin(2 * np.pi * freq * t) * 8000).astype(np.int16))
-    (tmp_path / "_background_noise_").mkdir()
-    (tmp_path / "testing_list.txt").write_text("go/s0_nohash_0.wav\nstop/s0_nohash_0.wav\n")
-    (tmp_path / "validation_list.txt").write_text("go/s1_nohash_0.wav\n")
+            wavfile.write(path / label / f"s{i}_nohash_0.wav", rate, (np.sin(2 * np.pi * freq * t) * 8000).astype(np.int16))
+    (path / "_background_noise_").mkdir()
+    (path / "testing_list.txt").write_text("go/s0_nohash_0.wav\nstop/s0_nohash_0.wav\n")
+    (path / "validation_list.txt").write_text("go/s1_nohash_0.wav\n")
+
+
+def test_speech_commands_layout(tmp_path):
+    _speech_commands_dir(tmp_path)
     d = load_dataset("speech-commands", str(tmp_path))
     assert d.num_classes == 2 and d.x_train.shape == (5, 1, 32, 32) and d.y_test.tolist() == [0, 1]
     # the two tones must look different to a model
     assert np.abs(d.x_train[d.y_train == 0].mean(0) - d.x_train[d.y_train == 1].mean(0)).max() > 0.5
+
+
+def test_speech_commands_waveforms_are_resampled_to_8khz(tmp_path):
+    _speech_commands_dir(tmp_path)
+    d = load_dataset("speech-commands", str(tmp_path), "waveform")
+    assert d.x_train.shape == (5, 1, 1, 8000)
+    for label, (_, freq) in enumerate(TONES):
+        sig = d.x_train[d.y_train == label][0, 0, 0]
+        assert np.argmax(np.abs(np.fft.rfft(sig))) == freq      # 1 Hz a bin: one second at 8 kHz
+        assert abs(np.abs(sig[100:-100]).max() - 8000 / 32768) < 0.01   # torchaudio's scale, not the peak's
 
 
 @pytest.mark.skipif(not FSDD.is_dir(), reason="shared/data/fsdd is not beside the repository")
