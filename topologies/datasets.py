@@ -12,7 +12,8 @@
   and numpy arrays), so a tampered batch cannot run code.
 * ``speech-commands``: Speech Commands' layout in ``path`` (one folder of 16 kHz WAVs per label,
   ``testing_list.txt`` and ``validation_list.txt``), as log-mel spectrograms (1×32×32) or raw
-  signals; the test set is the testing list, training is everything else but the validation list.
+  signals (then only the clips of exactly one second, as the Group-FEL authors' loader keeps); the
+  test set is the testing list, training is everything else but the validation list.
 """
 from __future__ import annotations
 
@@ -133,10 +134,11 @@ WAVEFORM_RATE = 8000   # samples a second, and samples a recording
 
 def _waveform(signal: np.ndarray, rate: int) -> np.ndarray:
     """A recording as the Group-FEL authors' Speech Commands model reads it (Jiyao17/fl-grouping
-    utils/fed.py, TaskSpeechCommand): resampled to 8 kHz (theirs: torchaudio's windowed-sinc
-    ``Resample``; here scipy's polyphase filter, equal up to the filters' rounding), then one
-    second, zero-padded at the end as their batches' ``pad_sequence`` pads Speech Commands' clips of
-    at most a second (a longer FSDD recording is cut), (1, 1, 8000)."""
+    utils/fed.py, TaskSpeechCommand), (1, 1, 8000): resampled to 8 kHz (theirs: torchaudio's
+    Hann-windowed sinc ``Resample``; here scipy's Kaiser-windowed polyphase filter, another
+    low-pass; FSDD is recorded at 8 kHz and is not resampled) and one second long. They keep only
+    Speech Commands' clips of exactly one second (``get_datasets``), so theirs are never padded;
+    FSDD's recordings (0.14-2.3 s) are zero-padded at the end, or cut, to one second."""
     from math import gcd
 
     if rate != WAVEFORM_RATE:
@@ -264,7 +266,10 @@ def _speech_commands(directory: Path, audio: str = "log-mel") -> Dataset:
             rel = f"{label}/{f.name}"
             if rel in valid:
                 continue
-            pairs.append(_read_wav(f, peak=audio == "log-mel"))
+            rate, sig = _read_wav(f, peak=audio == "log-mel")
+            if audio == "waveform" and len(sig) != rate:   # the authors' input: whole seconds only
+                continue
+            pairs.append((rate, sig))
             ys.append(y)
             is_test.append(rel in test)
     # ~32 frames for a one-second clip

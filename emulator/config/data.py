@@ -41,8 +41,9 @@ class DataConfig(_Strict):
                              "fsdd: the recordings; cifar10, speech-commands: the dataset's directory.")
     audio: Literal["log-mel", "waveform"] = Field(
         "log-mel", description="fsdd, speech-commands: what a recording becomes: log-mel (a 1×32×32 spectrogram, "
-        "standardised) or waveform (the raw signal at 8 kHz as 1×1×8000, scaled as torchaudio loads it and "
-        "zero-padded or cut to one second: the Group-FEL authors' Speech Commands input, for train.model = \"audio-m5\").")
+        "standardised) or waveform (the raw signal at 8 kHz as 1×1×8000, scaled as torchaudio loads it, one second: "
+        "the Group-FEL authors' Speech Commands input, for train.model = \"audio-m5\"; Speech Commands keeps its "
+        "clips of exactly a second, as theirs, FSDD's shorter recordings are zero-padded).")
     partition: Literal["dirichlet", "shards", "label-shift", "feature-shift", "concept-shift"] = Field(
         "dirichlet", description="How data is placed on clients: dirichlet (Group-FEL), shards (HCCT's "
         "CIFAR-10), label-, feature- or concept-shift client types (FedCollab Sec. 5.1).")
