@@ -38,8 +38,8 @@ def _stack(name: str, width: int, seed: int = 0):
     return net, params, x, y, m
 
 
-# digit-bn-cnn carries BatchNorm state that travels with the model, so it trains client by client
-@pytest.mark.parametrize("name", sorted(set(models.MODELS) - {"digit-bn-cnn"}))
+# digit-bn-cnn and audio-m5 carry BatchNorm state that travels with the model, so they train client by client
+@pytest.mark.parametrize("name", sorted(set(models.MODELS) - {"digit-bn-cnn", "audio-m5"}))
 def test_every_shipped_model_is_written_out_and_its_gradients_match_a_float64_reference(name):
     """Each client's gradient of its masked mean loss, against the module itself in float64, one
     client at a time: within 1e-5 of the reference's norm, every parameter of every client."""
