@@ -111,6 +111,24 @@ def browser() -> str:
     return exe
 
 
+def write_fsdd(directory: Path, lengths) -> dict:
+    """FSDD's on-disk format under ``directory``: {digit}_{speaker}_{index}.wav, 8 kHz 16-bit, one
+    recording of each length a digit, random samples; the first is index 0 (the test set, index
+    0-4), the others index 5, 6, ... (training). Their samples by file name."""
+    import numpy as np
+    from scipy.io import wavfile
+
+    directory.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    signals = {}
+    for i, n in enumerate(lengths):
+        for digit in range(10):
+            name = f"{digit}_spk_{0 if i == 0 else i + 4}.wav"
+            signals[name] = rng.integers(-20000, 20000, n).astype(np.int16)
+            wavfile.write(directory / name, 8000, signals[name])
+    return signals
+
+
 def write_toml(tmp_path, d, name="c.toml"):
     """A config dict written as TOML under ``tmp_path``; its path."""
     import tomli_w

@@ -7,10 +7,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from scipy.io import wavfile
 from torch import nn
 
-from conftest import TINY
+from conftest import TINY, write_fsdd
 from groupfel.emulator.config import parse_config
 from groupfel.emulator.models import build_model
 from groupfel.errors import InputError
@@ -47,23 +46,9 @@ class SpeechCommand(nn.Module):
         return F.log_softmax(self.fc(x), dim=2)
 
 
-def _fsdd_dir(tmp_path, lengths=(3000, 9000, 5000, 4000), rate=8000):
-    """FSDD's layout: recordings/{digit}_{speaker}_{index}.wav, 8 kHz int16; index < 5 is the test set."""
-    rec = tmp_path / "fsdd" / "recordings"
-    rec.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    signals = {}
-    for i, n in enumerate(lengths):
-        for digit in range(10):
-            name = f"{digit}_spk_{0 if i == 0 else i + 4}.wav"
-            sig = rng.integers(-20000, 20000, n).astype(np.int16)
-            wavfile.write(rec / name, rate, sig)
-            signals[name] = sig
-    return rec.parent, signals
-
-
 def test_fsdd_waveforms_are_torchaudio_scaled_padded_and_cut(tmp_path):
-    directory, signals = _fsdd_dir(tmp_path)
+    directory = tmp_path / "fsdd"
+    signals = write_fsdd(directory / "recordings", (3000, 9000, 5000, 4000))
     d = load_dataset("fsdd", str(directory), "waveform")
     assert d.x_train.shape == (30, 1, 1, 8000) and d.x_test.shape == (10, 1, 1, 8000)
     assert d.x_train.dtype == np.float32
@@ -79,8 +64,7 @@ def test_fsdd_waveforms_are_torchaudio_scaled_padded_and_cut(tmp_path):
 
 def test_m5_is_the_authors_model_statistics_included():
     ours, theirs = build_model("audio-m5", (1, 1, 8000), 10), SpeechCommand()
-    weights = [p for p in theirs.parameters()]
-    assert sum(p.numel() for p in ours.parameters() if p.requires_grad) == sum(p.numel() for p in weights)
+    assert sum(p.numel() for p in ours.parameters() if p.requires_grad) == sum(p.numel() for p in theirs.parameters())
     # the same state entries in the same order: the authors' state dict, the statistics as parameters
     assert [tuple(v.shape) for v in ours.state_dict().values()] == [tuple(v.shape) for v in theirs.state_dict().values()]
     torch.manual_seed(0)
@@ -101,7 +85,8 @@ def test_m5_is_the_authors_model_statistics_included():
 
 
 def test_m5_trains_on_fsdd_waveforms_in_a_run(tmp_path):
-    directory, _ = _fsdd_dir(tmp_path, lengths=(3000, 4000, 5000, 6000, 7000, 8000, 3500, 4500))
+    directory = tmp_path / "fsdd"
+    write_fsdd(directory / "recordings", (3000, 4000, 5000, 6000, 7000, 8000, 3500, 4500))
     d = copy.deepcopy(TINY)
     d["data"] = {"dataset": "fsdd", "path": str(directory), "audio": "waveform", "alpha": 1.0,
                  "min_samples": 6, "max_samples": 10}

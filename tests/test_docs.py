@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 from pydantic import BaseModel
 
+from conftest import write_fsdd
 from groupfel.cost_models import read_profiles
 from groupfel.cost_models.power import read_power
 from groupfel.emulator import config as config_models
@@ -172,18 +173,6 @@ def _write_digits_npz(path: Path) -> None:
              x_test=x[1400:], y_test=y[1400:].astype(np.int64))
 
 
-def _write_fsdd(path: Path) -> None:
-    """FSDD's on-disk format: {digit}_{speaker}_{index}.wav, 8 kHz 16-bit; index 0-4 is the test set."""
-    from scipy.io import wavfile
-
-    rng = np.random.default_rng(0)
-    path.mkdir(parents=True)
-    for digit in range(10):
-        for index in range(25):
-            tone = np.sin(2 * np.pi * (200 + 100 * digit) * np.arange(3000) / 8000) + 0.1 * rng.normal(size=3000)
-            wavfile.write(path / f"{digit}_spk_{index}.wav", 8000, (tone * 8000).astype(np.int16))
-
-
 @pytest.mark.parametrize("where,index,block", BLOCKS, ids=[f"{w}#{i}" for w, i, _ in BLOCKS])
 def test_docs_toml_block_runs(where, index, block, tmp_path, monkeypatch):
     data = tomllib.loads(block)
@@ -199,7 +188,7 @@ def test_docs_toml_block_runs(where, index, block, tmp_path, monkeypatch):
     if data.get("data", {}).get("path") == "data/mine":
         _write_digits_npz(tmp_path / "data/mine")
     if data.get("data", {}).get("path") == "data/fsdd/recordings":
-        _write_fsdd(tmp_path / "data/fsdd/recordings")
+        write_fsdd(tmp_path / "data/fsdd/recordings", [3000] * 25)
     if "curves" in data or "power" in data:   # a profile file
         path = tmp_path / "profile.toml"
         path.write_text(block)
